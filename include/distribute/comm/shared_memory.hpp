@@ -1,0 +1,389 @@
+#pragma once
+// Collectives between the replica threads of one process.
+//
+// Every rank publishes where its buffers are, the ranks meet, and then each rank does its own share
+// of the work directly on the others' memory: for an all-reduce, rank r owns one slice of the
+// (flattened) buffers, reads that slice from every rank, combines the contributions in rank order
+// and writes the result into that slice of every rank's buffer. No thread reduces everything alone,
+// nothing is staged through an extra copy, and the result is bit-identical on every rank and from run
+// to run. A second meeting tells every rank that all slices are written.
+//
+// Before any rank touches another's memory, the published descriptions (collective, dtype, op, root,
+// sizes) are compared; replicas that disagree all get a `collective_mismatch` naming what each one
+// called. A rank that waits longer than the group's timeout, or that waits for a replica that has
+// left the step, gets `collective_timeout`; when any rank fails, the others get `collective_aborted`
+// at once.
+
+#include <distribute/comm/detail/check.hpp>
+#include <distribute/comm/detail/reduce_kernel.hpp>
+#include <distribute/comm/detail/rendezvous.hpp>
+#include <distribute/collective_options.hpp>
+#include <distribute/dtype.hpp>
+#include <distribute/errors.hpp>
+#include <distribute/reduce_op.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace distribute {
+
+namespace comm {
+
+class shared_memory;
+
+namespace detail {
+
+enum class collective_kind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+
+inline const char* to_string(collective_kind k) noexcept {
+  switch (k) {
+    case collective_kind::all_reduce: return "all_reduce";
+    case collective_kind::reduce_scatter: return "reduce_scatter";
+    case collective_kind::all_gather: return "all_gather";
+    case collective_kind::broadcast: return "broadcast";
+    case collective_kind::barrier: return "barrier";
+  }
+  return "collective";
+}
+
+struct segment {
+  void* data;
+  std::size_t size;
+};
+
+// What a rank called, as published to the others.
+struct descriptor {
+  collective_kind kind = collective_kind::barrier;
+  dtype type = dtype::float32;
+  reduce_op op = reduce_op::sum;
+  int root = 0;
+  std::size_t count = 0;           // elements: all buffers of an all_reduce together, or the input
+  std::size_t out_count = 0;       // elements of the output (reduce_scatter, all_gather)
+  const segment* segs = nullptr;   // the buffers of an all_reduce, or the buffer of a broadcast
+  std::size_t n_segs = 0;
+  const void* in = nullptr;
+  void* out = nullptr;
+};
+
+inline bool same_call(const descriptor& a, const descriptor& b) noexcept {
+  if (a.kind != b.kind) return false;
+  if (a.kind == collective_kind::barrier) return true;
+  if (a.type != b.type || a.count != b.count || a.out_count != b.out_count || a.n_segs != b.n_segs) return false;
+  if ((a.kind == collective_kind::all_reduce || a.kind == collective_kind::reduce_scatter) && a.op != b.op)
+    return false;
+  if (a.kind == collective_kind::broadcast && a.root != b.root) return false;
+  for (std::size_t i = 0; i < a.n_segs; ++i)
+    if (a.segs[i].size != b.segs[i].size) return false;
+  return true;
+}
+
+inline std::string describe(const descriptor& d) {
+  std::string s = to_string(d.kind);
+  const std::string t(distribute::to_string(d.type));
+  switch (d.kind) {
+    case collective_kind::barrier: return s;
+    case collective_kind::all_reduce:
+    case collective_kind::reduce_scatter: s += "("; s += distribute::to_string(d.op); s += ")"; break;
+    case collective_kind::broadcast: s += " from replica " + std::to_string(d.root); break;
+    case collective_kind::all_gather: break;
+  }
+  s += " of " + std::to_string(d.count) + " " + t;
+  if (d.kind == collective_kind::all_reduce && d.n_segs != 1) {
+    s += " in " + std::to_string(d.n_segs) + " buffers (";
+    for (std::size_t i = 0; i < d.n_segs && i < 8; ++i) s += (i ? ", " : "") + std::to_string(d.segs[i].size);
+    if (d.n_segs > 8) s += ", ...";
+    s += ")";
+  }
+  if (d.kind == collective_kind::reduce_scatter || d.kind == collective_kind::all_gather)
+    s += " into " + std::to_string(d.out_count);
+  return s;
+}
+
+inline std::string list_replicas(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "replica " : "replicas ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+}  // namespace detail
+
+// The shared state of one group of replica threads. Create one per group; each thread talks through
+// its own `shared_memory` endpoint from `endpoint(rank)`.
+class shared_memory_group {
+ public:
+  explicit shared_memory_group(int size, collective_options options = {})
+      : size_{check_size(size)}, options_{options}, rendezvous_{size}, slots_(static_cast<std::size_t>(size)) {
+    for (auto& s : slots_) s.scratch.resize(2 * static_cast<std::size_t>(size));
+  }
+  shared_memory_group(const shared_memory_group&) = delete;
+  shared_memory_group& operator=(const shared_memory_group&) = delete;
+
+  int size() const noexcept { return size_; }
+  inline shared_memory endpoint(int rank);
+
+  const collective_options& options() const noexcept { return options_; }
+  // Only between steps, while no rank is inside a collective.
+  void set_options(collective_options options) noexcept { options_ = options; }
+
+  // Start a new step: clears failures, departures and collective counts. Only while no rank is
+  // inside a collective.
+  void reset() noexcept {
+    rendezvous_.reset();
+    for (auto& s : slots_) {
+      s.seq.store(0, std::memory_order_relaxed);
+      s.departed.store(false, std::memory_order_relaxed);
+    }
+  }
+
+  // Rank `rank` has finished its part of the step; collectives still waiting for it fail at once.
+  void depart(int rank) {
+    slots_[static_cast<std::size_t>(rank)].departed.store(true, std::memory_order_release);
+    rendezvous_.depart();
+  }
+
+  // Rank `rank` failed with `cause`; every rank waiting in, or later entering, a collective of this
+  // step fails with `collective_aborted`. The first cause is kept.
+  void fail(int rank, std::exception_ptr cause) { rendezvous_.abort(cause, "replica " + std::to_string(rank) + " failed: " + what(cause)); }
+
+  // The first failure of this step, or null.
+  std::exception_ptr first_failure() const { return rendezvous_.cause(); }
+
+ private:
+  friend class shared_memory;
+
+  struct alignas(64) slot {
+    detail::descriptor posted[2];           // by parity of the collective count: see `collective`
+    std::atomic<std::uint64_t> seq{0};       // collectives this rank has entered in this step
+    std::atomic<bool> departed{false};
+    std::vector<void*> scratch;              // pointer lists used only by the owning rank
+  };
+
+  static int check_size(int n) {
+    if (n < 1) throw std::invalid_argument("distribute: a shared-memory group needs at least one rank");
+    return n;
+  }
+
+  static std::string what(const std::exception_ptr& e) {
+    try {
+      if (e) std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      return ex.what();
+    } catch (...) {
+      return "an exception not derived from std::exception";
+    }
+    return "unknown error";
+  }
+
+  int size_;
+  collective_options options_;
+  detail::rendezvous rendezvous_;
+  std::vector<slot> slots_;
+};
+
+// One rank's endpoint of a `shared_memory_group`. Cheap to copy; the group must outlive it.
+class shared_memory {
+ public:
+  shared_memory(shared_memory_group& group, int rank) : g_{&group}, rank_{rank} {
+    if (rank < 0 || rank >= group.size())
+      throw std::invalid_argument("distribute: rank " + std::to_string(rank) + " is not in a group of " +
+                                  std::to_string(group.size()));
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return g_->size_; }
+
+  template <element T>
+  void all_reduce(reduce_op op, std::span<T> buf) {
+    detail::segment seg{buf.data(), buf.size()};
+    all_reduce_segments<T>(op, &seg, 1, buf.size());
+  }
+
+  // Several buffers reduced as one collective (one meeting, not one per buffer).
+  template <element T>
+  void all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
+    std::vector<detail::segment> segs;
+    segs.reserve(bufs.size());
+    std::size_t total = 0;
+    for (auto b : bufs) {
+      segs.push_back({b.data(), b.size()});
+      total += b.size();
+    }
+    all_reduce_segments<T>(op, segs.data(), segs.size(), total);
+  }
+
+  template <element T>
+  void reduce_scatter(reduce_op op, std::span<const T> in, std::span<T> out) {
+    comm::detail::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
+    detail::descriptor d{.kind = detail::collective_kind::reduce_scatter, .type = dtype_of<T>, .op = op,
+                         .count = in.size(), .out_count = out.size(), .in = in.data(), .out = out.data()};
+    collective(d, [&](const slot_view& v) {
+      const std::size_t m = out.size();
+      void** srcs = v.mine.scratch.data();
+      for (int q = 0; q < size(); ++q)
+        srcs[q] = const_cast<T*>(static_cast<const T*>(v.posted(q).in)) + static_cast<std::size_t>(rank_) * m;
+      void* dst = out.data();
+      detail::reduce_range<T>(op, srcs, size(), 0, m, &dst, 1);
+    });
+  }
+
+  template <element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    comm::detail::check_block_sizes("all_gather", out.size(), in.size(), size());
+    detail::descriptor d{.kind = detail::collective_kind::all_gather, .type = dtype_of<T>, .count = in.size(),
+                         .out_count = out.size(), .in = in.data(), .out = out.data()};
+    collective(d, [&](const slot_view& v) {
+      const std::size_t m = in.size();
+      for (int q = 0; q < size(); ++q) {
+        const T* src = static_cast<const T*>(v.posted(q).in);
+        T* dst = out.data() + static_cast<std::size_t>(q) * m;
+        if (m != 0 && src != dst) std::memmove(dst, src, m * sizeof(T));
+      }
+    });
+  }
+
+  template <element T>
+  void broadcast(std::span<T> buf, int root) {
+    comm::detail::check_root(root, size());
+    detail::segment seg{buf.data(), buf.size()};
+    detail::descriptor d{.kind = detail::collective_kind::broadcast, .type = dtype_of<T>, .root = root,
+                         .count = buf.size(), .segs = &seg, .n_segs = 1};
+    collective(d, [&](const slot_view& v) {
+      if (rank_ == root || buf.empty()) return;
+      std::memcpy(buf.data(), v.posted(root).segs[0].data, buf.size() * sizeof(T));
+    });
+  }
+
+  void barrier() {
+    collective(detail::descriptor{.kind = detail::collective_kind::barrier}, nullptr);
+  }
+
+ private:
+  using slot = shared_memory_group::slot;
+
+  struct slot_view {
+    shared_memory_group* g;
+    std::size_t parity;
+    slot& mine;
+    const detail::descriptor& posted(int q) const { return g->slots_[static_cast<std::size_t>(q)].posted[parity]; }
+  };
+
+  template <class T>
+  void all_reduce_segments(reduce_op op, const detail::segment* segs, std::size_t n_segs, std::size_t total) {
+    detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op,
+                         .count = total, .segs = segs, .n_segs = n_segs};
+    collective(d, [&](const slot_view& v) {
+      // This rank's slice of the flattened buffers, in whole cache lines so that no two ranks write
+      // the same line.
+      const int n = size();
+      const std::size_t unit = std::max<std::size_t>(1, 64 / sizeof(T));
+      const std::size_t units = (total + unit - 1) / unit;
+      const std::size_t lo = std::min(total, units * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n) * unit);
+      const std::size_t hi = std::min(total, units * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n) * unit);
+      void** ptrs = v.mine.scratch.data();
+      std::size_t offset = 0;
+      for (std::size_t i = 0; i < n_segs && offset < hi; offset += segs[i].size, ++i) {
+        const std::size_t b = std::max(lo, offset), e = std::min(hi, offset + segs[i].size);
+        if (b >= e) continue;
+        for (int q = 0; q < n; ++q) ptrs[q] = v.posted(q).segs[i].data;
+        // Sources and destinations are the same buffers: each chunk is read completely before it is
+        // written, and no other rank touches this slice.
+        detail::reduce_range<T>(op, ptrs, n, b - offset, e - offset, ptrs, n);
+      }
+    });
+  }
+
+  // The protocol every collective follows: post, meet (may fail), compare, work, meet again.
+  //
+  // Descriptions are posted in one of two places by the parity of the collective's number: a rank can
+  // only post collective k+2 after every rank reached collective k+1, that is after every rank
+  // finished reading the descriptions of collective k.
+  template <class Work>
+  void collective(const detail::descriptor& d, const Work& work) {
+    auto& g = *g_;
+    slot& mine = g.slots_[static_cast<std::size_t>(rank_)];
+    const std::uint64_t seq = mine.seq.load(std::memory_order_relaxed);
+    const std::size_t parity = seq & 1;
+    mine.posted[parity] = d;
+    mine.seq.store(seq + 1, std::memory_order_relaxed);
+
+    const auto deadline = std::chrono::steady_clock::now() + g.options_.timeout;
+    const auto outcome = g.rendezvous_.arrive_and_wait(deadline, /*may_fail=*/true);
+    if (outcome != detail::rendezvous::outcome::completed) fail(outcome, d, seq);
+
+    const slot_view view{&g, parity, mine};
+    if (auto message = mismatch(view, seq)) {
+      // Every rank reaches the same verdict; meet once more so that no rank unwinds while another is
+      // still reading its description.
+      g.rendezvous_.arrive_and_wait({}, /*may_fail=*/false);
+      throw collective_mismatch(*message);
+    }
+    if constexpr (!std::is_same_v<Work, std::nullptr_t>) {
+      work(view);
+      g.rendezvous_.arrive_and_wait({}, /*may_fail=*/false);
+    }
+  }
+
+  std::optional<std::string> mismatch(const slot_view& v, std::uint64_t seq) const {
+    bool all_same = true;
+    for (int q = 1; q < size() && all_same; ++q) all_same = detail::same_call(v.posted(0), v.posted(q));
+    if (all_same) return std::nullopt;
+    // Group the replicas by what they called.
+    std::vector<std::pair<const detail::descriptor*, std::vector<int>>> groups;
+    for (int q = 0; q < size(); ++q) {
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& gr) { return detail::same_call(*gr.first, v.posted(q)); });
+      if (it == groups.end()) groups.push_back({&v.posted(q), {q}});
+      else it->second.push_back(q);
+    }
+    std::string msg = "distribute: replicas disagree on collective #" + std::to_string(seq + 1) + " of this step: ";
+    for (std::size_t i = 0; i < groups.size(); ++i)
+      msg += (i ? "; " : "") + detail::list_replicas(groups[i].second) + " called " + detail::describe(*groups[i].first);
+    return msg;
+  }
+
+  [[noreturn]] void fail(detail::rendezvous::outcome outcome, const detail::descriptor& d, std::uint64_t seq) {
+    auto& g = *g_;
+    const std::string where = detail::describe(d) + " (collective #" + std::to_string(seq + 1) +
+                              " of this step) on replica " + std::to_string(rank_);
+    if (outcome == detail::rendezvous::outcome::aborted)
+      throw collective_aborted("distribute: " + where + " was abandoned because " + g.rendezvous_.cause_message());
+
+    std::vector<int> departed, behind;
+    for (int q = 0; q < size(); ++q) {
+      const auto& s = g.slots_[static_cast<std::size_t>(q)];
+      if (s.departed.load(std::memory_order_acquire)) departed.push_back(q);
+      else if (s.seq.load(std::memory_order_relaxed) <= seq) behind.push_back(q);
+    }
+    std::string msg = "distribute: " + where;
+    if (outcome == detail::rendezvous::outcome::departed) {
+      msg += " can never complete: " + detail::list_replicas(departed) +
+             " finished the step without joining it (every replica must call the same collectives in the same order)";
+    } else {
+      msg += " timed out after " + std::to_string(g.options_.timeout.count()) + " ms";
+      if (!behind.empty()) msg += ": " + detail::list_replicas(behind) + " never joined it";
+    }
+    // Fail the whole group now, so that the other replicas stop waiting too.
+    const collective_timeout error(msg);
+    g.rendezvous_.abort(std::make_exception_ptr(error), msg);
+    throw error;
+  }
+
+  shared_memory_group* g_;
+  int rank_;
+};
+
+inline shared_memory shared_memory_group::endpoint(int rank) { return shared_memory(*this, rank); }
+
+}  // namespace comm
+}  // namespace distribute

@@ -1,0 +1,36 @@
+#pragma once
+// A communicator is one rank's endpoint of a group that runs collectives together. The concept is
+// deliberately small; engines (shared memory, MPI, NCCL) differ in everything else.
+//
+// Every collective is called by every rank of the group, in the same order, with matching arguments:
+//   all_reduce(op, buf)        in place; buf is the same length on every rank
+//   all_reduce(op, bufs)       several buffers fused into one collective (same lengths on every rank)
+//   reduce_scatter(op, in, out) in.size() == size() * out.size(); rank r receives reduced block r
+//   all_gather(in, out)        out.size() == size() * in.size(); block r of out is rank r's in
+//   broadcast(buf, root)       every rank's buf becomes root's
+//   barrier()
+
+#include <distribute/reduce_op.hpp>
+
+#include <concepts>
+#include <span>
+
+namespace distribute {
+
+template <class C>
+concept communicator = requires(C& c, const C& cc, reduce_op op, std::span<float> buf, std::span<const float> in,
+                                std::span<const std::span<float>> bufs, std::span<double> dbuf,
+                                std::span<int> ibuf) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  c.all_reduce(op, buf);
+  c.all_reduce(op, dbuf);
+  c.all_reduce(op, bufs);
+  c.reduce_scatter(op, in, buf);
+  c.all_gather(in, buf);
+  c.broadcast(buf, 0);
+  c.broadcast(ibuf, 0);
+  c.barrier();
+};
+
+}  // namespace distribute

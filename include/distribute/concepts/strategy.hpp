@@ -1,0 +1,41 @@
+#pragma once
+// A strategy decides where a step runs. User code is written against this concept, so that changing
+// the strategy type is the only change needed to move from one device to many.
+
+#include <distribute/concepts/device.hpp>
+#include <distribute/concepts/replica.hpp>
+#include <distribute/reduce_op.hpp>
+
+#include <concepts>
+
+namespace distribute {
+
+namespace detail {
+// Stand-ins for user code, used only to check the concept.
+struct probe_step {
+  template <class R>
+  float operator()(R& r) const { return static_cast<float>(r.replica_id()); }
+};
+struct probe_factory {
+  template <class D>
+  int operator()(D&) const { return 0; }
+};
+}  // namespace detail
+
+template <class S>
+concept strategy = requires(S& s, const S& cs) {
+  typename S::device_type;
+  typename S::replica_type;
+  requires device<typename S::device_type>;
+  requires replica<typename S::replica_type>;
+  { cs.num_replicas_in_sync() } -> std::convertible_to<int>;
+  cs.devices();
+  s.run(detail::probe_step{});
+  { cs.reduce(reduce_op::sum, s.run(detail::probe_step{})) } -> std::same_as<float>;
+  cs.gather(s.run(detail::probe_step{}));
+  cs.local_results(s.run(detail::probe_step{}));
+  s.run_on_primary(detail::probe_step{});
+  s.mirror(detail::probe_factory{});
+};
+
+}  // namespace distribute

@@ -1,0 +1,25 @@
+#pragma once
+// The whole library in one include.
+
+#include <distribute/config.hpp>
+
+#include <distribute/collective_options.hpp>
+#include <distribute/dtype.hpp>
+#include <distribute/errors.hpp>
+#include <distribute/per_replica.hpp>
+#include <distribute/reduce_op.hpp>
+
+#include <distribute/concepts/communicator.hpp>
+#include <distribute/concepts/device.hpp>
+#include <distribute/concepts/distributed_dataset.hpp>
+#include <distribute/concepts/replica.hpp>
+#include <distribute/concepts/strategy.hpp>
+
+#include <distribute/comm/local.hpp>
+#include <distribute/comm/shared_memory.hpp>
+
+#include <distribute/device/cpu.hpp>
+#include <distribute/replica_context.hpp>
+
+#include <distribute/strategy/mirrored_strategy.hpp>
+#include <distribute/strategy/one_device_strategy.hpp>

@@ -1,0 +1,135 @@
+#pragma once
+// What a replica sees inside `strategy.run`: who it is, where it runs, its own copy of replicated
+// values, and the collectives of its group. One template serves every strategy; the communicator
+// decides what the collectives cost (nothing at all for the `local` communicator of one device).
+
+#include <distribute/concepts/communicator.hpp>
+#include <distribute/concepts/device.hpp>
+#include <distribute/dtype.hpp>
+#include <distribute/per_replica.hpp>
+#include <distribute/reduce_op.hpp>
+
+#include <array>
+#include <cstddef>
+#include <ranges>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace distribute {
+
+// A contiguous buffer of collective elements: std::vector<float>, std::span<double>, std::array, ...
+template <class B>
+concept element_buffer = std::ranges::contiguous_range<B> && std::ranges::sized_range<B> &&
+                         element<std::ranges::range_value_t<B>>;
+
+// A list of buffers, for fusing many tensors into one collective: std::vector<std::span<float>>, ...
+template <class L>
+concept element_buffer_list = std::ranges::contiguous_range<L> && std::ranges::sized_range<L> &&
+                              element_buffer<std::ranges::range_value_t<L>>;
+
+namespace detail {
+template <class B>
+auto as_span(B&& b) {
+  return std::span(std::ranges::data(b), std::ranges::size(b));
+}
+template <class B>
+using buffer_element_t = std::remove_reference_t<std::ranges::range_reference_t<B>>;
+}  // namespace detail
+
+template <device D, communicator C>
+class replica_context {
+ public:
+  using device_type = D;
+  using communicator_type = C;
+
+  replica_context(D device, C comm) : device_{std::move(device)}, comm_{std::move(comm)} {}
+
+  // This replica's position among all replicas in sync, 0 .. num_replicas()-1.
+  int replica_id() const noexcept { return comm_.rank(); }
+  int num_replicas() const noexcept { return comm_.size(); }
+  const D& device() const noexcept { return device_; }
+  C& communicator() noexcept { return comm_; }
+
+  // This replica's element of a per-replica or mirrored value.
+  template <class T, std::size_t E>
+  T& local(per_replica<T, E>& v) const { return v[index()]; }
+  template <class T, std::size_t E>
+  const T& local(const per_replica<T, E>& v) const { return v[index()]; }
+  template <class T, std::size_t E>
+  T& local(mirrored<T, E>& v) const { return v[index()]; }
+  template <class T, std::size_t E>
+  const T& local(const mirrored<T, E>& v) const { return v[index()]; }
+
+  // In place, across replicas. Several buffers of one element type are fused into one collective.
+  template <element_buffer B, element_buffer... More>
+    requires(std::is_same_v<detail::buffer_element_t<B>, detail::buffer_element_t<More>> && ...) &&
+            (!std::is_const_v<detail::buffer_element_t<B>>)
+  void all_reduce(reduce_op op, B&& first, More&&... more) {
+    if constexpr (sizeof...(More) == 0) {
+      comm_.all_reduce(op, detail::as_span(first));
+    } else {
+      using T = detail::buffer_element_t<B>;
+      const std::array<std::span<T>, 1 + sizeof...(More)> bufs{detail::as_span(first), detail::as_span(more)...};
+      comm_.all_reduce(op, std::span<const std::span<T>>(bufs));
+    }
+  }
+  // A run-time list of buffers (for example every gradient of a model), fused into one collective.
+  template <element_buffer_list L>
+  void all_reduce(reduce_op op, L&& buffers) {
+    using T = detail::buffer_element_t<std::ranges::range_value_t<L>>;
+    std::vector<std::span<T>> bufs;
+    bufs.reserve(std::ranges::size(buffers));
+    for (auto&& b : buffers) bufs.push_back(detail::as_span(b));
+    comm_.all_reduce(op, std::span<const std::span<T>>(bufs));
+  }
+  // One value per replica in, the reduction out.
+  template <element T>
+  T all_reduce(reduce_op op, T value) {
+    comm_.all_reduce(op, std::span<T>(&value, 1));
+    return value;
+  }
+
+  // `out` receives every replica's `in`, in replica order: out.size() == num_replicas() * in.size().
+  template <element_buffer In, element_buffer Out>
+  void all_gather(const In& in, Out&& out) {
+    using T = std::remove_const_t<detail::buffer_element_t<In>>;
+    comm_.all_gather(std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out));
+  }
+  // One value per replica in, all of them out, in replica order.
+  template <element T>
+  std::vector<T> all_gather(T value) {
+    std::vector<T> out(static_cast<std::size_t>(num_replicas()));
+    comm_.all_gather(std::span<const T>(&value, 1), std::span<T>(out));
+    return out;
+  }
+
+  // Reduces each replica's block of `in` (num_replicas() blocks of out.size()) into `out`.
+  template <element_buffer In, element_buffer Out>
+  void reduce_scatter(reduce_op op, const In& in, Out&& out) {
+    using T = std::remove_const_t<detail::buffer_element_t<In>>;
+    comm_.reduce_scatter(op, std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out));
+  }
+
+  // Every replica's `buf` becomes `root`'s.
+  template <element_buffer B>
+  void broadcast(B&& buf, int root = 0) {
+    comm_.broadcast(detail::as_span(buf), root);
+  }
+  template <element T>
+  T broadcast(T value, int root = 0) {
+    comm_.broadcast(std::span<T>(&value, 1), root);
+    return value;
+  }
+
+  void barrier() { comm_.barrier(); }
+
+ private:
+  std::size_t index() const noexcept { return static_cast<std::size_t>(comm_.rank()); }
+
+  D device_;
+  [[no_unique_address]] C comm_;
+};
+
+}  // namespace distribute

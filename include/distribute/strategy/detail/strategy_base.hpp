@@ -1,0 +1,239 @@
+#pragma once
+// The cross-replica operations that do not depend on how replicas run: reductions of per-replica
+// results, gathering, scattering, creating and re-synchronising mirrored state. Written once for
+// every strategy; a strategy provides `num_replicas_in_sync()`, `devices()` and `run`.
+
+#include <distribute/errors.hpp>
+#include <distribute/per_replica.hpp>
+#include <distribute/reduce_op.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace distribute {
+
+namespace detail {
+
+template <class T>
+concept arithmetic = std::is_arithmetic_v<T>;
+
+template <class T>
+concept arithmetic_sequence = std::ranges::sized_range<const T> && arithmetic<std::ranges::range_value_t<T>>;
+
+// A value whose state can be digested to compare mirrored copies: arithmetic values and contiguous
+// sequences of them, or any type with a member `state_digest()` returning std::uint64_t.
+template <class T>
+concept digestible = std::is_trivially_copyable_v<T> ||
+                     (std::ranges::contiguous_range<const T> &&
+                      std::is_trivially_copyable_v<std::ranges::range_value_t<T>>) ||
+                     requires(const T& t) { { t.state_digest() } -> std::convertible_to<std::uint64_t>; };
+
+inline std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 1469598103934665603ull) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+template <digestible T>
+std::uint64_t digest_of(const T& value) {
+  if constexpr (requires { { value.state_digest() } -> std::convertible_to<std::uint64_t>; }) {
+    return value.state_digest();
+  } else if constexpr (std::is_trivially_copyable_v<T>) {
+    return fnv1a(&value, sizeof(T));
+  } else {
+    return fnv1a(std::ranges::data(value), std::ranges::size(value) * sizeof(std::ranges::range_value_t<T>));
+  }
+}
+
+// The number of examples each of `n` replicas gets from a batch of `b`: as even as possible, the
+// first `b % n` replicas one more.
+inline std::size_t share_of(std::size_t b, std::size_t n, std::size_t replica) noexcept {
+  return b / n + (replica < b % n ? 1 : 0);
+}
+
+}  // namespace detail
+
+template <class Derived, std::size_t Extent>
+class strategy_base {
+ public:
+  // The replica count when fixed at compile time (1 for one device), else std::dynamic_extent.
+  static constexpr std::size_t extent = Extent;
+
+  template <class T>
+  using per_replica_type = per_replica<T, Extent>;
+  template <class T>
+  using mirrored_type = mirrored<T, Extent>;
+
+  // Reduces one value per replica to one value, in replica order (deterministic). Arithmetic values
+  // give a value; sequences of them reduce element-wise and give a std::vector. `mean` divides the
+  // sum by the replica count.
+  template <detail::arithmetic T, std::size_t E>
+  T reduce(reduce_op op, const per_replica<T, E>& values) const {
+    check_count(values.size(), "reduce");
+    T acc = values[0];
+    for (std::size_t i = 1; i < values.size(); ++i) acc = detail::combine(op, acc, values[i]);
+    return detail::finish(op, acc, static_cast<int>(values.size()));
+  }
+  template <detail::arithmetic_sequence S, std::size_t E>
+  auto reduce(reduce_op op, const per_replica<S, E>& values) const {
+    using T = std::ranges::range_value_t<S>;
+    check_count(values.size(), "reduce");
+    std::vector<T> acc(std::ranges::begin(values[0]), std::ranges::end(values[0]));
+    for (std::size_t i = 1; i < values.size(); ++i) {
+      if (std::ranges::size(values[i]) != acc.size())
+        throw std::invalid_argument("distribute: reduce needs equal sizes on every replica; replica 0 has " +
+                                    std::to_string(acc.size()) + " elements, replica " + std::to_string(i) + " has " +
+                                    std::to_string(std::ranges::size(values[i])));
+      std::size_t j = 0;
+      for (const auto& x : values[i]) { acc[j] = detail::combine(op, acc[j], static_cast<T>(x)); ++j; }
+    }
+    for (auto& x : acc) x = detail::finish(op, x, static_cast<int>(values.size()));
+    return acc;
+  }
+
+  // Concatenates the replicas' values along `axis`, in replica order: values give a vector of one
+  // value per replica; sequences give their concatenation (axis 0, the only axis a flat sequence has).
+  template <detail::arithmetic T, std::size_t E>
+  std::vector<T> gather(const per_replica<T, E>& values, int axis = 0) const {
+    check_count(values.size(), "gather");
+    check_axis(axis);
+    return std::vector<T>(values.begin(), values.end());
+  }
+  template <detail::arithmetic_sequence S, std::size_t E>
+  auto gather(const per_replica<S, E>& values, int axis = 0) const {
+    check_count(values.size(), "gather");
+    check_axis(axis);
+    std::vector<std::ranges::range_value_t<S>> out;
+    std::size_t total = 0;
+    for (const auto& v : values) total += std::ranges::size(v);
+    out.reserve(total);
+    for (const auto& v : values) out.insert(out.end(), std::ranges::begin(v), std::ranges::end(v));
+    return out;
+  }
+
+  // Every replica's value, in replica order.
+  template <class T, std::size_t E>
+  std::span<const T, E> local_results(const per_replica<T, E>& values) const {
+    check_count(values.size(), "local_results");
+    return values.values();
+  }
+
+  // Splits a batch along its first axis, `example_size` elements per example, into one part per
+  // replica. The split is as even as possible; with a remainder the first replicas get one example
+  // more, and with fewer examples than replicas the last replicas get empty parts.
+  template <class T>
+  per_replica_type<std::vector<T>> scatter(std::span<const T> batch, std::size_t example_size = 1) const {
+    if (example_size == 0 || batch.size() % example_size != 0)
+      throw std::invalid_argument("distribute: scatter got " + std::to_string(batch.size()) +
+                                  " elements, not a whole number of examples of " + std::to_string(example_size));
+    const auto n = static_cast<std::size_t>(self().num_replicas_in_sync());
+    const std::size_t examples = batch.size() / example_size;
+    std::size_t offset = 0;
+    return make<per_replica_type<std::vector<T>>>([&](std::size_t r) {
+      const std::size_t count = detail::share_of(examples, n, r) * example_size;
+      std::vector<T> part(batch.begin() + static_cast<std::ptrdiff_t>(offset),
+                          batch.begin() + static_cast<std::ptrdiff_t>(offset + count));
+      offset += count;
+      return part;
+    });
+  }
+  template <class T>
+  per_replica_type<std::vector<T>> scatter(const std::vector<T>& batch, std::size_t example_size = 1) const {
+    return scatter(std::span<const T>(batch), example_size);
+  }
+
+  // One value per replica from `fn(replica_id)`, called for each replica in order.
+  template <class F>
+    requires std::invocable<F&, int>
+  auto values_from_function(F&& fn) const {
+    using T = std::decay_t<std::invoke_result_t<F&, int>>;
+    return make<per_replica_type<T>>([&](std::size_t r) { return std::invoke(fn, static_cast<int>(r)); });
+  }
+
+  // One copy of `factory(device)` per replica. The copies must come out identical (seed any random
+  // initialisation); `verify_mirrored` checks, `broadcast` re-synchronises.
+  template <class F>
+  auto mirror(F&& factory) {
+    using D = typename Derived::device_type;
+    static_assert(std::invocable<F&, D&>, "distribute: mirror(factory) calls factory(device&) once per replica");
+    using T = std::decay_t<std::invoke_result_t<F&, D&>>;
+    auto& devices = self().devices_for_factory();
+    return make<mirrored_type<T>>([&](std::size_t r) { return std::invoke(factory, devices[r]); });
+  }
+
+  // Makes every copy equal to replica `from`'s, after an update that ran on one replica only.
+  template <class T, std::size_t E>
+  void broadcast(mirrored<T, E>& value, int from = 0) const {
+    static_assert(std::is_copy_assignable_v<T>,
+                  "distribute: broadcast of mirrored<T> between CPU replicas copy-assigns T; T must be copy-assignable");
+    check_count(value.size(), "broadcast");
+    if (from < 0 || static_cast<std::size_t>(from) >= value.size())
+      throw std::invalid_argument("distribute: broadcast from replica " + std::to_string(from) + " of " +
+                                  std::to_string(value.size()));
+    for (std::size_t r = 0; r < value.size(); ++r)
+      if (r != static_cast<std::size_t>(from)) value[r] = value[static_cast<std::size_t>(from)];
+  }
+
+  // A debug check that mirrored copies are identical: compares a digest of each copy with the
+  // primary's and throws `mirrored_divergence` naming the replicas that differ.
+  template <class T, std::size_t E>
+  void verify_mirrored(const mirrored<T, E>& value) const {
+    static_assert(detail::digestible<T>,
+                  "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
+                  "copyable elements, or to have a member `std::uint64_t state_digest() const`");
+    check_count(value.size(), "verify_mirrored");
+    const std::uint64_t primary = detail::digest_of(value[0]);
+    std::string differ;
+    for (std::size_t r = 1; r < value.size(); ++r)
+      if (detail::digest_of(value[r]) != primary) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (!differ.empty())
+      throw mirrored_divergence("distribute: mirrored copies differ from the primary's on replica(s) " + differ);
+  }
+
+ protected:
+  // Builds a replica-indexed value from `make_one(replica)`, called in replica order.
+  template <class V, class F>
+  V make(F&& make_one) const {
+    using T = typename V::value_type;
+    if constexpr (Extent == std::dynamic_extent) {
+      const auto n = static_cast<std::size_t>(self().num_replicas_in_sync());
+      std::vector<T> values;
+      values.reserve(n);
+      for (std::size_t r = 0; r < n; ++r) values.push_back(make_one(r));
+      return V(std::move(values));
+    } else {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return V(std::array<T, Extent>{make_one(I)...});
+      }(std::make_index_sequence<Extent>{});
+    }
+  }
+
+  void check_count(std::size_t n, const char* op) const {
+    const auto expected = static_cast<std::size_t>(self().num_replicas_in_sync());
+    if (n != expected)
+      throw std::invalid_argument(std::string("distribute: ") + op + " got a value for " + std::to_string(n) +
+                                  " replicas from a strategy of " + std::to_string(expected));
+  }
+
+  static void check_axis(int axis) {
+    if (axis != 0)
+      throw std::invalid_argument("distribute: gather of flat sequences concatenates along axis 0, got axis " +
+                                  std::to_string(axis));
+  }
+
+  const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+};
+
+}  // namespace distribute

@@ -1,0 +1,150 @@
+#pragma once
+// N replicas in one process, each on its own persistent thread, with their collectives in shared
+// memory. Replica 0 (the primary) runs on the thread that calls `run`.
+//
+// Failure semantics: when a replica throws, the collectives that other replicas are waiting in (or
+// enter later in the step) fail at once with `collective_aborted`; `run` waits for every replica to
+// leave the step and rethrows the first failure. A collective that a replica never joins fails after
+// the configured timeout with `collective_timeout` (at once if that replica already finished the
+// step). The next `run` starts clean.
+
+#include <distribute/collective_options.hpp>
+#include <distribute/comm/local.hpp>
+#include <distribute/comm/shared_memory.hpp>
+#include <distribute/concepts/device.hpp>
+#include <distribute/device/cpu.hpp>
+#include <distribute/per_replica.hpp>
+#include <distribute/replica_context.hpp>
+#include <distribute/strategy/detail/replica_pool.hpp>
+#include <distribute/strategy/detail/strategy_base.hpp>
+
+#include <atomic>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace distribute {
+
+template <device D = cpu>
+class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynamic_extent> {
+  static_assert(D::kind == device_kind::cpu,
+                "distribute: this mirrored_strategy runs replicas as threads of one process on CPU devices");
+
+ public:
+  using device_type = D;
+  using replica_type = replica_context<D, comm::shared_memory>;
+  // The context of `run_on_primary`: the primary device, a group of one.
+  using primary_replica_type = replica_context<D, comm::local>;
+
+  // One replica per hardware thread.
+  mirrored_strategy() : mirrored_strategy(all_cpu_replicas()) {}
+  explicit mirrored_strategy(std::vector<D> devices, collective_options options = {})
+      : state_{std::make_unique<state>(check_devices(std::move(devices)), options)} {}
+
+  int num_replicas_in_sync() const noexcept { return static_cast<int>(state_->devices.size()); }
+  std::span<const D> devices() const noexcept { return state_->devices; }
+
+  const collective_options& options() const noexcept { return state_->group.options(); }
+  // Between steps only.
+  void set_options(collective_options options) { state_->group.set_options(options); }
+
+  // Calls `fn(replica, args...)` on every replica concurrently; per-replica and mirrored arguments
+  // are unwrapped to the replica's own element, anything else is shared by reference. Returns
+  // per_replica<R> (or nothing for a void fn) once every replica has finished.
+  template <class F, class... A>
+  auto run(F&& fn, A&&... args) {
+    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
+    state& st = *state_;
+    const step_guard guard(st);
+    (check_argument(args, st.devices.size()), ...);
+    st.group.reset();
+    const auto n = st.devices.size();
+    std::vector<std::optional<std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>>> results(
+        std::is_void_v<R> ? 0 : n);
+    auto job = [&](int rank) noexcept {
+      const auto r = static_cast<std::size_t>(rank);
+      try {
+        if constexpr (std::is_void_v<R>) {
+          std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...);
+        } else {
+          results[r].emplace(std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...));
+        }
+        st.group.depart(rank);
+      } catch (...) {
+        st.group.fail(rank, std::current_exception());
+      }
+    };
+    st.pool.run(job);
+    if (auto failure = st.group.first_failure()) std::rethrow_exception(failure);
+    if constexpr (!std::is_void_v<R>) {
+      std::vector<std::decay_t<R>> values;
+      values.reserve(n);
+      for (auto& v : results) values.push_back(std::move(*v));
+      return per_replica<std::decay_t<R>>(std::move(values));
+    }
+  }
+
+  // Calls `fn(primary, args...)` once, on the calling thread, as a group of one on the primary
+  // device: per-replica and mirrored arguments are unwrapped to replica 0's element, collectives are
+  // no-ops. For the parts of a step that run on the primary only; `broadcast` afterwards brings
+  // mirrored state that it changed back into sync.
+  template <class F, class... A>
+  decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    primary_replica_type r{state_->devices[0], comm::local{}};
+    return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
+  }
+
+ private:
+  friend class strategy_base<mirrored_strategy<D>, std::dynamic_extent>;
+
+  struct state {
+    state(std::vector<D> devs, collective_options options)
+        : devices(std::move(devs)), group(static_cast<int>(devices.size()), options), pool(static_cast<int>(devices.size())) {
+      replicas.reserve(devices.size());
+      for (std::size_t r = 0; r < devices.size(); ++r)
+        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)));
+    }
+    std::vector<D> devices;
+    comm::shared_memory_group group;
+    std::vector<replica_type> replicas;
+    std::atomic<bool> in_step{false};
+    detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
+  };
+
+  // A step of this strategy cannot start inside another (the replica threads are busy with it).
+  struct step_guard {
+    explicit step_guard(state& s) : st{s} {
+      if (st.in_step.exchange(true))
+        throw std::logic_error("distribute: mirrored_strategy::run called while a step of the same strategy is running "
+                               "(from inside a replica, or from two threads at once)");
+    }
+    ~step_guard() { st.in_step.store(false); }
+    state& st;
+  };
+
+  template <class A>
+  static void check_argument(const A& a, std::size_t n) {
+    if constexpr (replica_indexed<A>) {
+      if (a.size() != n)
+        throw std::invalid_argument("distribute: run got a per-replica argument for " + std::to_string(a.size()) +
+                                    " replicas; this strategy has " + std::to_string(n));
+    }
+  }
+
+  static std::vector<D> check_devices(std::vector<D> devices) {
+    if (devices.empty()) throw std::invalid_argument("distribute: mirrored_strategy needs at least one device");
+    return devices;
+  }
+
+  std::vector<D>& devices_for_factory() noexcept { return state_->devices; }
+
+  std::unique_ptr<state> state_;
+};
+
+}  // namespace distribute

@@ -1,0 +1,62 @@
+#pragma once
+// One replica on one device. `run` is a direct call, every collective of the replica is an inline
+// no-op of the `local` communicator, and per-replica values live in place (no allocation): a step
+// written for any strategy costs here what it would cost written by hand.
+
+#include <distribute/comm/local.hpp>
+#include <distribute/concepts/device.hpp>
+#include <distribute/device/cpu.hpp>
+#include <distribute/per_replica.hpp>
+#include <distribute/replica_context.hpp>
+#include <distribute/strategy/detail/strategy_base.hpp>
+
+#include <array>
+#include <functional>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+namespace distribute {
+
+template <device D = cpu>
+class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
+ public:
+  using device_type = D;
+  using replica_type = replica_context<D, comm::local>;
+
+  one_device_strategy() = default;
+  explicit one_device_strategy(D device) : devices_{std::move(device)} {}
+
+  static constexpr int num_replicas_in_sync() noexcept { return 1; }
+  std::span<const D, 1> devices() const noexcept { return devices_; }
+  const D& device() const noexcept { return devices_[0]; }
+
+  // Calls `fn(replica, args...)` once; per-replica and mirrored arguments are unwrapped to their only
+  // element. Returns per_replica<R, 1> (or nothing for a void fn).
+  template <class F, class... A>
+  auto run(F&& fn, A&&... args) {
+    replica_type r{devices_[0], comm::local{}};
+    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
+    if constexpr (std::is_void_v<R>) {
+      std::invoke(fn, r, detail::unwrap_for(args, 0)...);
+    } else {
+      return per_replica<std::decay_t<R>, 1>(
+          std::array<std::decay_t<R>, 1>{std::invoke(fn, r, detail::unwrap_for(args, 0)...)});
+    }
+  }
+
+  // The same as `run` here: there is only the primary.
+  template <class F, class... A>
+  decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    replica_type r{devices_[0], comm::local{}};
+    return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
+  }
+
+ private:
+  friend class strategy_base<one_device_strategy<D>, 1>;
+  std::array<D, 1>& devices_for_factory() noexcept { return devices_; }
+
+  std::array<D, 1> devices_{};
+};
+
+}  // namespace distribute
