@@ -107,8 +107,12 @@ class rendezvous {
     std::lock_guard lk(mu_);
     return cause_;
   }
-  std::string cause_message() const {
-    std::lock_guard lk(mu_);
+  // The message of the failure that aborted the group. Whoever sets the aborted bit records a cause
+  // right after (a waiter that withdrew does so once it has built its message), so a replica that saw
+  // the bit waits here for that moment instead of reporting an empty reason.
+  std::string cause_message() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return cause_ != nullptr; });
     return cause_message_;
   }
 
