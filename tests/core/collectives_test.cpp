@@ -103,6 +103,21 @@ BOOST_AUTO_TEST_CASE(variadic_buffers_and_scalars) {
   for (const auto& v : out) BOOST_TEST(v == (std::vector<double>{3, 6, 3, 2, 6}), boost::test_tools::per_element());
 }
 
+BOOST_AUTO_TEST_CASE(integer_types_map_by_width) {
+  // `long` and `long long` are both 64-bit here, only one of them is std::int64_t; both must work.
+  static_assert(dist::dtype_of<long long> == dist::dtype::int64);
+  static_assert(dist::dtype_of<long> == dist::dtype::int64);
+  static_assert(dist::dtype_of<int> == dist::dtype::int32);
+  static_assert(!dist::element<unsigned>);
+  dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
+  auto out = s.run([](auto& r) {
+    std::vector<long long> v{1LL << 40, r.replica_id()};
+    r.all_reduce(dist::reduce_op::sum, v);
+    return v;
+  });
+  BOOST_TEST(out[1] == (std::vector<long long>{1LL << 41, 1}), boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_orders_blocks_by_replica, T, dist::test::element_types) {
   for (int replicas : replica_counts) {
     dist::mirrored_strategy<> s{dist::cpu_replicas(replicas)};

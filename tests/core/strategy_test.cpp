@@ -164,6 +164,10 @@ BOOST_AUTO_TEST_CASE(scatter_keeps_examples_whole) {
   const auto parts = s.scatter(batch, 3);
   BOOST_TEST(parts[0] == (std::vector<float>{0, 1, 2, 3, 4, 5}), boost::test_tools::per_element());
   BOOST_TEST(parts[1] == (std::vector<float>{6, 7, 8}), boost::test_tools::per_element());
+  // Any contiguous batch, mutable or not.
+  std::array<float, 4> arr{1, 2, 3, 4};
+  BOOST_TEST(s.scatter(std::span<float>(arr))[1] == (std::vector<float>{3, 4}), boost::test_tools::per_element());
+  BOOST_TEST(s.scatter(arr, 2)[0] == (std::vector<float>{1, 2}), boost::test_tools::per_element());
   BOOST_CHECK_THROW(s.scatter(batch, 4), std::invalid_argument);
   BOOST_CHECK_THROW(s.scatter(batch, 0), std::invalid_argument);
 }

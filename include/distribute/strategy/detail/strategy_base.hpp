@@ -3,6 +3,7 @@
 // results, gathering, scattering, creating and re-synchronising mirrored state. Written once for
 // every strategy; a strategy provides `num_replicas_in_sync()`, `devices()` and `run`.
 
+#include <distribute/dtype.hpp>
 #include <distribute/errors.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/reduce_op.hpp>
@@ -25,8 +26,10 @@ namespace distribute {
 
 namespace detail {
 
+// What `reduce` and `gather` accept as one value: built-in arithmetic types and collective elements
+// (types added through dtype_traits, such as half precision).
 template <class T>
-concept arithmetic = std::is_arithmetic_v<T>;
+concept arithmetic = std::is_arithmetic_v<T> || element<T>;
 
 template <class T>
 concept arithmetic_sequence = std::ranges::sized_range<const T> && arithmetic<std::ranges::range_value_t<T>>;
@@ -148,9 +151,12 @@ class strategy_base {
       return part;
     });
   }
-  template <class T>
-  per_replica_type<std::vector<T>> scatter(const std::vector<T>& batch, std::size_t example_size = 1) const {
-    return scatter(std::span<const T>(batch), example_size);
+  // Any contiguous batch: std::vector, std::array, std::span<T>, ...
+  template <std::ranges::contiguous_range B>
+    requires std::ranges::sized_range<B>
+  auto scatter(const B& batch, std::size_t example_size = 1) const {
+    using T = std::remove_cv_t<std::ranges::range_value_t<B>>;
+    return scatter(std::span<const T>(std::ranges::data(batch), std::ranges::size(batch)), example_size);
   }
 
   // One value per replica from `fn(replica_id)`, called for each replica in order.
