@@ -6,8 +6,9 @@
 // serialised: exactly one of them wins. A waiter that gave up has therefore never been counted in a
 // completed barrier, and no other replica can be touching its buffers when it unwinds.
 //
-// Waiting spins briefly (a collective on idle cores completes in a few microseconds) and then blocks
-// on a condition variable with a deadline. With more replicas than hardware threads it does not spin.
+// Waiting spins briefly (a collective on idle cores completes in a few microseconds), then yields
+// the core a bounded number of times, then blocks on a condition variable with a deadline. With more
+// replicas than hardware threads it does not spin.
 
 #include <distribute/errors.hpp>
 
@@ -146,11 +147,20 @@ class rendezvous {
       if (o == outcome::departed || o == outcome::timed_out) return withdraw(gen) ? o : outcome::completed;
       return o;
     };
+    // Spin while the others are likely running on other cores, then give the core away a bounded
+    // number of times (replicas sharing cores, or another program on them), then sleep. The spin is
+    // bounded by time, not iterations: a pause instruction lasts 10x longer on some CPUs than others.
     if (spin_) {
-      for (int i = 0; i < spin_iterations; ++i) {
+      const auto spin_until = std::chrono::steady_clock::now() + spin_time;
+      for (int i = 1;; ++i) {
         if (auto o = check()) return settle(*o);
         cpu_relax();
+        if (i % 64 == 0 && std::chrono::steady_clock::now() >= spin_until) break;
       }
+    }
+    for (int i = 0; i < yield_iterations; ++i) {
+      if (auto o = check()) return settle(*o);
+      std::this_thread::yield();
     }
     std::optional<outcome> o;
     {
@@ -173,7 +183,8 @@ class rendezvous {
     cv_.notify_all();
   }
 
-  static constexpr int spin_iterations = 4000;
+  static constexpr auto spin_time = std::chrono::microseconds(20);
+  static constexpr int yield_iterations = 200;
 
   const std::uint64_t n_;
   bool spin_ = false;
