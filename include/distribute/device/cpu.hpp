@@ -3,6 +3,7 @@
 // their own threads and share memory; `index` tells them apart.
 
 #include <distribute/concepts/device.hpp>
+#include <distribute/detail/hardware.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -38,9 +39,9 @@ inline std::vector<cpu> cpu_replicas(int n) {
   return devices;
 }
 
-// One logical CPU replica per hardware thread (at least one).
+// One logical CPU replica per hardware thread this process may run on (at least one).
 inline std::vector<cpu> all_cpu_replicas() {
-  const unsigned n = std::thread::hardware_concurrency();
+  const unsigned n = detail::usable_hardware_threads();
   return cpu_replicas(n == 0 ? 1 : static_cast<int>(n));
 }
 

@@ -6,10 +6,10 @@
 // serialised: exactly one of them wins. A waiter that gave up has therefore never been counted in a
 // completed barrier, and no other replica can be touching its buffers when it unwinds.
 //
-// Waiting spins briefly (a collective on idle cores completes in a few microseconds), then yields
-// the core a bounded number of times, then blocks on a condition variable with a deadline. With more
-// replicas than hardware threads it does not spin.
+// Waiting follows detail/backoff.hpp (spin, yield, then block on a condition variable with a
+// deadline). With more replicas than hardware threads it does not spin.
 
+#include <distribute/detail/backoff.hpp>
 #include <distribute/errors.hpp>
 
 #include <atomic>
@@ -22,19 +22,8 @@
 #include <string>
 #include <thread>
 
-#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-#  include <immintrin.h>
-#endif
 
 namespace distribute::comm::detail {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 class rendezvous {
   // state word: [63] aborted, [62..32] generation (31 bits, wraps), [31..0] arrivals
@@ -48,8 +37,7 @@ class rendezvous {
   enum class outcome { completed, aborted, departed, timed_out };
 
   explicit rendezvous(int n) : n_{static_cast<std::uint64_t>(n)} {
-    const unsigned hw = std::thread::hardware_concurrency();
-    spin_ = hw != 0 && static_cast<unsigned>(n) <= hw;
+    spin_ = distribute::detail::may_spin(n);
   }
 
   int size() const noexcept { return static_cast<int>(n_); }
@@ -147,22 +135,8 @@ class rendezvous {
       if (o == outcome::departed || o == outcome::timed_out) return withdraw(gen) ? o : outcome::completed;
       return o;
     };
-    // Spin while the others are likely running on other cores, then give the core away a bounded
-    // number of times (replicas sharing cores, or another program on them), then sleep. The spin is
-    // bounded by time, not iterations: a pause instruction lasts 10x longer on some CPUs than others.
-    if (spin_) {
-      const auto spin_until = std::chrono::steady_clock::now() + spin_time;
-      for (int i = 1;; ++i) {
-        if (auto o = check()) return settle(*o);
-        cpu_relax();
-        if (i % 64 == 0 && std::chrono::steady_clock::now() >= spin_until) break;
-      }
-    }
-    for (int i = 0; i < yield_iterations; ++i) {
-      if (auto o = check()) return settle(*o);
-      std::this_thread::yield();
-    }
     std::optional<outcome> o;
+    if (distribute::detail::spin_then_yield([&] { return (o = check()).has_value(); }, spin_)) return settle(*o);
     {
       std::unique_lock lk(mu_);
       while (!(o = check())) {
@@ -183,8 +157,6 @@ class rendezvous {
     cv_.notify_all();
   }
 
-  static constexpr auto spin_time = std::chrono::microseconds(20);
-  static constexpr int yield_iterations = 200;
 
   const std::uint64_t n_;
   bool spin_ = false;
