@@ -12,6 +12,8 @@
 
 #include <distribute/distribute.hpp>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <barrier>
 #include <charconv>
@@ -160,43 +162,6 @@ std::string human_bytes(std::size_t b) {
   return std::to_string(b) + " B";
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown CPU";
-}
-
-const char* compiler() {
-#if defined(__clang__)
-  return "clang " __clang_version__;
-#elif defined(__GNUC__)
-  return "g++ " __VERSION__;
-#else
-  return "unknown compiler";
-#endif
-}
-
-// Other work on the machine skews every figure; the 1-minute load average shows whether there was any.
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string one_minute;
-  return in >> one_minute ? one_minute : "unknown";
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // Tells the optimiser that memory may be read here, so that a loop of identical memcpy calls is kept.
 inline void clobber_memory() {
 #if defined(__GNUC__)
@@ -205,20 +170,6 @@ inline void clobber_memory() {
 }
 
 // --- timing --------------------------------------------------------------------------------------
-
-// Grow the iteration count until one repetition takes at least `min_seconds`, at most 100x per round
-// so that one slow outlier cannot blow up the count. Returns `iters` once it is long enough.
-std::int64_t next_iterations(std::int64_t iters, double seconds, double min_seconds) {
-  if (seconds >= min_seconds) return iters;
-  const double wanted = static_cast<double>(iters) * 1.2 * min_seconds / std::max(seconds, 1e-9);
-  return std::clamp(static_cast<std::int64_t>(wanted), 2 * iters, 100 * iters);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
 
 // Times `step` on one member (`rank`) of a group of threads that all call this together. `sync` is a
 // barrier of the group and `share(v)` returns rank 0's `v` on every rank, so that the group agrees on
@@ -239,13 +190,13 @@ double time_in_group(int rank, const timing_policy& policy, Step step, Sync sync
   std::int64_t iters = 1;
   for (;;) {
     const double seconds = timed(iters);
-    const std::int64_t next = share(rank == 0 ? next_iterations(iters, seconds, policy.min_seconds) : 0);
+    const std::int64_t next = share(rank == 0 ? bench::next_iterations(iters, seconds, policy.min_seconds) : 0);
     if (next == iters) break;
     iters = next;
   }
   std::vector<double> per_iter;
   for (int k = 0; k < policy.repetitions; ++k) per_iter.push_back(timed(iters) / static_cast<double>(iters));
-  return median(per_iter);
+  return bench::median(per_iter);
 }
 
 // --- the three figures ---------------------------------------------------------------------------
@@ -440,10 +391,10 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("# bench_allreduce  %s\n", utc_now().c_str());
+  std::printf("# bench_allreduce  %s\n", bench::utc_now().c_str());
   std::printf("# machine: %u hardware threads, %s; load average before the run: %s\n",
-              std::thread::hardware_concurrency(), cpu_model().c_str(), load_average().c_str());
-  std::printf("# compiler: %s; timing: median of %d repetitions of >= %.0f ms each\n", compiler(),
+              std::thread::hardware_concurrency(), bench::cpu_model().c_str(), bench::load_average().c_str());
+  std::printf("# compiler: %s; timing: median of %d repetitions of >= %.0f ms each\n", bench::compiler(),
               opts.timing.repetitions, opts.timing.min_seconds * 1e3);
   if (opts.mpi) std::printf("# peer: MPI_Allreduce under %s %s -np N %s\n", mpiexec_path, mpiexec_preflags, mpi_helper_path);
   std::printf("# algbw = bytes per replica / time, GB = 1e9 bytes; bound = one copy per replica, all at once,\n"

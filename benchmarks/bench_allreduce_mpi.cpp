@@ -11,6 +11,8 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -62,20 +64,6 @@ options parse_options(int argc, char** argv) {
   return opts;
 }
 
-// The same policy as bench_allreduce: grow the iteration count until one repetition takes at least
-// `min_seconds`, at most 100x per round so that one slow outlier cannot blow up the count.
-std::int64_t next_iterations(std::int64_t iters, double seconds, double min_seconds) {
-  if (seconds >= min_seconds) return iters;
-  const double wanted = static_cast<double>(iters) * 1.2 * min_seconds / std::max(seconds, 1e-9);
-  return std::clamp(static_cast<std::int64_t>(wanted), 2 * iters, 100 * iters);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 // Seconds per MPI_Allreduce on rank 0, between barriers, so the time covers every process.
 double time_allreduce(std::vector<float>& buf, int rank, const options& opts) {
   const int count = static_cast<int>(buf.size());
@@ -93,14 +81,14 @@ double time_allreduce(std::vector<float>& buf, int rank, const options& opts) {
   std::int64_t iters = 1;
   for (;;) {
     const double seconds = timed(iters);
-    std::int64_t next = rank == 0 ? next_iterations(iters, seconds, opts.min_seconds) : 0;
+    std::int64_t next = rank == 0 ? bench::next_iterations(iters, seconds, opts.min_seconds) : 0;
     MPI_Bcast(&next, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
     if (next == iters) break;
     iters = next;
   }
   std::vector<double> per_iter;
   for (int k = 0; k < opts.repetitions; ++k) per_iter.push_back(timed(iters) / static_cast<double>(iters));
-  return median(per_iter);
+  return bench::median(per_iter);
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 
 #include <distribute/distribute.hpp>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -42,8 +44,7 @@ double micros_per_call(F&& f) {
     for (long i = 0; i < iters; ++i) f();
     reps.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / static_cast<double>(iters));
   }
-  std::nth_element(reps.begin(), reps.begin() + 2, reps.end());
-  return reps[2];
+  return bench::median(reps);
 }
 
 // The bound: n-1 threads spin on a generation counter, do nothing, and count down.
@@ -105,8 +106,11 @@ int main(int argc, char** argv) {
       return arg == "--help" ? 0 : 2;
     }
   }
-  std::printf("# bench_step: %u usable hardware threads; microseconds per empty step, median of 5\n",
-              dist::detail::usable_hardware_threads());
+  std::printf("# bench_step  %s\n# machine: %u usable hardware threads, %s; load average before the run: %s\n",
+              bench::utc_now().c_str(), dist::detail::usable_hardware_threads(), bench::cpu_model().c_str(),
+              bench::load_average().c_str());
+  std::printf("# compiler: %s; microseconds per empty step, median of 5 repetitions of >= 50 ms\n",
+              bench::compiler());
   {
     dist::one_device_strategy<> one;
     volatile int sink = 0;

@@ -1,0 +1,65 @@
+#pragma once
+// What every benchmark shares: the timing policy (grow iterations until a repetition is long enough,
+// report the median) and the facts about the run that a recorded result must carry.
+
+#include <algorithm>
+#include <cstdint>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+inline std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+inline const char* compiler() {
+#if defined(__clang__)
+  return "clang " __clang_version__;
+#elif defined(__GNUC__)
+  return "g++ " __VERSION__;
+#else
+  return "unknown compiler";
+#endif
+}
+
+// Other work on the machine skews every figure; the 1-minute load average shows whether there was any.
+inline std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one_minute;
+  return in >> one_minute ? one_minute : "unknown";
+}
+
+inline std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Grow the iteration count until one repetition takes at least `min_seconds`, at most 100x per round
+// so that one slow outlier cannot blow up the count. Returns `iters` once it is long enough.
+inline std::int64_t next_iterations(std::int64_t iters, double seconds, double min_seconds) {
+  if (seconds >= min_seconds) return iters;
+  const double wanted = static_cast<double>(iters) * 1.2 * min_seconds / std::max(seconds, 1e-9);
+  return std::clamp(static_cast<std::int64_t>(wanted), 2 * iters, 100 * iters);
+}
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+}  // namespace bench
