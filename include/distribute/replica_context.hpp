@@ -3,6 +3,7 @@
 // values, and the collectives of its group. One template serves every strategy; the communicator
 // decides what the collectives cost (nothing at all for the `local` communicator of one device).
 
+#include <distribute/comm/detail/gradient_buckets.hpp>
 #include <distribute/concepts/communicator.hpp>
 #include <distribute/concepts/device.hpp>
 #include <distribute/dtype.hpp>
@@ -124,6 +125,14 @@ class replica_context {
   }
 
   void barrier() { comm_.barrier(); }
+
+  // Combines every gradient of `model` across replicas, in fused buckets (one collective per bucket,
+  // not per tensor). A sum by default: see `gradient_reduction` for why. Returns the number of
+  // collectives; under one device nothing happens and it returns 0.
+  template <gradient_enumerable M>
+  std::size_t all_reduce_gradients(M& model, const gradient_reduction& options = {}) {
+    return detail::all_reduce_gradients(comm_, model, options);
+  }
 
  private:
   std::size_t index() const noexcept { return static_cast<std::size_t>(comm_.rank()); }

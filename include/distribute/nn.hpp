@@ -1,0 +1,20 @@
+#pragma once
+// Tensors, layers, losses and optimisers in one include (needs Eigen 3.3 or later).
+
+#include <distribute/tensor/eigen.hpp>
+#include <distribute/tensor/shape.hpp>
+#include <distribute/tensor/tensor.hpp>
+
+#include <distribute/nn/activations.hpp>
+#include <distribute/nn/batch_norm.hpp>
+#include <distribute/nn/conv2d.hpp>
+#include <distribute/nn/conv_transpose2d.hpp>
+#include <distribute/nn/instance_norm.hpp>
+#include <distribute/nn/layer.hpp>
+#include <distribute/nn/losses.hpp>
+#include <distribute/nn/parameter.hpp>
+#include <distribute/nn/residual_block.hpp>
+#include <distribute/nn/sequential.hpp>
+
+#include <distribute/optim/adam.hpp>
+#include <distribute/optim/sgd.hpp>

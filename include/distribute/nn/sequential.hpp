@@ -1,0 +1,68 @@
+#pragma once
+// Layers applied in order; backward runs them in reverse. The layer list is a type (a tuple), so the
+// calls are direct and inline, and parameters are enumerated layer by layer in a fixed order (the
+// order every replica buckets its gradients in).
+
+#include <distribute/nn/layer.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+namespace distribute::nn {
+
+template <class... Layers>
+  requires(sizeof...(Layers) > 0)
+class sequential {
+ public:
+  using scalar_type = typename std::tuple_element_t<0, std::tuple<Layers...>>::scalar_type;
+  static_assert((std::is_same_v<typename Layers::scalar_type, scalar_type> && ...),
+                "distribute: the layers of a sequential must share one scalar type");
+
+  explicit sequential(Layers... layers) : layers_{std::move(layers)...} {}
+
+  template <std::size_t I>
+  auto& get() noexcept { return std::get<I>(layers_); }
+  static constexpr std::size_t size() noexcept { return sizeof...(Layers); }
+
+  template <class R>
+  tensor<scalar_type> forward(R& r, const tensor<scalar_type>& x) {
+    return forward_from<0>(r, x);
+  }
+  template <class R>
+  tensor<scalar_type> backward(R& r, const tensor<scalar_type>& dy) {
+    return backward_from<sizeof...(Layers) - 1>(r, dy);
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    std::apply([&](auto&... l) { (l.for_each_parameter(f), ...); }, layers_);
+  }
+  void zero_grad() {
+    std::apply([](auto&... l) { (l.zero_grad(), ...); }, layers_);
+  }
+  void set_training(bool on) {
+    std::apply([on](auto&... l) { (l.set_training(on), ...); }, layers_);
+  }
+  // For strategy.verify_mirrored: the parameters' bits (const in effect; enumeration is non-const).
+  std::uint64_t state_digest() const { return parameter_digest(const_cast<sequential&>(*this)); }
+
+ private:
+  template <std::size_t I, class R>
+  tensor<scalar_type> forward_from(R& r, const tensor<scalar_type>& x) {
+    auto y = std::get<I>(layers_).forward(r, x);
+    if constexpr (I + 1 < sizeof...(Layers)) return forward_from<I + 1>(r, y);
+    else return y;
+  }
+  template <std::size_t I, class R>
+  tensor<scalar_type> backward_from(R& r, const tensor<scalar_type>& dy) {
+    auto dx = std::get<I>(layers_).backward(r, dy);
+    if constexpr (I > 0) return backward_from<I - 1>(r, dx);
+    else return dx;
+  }
+
+  std::tuple<Layers...> layers_;
+};
+
+}  // namespace distribute::nn

@@ -1,0 +1,90 @@
+#pragma once
+// Adam (Kingma & Ba), in PyTorch's form: with weight decay wd added to the gradient (L2, as
+// torch.optim.Adam; not AdamW's decoupled decay),
+//   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,
+//   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+// The moments and the step count t are the state; `save`/`load` round-trip them bit for bit.
+
+#include <distribute/nn/parameter.hpp>
+#include <distribute/optim/detail/state_io.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <istream>
+#include <ostream>
+#include <span>
+#include <vector>
+
+namespace distribute::optim {
+
+struct adam_options {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+template <class T = float>
+class adam {
+ public:
+  using scalar_type = T;
+
+  adam() = default;
+  explicit adam(adam_options o) : o_{o} {}
+
+  const adam_options& options() const noexcept { return o_; }
+  void set_lr(double lr) noexcept { o_.lr = lr; }  // for schedules such as CycleGAN's linear decay
+  std::int64_t steps() const noexcept { return steps_; }
+
+  template <nn::parameterized M>
+    requires std::is_same_v<typename M::scalar_type, T>
+  void step(M& model) {
+    ++steps_;
+    const double t = static_cast<double>(steps_);
+    const T b1 = static_cast<T>(o_.beta1), b2 = static_cast<T>(o_.beta2), wd = static_cast<T>(o_.weight_decay);
+    const T step_size = static_cast<T>(o_.lr / (1 - std::pow(o_.beta1, t)));
+    const T sqrt_bc2 = static_cast<T>(std::sqrt(1 - std::pow(o_.beta2, t)));
+    const T eps = static_cast<T>(o_.eps);
+    std::size_t index = 0;
+    model.for_each_parameter([&](std::span<T> p, std::span<T> g) {
+      auto& m = detail::buffer_for(m_, index, p.size());
+      auto& v = detail::buffer_for(v_, index, p.size());
+      ++index;
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        const T gi = g[i] + wd * p[i];
+        m[i] = b1 * m[i] + (T(1) - b1) * gi;
+        v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
+        p[i] -= step_size * m[i] / (std::sqrt(v[i]) / sqrt_bc2 + eps);
+      }
+    });
+  }
+
+  void save(std::ostream& os) const {
+    detail::write_tag(os, tag);
+    detail::write_pod(os, steps_);
+    detail::write_buffers(os, m_);
+    detail::write_buffers(os, v_);
+  }
+  void load(std::istream& is) {
+    detail::read_tag(is, tag);
+    steps_ = detail::read_pod<std::int64_t>(is);
+    m_ = detail::read_buffers<T>(is);
+    v_ = detail::read_buffers<T>(is);
+    if (m_.size() != v_.size()) throw std::runtime_error("distribute: corrupt adam state (moment counts differ)");
+  }
+  std::uint64_t state_digest() const noexcept {
+    std::uint64_t h = detail::fnv1a(&steps_, sizeof steps_, 1469598103934665603ull);
+    for (const auto& b : m_) h = detail::fnv1a(b.data(), b.size() * sizeof(T), h);
+    for (const auto& b : v_) h = detail::fnv1a(b.data(), b.size() * sizeof(T), h);
+    return h;
+  }
+
+ private:
+  static constexpr char tag[8] = {'a', 'd', 'a', 'm', '-', 'v', '1', 0};
+  adam_options o_{};
+  std::int64_t steps_ = 0;
+  std::vector<std::vector<T>> m_, v_;
+};
+
+}  // namespace distribute::optim
