@@ -28,3 +28,13 @@
 #if __has_include(<Eigen/Core>)
 #  include <distribute/nn.hpp>
 #endif
+
+// The input pipeline; IDX sources when zlib is on the include path. Image folders are not included
+// here (stb brings private copies of its decoders into every file that includes them):
+// #include <distribute/data/image_folder.hpp>, or <distribute/data.hpp> for the whole layer.
+#include <distribute/data/dataset.hpp>
+#include <distribute/data/distribute.hpp>
+#include <distribute/data/from_memory.hpp>
+#if __has_include(<zlib.h>)
+#  include <distribute/data/fashion_mnist.hpp>
+#endif

@@ -24,6 +24,16 @@
 
 namespace distribute {
 
+// The input pipeline (<distribute/data.hpp>) defines these; `distribute` and
+// `distribute_from_function` below name them only in templates, so strategies do not depend on it.
+namespace data {
+struct distribute_options;
+template <class D, std::size_t Extent>
+struct distributor;
+template <class F, std::size_t Extent>
+struct function_distributor;
+}  // namespace data
+
 namespace detail {
 
 // What `reduce` and `gather` accept as one value: built-in arithmetic types and collective elements
@@ -189,6 +199,36 @@ class strategy_base {
                                   std::to_string(value.size()));
     for (std::size_t r = 0; r < value.size(); ++r)
       if (r != static_cast<std::size_t>(from)) value[r] = value[static_cast<std::size_t>(from)];
+  }
+
+  // Re-batches a dataset of GLOBAL batches into per-replica batches (per_replica<Batch>), shards it
+  // across workers as `options` say, and prefetches: see <distribute/data/distribute.hpp>.
+  template <class D, class Options = data::distribute_options>
+  auto distribute(const D& dataset, const Options& options) const {
+    static_assert(requires { sizeof(data::distributor<D, Extent>); },
+                  "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    return data::distributor<D, Extent>::distribute(dataset, static_cast<std::size_t>(self().num_replicas_in_sync()), options);
+  }
+  template <class D, class Options = data::distribute_options>
+  auto distribute(const D& dataset) const {
+    static_assert(requires { sizeof(Options); }, "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    return distribute(dataset, Options{});
+  }
+
+  // Calls `fn(input_context)` for this worker's input pipeline; the dataset it returns yields
+  // per-replica batches, which go to the replicas in turn: see <distribute/data/distribute.hpp>.
+  template <class F, class Options = data::distribute_options>
+  auto distribute_from_function(const F& fn, const Options& options) const {
+    static_assert(requires { sizeof(data::function_distributor<F, Extent>); },
+                  "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
+    return data::function_distributor<F, Extent>::distribute(fn, static_cast<std::size_t>(self().num_replicas_in_sync()),
+                                                             options);
+  }
+  template <class F, class Options = data::distribute_options>
+  auto distribute_from_function(const F& fn) const {
+    static_assert(requires { sizeof(Options); },
+                  "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
+    return distribute_from_function(fn, Options{});
   }
 
   // A debug check that mirrored copies are identical: compares a digest of each copy with the

@@ -1,0 +1,78 @@
+#pragma once
+// Decoding and the image operations of the input pipeline, on [height, width, channels] uint8
+// tensors: PNG/JPEG decoding (stb_image), resize (stb_image_resize), crop and horizontal flip.
+
+#include <distribute/data/detail/jpeg_guard.hpp>
+#include <distribute/data/detail/stb.hpp>
+#include <distribute/data/error.hpp>
+#include <distribute/data/tensor.hpp>
+
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+namespace distribute::data {
+
+// Decodes PNG or JPEG bytes into [h, w, channels]; channels 0 keeps the file's own count. `name`
+// (the file) is named in the error for bytes that are not a decodable image.
+inline tensor<std::uint8_t> decode_image(std::span<const std::uint8_t> bytes, const std::string& name, int channels = 0) {
+  if (channels < 0 || channels > 4) throw std::invalid_argument("distribute::data: decode_image: channels must be 0 to 4");
+  if (bytes.empty()) throw input_error(name, "empty file, not an image");
+  if (bytes.size() > static_cast<std::size_t>(INT_MAX)) throw input_error(name, "image file too large");
+  detail::check_jpeg_tables(bytes, name);
+  int w = 0, h = 0, c = 0;
+  const int len = static_cast<int>(bytes.size());
+  if (!stbi_info_from_memory(bytes.data(), len, &w, &h, &c))
+    throw input_error(name, std::string("not a PNG or JPEG image, or corrupt (") + stbi_failure_reason() + ")");
+  if (static_cast<long long>(w) * h > (1LL << 28)) throw input_error(name, "image of " + std::to_string(w) + "x" + std::to_string(h) + " pixels is too large");
+  std::unique_ptr<stbi_uc, void (*)(void*)> pixels(stbi_load_from_memory(bytes.data(), len, &w, &h, &c, channels),
+                                                   stbi_image_free);
+  if (!pixels) throw input_error(name, std::string("corrupt image data (") + stbi_failure_reason() + ")");
+  const int out_c = channels ? channels : c;
+  tensor<std::uint8_t> t;
+  t.shape = {static_cast<std::size_t>(h), static_cast<std::size_t>(w), static_cast<std::size_t>(out_c)};
+  t.values.assign(pixels.get(), pixels.get() + static_cast<std::size_t>(w) * h * out_c);
+  return t;
+}
+
+inline tensor<std::uint8_t> resize_image(const tensor<std::uint8_t>& img, std::size_t height, std::size_t width) {
+  if (img.shape[0] == height && img.shape[1] == width) return img;
+  tensor<std::uint8_t> out;
+  const auto c = img.shape[2];
+  out.shape = {height, width, c};
+  out.values.resize(height * width * c);
+  if (!stbir_resize_uint8(img.data(), static_cast<int>(img.shape[1]), static_cast<int>(img.shape[0]), 0, out.data(),
+                          static_cast<int>(width), static_cast<int>(height), 0, static_cast<int>(c)))
+    throw std::runtime_error("distribute::data: resize to " + std::to_string(height) + "x" + std::to_string(width) + " failed");
+  return out;
+}
+
+inline tensor<std::uint8_t> crop_image(const tensor<std::uint8_t>& img, std::size_t top, std::size_t left,
+                                       std::size_t height, std::size_t width) {
+  const std::size_t c = img.shape[2];
+  if (top + height > img.shape[0] || left + width > img.shape[1])
+    throw std::invalid_argument("distribute::data: crop of " + std::to_string(height) + "x" + std::to_string(width) +
+                                " at (" + std::to_string(top) + ", " + std::to_string(left) + ") outside an image of " +
+                                shape_string(img.shape));
+  tensor<std::uint8_t> out;
+  out.shape = {height, width, c};
+  out.values.resize(height * width * c);
+  for (std::size_t y = 0; y < height; ++y) {
+    const auto src = img.values.begin() + static_cast<std::ptrdiff_t>(((top + y) * img.shape[1] + left) * c);
+    std::copy(src, src + static_cast<std::ptrdiff_t>(width * c), out.values.begin() + static_cast<std::ptrdiff_t>(y * width * c));
+  }
+  return out;
+}
+
+inline void flip_left_right(tensor<std::uint8_t>& img) {
+  const std::size_t h = img.shape[0], w = img.shape[1], c = img.shape[2];
+  for (std::size_t y = 0; y < h; ++y)
+    for (std::size_t x = 0; x < w / 2; ++x)
+      for (std::size_t k = 0; k < c; ++k)
+        std::swap(img.values[(y * w + x) * c + k], img.values[(y * w + (w - 1 - x)) * c + k]);
+}
+
+}  // namespace distribute::data
