@@ -62,4 +62,15 @@ inline double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
+// "2,4" -> {2, 4}: the replica lists of the command lines.
+inline std::vector<int> parse_int_list(const std::string& text) {
+  std::vector<int> out;
+  for (std::string s = text; !s.empty();) {
+    const auto comma = s.find(',');
+    out.push_back(std::stoi(s.substr(0, comma)));
+    s = comma == std::string::npos ? "" : s.substr(comma + 1);
+  }
+  return out;
+}
+
 }  // namespace bench

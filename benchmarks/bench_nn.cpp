@@ -224,16 +224,6 @@ double time_all_reduce(int n, const std::vector<std::size_t>& sizes, std::size_t
   return seconds;
 }
 
-std::vector<int> parse_list(const char* text) {
-  std::vector<int> out;
-  for (std::string s = text; !s.empty();) {
-    const auto comma = s.find(',');
-    out.push_back(std::stoi(s.substr(0, comma)));
-    s = comma == std::string::npos ? "" : s.substr(comma + 1);
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -241,7 +231,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--replicas" && i + 1 < argc) {
-      replica_counts = parse_list(argv[++i]);
+      replica_counts = bench::parse_int_list(argv[++i]);
     } else if (arg == "--quick") {
       min_seconds = 0.01;
     } else {

@@ -83,16 +83,6 @@ double thread_per_call(int n) {
   });
 }
 
-std::vector<int> parse_list(const char* text) {
-  std::vector<int> out;
-  for (std::string s = text; !s.empty();) {
-    const auto comma = s.find(',');
-    out.push_back(std::stoi(s.substr(0, comma)));
-    s = comma == std::string::npos ? "" : s.substr(comma + 1);
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,7 +90,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--replicas" && i + 1 < argc) {
-      replica_counts = parse_list(argv[++i]);
+      replica_counts = bench::parse_int_list(argv[++i]);
     } else {
       std::fprintf(stderr, "usage: bench_step [--replicas 1,2,4]\n");
       return arg == "--help" ? 0 : 2;

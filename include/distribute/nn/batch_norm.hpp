@@ -155,10 +155,7 @@ class basic_batch_norm {
         const std::int64_t off = (e * C + c) * plane;
         const T k = static_cast<T>(static_cast<double>(gamma_.value[uc_]) * invstd_[uc_]);
         const T mean_dy = static_cast<T>(sums[uc_] / m), mean_dyx = static_cast<T>(sums[uc + uc_] / m);
-        for (std::int64_t i = 0; i < plane; ++i) {
-          const auto j = static_cast<std::size_t>(off + i);
-          dx[j] = k * (dy[j] - mean_dy - xhat_[j] * mean_dyx);
-        }
+        detail::normalized_input_gradient(dx, dy, xhat_, off, plane, k, mean_dy, mean_dyx);
       }
     return dx;
   }

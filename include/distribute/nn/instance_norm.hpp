@@ -91,10 +91,7 @@ class instance_norm {
         const T k = static_cast<T>(g * invstd_[static_cast<std::size_t>(e * C + c)]);
         const T mean_dy = static_cast<T>(sd / static_cast<double>(plane));
         const T mean_dyx = static_cast<T>(sdx / static_cast<double>(plane));
-        for (std::int64_t i = 0; i < plane; ++i) {
-          const auto j = static_cast<std::size_t>(off + i);
-          dx[j] = k * (dy[j] - mean_dy - xhat_[j] * mean_dyx);
-        }
+        detail::normalized_input_gradient(dx, dy, xhat_, off, plane, k, mean_dy, mean_dyx);
       }
     return dx;
   }
