@@ -91,6 +91,32 @@ concept replica_indexed = is_per_replica_v<std::remove_cvref_t<V>> || is_mirrore
 
 namespace detail {
 
+// Builds a replica-indexed value `V` (a per_replica or mirrored) for `n` replicas from
+// `make_one(replica)`, called in replica order. A compile-time extent lives in place.
+template <class V, class F>
+V make_replica_values(std::size_t n, F&& make_one) {
+  using T = typename V::value_type;
+  if constexpr (V::extent == std::dynamic_extent) {
+    std::vector<T> values;
+    values.reserve(n);
+    for (std::size_t r = 0; r < n; ++r) values.push_back(make_one(r));
+    return V(std::move(values));
+  } else {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return V(std::array<T, V::extent>{make_one(I)...});
+    }(std::make_index_sequence<V::extent>{});
+  }
+}
+
+// How a batch of `b` examples splits over `n` parts: as evenly as possible, the first `b % n` parts
+// one example more. `share_of` is part k's count, `share_offset` where it starts.
+inline std::size_t share_of(std::size_t b, std::size_t n, std::size_t k) noexcept {
+  return b / n + (k < b % n ? 1 : 0);
+}
+inline std::size_t share_offset(std::size_t b, std::size_t n, std::size_t k) noexcept {
+  return k * (b / n) + (k < b % n ? k : b % n);
+}
+
 // The argument a replica sees: its own element of a replica-indexed value, anything else unchanged.
 // Always an lvalue: every replica sees the same non-indexed argument, so none may move from it.
 template <class A>

@@ -67,24 +67,9 @@ struct input_context {
 
 namespace detail {
 
-template <class B, std::size_t Extent, class F>
-per_replica<B, Extent> make_per_replica(std::size_t n, F&& make_one) {
-  if constexpr (Extent == std::dynamic_extent) {
-    std::vector<B> values;
-    values.reserve(n);
-    for (std::size_t r = 0; r < n; ++r) values.push_back(make_one(r));
-    return per_replica<B, Extent>(std::move(values));
-  } else {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return per_replica<B, Extent>(std::array<B, Extent>{make_one(I)...});
-    }(std::make_index_sequence<Extent>{});
-  }
-}
-
-inline std::size_t share(std::size_t n, std::size_t parts, std::size_t k) noexcept { return n / parts + (k < n % parts ? 1 : 0); }
-inline std::size_t share_offset(std::size_t n, std::size_t parts, std::size_t k) noexcept {
-  return k * (n / parts) + (k < n % parts ? k : n % parts);
-}
+using distribute::detail::make_replica_values;
+using distribute::detail::share_of;
+using distribute::detail::share_offset;
 
 // Splits a global batch into `parts` shares and keeps shares [first, first + replicas).
 template <std::size_t Extent>
@@ -98,21 +83,21 @@ struct split_global_batch {
     const std::size_t n = split::count(global);
     if constexpr (!std::is_lvalue_reference_v<B>) {
       if (parts == 1 && replicas == 1)  // one replica, no workers to share with: the batch as it is
-        return make_per_replica<batch_type, Extent>(1, [&](std::size_t) { return split::whole(std::move(global), n); });
+        return make_replica_values<per_replica<batch_type, Extent>>(1, [&](std::size_t) { return split::whole(std::move(global), n); });
       if (first == 0) {
         // This worker's first replica takes the first rows: the batch's own storage, cut short, once
         // the other parts are copied out of it.
         std::vector<batch_type> rest;
         rest.reserve(replicas - 1);
-        for (std::size_t r = 1; r < replicas; ++r) rest.push_back(split::slice(global, share_offset(n, parts, r), share(n, parts, r), n));
-        return make_per_replica<batch_type, Extent>(replicas, [&](std::size_t r) {
-          return r == 0 ? split::head(std::move(global), share(n, parts, 0), n) : std::move(rest[r - 1]);
+        for (std::size_t r = 1; r < replicas; ++r) rest.push_back(split::slice(global, share_offset(n, parts, r), share_of(n, parts, r), n));
+        return make_replica_values<per_replica<batch_type, Extent>>(replicas, [&](std::size_t r) {
+          return r == 0 ? split::head(std::move(global), share_of(n, parts, 0), n) : std::move(rest[r - 1]);
         });
       }
     }
-    return make_per_replica<batch_type, Extent>(replicas, [&](std::size_t r) {
+    return make_replica_values<per_replica<batch_type, Extent>>(replicas, [&](std::size_t r) {
       const std::size_t k = first + r;
-      return split::slice(global, share_offset(n, parts, k), share(n, parts, k), n);
+      return split::slice(global, share_offset(n, parts, k), share_of(n, parts, k), n);
     });
   }
 };
@@ -212,7 +197,7 @@ class replica_group_dataset : public dataset_base<replica_group_dataset<D, Exten
       }
       if (parts.empty()) return std::nullopt;
       const batch_type& shape_of = parts.front();
-      return detail::make_per_replica<batch_type, Extent>(replicas_, [&](std::size_t r) {
+      return detail::make_replica_values<per_replica<batch_type, Extent>>(replicas_, [&](std::size_t r) {
         if (r < parts.size()) return std::move(parts[r]);
         return detail::splitting<batch_type>::slice(shape_of, 0, 0, 0);
       });

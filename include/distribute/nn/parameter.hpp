@@ -3,6 +3,7 @@
 // `replica_context::all_reduce_gradients` work through.
 
 #include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/detail/digest.hpp>
 #include <distribute/nn/detail/random.hpp>
 #include <distribute/tensor/tensor.hpp>
 
@@ -25,11 +26,8 @@ inline constexpr double init_stddev = 0.02;
 // mirrored copies stay in sync (models' `state_digest()` returns it, for `strategy.verify_mirrored`).
 template <parameterized M>
 std::uint64_t parameter_digest(M& model) {
-  std::uint64_t h = 1469598103934665603ull;
-  model.for_each_parameter([&](auto value, auto) {
-    const auto* p = reinterpret_cast<const unsigned char*>(value.data());
-    for (std::size_t i = 0; i < value.size_bytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  });
+  std::uint64_t h = distribute::detail::fnv1a_basis;
+  model.for_each_parameter([&](auto value, auto) { h = distribute::detail::fnv1a(value.data(), value.size_bytes(), h); });
   return h;
 }
 

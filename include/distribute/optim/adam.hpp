@@ -6,6 +6,7 @@
 // The moments and the step count t are the state; `save`/`load` round-trip them bit for bit.
 
 #include <distribute/nn/parameter.hpp>
+#include <distribute/detail/digest.hpp>
 #include <distribute/optim/detail/state_io.hpp>
 
 #include <cmath>
@@ -74,9 +75,9 @@ class adam {
     if (m_.size() != v_.size()) throw std::runtime_error("distribute: corrupt adam state (moment counts differ)");
   }
   std::uint64_t state_digest() const noexcept {
-    std::uint64_t h = detail::fnv1a(&steps_, sizeof steps_, 1469598103934665603ull);
-    for (const auto& b : m_) h = detail::fnv1a(b.data(), b.size() * sizeof(T), h);
-    for (const auto& b : v_) h = detail::fnv1a(b.data(), b.size() * sizeof(T), h);
+    std::uint64_t h = distribute::detail::fnv1a(&steps_, sizeof steps_);
+    for (const auto& b : m_) h = distribute::detail::fnv1a(b.data(), b.size() * sizeof(T), h);
+    for (const auto& b : v_) h = distribute::detail::fnv1a(b.data(), b.size() * sizeof(T), h);
     return h;
   }
 

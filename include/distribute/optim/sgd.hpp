@@ -3,6 +3,7 @@
 // gradient (g += wd * p), v = momentum * v + g, p -= lr * v. The velocity buffers are the state.
 
 #include <distribute/nn/parameter.hpp>
+#include <distribute/detail/digest.hpp>
 #include <distribute/optim/detail/state_io.hpp>
 
 #include <cstdint>
@@ -59,8 +60,8 @@ class sgd {
   }
   // For verify_mirrored: equal on every replica while the copies stay in sync.
   std::uint64_t state_digest() const noexcept {
-    std::uint64_t h = detail::fnv1a(&steps_, sizeof steps_, 1469598103934665603ull);
-    for (const auto& v : velocity_) h = detail::fnv1a(v.data(), v.size() * sizeof(T), h);
+    std::uint64_t h = distribute::detail::fnv1a(&steps_, sizeof steps_);
+    for (const auto& v : velocity_) h = distribute::detail::fnv1a(v.data(), v.size() * sizeof(T), h);
     return h;
   }
 

@@ -64,10 +64,4 @@ std::vector<T>& buffer_for(std::vector<std::vector<T>>& buffers, std::size_t ind
   return buffers[index];
 }
 
-inline std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
 }  // namespace distribute::optim::detail

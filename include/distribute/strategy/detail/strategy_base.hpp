@@ -3,6 +3,7 @@
 // results, gathering, scattering, creating and re-synchronising mirrored state. Written once for
 // every strategy; a strategy provides `num_replicas_in_sync()`, `devices()` and `run`.
 
+#include <distribute/detail/digest.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/errors.hpp>
 #include <distribute/per_replica.hpp>
@@ -52,12 +53,6 @@ concept digestible = std::is_trivially_copyable_v<T> ||
                       std::is_trivially_copyable_v<std::ranges::range_value_t<T>>) ||
                      requires(const T& t) { { t.state_digest() } -> std::convertible_to<std::uint64_t>; };
 
-inline std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 1469598103934665603ull) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
 template <digestible T>
 std::uint64_t digest_of(const T& value) {
   if constexpr (requires { { value.state_digest() } -> std::convertible_to<std::uint64_t>; }) {
@@ -69,11 +64,6 @@ std::uint64_t digest_of(const T& value) {
   }
 }
 
-// The number of examples each of `n` replicas gets from a batch of `b`: as even as possible, the
-// first `b % n` replicas one more.
-inline std::size_t share_of(std::size_t b, std::size_t n, std::size_t replica) noexcept {
-  return b / n + (replica < b % n ? 1 : 0);
-}
 
 }  // namespace detail
 
@@ -152,13 +142,9 @@ class strategy_base {
                                   " elements, not a whole number of examples of " + std::to_string(example_size));
     const auto n = static_cast<std::size_t>(self().num_replicas_in_sync());
     const std::size_t examples = batch.size() / example_size;
-    std::size_t offset = 0;
     return make<per_replica_type<std::vector<T>>>([&](std::size_t r) {
-      const std::size_t count = detail::share_of(examples, n, r) * example_size;
-      std::vector<T> part(batch.begin() + static_cast<std::ptrdiff_t>(offset),
-                          batch.begin() + static_cast<std::ptrdiff_t>(offset + count));
-      offset += count;
-      return part;
+      const auto first = batch.begin() + static_cast<std::ptrdiff_t>(detail::share_offset(examples, n, r) * example_size);
+      return std::vector<T>(first, first + static_cast<std::ptrdiff_t>(detail::share_of(examples, n, r) * example_size));
     });
   }
   // Any contiguous batch: std::vector, std::array, std::span<T>, ...
@@ -251,18 +237,7 @@ class strategy_base {
   // Builds a replica-indexed value from `make_one(replica)`, called in replica order.
   template <class V, class F>
   V make(F&& make_one) const {
-    using T = typename V::value_type;
-    if constexpr (Extent == std::dynamic_extent) {
-      const auto n = static_cast<std::size_t>(self().num_replicas_in_sync());
-      std::vector<T> values;
-      values.reserve(n);
-      for (std::size_t r = 0; r < n; ++r) values.push_back(make_one(r));
-      return V(std::move(values));
-    } else {
-      return [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return V(std::array<T, Extent>{make_one(I)...});
-      }(std::make_index_sequence<Extent>{});
-    }
+    return detail::make_replica_values<V>(static_cast<std::size_t>(self().num_replicas_in_sync()), make_one);
   }
 
   void check_count(std::size_t n, const char* op) const {
