@@ -8,6 +8,7 @@
 
 #include <distribute/data/dataset.hpp>
 #include <distribute/data/error.hpp>
+#include <distribute/data/from_memory.hpp>
 #include <distribute/data/idx.hpp>
 #include <distribute/data/tensor.hpp>
 
@@ -31,76 +32,53 @@ inline constexpr std::string_view fashion_mnist_default_dir = "/usr/share/datase
 inline constexpr std::array<std::string_view, 10> fashion_mnist_classes = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
 
-// An image IDX file and its label IDX file, checked against each other.
+// An image IDX file and its label IDX file, checked against each other: the examples of a tensor
+// [n, rows, cols, 1], read as `from_tensor_slices` reads any tensor.
 class idx_dataset : public dataset_base<idx_dataset> {
-  struct held {
-    std::size_t count = 0;
-    std::vector<std::size_t> image_shape;
-    std::vector<std::uint8_t> pixels;
-    std::vector<std::int32_t> labels;
-    std::array<std::string, 2> files;
-  };
+  using slices = tensor_slices_dataset<std::uint8_t>;
 
  public:
   using element_type = example<std::uint8_t>;
+  using cursor_type = slices::cursor_type;
 
-  idx_dataset(const std::filesystem::path& images_file, const std::filesystem::path& labels_file) {
+  idx_dataset(const std::filesystem::path& images_file, const std::filesystem::path& labels_file)
+      : slices_{load(images_file, labels_file)}, images_file_{images_file.string()} {}
+
+  cursor_type cursor(std::uint64_t epoch) const { return slices_.cursor(epoch); }
+  std::int64_t cardinality() const { return slices_.cardinality(); }
+
+  std::size_t size() const noexcept { return slices_.values().shape[0]; }
+  std::size_t rows() const noexcept { return slices_.values().shape[1]; }
+  std::size_t cols() const noexcept { return slices_.values().shape[2]; }
+  // All labels and pixels, in file order, for code that wants the raw arrays.
+  std::span<const std::int32_t> labels() const noexcept { return slices_.labels(); }
+  std::span<const std::uint8_t> pixels() const noexcept { return slices_.values().values; }
+
+  // One image file: sharding by file gives it to one worker only, so workers > 1 shard by data.
+  std::size_t file_count() const noexcept { return 1; }
+  idx_dataset shard_files(std::size_t index, std::size_t count) const {
+    if (count != 1 || index != 0)
+      throw std::invalid_argument("distribute::data: " + images_file_ + " is one file; it cannot be sharded by file among " +
+                                  std::to_string(count) + " workers");
+    return *this;
+  }
+
+ private:
+  static slices load(const std::filesystem::path& images_file, const std::filesystem::path& labels_file) {
     auto images = read_idx(images_file, idx_images_magic);
     auto labels = read_idx(labels_file, idx_labels_magic);
     if (labels.shape[0] != images.shape[0])
       throw input_error(labels_file.string(), "holds " + std::to_string(labels.shape[0]) + " labels, but " +
                                                   images_file.string() + " holds " + std::to_string(images.shape[0]) +
                                                   " images");
-    held h;
-    h.count = images.shape[0];
-    h.image_shape = {images.shape[1], images.shape[2], 1};
-    h.pixels = std::move(images.values);
-    h.labels.reserve(labels.values.size());
-    for (auto l : labels.values) h.labels.push_back(static_cast<std::int32_t>(l));
-    h.files = {images_file.string(), labels_file.string()};
-    data_ = std::make_shared<const held>(std::move(h));
+    tensor<std::uint8_t> pixels;
+    pixels.shape = {images.shape[0], images.shape[1], images.shape[2], 1};
+    pixels.values = std::move(images.values);
+    return slices(std::move(pixels), std::vector<std::int32_t>(labels.values.begin(), labels.values.end()));
   }
 
-  class cursor_type {
-   public:
-    explicit cursor_type(std::shared_ptr<const held> h) : h_(std::move(h)) {}
-    std::optional<element_type> next() {
-      if (index_ >= h_->count) return std::nullopt;
-      element_type e;
-      e.image.shape = h_->image_shape;
-      const std::size_t row = h_->image_shape[0] * h_->image_shape[1];
-      const auto first = h_->pixels.begin() + static_cast<std::ptrdiff_t>(index_ * row);
-      e.image.values.assign(first, first + static_cast<std::ptrdiff_t>(row));
-      e.label = h_->labels[index_++];
-      return e;
-    }
-
-   private:
-    std::shared_ptr<const held> h_;
-    std::size_t index_ = 0;
-  };
-
-  cursor_type cursor(std::uint64_t /*epoch*/) const { return cursor_type(data_); }
-  std::int64_t cardinality() const { return static_cast<std::int64_t>(data_->count); }
-
-  std::size_t size() const noexcept { return data_->count; }
-  std::size_t rows() const noexcept { return data_->image_shape[0]; }
-  std::size_t cols() const noexcept { return data_->image_shape[1]; }
-  // All labels and pixels, in file order, for code that wants the raw arrays.
-  std::span<const std::int32_t> labels() const noexcept { return data_->labels; }
-  std::span<const std::uint8_t> pixels() const noexcept { return data_->pixels; }
-
-  // One image file: sharding by file gives it to one worker only, so workers > 1 shard by data.
-  std::size_t file_count() const noexcept { return 1; }
-  idx_dataset shard_files(std::size_t index, std::size_t count) const {
-    if (count != 1 || index != 0)
-      throw std::invalid_argument("distribute::data: " + data_->files[0] + " is one file; it cannot be sharded by file among " +
-                                  std::to_string(count) + " workers");
-    return *this;
-  }
-
- private:
-  std::shared_ptr<const held> data_;
+  slices slices_;
+  std::string images_file_;
 };
 
 namespace detail {

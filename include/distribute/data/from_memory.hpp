@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -94,6 +95,10 @@ class tensor_slices_dataset : public dataset_base<tensor_slices_dataset<T>> {
 
   cursor_type cursor(std::uint64_t /*epoch*/) const { return cursor_type(data_); }
   std::int64_t cardinality() const { return static_cast<std::int64_t>(data_->values.shape[0]); }
+
+  // The whole tensor and the labels, for code that wants the raw arrays.
+  const tensor<T>& values() const noexcept { return data_->values; }
+  std::span<const std::int32_t> labels() const noexcept { return data_->labels; }
 
  private:
   std::shared_ptr<const held> data_;
