@@ -124,7 +124,7 @@ class shared_memory_group {
  public:
   explicit shared_memory_group(int size, collective_options options = {})
       : size_{check_size(size)}, options_{options}, rendezvous_{size}, slots_(static_cast<std::size_t>(size)) {
-    for (auto& s : slots_) s.scratch.resize(2 * static_cast<std::size_t>(size));
+    for (auto& s : slots_) s.scratch.resize(static_cast<std::size_t>(size));
   }
   shared_memory_group(const shared_memory_group&) = delete;
   shared_memory_group& operator=(const shared_memory_group&) = delete;
@@ -166,7 +166,7 @@ class shared_memory_group {
     detail::descriptor posted[2];           // by parity of the collective count: see `collective`
     std::atomic<std::uint64_t> seq{0};       // collectives this rank has entered in this step
     std::atomic<bool> departed{false};
-    std::vector<void*> scratch;              // pointer lists used only by the owning rank
+    std::vector<void*> scratch;              // one pointer per rank, used only by the owning rank
   };
 
   static int check_size(int n) {

@@ -20,7 +20,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 
 namespace distribute::comm::detail {
@@ -39,8 +38,6 @@ class rendezvous {
   explicit rendezvous(int n) : n_{static_cast<std::uint64_t>(n)} {
     spin_ = distribute::detail::may_spin(n);
   }
-
-  int size() const noexcept { return static_cast<int>(n_); }
 
   // Forget everything: called between steps, when no replica is inside a collective.
   void reset() noexcept {
@@ -89,8 +86,6 @@ class rendezvous {
     state_.fetch_or(aborted_bit, std::memory_order_acq_rel);
     wake_all();
   }
-
-  bool aborted() const noexcept { return (state_.load(std::memory_order_acquire) & aborted_bit) != 0; }
 
   std::exception_ptr cause() const {
     std::lock_guard lk(mu_);

@@ -32,8 +32,6 @@ class replica_pool {
     for (auto& t : threads_) t.join();
   }
 
-  int size() const noexcept { return n_; }
-
   // Runs `job(rank)` for every rank concurrently and returns when all have returned.
   template <class Job>
   void run(Job& job) noexcept {
