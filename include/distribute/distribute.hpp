@@ -24,6 +24,8 @@
 #include <distribute/strategy/mirrored_strategy.hpp>
 #include <distribute/strategy/one_device_strategy.hpp>
 
+#include <distribute/checkpoint.hpp>
+
 // Tensors, layers and optimisers need Eigen; included when it is on the include path.
 #if __has_include(<Eigen/Core>)
 #  include <distribute/nn.hpp>

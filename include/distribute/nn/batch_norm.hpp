@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -168,6 +169,12 @@ class basic_batch_norm {
   void zero_grad() {
     gamma_.zero_grad();
     beta_.zero_grad();
+  }
+  // The running statistics: state that is not trained but must be saved (checkpoints).
+  template <class F>
+  void for_each_buffer(F&& f) {
+    f(std::span<double>(running_mean_));
+    f(std::span<double>(running_var_));
   }
 
  private:

@@ -39,6 +39,11 @@ class sequential {
   void for_each_parameter(F&& f) {
     std::apply([&](auto&... l) { (l.for_each_parameter(f), ...); }, layers_);
   }
+  // Non-trainable state (running statistics) of the layers that have any, in layer order.
+  template <class F>
+  void for_each_buffer(F&& f) {
+    std::apply([&](auto&... l) { (buffers_of(l, f), ...); }, layers_);
+  }
   void zero_grad() {
     std::apply([](auto&... l) { (l.zero_grad(), ...); }, layers_);
   }
@@ -49,6 +54,10 @@ class sequential {
   std::uint64_t state_digest() const { return parameter_digest(const_cast<sequential&>(*this)); }
 
  private:
+  template <class L, class F>
+  static void buffers_of(L& l, F& f) {
+    if constexpr (requires { l.for_each_buffer(f); }) l.for_each_buffer(f);
+  }
   template <std::size_t I, class R>
   tensor<scalar_type> forward_from(R& r, const tensor<scalar_type>& x) {
     auto y = std::get<I>(layers_).forward(r, x);
