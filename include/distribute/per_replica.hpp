@@ -8,8 +8,10 @@
 // `Extent` is the replica count when it is known at compile time (1 under `one_device_strategy`, where
 // the storage is an in-place array and no allocation happens); otherwise it is `std::dynamic_extent`.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -21,9 +23,43 @@ namespace distribute {
 
 namespace detail {
 
+// std::vector<bool> packs bits and hands out proxies, not bool&: a per-replica flag (a step that
+// returns bool) is stored one bool per replica instead.
+class bool_storage {
+ public:
+  bool_storage() = default;
+  bool_storage(const std::vector<bool>& v) : size_{v.size()}, values_{std::make_unique<bool[]>(v.size())} {
+    std::copy(v.begin(), v.end(), values_.get());
+  }
+  bool_storage(const bool_storage& o) : size_{o.size_}, values_{std::make_unique<bool[]>(o.size_)} {
+    std::copy(o.begin(), o.end(), values_.get());
+  }
+  bool_storage(bool_storage&&) noexcept = default;
+  bool_storage& operator=(bool_storage o) noexcept {
+    size_ = o.size_;
+    values_ = std::move(o.values_);
+    return *this;
+  }
+
+  std::size_t size() const noexcept { return size_; }
+  bool* data() noexcept { return values_.get(); }
+  const bool* data() const noexcept { return values_.get(); }
+  bool& operator[](std::size_t i) noexcept { return values_[i]; }
+  const bool& operator[](std::size_t i) const noexcept { return values_[i]; }
+  bool* begin() noexcept { return data(); }
+  bool* end() noexcept { return data() + size_; }
+  const bool* begin() const noexcept { return data(); }
+  const bool* end() const noexcept { return data() + size_; }
+
+ private:
+  std::size_t size_ = 0;
+  std::unique_ptr<bool[]> values_;
+};
+
 template <class T, std::size_t Extent>
 class replica_values {
-  using storage = std::conditional_t<Extent == std::dynamic_extent, std::vector<T>, std::array<T, Extent>>;
+  using dynamic_storage = std::conditional_t<std::is_same_v<T, bool>, bool_storage, std::vector<T>>;
+  using storage = std::conditional_t<Extent == std::dynamic_extent, dynamic_storage, std::array<T, Extent>>;
 
  public:
   using value_type = T;

@@ -81,6 +81,20 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(run_returns_one_result_per_replica_in_order, M, st
              boost::test_tools::per_element());
 }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(a_step_may_return_a_flag, M, strategies) {
+  // bool results are real bools per replica (not std::vector<bool>'s packed bits): they can be
+  // referenced, changed in place and passed back into a step.
+  auto s = M::make();
+  auto odd = s.run([](dist::replica auto& r) { return r.replica_id() % 2 == 1; });
+  for (int i = 0; i < M::replicas; ++i) BOOST_TEST(odd[static_cast<std::size_t>(i)] == (i % 2 == 1));
+  s.run([](auto&, bool& mine) { mine = !mine; }, odd);
+  auto copy = odd;
+  for (int i = 0; i < M::replicas; ++i) BOOST_TEST(copy[static_cast<std::size_t>(i)] == (i % 2 == 0));
+  const auto flags = s.values_from_function([](int id) { return id == 0; });
+  BOOST_TEST(flags.values().size() == static_cast<std::size_t>(M::replicas));
+  BOOST_TEST(flags.primary());
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(run_unwraps_per_replica_and_shares_other_arguments, M, strategies) {
   auto s = M::make();
   auto per = s.values_from_function([](int id) { return id + 100; });
