@@ -8,7 +8,12 @@
 // Every figure is algbw = bytes per replica / seconds per operation (GB = 1e9 bytes), the median of
 // several repetitions, each long enough to read a steady clock reliably. See docs/benchmarks.md.
 //
-//   bench_allreduce [--replicas 2,4] [--max-bytes 256M] [--quick] [--no-mpi]
+//   bench_allreduce [--replicas 2,4] [--max-bytes 256M] [--quick] [--no-mpi] [--workers 2]
+//
+// With --workers W it then runs bench_allreduce_mpi under mpiexec -np W twice: the multi-worker
+// all-reduce (W processes x 1 and x 2 replicas) against MPI_Allreduce at the same sizes, and the
+// fused gradient all-reduce of a CycleGAN-sized parameter set against one MPI_Allreduce per tensor;
+// their tables and JSON lines (with "workers") follow this program's.
 
 #include <distribute/distribute.hpp>
 
@@ -75,6 +80,7 @@ struct options {
   std::size_t max_bytes = 256 * mib;
   timing_policy timing;
   bool mpi = true;
+  int workers = 0;  // 0: no multi-worker figures
 };
 
 void print_usage(std::FILE* to) {
@@ -84,7 +90,8 @@ void print_usage(std::FILE* to) {
                "  --max-bytes SIZE  largest buffer per replica, K/M/G suffixes are KiB/MiB/GiB (default 256M);\n"
                "                    sizes are the powers of 4 from 4 KiB up to it\n"
                "  --quick           shorter repetitions, fewer of them, and at most 64 MiB unless --max-bytes says\n"
-               "  --no-mpi          skip the MPI_Allreduce peer\n");
+               "  --no-mpi          skip the MPI_Allreduce peer\n"
+               "  --workers W       also measure multi_worker_mirrored_strategy with W processes (bench_allreduce_mpi)\n");
 }
 
 // A whole decimal number at the start of `text`; `rest` is what follows it.
@@ -133,6 +140,11 @@ options parse_options(int argc, char** argv) {
     else if (arg == "--max-bytes") max_bytes = parse_bytes(value());
     else if (arg == "--quick") quick = true;
     else if (arg == "--no-mpi") opts.mpi = false;
+    else if (arg == "--workers") {
+      std::string_view rest;
+      opts.workers = static_cast<int>(parse_number(value(), rest));
+      if (opts.workers < 1 || !rest.empty()) throw std::invalid_argument("--workers needs a count of at least 1");
+    }
     else if (arg == "--help" || arg == "-h") {
       print_usage(stdout);
       std::exit(0);
@@ -340,6 +352,26 @@ std::map<std::size_t, double> time_mpi(int n, const std::vector<std::size_t>& si
   return seconds;
 }
 
+// The multi-worker figures: bench_allreduce_mpi in `mode` under mpiexec -np `workers`, its output
+// relayed. Returns false if it could not run or failed.
+bool run_multi_worker(int workers, const std::string& mode_args, const timing_policy& policy) {
+  std::string command = shell_quote(mpiexec_path);
+  if (*mpiexec_preflags != '\0') command += std::string(" ") + mpiexec_preflags;
+  command += " -np " + std::to_string(workers) + " " + shell_quote(mpi_helper_path) + " " + mode_args +
+             " --min-seconds " + std::to_string(policy.min_seconds) + " --repetitions " + std::to_string(policy.repetitions);
+  std::printf("\n$ %s\n", command.c_str());
+  std::fflush(stdout);
+  std::FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return false;
+  char line[1024];
+  while (std::fgets(line, sizeof line, pipe)) {
+    std::fputs(line, stdout);
+    std::fflush(stdout);
+  }
+  const int status = pclose(pipe);
+  return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 // --- output --------------------------------------------------------------------------------------
 
 struct result {
@@ -424,5 +456,21 @@ int main(int argc, char** argv) {
 
   std::printf("\n");
   for (const auto& r : results) print_json(r);
+
+  if (opts.workers > 0) {
+    if (const auto reason = mpi_unavailable()) {
+      std::fprintf(stderr, "note: %s; no multi-worker figures\n", reason->c_str());
+      return 0;
+    }
+    std::string size_list;
+    for (const std::size_t b : sizes)
+      if (b <= 64 * mib) size_list += (size_list.empty() ? "" : ",") + std::to_string(b);
+    bool ok = run_multi_worker(opts.workers, "--multi-worker --replicas 1,2 --sizes " + size_list, opts.timing);
+    ok = run_multi_worker(opts.workers, "--gradients --replicas 1,2", opts.timing) && ok;
+    if (!ok) {
+      std::fprintf(stderr, "bench_allreduce: the multi-worker benchmark failed\n");
+      return 1;
+    }
+  }
   return 0;
 }

@@ -1,15 +1,25 @@
-// The peer figure of bench_allreduce: MPI_Allreduce (MPI_SUM, MPI_FLOAT, in place) across the
-// processes of one mpiexec launch, timed the same way bench_allreduce times its own all-reduce.
+// The MPI side of bench_allreduce, run under mpiexec. Three modes:
 //
-//   mpiexec -np N bench_allreduce_mpi --sizes 4096,65536 --min-seconds 0.05 --repetitions 5
+//   mpiexec -np N bench_allreduce_mpi --sizes 4096,65536 [--min-seconds 0.05] [--repetitions 5]
+//     The peer figure of bench_allreduce: MPI_Allreduce (MPI_SUM, MPI_FLOAT, in place) across the
+//     processes, timed the way bench_allreduce times its own all-reduce. Rank 0 prints one JSON line
+//     per size, {"bytes":B,"seconds_per_iter":S}, which bench_allreduce parses.
 //
-// Rank 0 prints one JSON line per size, {"bytes":B,"seconds_per_iter":S}, which bench_allreduce
-// parses. It is not meant to be run by hand, but it can be.
+//   mpiexec -np W bench_allreduce_mpi --multi-worker --replicas 1,2 --sizes ...
+//     multi_worker_mirrored_strategy<cpu, mpi>: W workers x R replicas all-reducing a buffer of each
+//     size per replica (hierarchical: shared memory, then MPI across workers, then fan-out), side by
+//     side with raw MPI_Allreduce of the same size per process, in the same processes.
+//
+//   mpiexec -np W bench_allreduce_mpi --gradients --replicas 1,2
+//     A CycleGAN-sized parameter set (two ResNet generators, two PatchGAN discriminators: 116 tensors,
+//     28.3 M floats): all_reduce_gradients in fused buckets against one MPI_Allreduce per tensor.
+//
+// The last two print a table and JSON lines with "workers" (rank 0). The timed loops run inside one
+// step of the strategy, between barriers, so that the clock on rank 0 covers every replica; ours and
+// MPI alternate in rounds so that both see the same machine.
 
-// Only the C API is used: skip the deprecated C++ bindings (and their warnings).
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
+#include <distribute/concepts/replica.hpp>
+#include <distribute/strategy/multi_worker_mirrored_strategy.hpp>
 
 #include "bench_common.hpp"
 
@@ -21,12 +31,19 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
+
+namespace dist = distribute;
 
 namespace {
 
+enum class mode { peer, multi_worker, gradients };
+
 struct options {
-  std::vector<std::size_t> sizes;  // bytes per process
+  mode what = mode::peer;
+  std::vector<std::size_t> sizes;  // bytes per process (or replica)
+  std::vector<int> replicas{1, 2};
   double min_seconds = 0.05;       // each timed repetition runs at least this long
   int repetitions = 5;             // timed repetitions; the median is reported
 };
@@ -52,51 +69,265 @@ options parse_options(int argc, char** argv) {
   options opts;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
+    if (arg == "--multi-worker") { opts.what = mode::multi_worker; continue; }
+    if (arg == "--gradients") { opts.what = mode::gradients; continue; }
     if (i + 1 >= argc) throw std::invalid_argument("missing value after " + std::string(arg));
     const char* value = argv[++i];
     if (arg == "--sizes") opts.sizes = parse_sizes(value);
+    else if (arg == "--replicas") opts.replicas = bench::parse_int_list(value);
     else if (arg == "--min-seconds") opts.min_seconds = std::stod(value);
     else if (arg == "--repetitions") opts.repetitions = std::stoi(value);
     else throw std::invalid_argument("unknown argument " + std::string(arg));
   }
-  if (opts.sizes.empty()) throw std::invalid_argument("--sizes is required");
+  if (opts.sizes.empty() && opts.what != mode::gradients) {
+    if (opts.what == mode::peer) throw std::invalid_argument("--sizes is required");
+    for (std::size_t b = 4096; b <= (std::size_t{64} << 20); b *= 4) opts.sizes.push_back(b);
+  }
   if (opts.repetitions < 1 || opts.min_seconds <= 0) throw std::invalid_argument("bad timing policy");
+  for (int r : opts.replicas)
+    if (r < 1) throw std::invalid_argument("--replicas: counts from 1");
   return opts;
 }
 
-// Seconds per MPI_Allreduce on rank 0, between barriers, so the time covers every process.
-double time_allreduce(std::vector<float>& buf, int rank, const options& opts) {
-  const int count = static_cast<int>(buf.size());
-  auto allreduce = [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
+// Times `step` in a group whose `sync()` is a barrier and whose `share(v)` gives everyone rank 0's
+// v: the group agrees on the iteration count, and rank 0's clock, read between barriers, covers the
+// slowest member. The median seconds per step on rank 0 (meaningless elsewhere).
+template <class Step, class Sync, class Share>
+double time_in_group(bool leader, const options& policy, Step step, Sync sync, Share share) {
   auto timed = [&](std::int64_t iters) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    sync();
     const auto start = std::chrono::steady_clock::now();
-    for (std::int64_t i = 0; i < iters; ++i) allreduce();
-    MPI_Barrier(MPI_COMM_WORLD);
+    for (std::int64_t i = 0; i < iters; ++i) step();
+    sync();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-
-  allreduce();  // warm-up: connections, registration, first-touch of MPI's own buffers
-  // Rank 0 decides the iteration count; the calibration runs double as further warm-up.
+  step();  // warm-up: connections, first touch of the engines' buffers
   std::int64_t iters = 1;
   for (;;) {
     const double seconds = timed(iters);
-    std::int64_t next = rank == 0 ? bench::next_iterations(iters, seconds, opts.min_seconds) : 0;
-    MPI_Bcast(&next, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    const std::int64_t next = share(leader ? bench::next_iterations(iters, seconds, policy.min_seconds) : 0);
     if (next == iters) break;
     iters = next;
   }
   std::vector<double> per_iter;
-  for (int k = 0; k < opts.repetitions; ++k) per_iter.push_back(timed(iters) / static_cast<double>(iters));
+  for (int k = 0; k < policy.repetitions; ++k) per_iter.push_back(timed(iters) / static_cast<double>(iters));
   return bench::median(per_iter);
+}
+
+double time_raw_mpi(std::size_t bytes, int rank, const options& opts, int repeat = 1) {
+  // Filling pre-faults the pages; zeros keep the repeated in-place sums finite.
+  std::vector<float> buf(bytes / sizeof(float), 0.0f);
+  const int count = static_cast<int>(buf.size());
+  return time_in_group(
+      rank == 0, opts,
+      [&] {
+        for (int i = 0; i < repeat; ++i)
+          MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      },
+      [] { MPI_Barrier(MPI_COMM_WORLD); },
+      [](std::int64_t v) {
+        MPI_Bcast(&v, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+        return v;
+      });
+}
+
+// `step(replica)` timed inside one step of the strategy, on every replica of every worker.
+template <class S, class Prepare>
+double time_strategy(S& s, const options& opts, Prepare prepare) {
+  const auto seconds = s.run([&](dist::replica auto& r) {
+    auto step = prepare(r);
+    return time_in_group(
+        r.replica_id() == 0, opts, step, [&] { r.barrier(); }, [&](std::int64_t v) { return r.broadcast(v, 0); });
+  });
+  return seconds[0];
+}
+
+// Ours and the peer are measured in alternating rounds; each figure is the median round.
+constexpr int rounds = 3;
+
+double gbs(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+
+std::string human_bytes(std::size_t b) {
+  if (b >= (std::size_t{1} << 20) && b % (std::size_t{1} << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+void print_header(const char* what, int workers, const options& opts) {
+  std::printf("# bench_allreduce_mpi %s  %s\n", what, bench::utc_now().c_str());
+  std::printf("# machine: %u hardware threads, %s; load average before the run: %s\n",
+              std::thread::hardware_concurrency(), bench::cpu_model().c_str(), bench::load_average().c_str());
+  std::printf("# %d workers (MPI processes); compiler: %s; timing: median of %d alternating rounds, each the median of\n"
+              "# %d repetitions of >= %.0f ms\n",
+              workers, bench::compiler(), rounds, opts.repetitions, opts.min_seconds * 1e3);
+}
+
+void multi_worker(int rank, int workers, const options& opts) {
+  struct row {
+    int replicas;
+    std::size_t bytes;
+    double ours, mpi;
+  };
+  std::vector<row> rows;
+  if (rank == 0) {
+    print_header("--multi-worker", workers, opts);
+    std::printf("# algbw = bytes per replica / time, GB = 1e9 bytes; MPI = MPI_Allreduce of the same bytes per process\n\n");
+    std::printf("%8s  %9s  %10s  %9s  %9s  %8s\n", "workers", "replicas", "size", "ours GB/s", "MPI GB/s", "ours/MPI");
+    std::fflush(stdout);
+  }
+  for (const int replicas : opts.replicas) {
+    dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = replicas}};
+    for (const std::size_t bytes : opts.sizes) {
+      // The two alternate, round after round, so that they see the same machine (the median round).
+      std::vector<double> mpi_rounds, ours_rounds;
+      for (int round = 0; round < rounds; ++round) {
+        mpi_rounds.push_back(time_raw_mpi(bytes, rank, opts));
+        ours_rounds.push_back(time_strategy(s, opts, [&](auto& r) {
+          return [&r, buf = std::vector<float>(bytes / sizeof(float), 0.0f)]() mutable {
+            r.all_reduce(dist::reduce_op::sum, buf);
+          };
+        }));
+      }
+      const double mpi = bench::median(mpi_rounds), ours = bench::median(ours_rounds);
+      if (rank == 0) {
+        const row x{replicas, bytes, gbs(bytes, ours), gbs(bytes, mpi)};
+        std::printf("%8d  %9d  %10s  %9.3f  %9.3f  %7.2fx\n", workers, replicas, human_bytes(bytes).c_str(), x.ours, x.mpi,
+                    x.ours / x.mpi);
+        std::fflush(stdout);
+        rows.push_back(x);
+      }
+    }
+  }
+  if (rank != 0) return;
+  std::printf("\n");
+  for (const auto& x : rows)
+    std::printf("{\"bench\":\"allreduce_multi_worker\",\"workers\":%d,\"replicas_per_worker\":%d,\"bytes\":%zu,"
+                "\"algbw_gbs\":%.4f,\"mpi_algbw_gbs\":%.4f}\n",
+                workers, x.replicas, x.bytes, x.ours, x.mpi);
+}
+
+// The parameter tensors of CycleGAN (two ResNet-9 generators for 256x256 images, two 70x70
+// PatchGAN discriminators, instance norm without affine parameters, so every convolution has a bias):
+// 116 tensors, 28.3 M floats.
+std::vector<std::size_t> cyclegan_tensors() {
+  std::vector<std::size_t> t;
+  auto conv = [&](std::size_t in, std::size_t out, std::size_t k) {
+    t.push_back(in * out * k * k);
+    t.push_back(out);
+  };
+  for (int g = 0; g < 2; ++g) {
+    conv(3, 64, 7);
+    conv(64, 128, 3);
+    conv(128, 256, 3);
+    for (int b = 0; b < 18; ++b) conv(256, 256, 3);  // 9 residual blocks of two convolutions
+    conv(256, 128, 3);
+    conv(128, 64, 3);
+    conv(64, 3, 7);
+  }
+  for (int d = 0; d < 2; ++d) {
+    conv(3, 64, 4);
+    conv(64, 128, 4);
+    conv(128, 256, 4);
+    conv(256, 512, 4);
+    conv(512, 1, 4);
+  }
+  return t;
+}
+
+struct gradient_set {
+  using scalar_type = float;
+  std::vector<std::vector<float>> grads;
+  template <class F>
+  void for_each_parameter(F&& f) {
+    for (auto& g : grads) f(std::span<float>(g), std::span<float>(g));
+  }
+};
+
+void gradients(int rank, int workers, const options& opts) {
+  const auto tensors = cyclegan_tensors();
+  std::size_t floats = 0;
+  for (auto n : tensors) floats += n;
+  struct row {
+    int replicas;
+    double fused, ours_per_tensor, mpi_per_tensor;
+    std::size_t buckets;
+  };
+  std::vector<row> rows;
+  if (rank == 0) {
+    print_header("--gradients", workers, opts);
+    std::printf("# %zu tensors, %zu floats (%.1f MiB); fused = all_reduce_gradients, 25 MiB buckets;\n"
+                "# per tensor = one collective per tensor (ours with bucket_bytes 0, and MPI_Allreduce)\n\n",
+                tensors.size(), floats, static_cast<double>(floats * sizeof(float)) / (1 << 20));
+    std::printf("%8s  %9s  %8s  %9s  %16s  %16s  %14s\n", "workers", "replicas", "buckets", "fused ms", "ours/tensor ms",
+                "MPI/tensor ms", "MPI / fused");
+    std::fflush(stdout);
+  }
+  // Raw MPI, one MPI_Allreduce per tensor, in the same processes; measured beside each row, so that
+  // the two see the same machine.
+  auto time_mpi_per_tensor = [&] {
+    std::vector<std::vector<float>> raw;
+    for (auto n : tensors) raw.emplace_back(n, 0.0f);
+    return time_in_group(
+        rank == 0, opts,
+        [&] {
+          for (auto& g : raw)
+            MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        },
+        [] { MPI_Barrier(MPI_COMM_WORLD); },
+        [](std::int64_t v) {
+          MPI_Bcast(&v, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+          return v;
+        });
+  };
+  for (const int replicas : opts.replicas) {
+    dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = replicas}};
+    auto models = s.values_from_function([&](int) {
+      gradient_set m;
+      for (auto n : tensors) m.grads.emplace_back(n, 0.0f);
+      return m;
+    });
+    std::size_t buckets = 0;
+    auto time_with = [&](std::size_t bucket_bytes) {
+      return time_strategy(s, opts, [&](auto& r) {
+        auto& m = models[static_cast<std::size_t>(r.replica_id() - s.first_replica_id())];
+        return [&r, &m, &buckets, bucket_bytes] {
+          const auto n = r.all_reduce_gradients(m, {.bucket_bytes = bucket_bytes});
+          if (r.replica_id() == 0 && bucket_bytes != 0) buckets = n;
+        };
+      });
+    };
+    std::vector<double> mpi_rounds, fused_rounds, ours_rounds;
+    for (int round = 0; round < rounds; ++round) {
+      mpi_rounds.push_back(time_mpi_per_tensor());
+      fused_rounds.push_back(time_with(dist::gradient_reduction{}.bucket_bytes));
+      ours_rounds.push_back(time_with(0));
+    }
+    const double mpi_per_tensor = bench::median(mpi_rounds), fused = bench::median(fused_rounds),
+                 ours_per_tensor = bench::median(ours_rounds);
+    if (rank == 0) {
+      const row x{replicas, fused, ours_per_tensor, mpi_per_tensor, buckets};
+      std::printf("%8d  %9d  %8zu  %9.2f  %16.2f  %16.2f  %13.2fx\n", workers, replicas, buckets, fused * 1e3,
+                  ours_per_tensor * 1e3, mpi_per_tensor * 1e3, mpi_per_tensor / fused);
+      std::fflush(stdout);
+      rows.push_back(x);
+    }
+  }
+  if (rank != 0) return;
+  std::printf("\n");
+  for (const auto& x : rows)
+    std::printf("{\"bench\":\"gradient_allreduce\",\"workers\":%d,\"replicas_per_worker\":%d,\"tensors\":%zu,"
+                "\"floats\":%zu,\"buckets\":%zu,\"fused_seconds\":%.6f,\"ours_per_tensor_seconds\":%.6f,"
+                "\"mpi_per_tensor_seconds\":%.6f}\n",
+                workers, x.replicas, tensors.size(), floats, x.buckets, x.fused, x.ours_per_tensor, x.mpi_per_tensor);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
+  dist::comm::detail::mpi_runtime::instance(&argc, &argv);
+  int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
 
   options opts;
   try {
@@ -106,16 +337,23 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
 
-  for (const std::size_t bytes : opts.sizes) {
-    // Filling pre-faults the pages; zeros keep the repeated in-place sums finite.
-    std::vector<float> buf(bytes / sizeof(float), 0.0f);
-    const double seconds = time_allreduce(buf, rank, opts);
-    if (rank == 0) {
-      std::printf("{\"bytes\":%zu,\"seconds_per_iter\":%.9g}\n", bytes, seconds);
-      std::fflush(stdout);
+  try {
+    if (opts.what == mode::multi_worker) {
+      multi_worker(rank, size, opts);
+    } else if (opts.what == mode::gradients) {
+      gradients(rank, size, opts);
+    } else {
+      for (const std::size_t bytes : opts.sizes) {
+        const double seconds = time_raw_mpi(bytes, rank, opts);
+        if (rank == 0) {
+          std::printf("{\"bytes\":%zu,\"seconds_per_iter\":%.9g}\n", bytes, seconds);
+          std::fflush(stdout);
+        }
+      }
     }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_allreduce_mpi: %s\n", e.what());
+    return 1;
   }
-
-  MPI_Finalize();
   return 0;
 }

@@ -24,6 +24,14 @@
 #include <distribute/strategy/mirrored_strategy.hpp>
 #include <distribute/strategy/one_device_strategy.hpp>
 
+// Workers in processes joined by MPI; present when <mpi.h> is on the include path (link
+// distribute::mpi).
+#if __has_include(<mpi.h>)
+#  include <distribute/comm/hierarchical.hpp>
+#  include <distribute/comm/mpi.hpp>
+#  include <distribute/strategy/multi_worker_mirrored_strategy.hpp>
+#endif
+
 #include <distribute/checkpoint.hpp>
 
 // Tensors, layers and optimisers need Eigen; included when it is on the include path.

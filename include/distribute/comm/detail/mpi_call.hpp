@@ -1,0 +1,89 @@
+#pragma once
+// What a worker calls, as the MPI communicator describes it in errors and compares across workers.
+//
+// The fingerprint (kind, element type, op, count, root, sequence number) is cheap to exchange: one
+// ring all-gather of six integers before the collective. Workers that disagree all reach the same
+// verdict from the same gathered fingerprints, so they all throw the same `collective_mismatch`
+// before any data moves, and the communicator stays usable.
+
+#include <distribute/comm/shared_memory.hpp>  // collective_kind
+#include <distribute/dtype.hpp>
+#include <distribute/reduce_op.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace distribute::comm::detail {
+
+// Element types the MPI engine moves: collective elements, and for the strategy's cross-worker
+// reductions any other arithmetic type (the engine reduces itself and sends bytes).
+template <class T>
+concept mpi_value = element<T> || std::is_arithmetic_v<T>;
+
+template <mpi_value T>
+constexpr std::int64_t type_code() noexcept {
+  if constexpr (element<T>) {
+    return static_cast<std::int64_t>(dtype_of<T>);
+  } else {
+    return 64 + (std::is_floating_point_v<T> ? 32 : 0) + (std::is_signed_v<T> ? 16 : 0) + static_cast<std::int64_t>(sizeof(T));
+  }
+}
+
+inline std::string type_name(std::int64_t code) {
+  if (code < 64) return std::string(distribute::to_string(static_cast<dtype>(code)));
+  const std::int64_t bits = (code & 15) * 8;
+  if (code & 32) return "float" + std::to_string(bits) + " (arithmetic)";
+  return std::string(code & 16 ? "int" : "uint") + std::to_string(bits) + " (arithmetic)";
+}
+
+struct mpi_call {
+  std::int64_t kind = 0;   // collective_kind
+  std::int64_t type = 0;   // type_code
+  std::int64_t op = 0;     // reduce_op, for reductions
+  std::int64_t count = 0;  // elements: the buffer (all_reduce, broadcast) or the input (all_gather, reduce_scatter)
+  std::int64_t root = 0;   // broadcast
+  std::int64_t seq = 0;    // collectives this communicator has run before this one
+
+  friend bool operator==(const mpi_call&, const mpi_call&) = default;
+};
+
+inline std::string describe(const mpi_call& c) {
+  const auto kind = static_cast<collective_kind>(c.kind);
+  std::string s = to_string(kind);
+  if (kind == collective_kind::barrier) return s;
+  if (kind == collective_kind::all_reduce || kind == collective_kind::reduce_scatter)
+    s += "(" + std::string(distribute::to_string(static_cast<reduce_op>(c.op))) + ")";
+  if (kind == collective_kind::broadcast) s += " from worker " + std::to_string(c.root);
+  return s + " of " + std::to_string(c.count) + " " + type_name(c.type);
+}
+
+inline std::string describe_at(const mpi_call& c) {
+  return describe(c) + " (collective #" + std::to_string(c.seq + 1) + " across workers)";
+}
+
+// The workers grouped by what they called, or an empty string when all agree.
+inline std::string compare_calls(const std::vector<mpi_call>& calls) {
+  if (std::all_of(calls.begin(), calls.end(), [&](const mpi_call& c) { return c == calls.front(); })) return {};
+  std::vector<std::pair<mpi_call, std::vector<int>>> groups;
+  for (std::size_t w = 0; w < calls.size(); ++w) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == calls[w]; });
+    if (it == groups.end()) groups.push_back({calls[w], {static_cast<int>(w)}});
+    else it->second.push_back(static_cast<int>(w));
+  }
+  std::string msg = "distribute: workers disagree on a collective: ";
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const auto& ws = groups[i].second;
+    msg += i ? "; " : "";
+    msg += ws.size() == 1 ? "worker " : "workers ";
+    for (std::size_t j = 0; j < ws.size(); ++j) msg += (j ? ", " : "") + std::to_string(ws[j]);
+    msg += " called " + describe_at(groups[i].first);
+  }
+  return msg + " (every worker must call the same collectives in the same order, with the same sizes and ops)";
+}
+
+}  // namespace distribute::comm::detail

@@ -1,0 +1,210 @@
+#pragma once
+// Collectives between every replica of every worker: an in-process stage between the replica threads
+// of this worker (shared memory), a cross-process stage between workers run by one thread per worker
+// (local replica 0), then a fan-out of the result to the other local replicas.
+//
+//   all_reduce   local reduction -> cross-worker reduction of the local results -> copy to every local
+//                replica. A mean is summed in both stages and divided once, by the replica count.
+//   all_gather   local gather into this worker's blocks -> cross-worker gather of the blocks -> copy
+//   broadcast    to local replica 0 of the root's worker -> across workers -> to every local replica
+//   barrier      local, across, local
+//
+// Replicas are numbered across the job: worker w holds replicas first(w) .. first(w) + count(w) - 1,
+// and workers may hold different numbers of replicas.
+//
+// `Cross` is the engine between workers (comm::mpi): it provides rank/size, all_reduce(op, buffers,
+// mean_over), all_gather(in, out, counts) and broadcast/barrier.
+
+#include <distribute/collective_options.hpp>
+#include <distribute/comm/detail/check.hpp>
+#include <distribute/comm/shared_memory.hpp>
+#include <distribute/dtype.hpp>
+#include <distribute/reduce_op.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace distribute::comm {
+
+template <class Cross>
+class hierarchical;
+
+// The shared state of one worker's replicas. Creating it is a collective of the workers (they
+// exchange their replica counts).
+template <class Cross>
+class hierarchical_group {
+ public:
+  hierarchical_group(Cross cross, int local_replicas, collective_options options = {})
+      : cross_{std::move(cross)},
+        local_{check_count(local_replicas), cross_.size() > 1 ? local_options(options) : options},
+        worker_{cross_.rank()},
+        published_(static_cast<std::size_t>(local_replicas)) {
+    std::vector<int> counts(static_cast<std::size_t>(cross_.size()));
+    cross_.all_gather(std::span<const int>(&local_replicas, 1), std::span<int>(counts));
+    first_.assign(counts.size() + 1, 0);
+    for (std::size_t w = 0; w < counts.size(); ++w) {
+      if (counts[w] < 1)
+        throw std::invalid_argument("distribute: worker " + std::to_string(w) + " has " + std::to_string(counts[w]) +
+                                    " replicas; every worker needs at least one");
+      first_[w + 1] = first_[w] + counts[w];
+    }
+  }
+  hierarchical_group(const hierarchical_group&) = delete;
+  hierarchical_group& operator=(const hierarchical_group&) = delete;
+
+  inline hierarchical<Cross> endpoint(int local_rank);
+
+  int worker_index() const noexcept { return worker_; }
+  int num_workers() const noexcept { return static_cast<int>(first_.size()) - 1; }
+  int local_replicas() const noexcept { return local_.size(); }
+  int total_replicas() const noexcept { return first_.back(); }
+  // The first replica of worker `w` and how many it holds.
+  int first_replica(int w) const noexcept { return first_[static_cast<std::size_t>(w)]; }
+  int replicas_of(int w) const noexcept { return first_[static_cast<std::size_t>(w) + 1] - first_[static_cast<std::size_t>(w)]; }
+  int worker_of(int replica) const noexcept {
+    return static_cast<int>(std::upper_bound(first_.begin(), first_.end(), replica) - first_.begin()) - 1;
+  }
+
+  Cross& cross() noexcept { return cross_; }
+  shared_memory_group& local_group() noexcept { return local_; }
+
+ private:
+  friend class hierarchical<Cross>;
+
+  static int check_count(int n) {
+    if (n < 1) throw std::invalid_argument("distribute: a worker needs at least one local replica, got " + std::to_string(n));
+    return n;
+  }
+  // With other workers, the local replicas wait at the fan-out while local replica 0 is in the
+  // cross-worker stage, which has the full timeout: their own wait is longer, so that a slow or dead
+  // worker is reported by the cross-worker stage (naming that worker) rather than as local replica 0
+  // being late.
+  static collective_options local_options(collective_options o) {
+    o.timeout += std::max<std::chrono::milliseconds>(o.timeout / 2, std::chrono::seconds(1));
+    return o;
+  }
+
+  Cross cross_;
+  shared_memory_group local_;
+  int worker_;
+  std::vector<int> first_;
+  std::vector<const void*> published_;  // what local replica 0 publishes for the fan-out
+};
+
+template <class Cross>
+class hierarchical {
+ public:
+  hierarchical(hierarchical_group<Cross>& group, int local_rank) : g_{&group}, local_{group.local_.endpoint(local_rank)} {}
+
+  int rank() const noexcept { return g_->first_replica(g_->worker_) + local_.rank(); }
+  int size() const noexcept { return g_->total_replicas(); }
+  int local_rank() const noexcept { return local_.rank(); }
+  int worker_index() const noexcept { return g_->worker_; }
+
+  template <element T>
+  void all_reduce(reduce_op op, std::span<T> buf) {
+    if (g_->num_workers() == 1) return local_.all_reduce(op, buf);
+    const reduce_op partial = op == reduce_op::mean ? reduce_op::sum : op;
+    if (local_.size() > 1) local_.all_reduce(partial, buf);
+    if (local_.rank() == 0) {
+      g_->cross_.all_reduce(op, buf, size());
+      g_->published_[0] = buf.data();
+    }
+    fan_out([&](const void* from) {
+      if (!buf.empty()) std::memcpy(buf.data(), from, buf.size_bytes());
+    });
+  }
+
+  template <element T>
+  void all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
+    if (g_->num_workers() == 1) return local_.all_reduce(op, bufs);
+    if (bufs.size() == 1) return all_reduce(op, bufs[0]);
+    const reduce_op partial = op == reduce_op::mean ? reduce_op::sum : op;
+    if (local_.size() > 1) local_.all_reduce(partial, bufs);
+    if (local_.rank() == 0) {
+      g_->cross_.all_reduce(op, bufs, size());
+      g_->published_[0] = &bufs;
+    }
+    fan_out([&](const void* from) {
+      const auto& source = *static_cast<const std::span<const std::span<T>>*>(from);
+      for (std::size_t i = 0; i < bufs.size(); ++i)
+        if (!bufs[i].empty()) std::memcpy(bufs[i].data(), source[i].data(), bufs[i].size_bytes());
+    });
+  }
+
+  // in.size() == size() * out.size(); replica rank() receives the reduction of block rank().
+  template <element T>
+  void reduce_scatter(reduce_op op, std::span<const T> in, std::span<T> out) {
+    detail::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
+    std::vector<T> all(in.begin(), in.end());
+    all_reduce(op, std::span<T>(all));
+    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank()) * out.size()), out.size(), out.begin());
+  }
+
+  // out.size() == size() * in.size(); block q of `out` is replica q's `in`.
+  template <element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    detail::check_block_sizes("all_gather", out.size(), in.size(), size());
+    if (g_->num_workers() == 1) return local_.all_gather(in, out);
+    const std::size_t m = in.size();
+    const auto mine = out.subspan(static_cast<std::size_t>(g_->first_replica(g_->worker_)) * m,
+                                  static_cast<std::size_t>(local_.size()) * m);
+    if (local_.size() > 1) local_.all_gather(in, mine);
+    else if (m != 0 && in.data() != mine.data()) std::memmove(mine.data(), in.data(), in.size_bytes());
+    if (local_.rank() == 0) {
+      std::vector<std::size_t> counts(static_cast<std::size_t>(g_->num_workers()));
+      for (int w = 0; w < g_->num_workers(); ++w) counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(g_->replicas_of(w)) * m;
+      g_->cross_.all_gather(std::span<const T>(mine.data(), mine.size()), out, std::span<const std::size_t>(counts));
+      g_->published_[0] = out.data();
+    }
+    fan_out([&](const void* from) {
+      if (!out.empty()) std::memcpy(out.data(), from, out.size_bytes());
+    });
+  }
+
+  template <element T>
+  void broadcast(std::span<T> buf, int root) {
+    detail::check_root(root, size());
+    if (g_->num_workers() == 1) return local_.broadcast(buf, root);
+    const int root_worker = g_->worker_of(root), root_local = root - g_->first_replica(root_worker);
+    // On the root's worker, local replica 0 gets the root's buffer first.
+    if (root_worker == g_->worker_ && root_local != 0) local_.broadcast(buf, root_local);
+    if (local_.rank() == 0) g_->cross_.broadcast(buf, root_worker);
+    if (local_.size() > 1) local_.broadcast(buf, 0);
+  }
+
+  void barrier() {
+    if (local_.size() > 1) local_.barrier();
+    if (g_->num_workers() > 1 && local_.rank() == 0) g_->cross_.barrier();
+    if (local_.size() > 1) local_.barrier();
+  }
+
+ private:
+  // Local replica 0 has published its result; the others copy it, and nobody leaves before every copy
+  // is taken (the result lives in local replica 0's buffers). If local replica 0 failed, the first
+  // meeting fails at once (the strategy aborts the group).
+  template <class Copy>
+  void fan_out(Copy&& copy) {
+    if (local_.size() == 1) return;
+    local_.barrier();
+    if (local_.rank() != 0) copy(g_->published_[0]);
+    local_.barrier();
+  }
+
+  hierarchical_group<Cross>* g_;
+  shared_memory local_;
+};
+
+template <class Cross>
+inline hierarchical<Cross> hierarchical_group<Cross>::endpoint(int local_rank) {
+  return hierarchical<Cross>(*this, local_rank);
+}
+
+}  // namespace distribute::comm

@@ -1,0 +1,508 @@
+#pragma once
+// Many processes (workers), each with one or more CPU replicas on threads of its own, started by an
+// MPI launcher (mpirun -np K, srun). A program started without a launcher is one worker and behaves
+// like mirrored_strategy.
+//
+// Replicas are numbered across the job (worker w holds replicas first(w) ...), and
+// `num_replicas_in_sync()` counts them all. Per-replica and mirrored values hold this worker's
+// replicas; what crosses workers goes through the collectives: `run`'s collectives are hierarchical
+// (comm/hierarchical.hpp), `reduce` and `gather` combine every worker's replicas and give every
+// worker the same result, `mirror` and `broadcast` copy the chief's (worker 0's) state to every
+// worker, `scatter` and `distribute` give this worker its replicas' shares of a global batch.
+//
+// Failure semantics: one worker cannot leave a step that the others are in. When a step fails on
+// any replica of a job with several workers (an exception, a timeout, a mismatch), `run` rethrows
+// the first failure, the strategy refuses further work, and the job is aborted when this process
+// exits (or after `abort_grace`): the other workers stop within their collective timeout at most.
+// Checkpoints written by the chief are how a job continues (docs/multi_worker.md).
+
+#include <distribute/collective_options.hpp>
+#include <distribute/comm/hierarchical.hpp>
+#include <distribute/comm/local.hpp>
+#include <distribute/comm/mpi.hpp>
+#include <distribute/concepts/device.hpp>
+#include <distribute/device/cpu.hpp>
+#include <distribute/errors.hpp>
+#include <distribute/per_replica.hpp>
+#include <distribute/replica_context.hpp>
+#include <distribute/strategy/detail/replica_pool.hpp>
+#include <distribute/strategy/detail/state_broadcast.hpp>
+#include <distribute/strategy/detail/strategy_base.hpp>
+#include <distribute/strategy/detail/worker_replica_context.hpp>
+
+#include <atomic>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace distribute {
+
+namespace data::detail {
+template <std::size_t Extent>
+struct split_global_batch;  // <distribute/data/distribute.hpp>
+}  // namespace data::detail
+
+struct multi_worker_options {
+  // CPU replicas of this worker (threads of this process). Workers may differ.
+  int local_replicas = 1;
+  // Timeout, fingerprint checks and the grace before a failed job is aborted.
+  comm::mpi_options mpi{};
+};
+
+template <device D = cpu, class Engine = comm::mpi>
+class multi_worker_mirrored_strategy {
+  static_assert(D::kind == device_kind::cpu && std::is_same_v<Engine, comm::mpi>,
+                "distribute: multi_worker_mirrored_strategy runs CPU replicas in processes joined by MPI: "
+                "multi_worker_mirrored_strategy<cpu, mpi>");
+
+ public:
+  static constexpr std::size_t extent = std::dynamic_extent;
+  using device_type = D;
+  using communicator_type = comm::hierarchical<Engine>;
+  using replica_type = detail::worker_replica_context<D, communicator_type>;
+  using primary_replica_type = replica_context<D, comm::local>;
+  template <class T>
+  using per_replica_type = per_replica<T>;
+  template <class T>
+  using mirrored_type = mirrored<T>;
+
+  // One replica per worker, MPI initialised without the program's arguments (if not already).
+  multi_worker_mirrored_strategy() : multi_worker_mirrored_strategy(multi_worker_options{}) {}
+  explicit multi_worker_mirrored_strategy(multi_worker_options options)
+      : state_{std::make_unique<state>(Engine(options.mpi), options)} {}
+  // Initialises MPI with the program's arguments (the launcher may pass some), if not already.
+  multi_worker_mirrored_strategy(int& argc, char**& argv, multi_worker_options options = {})
+      : multi_worker_mirrored_strategy((comm::detail::mpi_runtime::instance(&argc, &argv), options)) {}
+
+  // --- the job ---------------------------------------------------------------------------------
+  int num_replicas_in_sync() const noexcept { return state_->group.total_replicas(); }
+  int num_local_replicas() const noexcept { return state_->group.local_replicas(); }
+  int worker_index() const noexcept { return state_->group.worker_index(); }
+  int num_workers() const noexcept { return state_->group.num_workers(); }
+  // Worker 0 writes checkpoints and logs.
+  bool is_chief() const noexcept { return worker_index() == 0; }
+  // The replica id of this worker's first replica; its replicas are first .. first + local - 1.
+  int first_replica_id() const noexcept { return state_->group.first_replica(worker_index()); }
+  // This worker's devices (cpu:0 ..).
+  std::span<const D> devices() const noexcept { return state_->devices; }
+  // The cross-worker communicator, for the program's own collectives between steps (called by
+  // every worker, never inside `run`).
+  Engine& communicator() const noexcept { return state_->group.cross(); }
+  const multi_worker_options& options() const noexcept { return state_->options; }
+
+  // --- steps -----------------------------------------------------------------------------------
+
+  // Calls `fn(replica, args...)` on each of this worker's replicas concurrently (every worker does
+  // the same); per-replica and mirrored arguments are unwrapped to the replica's own element.
+  // Returns this worker's per_replica<R> (or nothing for a void fn).
+  template <class F, class... A>
+  auto run(F&& fn, A&&... args) {
+    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
+    state& st = *state_;
+    const step_guard guard(st);
+    check_usable("run");
+    (check_argument(args), ...);
+    auto& local = st.group.local_group();
+    local.reset();
+    const auto n = st.devices.size();
+    std::vector<std::optional<std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>>> results(
+        std::is_void_v<R> ? 0 : n);
+    auto job = [&](int rank) noexcept {
+      const auto r = static_cast<std::size_t>(rank);
+      try {
+        if constexpr (std::is_void_v<R>) {
+          std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...);
+        } else {
+          results[r].emplace(std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...));
+        }
+        local.depart(rank);
+      } catch (...) {
+        local.fail(rank, std::current_exception());
+      }
+    };
+    st.pool.run(job);
+    if (auto failure = local.first_failure()) {
+      fail_job(failure);
+      std::rethrow_exception(failure);
+    }
+    if constexpr (!std::is_void_v<R>) {
+      std::vector<std::decay_t<R>> values;
+      values.reserve(n);
+      for (auto& v : results) values.push_back(std::move(*v));
+      return per_replica<std::decay_t<R>>(std::move(values));
+    }
+  }
+
+  // Calls `fn(primary, args...)` once on this worker, on the calling thread, as a group of one on
+  // its first device (collectives are no-ops). Every worker runs it; `broadcast` afterwards makes
+  // mirrored state that it changed identical again.
+  template <class F, class... A>
+  decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    primary_replica_type r{state_->devices[0], comm::local{}};
+    return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
+  }
+
+  // --- cross-replica operations (called by every worker, outside `run`) -----------------------
+
+  // Every replica's value of every worker, reduced; the same on every worker. Arithmetic values give
+  // a value, sequences an element-wise std::vector.
+  template <detail::arithmetic T, std::size_t E>
+  T reduce(reduce_op op, const per_replica<T, E>& values) const {
+    check_count(values.size(), "reduce");
+    const reduce_op partial = op == reduce_op::mean ? reduce_op::sum : op;
+    T acc = values[0];
+    for (std::size_t i = 1; i < values.size(); ++i) acc = detail::combine(partial, acc, values[i]);
+    across(op, std::span<T>(&acc, 1), "reduce");
+    return acc;
+  }
+  template <detail::arithmetic_sequence S, std::size_t E>
+  auto reduce(reduce_op op, const per_replica<S, E>& values) const {
+    using T = std::ranges::range_value_t<S>;
+    check_count(values.size(), "reduce");
+    const reduce_op partial = op == reduce_op::mean ? reduce_op::sum : op;
+    std::vector<T> acc(std::ranges::begin(values[0]), std::ranges::end(values[0]));
+    for (std::size_t i = 1; i < values.size(); ++i) {
+      if (std::ranges::size(values[i]) != acc.size())
+        throw std::invalid_argument("distribute: reduce needs equal sizes on every replica; replica " +
+                                    std::to_string(first_replica_id()) + " has " + std::to_string(acc.size()) +
+                                    " elements, replica " + std::to_string(first_replica_id() + static_cast<int>(i)) +
+                                    " has " + std::to_string(std::ranges::size(values[i])));
+      std::size_t j = 0;
+      for (const auto& x : values[i]) { acc[j] = detail::combine(partial, acc[j], static_cast<T>(x)); ++j; }
+    }
+    across(op, std::span<T>(acc), "reduce");
+    return acc;
+  }
+
+  // Every replica's value of every worker, in replica order; the same on every worker.
+  template <detail::arithmetic T, std::size_t E>
+  std::vector<T> gather(const per_replica<T, E>& values, int axis = 0) const {
+    check_count(values.size(), "gather");
+    check_axis(axis);
+    check_usable("gather");
+    auto& g = state_->group;
+    std::vector<T> out(static_cast<std::size_t>(num_replicas_in_sync()));
+    std::vector<std::size_t> counts(static_cast<std::size_t>(num_workers()));
+    for (int w = 0; w < num_workers(); ++w) counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(g.replicas_of(w));
+    const std::vector<T> mine(values.begin(), values.end());
+    guarded([&] { g.cross().all_gather(std::span<const T>(mine), std::span<T>(out), std::span<const std::size_t>(counts)); });
+    return out;
+  }
+  template <detail::arithmetic_sequence S, std::size_t E>
+  auto gather(const per_replica<S, E>& values, int axis = 0) const {
+    using T = std::ranges::range_value_t<S>;
+    check_count(values.size(), "gather");
+    check_axis(axis);
+    check_usable("gather");
+    std::vector<T> mine;
+    for (const auto& v : values) mine.insert(mine.end(), std::ranges::begin(v), std::ranges::end(v));
+    auto& cross = state_->group.cross();
+    std::vector<std::uint64_t> counts(static_cast<std::size_t>(num_workers()));
+    const std::uint64_t own = mine.size();
+    std::vector<T> out;
+    guarded([&] {
+      cross.all_gather(std::span<const std::uint64_t>(&own, 1), std::span<std::uint64_t>(counts));
+      const std::vector<std::size_t> sizes(counts.begin(), counts.end());
+      std::size_t total = 0;
+      for (auto c : sizes) total += c;
+      out.resize(total);
+      cross.all_gather(std::span<const T>(mine), std::span<T>(out), std::span<const std::size_t>(sizes));
+    });
+    return out;
+  }
+
+  // This worker's replicas' values, in replica order.
+  template <class T, std::size_t E>
+  std::span<const T, E> local_results(const per_replica<T, E>& values) const {
+    check_count(values.size(), "local_results");
+    return values.values();
+  }
+
+  // Splits a GLOBAL batch (the same on every worker) along its first axis into one share per replica
+  // of the job, as evenly as possible, and returns this worker's replicas' shares.
+  template <class T>
+  per_replica<std::vector<T>> scatter(std::span<const T> batch, std::size_t example_size = 1) const {
+    if (example_size == 0 || batch.size() % example_size != 0)
+      throw std::invalid_argument("distribute: scatter got " + std::to_string(batch.size()) +
+                                  " elements, not a whole number of examples of " + std::to_string(example_size));
+    const auto total = static_cast<std::size_t>(num_replicas_in_sync());
+    const auto first = static_cast<std::size_t>(first_replica_id());
+    const std::size_t examples = batch.size() / example_size;
+    return make<per_replica<std::vector<T>>>([&](std::size_t r) {
+      const auto k = first + r;
+      const auto from = batch.begin() + static_cast<std::ptrdiff_t>(detail::share_offset(examples, total, k) * example_size);
+      return std::vector<T>(from, from + static_cast<std::ptrdiff_t>(detail::share_of(examples, total, k) * example_size));
+    });
+  }
+  template <std::ranges::contiguous_range B>
+    requires std::ranges::sized_range<B>
+  auto scatter(const B& batch, std::size_t example_size = 1) const {
+    using T = std::remove_cv_t<std::ranges::range_value_t<B>>;
+    return scatter(std::span<const T>(std::ranges::data(batch), std::ranges::size(batch)), example_size);
+  }
+
+  // One value per local replica from `fn(replica_id)`, with replica ids across the job.
+  template <class F>
+    requires std::invocable<F&, int>
+  auto values_from_function(F&& fn) const {
+    using T = std::decay_t<std::invoke_result_t<F&, int>>;
+    return make<per_replica<T>>([&](std::size_t r) { return std::invoke(fn, first_replica_id() + static_cast<int>(r)); });
+  }
+
+  // One copy of `factory(device)` per local replica, then the chief's first copy sent to every
+  // worker: the copies are identical across the job even if the factory is not deterministic.
+  template <class F>
+  auto mirror(F&& factory) {
+    static_assert(std::invocable<F&, D&>, "distribute: mirror(factory) calls factory(device&) once per replica");
+    using T = std::decay_t<std::invoke_result_t<F&, D&>>;
+    static_assert(detail::broadcastable_state<T>,
+                  "distribute: multi_worker_mirrored_strategy::mirror sends the chief's copy to the other workers; T must "
+                  "be a model (for_each_parameter), stream its state (save/load), be trivially copyable, or be a "
+                  "contiguous sequence of trivially copyable elements");
+    auto& devices = state_->devices;
+    auto copies = make<mirrored<T>>([&](std::size_t r) { return std::invoke(factory, devices[r]); });
+    sync_from(copies, 0);
+    return copies;
+  }
+
+  // Makes every copy on every worker equal to replica `from`'s (a replica id of the job).
+  template <class T, std::size_t E>
+  void broadcast(mirrored<T, E>& value, int from = 0) const {
+    check_count(value.size(), "broadcast");
+    if (from < 0 || from >= num_replicas_in_sync())
+      throw std::invalid_argument("distribute: broadcast from replica " + std::to_string(from) + " of " +
+                                  std::to_string(num_replicas_in_sync()));
+    const auto& g = state_->group;
+    const int owner = g.worker_of(from);
+    if (owner == worker_index() && from != first_replica_id()) {
+      static_assert(std::is_copy_assignable_v<T>, "distribute: broadcast of mirrored<T> copy-assigns T between local replicas");
+      value[0] = value[static_cast<std::size_t>(from - first_replica_id())];
+    }
+    sync_from(value, owner);
+  }
+
+  // Compares a digest of every copy on every worker with replica 0's and throws
+  // `mirrored_divergence` naming the replicas that differ.
+  template <class T, std::size_t E>
+  void verify_mirrored(const mirrored<T, E>& value) const {
+    static_assert(detail::digestible<T>,
+                  "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
+                  "copyable elements, or to have a member `std::uint64_t state_digest() const`");
+    check_count(value.size(), "verify_mirrored");
+    check_usable("verify_mirrored");
+    std::vector<std::uint64_t> mine;
+    for (const auto& v : value) mine.push_back(detail::digest_of(v));
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(num_replicas_in_sync()));
+    std::vector<std::size_t> counts(static_cast<std::size_t>(num_workers()));
+    for (int w = 0; w < num_workers(); ++w) counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(state_->group.replicas_of(w));
+    guarded([&] {
+      state_->group.cross().all_gather(std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
+                                       std::span<const std::size_t>(counts));
+    });
+    std::string differ;
+    for (std::size_t r = 1; r < all.size(); ++r)
+      if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (!differ.empty())
+      throw mirrored_divergence("distribute: mirrored copies differ from replica 0's on replica(s) " + differ);
+  }
+
+  // Re-batches a dataset of GLOBAL batches into this worker's per-replica batches, with the worker
+  // index and count filled in for sharding: see <distribute/data/distribute.hpp>.
+  template <class Ds, class Options = data::distribute_options>
+  auto distribute(const Ds& dataset, Options options) const {
+    static_assert(requires { sizeof(data::distributor<Ds, extent>); },
+                  "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    const auto local = static_cast<std::size_t>(num_local_replicas());
+    if (num_workers() > 1 && !same_replicas_everywhere()) {
+      // Sharding by data with one share per replica of the job (rather than an equal share per worker):
+      // every worker reads every global batch and keeps its replicas' shares.
+      using policy = decltype(options.policy);
+      if (options.policy == policy::file)
+        throw std::invalid_argument("distribute: shard_policy::file splits the files evenly over workers; with workers "
+                                    "holding different numbers of replicas use shard_policy::data (or automatic)");
+      if (options.policy != policy::off) {
+        if (options.prefetch == 0 || options.prefetch_threads == 0)
+          throw std::invalid_argument("distribute::data: distribute needs a prefetch of at least 1 step on at least 1 thread");
+        // Named through Ds so that it is looked up where <distribute/data.hpp> is included.
+        using split = std::conditional_t<sizeof(Ds) != 0, data::detail::split_global_batch<extent>, void>;
+        return dataset
+            .map(split{local, static_cast<std::size_t>(num_replicas_in_sync()), static_cast<std::size_t>(first_replica_id())})
+            .prefetch(options.prefetch, options.prefetch_threads);
+      }
+    }
+    fill_worker(options);
+    return data::distributor<Ds, extent>::distribute(dataset, local, options);
+  }
+  template <class Ds, class Options = data::distribute_options>
+  auto distribute(const Ds& dataset) const {
+    static_assert(requires { sizeof(Options); }, "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    return distribute(dataset, Options{});
+  }
+  template <class F, class Options = data::distribute_options>
+  auto distribute_from_function(const F& fn, Options options) const {
+    static_assert(requires { sizeof(data::function_distributor<F, extent>); },
+                  "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
+    if (num_workers() > 1 && !same_replicas_everywhere())
+      throw std::invalid_argument("distribute: distribute_from_function gives each worker's input pipeline an equal part "
+                                  "of the global batch; with workers holding different numbers of replicas use distribute "
+                                  "or scatter");
+    fill_worker(options);
+    return data::function_distributor<F, extent>::distribute(fn, static_cast<std::size_t>(num_local_replicas()), options);
+  }
+  template <class F, class Options = data::distribute_options>
+  auto distribute_from_function(const F& fn) const {
+    static_assert(requires { sizeof(Options); },
+                  "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
+    return distribute_from_function(fn, Options{});
+  }
+
+ private:
+  struct state {
+    state(Engine cross, const multi_worker_options& opts)
+        : options{opts},
+          devices(cpu_replicas(opts.local_replicas)),
+          group(std::move(cross), opts.local_replicas, opts.mpi.collectives),
+          pool(opts.local_replicas) {
+      replicas.reserve(devices.size());
+      for (std::size_t r = 0; r < devices.size(); ++r)
+        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), static_cast<int>(r), group.worker_index());
+    }
+    multi_worker_options options;
+    std::vector<D> devices;
+    comm::hierarchical_group<Engine> group;
+    std::vector<replica_type> replicas;
+    std::atomic<bool> in_step{false};
+    std::string failure;  // why this worker left the job
+    detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
+  };
+
+  struct step_guard {
+    explicit step_guard(state& s) : st{s} {
+      if (st.in_step.exchange(true))
+        throw std::logic_error("distribute: multi_worker_mirrored_strategy::run called while a step of the same strategy "
+                               "is running (from inside a replica, or from two threads at once)");
+    }
+    ~step_guard() { st.in_step.store(false); }
+    state& st;
+  };
+
+  static std::string what(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      return ex.what();
+    } catch (...) {
+      return "an exception not derived from std::exception";
+    }
+  }
+
+  // With other workers in the job, a failure on this one leaves them waiting in a collective that
+  // will not complete: this worker leaves the job, and the job is aborted.
+  void fail_job(const std::exception_ptr& failure) const {
+    state& st = *state_;
+    if (num_workers() == 1 || !st.failure.empty()) return;
+    st.failure = what(failure);
+    comm::detail::mpi_runtime::instance().fail("distribute: worker " + std::to_string(worker_index()) + " of " +
+                                                   std::to_string(num_workers()) + " failed: " + st.failure,
+                                               st.options.mpi.abort_grace);
+  }
+
+  // Runs cross-worker work of the calling thread; a failure is a failure of the job.
+  template <class F>
+  void guarded(F&& f) const {
+    try {
+      f();
+    } catch (...) {
+      fail_job(std::current_exception());
+      throw;
+    }
+  }
+
+  void check_usable(const char* op) const {
+    const state& st = *state_;
+    if (!st.failure.empty())
+      throw collective_aborted(std::string("distribute: ") + op + " on worker " + std::to_string(worker_index()) +
+                               " cannot run: this worker left the job after a failure: " + st.failure);
+  }
+
+  // The cross-worker stage of `reduce`: `values` hold this worker's partial result.
+  template <class T>
+  void across(reduce_op op, std::span<T> values, const char* what_op) const {
+    check_usable(what_op);
+    if (num_workers() == 1) {
+      for (auto& v : values) v = detail::finish(op, v, num_replicas_in_sync());
+      return;
+    }
+    guarded([&] { state_->group.cross().all_reduce(op, values, num_replicas_in_sync()); });
+  }
+
+  // Copies the first local copy of worker `owner` to every copy on every worker.
+  template <class T, std::size_t E>
+  void sync_from(mirrored<T, E>& value, int owner) const {
+    check_usable("broadcast");
+    if (num_workers() > 1) {
+      static_assert(detail::broadcastable_state<T>,
+                    "distribute: broadcast between workers needs T to be a model (for_each_parameter), stream its "
+                    "state (save/load), be trivially copyable, or be a contiguous sequence of trivially copyable elements");
+      guarded([&] { detail::broadcast_state(state_->group.cross(), value[0], owner); });
+    }
+    for (std::size_t r = 1; r < value.size(); ++r) {
+      if constexpr (std::is_copy_assignable_v<T>) {
+        value[r] = value[0];
+      } else {
+        if (num_workers() > 1) guarded([&] { detail::broadcast_state(state_->group.cross(), value[r], owner); });
+      }
+    }
+  }
+
+  bool same_replicas_everywhere() const noexcept {
+    for (int w = 1; w < num_workers(); ++w)
+      if (state_->group.replicas_of(w) != state_->group.replicas_of(0)) return false;
+    return true;
+  }
+
+  template <class Options>
+  void fill_worker(Options& options) const {
+    options.num_workers = static_cast<std::size_t>(num_workers());
+    options.worker_index = static_cast<std::size_t>(worker_index());
+  }
+
+  template <class A>
+  void check_argument(const A& a) const {
+    if constexpr (replica_indexed<A>) check_count(a.size(), "run");
+  }
+
+  template <class V, class F>
+  V make(F&& make_one) const {
+    return detail::make_replica_values<V>(static_cast<std::size_t>(num_local_replicas()), make_one);
+  }
+
+  void check_count(std::size_t n, const char* op) const {
+    const auto expected = static_cast<std::size_t>(num_local_replicas());
+    if (n != expected)
+      throw std::invalid_argument(std::string("distribute: ") + op + " got a value for " + std::to_string(n) +
+                                  " replicas; this worker has " + std::to_string(expected) +
+                                  " (per-replica values hold a worker's own replicas)");
+  }
+
+  static void check_axis(int axis) {
+    if (axis != 0)
+      throw std::invalid_argument("distribute: gather of flat sequences concatenates along axis 0, got axis " +
+                                  std::to_string(axis));
+  }
+
+  std::unique_ptr<state> state_;
+};
+
+}  // namespace distribute

@@ -1,0 +1,208 @@
+// The MPI communicator between the processes of the job: every collective, op and element type,
+// sizes that do not divide among the workers, bit-identical results on every worker, and the
+// fingerprint check that names the workers that disagree.
+
+#include "mpi_test_support.hpp"
+
+#include <boost/test/unit_test.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dist = distribute;
+using dist::reduce_op;
+
+namespace {
+
+dist::comm::mpi& world() {
+  static dist::comm::mpi c{dist::test::test_mpi_options()};
+  return c;
+}
+
+const std::size_t sizes[] = {0, 1, 2, 3, 7, 1000, 100003};
+
+bool message_has(const std::exception& e, const std::string& part) {
+  return std::string(e.what()).find(part) != std::string::npos;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(collectives)
+
+static_assert(dist::communicator<dist::comm::mpi>);
+static_assert(std::is_same_v<dist::mpi, dist::comm::mpi>);
+
+BOOST_AUTO_TEST_CASE(the_job_has_every_process) {
+  auto& c = world();
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  BOOST_TEST(c.size() == size);
+  BOOST_TEST(c.rank() == rank);
+  BOOST_TEST(c.size() >= 2, "run these tests under mpiexec -np 2 or more");
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(all_reduce_gives_every_op, T, dist::test::element_types) {
+  auto& c = world();
+  for (const auto op : dist::test::all_ops) {
+    for (const std::size_t n : sizes) {
+      std::vector<T> buf(n);
+      for (std::size_t i = 0; i < n; ++i) buf[i] = dist::test::value_for<T>(c.rank(), i, op);
+      c.all_reduce(op, std::span<T>(buf));
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) wrong += buf[i] != dist::test::expected_for<T>(c.size(), i, op);
+      BOOST_TEST(wrong == 0u, dist::to_string(op) << " of " << n << " " << dist::dtype_of<T>);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(several_buffers_are_one_collective, T, dist::test::element_types) {
+  auto& c = world();
+  // Long enough for several pieces per ring block, and ring blocks that span several buffers.
+  const std::vector<std::size_t> lengths{5, 0, 1000, 3, 70001, 140003};
+  for (const auto op : dist::test::all_ops) {
+    std::vector<std::vector<T>> bufs;
+    std::size_t offset = 0;
+    for (auto n : lengths) {
+      bufs.emplace_back(n);
+      for (std::size_t i = 0; i < n; ++i) bufs.back()[i] = dist::test::value_for<T>(c.rank(), offset + i, op);
+      offset += n;
+    }
+    std::vector<std::span<T>> spans(bufs.begin(), bufs.end());
+    c.all_reduce(op, std::span<const std::span<T>>(spans));
+    offset = 0;
+    std::size_t wrong = 0;
+    for (const auto& b : bufs) {
+      for (std::size_t i = 0; i < b.size(); ++i) wrong += b[i] != dist::test::expected_for<T>(c.size(), offset + i, op);
+      offset += b.size();
+    }
+    BOOST_TEST(wrong == 0u, dist::to_string(op));
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_scatter_gives_each_worker_its_block, T, dist::test::element_types) {
+  auto& c = world();
+  for (const auto op : dist::test::all_ops) {
+    for (const std::size_t m : {std::size_t{0}, std::size_t{1}, std::size_t{33}}) {
+      std::vector<T> in(m * static_cast<std::size_t>(c.size())), out(m);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = dist::test::value_for<T>(c.rank(), i, op);
+      c.reduce_scatter(op, std::span<const T>(in), std::span<T>(out));
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < m; ++i)
+        wrong += out[i] != dist::test::expected_for<T>(c.size(), static_cast<std::size_t>(c.rank()) * m + i, op);
+      BOOST_TEST(wrong == 0u, dist::to_string(op) << ", blocks of " << m);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_and_broadcast, T, dist::test::element_types) {
+  auto& c = world();
+  const auto k = static_cast<std::size_t>(c.size()), me = static_cast<std::size_t>(c.rank());
+  for (const std::size_t m : {std::size_t{0}, std::size_t{1}, std::size_t{1001}}) {
+    std::vector<T> in(m), out(m * k);
+    for (std::size_t i = 0; i < m; ++i) in[i] = static_cast<T>(me * 1000 + i % 1000);
+    c.all_gather(std::span<const T>(in), std::span<T>(out));
+    std::size_t wrong = 0;
+    for (std::size_t w = 0; w < k; ++w)
+      for (std::size_t i = 0; i < m; ++i) wrong += out[w * m + i] != static_cast<T>(w * 1000 + i % 1000);
+    BOOST_TEST(wrong == 0u, "all_gather of " << m);
+  }
+  // Blocks of different sizes: worker w gives w + 1 elements.
+  std::vector<std::size_t> counts(k);
+  std::iota(counts.begin(), counts.end(), std::size_t{1});
+  std::vector<T> mine(me + 1, static_cast<T>(me)), all(k * (k + 1) / 2);
+  c.all_gather(std::span<const T>(mine), std::span<T>(all), std::span<const std::size_t>(counts));
+  std::vector<T> want;
+  for (std::size_t w = 0; w < k; ++w) want.insert(want.end(), w + 1, static_cast<T>(w));
+  BOOST_TEST(all == want, boost::test_tools::per_element());
+  BOOST_CHECK_THROW(c.all_gather(std::span<const T>(mine), std::span<T>(all.data(), all.size() - 1),
+                                 std::span<const std::size_t>(counts)),
+                    std::invalid_argument);
+
+  for (int root = 0; root < c.size(); ++root) {
+    std::vector<T> buf(517, static_cast<T>(c.rank() == root ? 40 + root : -1));
+    c.broadcast(std::span<T>(buf), root);
+    BOOST_TEST(std::count(buf.begin(), buf.end(), static_cast<T>(40 + root)) == 517, "broadcast from " << root);
+  }
+  std::vector<T> buf(3);
+  BOOST_CHECK_THROW(c.broadcast(std::span<T>(buf), c.size()), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(barriers_and_other_arithmetic_types) {
+  auto& c = world();
+  for (int i = 0; i < 5; ++i) c.barrier();
+  // The strategy's reductions accept any arithmetic type; the engine reduces them itself.
+  std::vector<std::uint16_t> u(10, static_cast<std::uint16_t>(c.rank() + 1));
+  c.all_reduce(reduce_op::sum, std::span<std::uint16_t>(u));
+  BOOST_TEST(u[9] == c.size() * (c.size() + 1) / 2);
+}
+
+BOOST_AUTO_TEST_CASE(floats_are_bit_identical_on_every_worker_and_every_run) {
+  auto& c = world();
+  std::mt19937 gen(static_cast<unsigned>(c.rank()) * 7919u + 1u);
+  std::uniform_real_distribution<float> d(-100.0f, 100.0f);
+  std::vector<float> original(50001);
+  for (auto& x : original) x = d(gen);
+  for (const auto op : {reduce_op::sum, reduce_op::mean}) {
+    std::vector<float> first = original, second = original;
+    c.all_reduce(op, std::span<float>(first));
+    c.all_reduce(op, std::span<float>(second));
+    BOOST_TEST((first == second), "the same inputs give the same bits");
+    const std::uint64_t digest = dist::detail::fnv1a(first.data(), first.size() * sizeof(float));
+    std::vector<std::uint64_t> digests(static_cast<std::size_t>(c.size()));
+    c.all_gather(std::span<const std::uint64_t>(&digest, 1), std::span<std::uint64_t>(digests));
+    for (auto x : digests) BOOST_TEST(x == digests[0], "every worker holds the same bits");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(fingerprints_are_checked_by_default_in_debug_builds) {
+#ifdef NDEBUG
+  BOOST_TEST(!dist::comm::mpi_options{}.check_fingerprints);
+#else
+  BOOST_TEST(dist::comm::mpi_options{}.check_fingerprints);
+#endif
+}
+
+BOOST_AUTO_TEST_CASE(workers_that_disagree_are_named_and_the_communicator_goes_on) {
+  auto& c = world();
+  BOOST_TEST_REQUIRE(c.options().check_fingerprints);
+  // Worker 1 has one element more.
+  std::vector<float> buf(c.rank() == 1 ? 11 : 10, 1.0f);
+  BOOST_CHECK_EXCEPTION(c.all_reduce(reduce_op::sum, std::span<float>(buf)), dist::collective_mismatch,
+                        [&](const dist::collective_mismatch& e) {
+                          BOOST_TEST_MESSAGE(e.what());
+                          return message_has(e, "worker 1 called all_reduce(sum) of 11 float32") &&
+                                 message_has(e, c.size() == 2 ? "worker 0 called all_reduce(sum) of 10 float32"
+                                                              : "workers 0, 2 called all_reduce(sum) of 10 float32");
+                        });
+  // Worker 0 takes the max where the others sum.
+  std::vector<double> same(4, 1.0);
+  BOOST_CHECK_EXCEPTION(c.all_reduce(c.rank() == 0 ? reduce_op::max : reduce_op::sum, std::span<double>(same)),
+                        dist::collective_mismatch,
+                        [](const dist::collective_mismatch& e) { return message_has(e, "all_reduce(max) of 4 float64"); });
+  // Worker 0 waits at a barrier where the others gather.
+  std::vector<int> in(1), out(static_cast<std::size_t>(c.size()));
+  BOOST_CHECK_EXCEPTION(
+      c.rank() == 0 ? c.barrier() : c.all_gather(std::span<const int>(in), std::span<int>(out)), dist::collective_mismatch,
+      [](const dist::collective_mismatch& e) { return message_has(e, "called barrier") && message_has(e, "called all_gather"); });
+  // Nothing moved, so the communicator is still in step.
+  BOOST_TEST(!c.failed());
+  std::vector<int> ok(3, 1);
+  c.all_reduce(reduce_op::sum, std::span<int>(ok));
+  BOOST_TEST(ok[2] == c.size());
+}
+
+BOOST_AUTO_TEST_CASE(wrong_sizes_are_refused_before_any_message) {
+  auto& c = world();
+  std::vector<float> in(3), out(3 * static_cast<std::size_t>(c.size()) + 1);
+  BOOST_CHECK_THROW(c.all_gather(std::span<const float>(in), std::span<float>(out)), std::invalid_argument);
+  BOOST_CHECK_THROW(c.reduce_scatter(reduce_op::sum, std::span<const float>(out), std::span<float>(in)), std::invalid_argument);
+  BOOST_TEST(!c.failed());
+  c.barrier();
+}
+
+BOOST_AUTO_TEST_SUITE_END()

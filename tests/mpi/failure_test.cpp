@@ -1,0 +1,163 @@
+// Jobs that fail, started by this test (itself not under mpiexec) as mpiexec -np N <this program>
+// --scenario=...: a killed worker, a stalled worker, a worker whose step throws, workers that
+// disagree (with and without fingerprints), and the resume from the chief's checkpoint after a kill,
+// which must reach the parameters of a job that was never killed. Every failed job must end
+// non-zero within seconds. Also: the program started without a launcher is a single worker.
+
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <sys/wait.h>
+
+#ifndef DISTRIBUTE_TEST_MPIEXEC
+#  error "DISTRIBUTE_TEST_MPIEXEC must name mpiexec"
+#endif
+#ifndef DISTRIBUTE_TEST_MPIEXEC_PREFLAGS
+#  define DISTRIBUTE_TEST_MPIEXEC_PREFLAGS ""
+#endif
+
+namespace {
+
+struct job_result {
+  int exit_code;
+  double seconds;
+  std::string output;
+};
+
+std::string self_path() {
+  return std::filesystem::read_symlink("/proc/self/exe").string();
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `command` through the shell with stderr merged into stdout.
+job_result run_command(const std::string& command) {
+  const auto start = std::chrono::steady_clock::now();
+  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  BOOST_TEST_REQUIRE(pipe != nullptr);
+  std::string output;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe)) output += buf;
+  const int status = pclose(pipe);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  BOOST_TEST_MESSAGE("$ " << command << "\n-> exit " << code << " after " << seconds << " s\n" << output);
+  return {code, seconds, output};
+}
+
+job_result run_job(int processes, const std::string& args) {
+  std::string command = quote(DISTRIBUTE_TEST_MPIEXEC);
+  if (*DISTRIBUTE_TEST_MPIEXEC_PREFLAGS) command += std::string(" ") + DISTRIBUTE_TEST_MPIEXEC_PREFLAGS;
+  command += " -np " + std::to_string(processes) + " " + quote(self_path()) + " " + args;
+  return run_command(command);
+}
+
+bool has(const job_result& r, const std::string& text) { return r.output.find(text) != std::string::npos; }
+
+// A fresh directory in the system's temporary directory.
+std::filesystem::path fresh_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("distribute_mpi_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::vector<char> read_all(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(failure)
+
+BOOST_AUTO_TEST_CASE(a_killed_worker_stops_the_job) {
+  const auto dir = fresh_dir("kill");
+  const auto r = run_job(3, "--scenario=train --steps=6 --kill-at=3 --timeout-ms=5000 --dir=" + quote(dir.string()));
+  BOOST_TEST(r.exit_code != 0, "the job must fail");
+  BOOST_TEST(!has(r, "trained to step"));
+  BOOST_TEST(r.seconds < 30.0, "the survivors stopped after " << r.seconds << " s");
+  std::filesystem::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(a_stalled_worker_times_out_the_others) {
+  const auto r = run_job(3, "--scenario=stall --timeout-ms=2000");
+  BOOST_TEST(r.exit_code != 0);
+  BOOST_TEST(has(r, "timed out after 2000 ms waiting for a message from worker 2"), "the survivors name the missing worker");
+  BOOST_TEST(has(r, "all_reduce(sum) of 1000 float32"), "and the collective");
+  BOOST_TEST(r.seconds < 30.0, "the job stopped after " << r.seconds << " s, not when the stalled worker woke");
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_whose_step_throws_ends_the_job_without_waiting_for_the_timeout) {
+  // The timeout is 60 s; the job must end as the failed worker exits ...
+  const auto exits = run_job(3, "--scenario=throw --timeout-ms=60000");
+  BOOST_TEST(exits.exit_code != 0);
+  BOOST_TEST(has(exits, "worker 1 of 3 failed: boom at step 2"));
+  BOOST_TEST(exits.seconds < 20.0);
+  // ... or, if it goes on running, when the abort grace (2 s in the tests) has passed.
+  const auto lingers = run_job(3, "--scenario=throw --linger --timeout-ms=60000");
+  BOOST_TEST(lingers.exit_code != 0);
+  BOOST_TEST(has(lingers, "caught: boom at step 2"));
+  BOOST_TEST(lingers.seconds < 20.0);
+}
+
+BOOST_AUTO_TEST_CASE(workers_that_disagree_stop_the_job_with_each_call_named) {
+  const auto r = run_job(2, "--scenario=mismatch --timeout-ms=5000");
+  BOOST_TEST(r.exit_code != 0);
+  BOOST_TEST(has(r, "worker 0 called all_reduce(sum) of 4 float32"));
+  BOOST_TEST(has(r, "worker 1 called all_reduce(sum) of 5 float32"));
+  BOOST_TEST(r.seconds < 30.0);
+}
+
+BOOST_AUTO_TEST_CASE(without_fingerprints_a_size_mismatch_still_stops_the_job) {
+  // Worker 1's ring blocks are longer than worker 0's: a short message, which MPI accepts silently.
+  const auto r = run_job(2, "--scenario=mismatch --no-fingerprints --replicas=1 --timeout-ms=5000");
+  BOOST_TEST(r.exit_code != 0);
+  BOOST_TEST(has(r, "the workers called collectives of different sizes"));
+  BOOST_TEST(r.seconds < 30.0);
+}
+
+BOOST_AUTO_TEST_CASE(resume_after_a_kill_matches_an_uninterrupted_run) {
+  const auto clean = fresh_dir("clean"), killed = fresh_dir("killed");
+  const std::string common = "--scenario=train --steps=8 --timeout-ms=5000 ";
+  const auto reference = run_job(2, common + "--dir=" + quote(clean.string()));
+  BOOST_TEST_REQUIRE(reference.exit_code == 0);
+
+  const auto first = run_job(2, common + "--kill-at=5 --dir=" + quote(killed.string()));
+  BOOST_TEST(first.exit_code != 0);
+  BOOST_TEST(!std::filesystem::exists(killed / "final.bin"));
+  const auto resumed = run_job(2, common + "--dir=" + quote(killed.string()));
+  BOOST_TEST_REQUIRE(resumed.exit_code == 0);
+  BOOST_TEST((has(resumed, "resumed at step 4") || has(resumed, "resumed at step 5")),
+             "the job continues from the chief's last checkpoint");
+
+  const auto want = read_all(clean / "final.bin"), got = read_all(killed / "final.bin");
+  BOOST_TEST(!want.empty());
+  BOOST_TEST((got == want), "the resumed job's parameters are bit-identical to the uninterrupted job's");
+  std::filesystem::remove_all(clean);
+  std::filesystem::remove_all(killed);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(single_worker)
+
+BOOST_AUTO_TEST_CASE(a_program_started_without_a_launcher_is_one_worker) {
+  const auto r = run_command(quote(self_path()) + " --scenario=single --replicas=2");
+  BOOST_TEST(r.exit_code == 0);
+  BOOST_TEST(has(r, "single worker: 1 workers, 2 replicas, sum 3"));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

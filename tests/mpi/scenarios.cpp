@@ -1,0 +1,190 @@
+// One worker of a job that the failure tests start under mpiexec (failure_test.cpp):
+//   --scenario=train    checkpointed training; the chief saves after every step and, when the
+//                       checkpoint directory holds one, the job resumes from the chief's latest.
+//                       --kill-at=K: the last worker kills itself (SIGKILL) inside a step before
+//                       step K, while the others wait in a collective for it.
+//   --scenario=stall    the last worker stops taking part at step 3; the others must time out.
+//   --scenario=mismatch worker 1's replicas all-reduce one element more than the others'
+//                       (--no-fingerprints: without the fingerprint check).
+//   --scenario=throw    a replica of worker 1 throws at step 2 (--linger: the process then sleeps).
+//   --scenario=single   a program started without a launcher is one worker.
+// Exit codes: 0 done, 3 a collective error reached the program (the job is then aborted), 4 wrong.
+
+#include "mpi_test_support.hpp"
+#include "training.hpp"
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace dist = distribute;
+namespace ckpt = distribute::checkpoint;
+using strategy_type = dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi>;
+
+namespace {
+
+using arguments = std::map<std::string, std::string>;
+
+arguments parse(int argc, char** argv) {
+  arguments args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (!a.starts_with("--")) continue;
+    const auto eq = a.find('=');
+    args[std::string(a.substr(2, eq == std::string_view::npos ? std::string_view::npos : eq - 2))] =
+        eq == std::string_view::npos ? "" : std::string(a.substr(eq + 1));
+  }
+  return args;
+}
+
+std::int64_t number(const arguments& args, const std::string& key, std::int64_t otherwise) {
+  const auto it = args.find(key);
+  return it == args.end() ? otherwise : std::stoll(it->second);
+}
+
+dist::multi_worker_options options_from(const arguments& args) {
+  dist::multi_worker_options o{.local_replicas = static_cast<int>(number(args, "replicas", 2)),
+                               .mpi = dist::test::test_mpi_options(std::chrono::milliseconds(number(args, "timeout-ms", 20000)))};
+  if (args.contains("no-fingerprints")) o.mpi.check_fingerprints = false;
+  return o;
+}
+
+// Checkpointed training: resumes from the chief's latest checkpoint, saves after every step, and
+// writes the final parameters (chief) to <dir>/final.bin.
+int train(strategy_type& s, const arguments& args) {
+  const std::filesystem::path dir = args.at("dir");
+  const std::int64_t steps = number(args, "steps", 8), kill_at = number(args, "kill-at", -1);
+  ckpt::directory checkpoints(dir / "checkpoints", 2);
+
+  auto nets = s.mirror([](auto&) { return dist::test::make_net(1234); });
+  auto opts = s.mirror([](auto&) { return dist::optim::adam<float>{{.lr = 1e-2}}; });
+
+  // The chief reads its latest checkpoint and sends the state to every worker (the others may not
+  // see the chief's disk).
+  std::int64_t first_step = 0;
+  if (s.is_chief()) {
+    if (auto latest = checkpoints.load_latest()) {
+      first_step = latest->get<std::int64_t>("step") + 1;
+      latest->get_model("model", nets[0]);
+      latest->get_state("optimizer", opts[0]);
+    }
+  }
+  s.communicator().broadcast(std::span<std::int64_t>(&first_step, 1), 0);
+  if (first_step > 0) {
+    s.broadcast(nets, 0);
+    s.broadcast(opts, 0);
+    if (s.is_chief()) std::printf("resumed at step %lld\n", static_cast<long long>(first_step));
+  }
+
+  for (std::int64_t step = first_step; step < steps; ++step) {
+    if (step == kill_at) {
+      // Every worker is inside a step, between two collectives, when the last replica dies.
+      s.run([&](dist::replica auto& r) {
+        r.barrier();
+        if (r.replica_id() == s.num_replicas_in_sync() - 1) std::raise(SIGKILL);
+        r.barrier();
+      });
+    }
+    dist::test::train_step(s, nets, opts, step);
+    if (s.is_chief()) {
+      ckpt::archive a;
+      a.put("step", step);
+      a.put_model("model", nets[0]);
+      a.put_state("optimizer", opts[0]);
+      checkpoints.save(step, a);
+    }
+  }
+  s.verify_mirrored(nets);
+  if (s.is_chief()) {
+    const auto p = dist::test::parameters_of(nets[0]);
+    std::ofstream out(dir / "final.bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
+    std::printf("trained to step %lld\n", static_cast<long long>(steps));
+  }
+  return 0;
+}
+
+// Steps of all-reduces; the last worker stops joining at step 3 and waits far beyond the timeout.
+int stall(strategy_type& s) {
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3 && s.worker_index() == s.num_workers() - 1) {
+      std::this_thread::sleep_for(std::chrono::minutes(2));
+      return 4;
+    }
+    s.run([](dist::replica auto& r) {
+      std::vector<float> g(1000, 1.0f);
+      r.all_reduce(dist::reduce_op::sum, g);
+    });
+  }
+  return 4;
+}
+
+// Worker 1's replica throws at step 2. It leaves the job: as its process exits (or, with --linger, when
+// the abort grace has passed while it sleeps), the job is aborted, long before the others' timeout.
+int throws(strategy_type& s, const arguments& args) {
+  for (int step = 0; step < 6; ++step) {
+    try {
+      s.run([&](dist::replica auto& r) {
+        if (step == 2 && s.worker_index() == 1 && r.local_replica_id() == 0) throw std::runtime_error("boom at step 2");
+        std::vector<float> g(1000, 1.0f);
+        r.all_reduce(dist::reduce_op::sum, g);
+      });
+    } catch (const std::runtime_error& e) {
+      std::fprintf(stderr, "caught: %s\n", e.what());
+      if (!args.contains("linger")) return 3;
+      std::this_thread::sleep_for(std::chrono::minutes(2));
+      return 4;
+    }
+  }
+  return 4;
+}
+
+int mismatch(strategy_type& s) {
+  s.run([&](dist::replica auto& r) {
+    std::vector<float> g(s.worker_index() == 1 ? 5 : 4, 1.0f);
+    r.all_reduce(dist::reduce_op::sum, g);
+  });
+  return 4;
+}
+
+int single(const arguments& args) {
+  strategy_type s{options_from(args)};
+  const bool ok = s.num_workers() == 1 && s.worker_index() == 0 && s.is_chief() && s.num_replicas_in_sync() == 2;
+  const auto sums = s.run([](dist::replica auto& r) { return r.all_reduce(dist::reduce_op::sum, r.replica_id() + 1); });
+  std::printf("single worker: %d workers, %d replicas, sum %d\n", s.num_workers(), s.num_replicas_in_sync(), sums[0]);
+  return ok && sums[0] == 3 && sums[1] == 3 ? 0 : 4;
+}
+
+}  // namespace
+
+int run_scenario(int argc, char** argv) {
+  const auto args = parse(argc, argv);
+  const std::string name = args.at("scenario");
+  try {
+    if (name == "single") return single(args);
+    strategy_type s{argc, argv, options_from(args)};
+    if (name == "train") return train(s, args);
+    if (name == "stall") return stall(s);
+    if (name == "mismatch") return mismatch(s);
+    if (name == "throw") return throws(s, args);
+    std::fprintf(stderr, "unknown scenario %s\n", name.c_str());
+    return 4;
+  } catch (const dist::collective_error& e) {
+    std::fprintf(stderr, "caught collective error: %s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "caught: %s\n", e.what());
+    return 4;
+  }
+}
