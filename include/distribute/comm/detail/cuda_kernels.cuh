@@ -1,0 +1,232 @@
+#pragma once
+// What the GPU engines share: half-precision element types, the reduction kernel of `cuda_peer`, the
+// division that finishes a mean, the staging of host buffers through device memory, and the wait for
+// queued GPU work that gives up at a deadline instead of hanging.
+
+#include <distribute/comm/detail/gpu_meeting.cuh>
+#include <distribute/detail/backoff.hpp>
+#include <distribute/device/cuda.cuh>
+#include <distribute/dtype.hpp>
+#include <distribute/reduce_op.hpp>
+#include <distribute/tensor/cuda_tensor.cuh>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace distribute {
+
+// Half precision joins the collective element types where CUDA defines it.
+template <> struct dtype_traits<__half> { static constexpr dtype value = dtype::float16; };
+template <> struct dtype_traits<__nv_bfloat16> { static constexpr dtype value = dtype::bfloat16; };
+
+namespace comm::detail {
+
+// The most replicas one `cuda_peer` kernel reduces over: their pointers travel as kernel parameters.
+inline constexpr int max_peer_replicas = 32;
+
+template <class T>
+struct peer_pointers {
+  const T* src[max_peer_replicas];
+  T* dst[max_peer_replicas];
+};
+
+template <class T, reduce_op Op>
+__device__ __forceinline__ T combine_on_device(T a, T b) {
+  if constexpr (Op == reduce_op::sum || Op == reduce_op::mean) return a + b;
+  else if constexpr (Op == reduce_op::prod) return a * b;
+  else if constexpr (Op == reduce_op::min) return b < a ? b : a;
+  else return a < b ? b : a;
+}
+
+// Element i of the result is src[0][i] combined with src[1][i], ..., src[n-1][i], in that order,
+// whichever thread computes it: the same bits on every replica and from run to run. Works in 16-byte
+// vectors when every pointer allows it. Sources and destinations may be the same buffers: a thread
+// reads all of its elements before writing them, and no other thread touches them.
+template <class T, reduce_op Op>
+__global__ void reduce_kernel(peer_pointers<T> p, int n_src, int n_dst, std::size_t count, bool vectorised) {
+  constexpr int width = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  struct alignas(16) pack { T v[width]; };
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t packs = vectorised ? count / width : 0;
+  for (std::size_t i = first; i < packs; i += stride) {
+    pack acc = reinterpret_cast<const pack*>(p.src[0])[i];
+    for (int r = 1; r < n_src; ++r) {
+      const pack x = reinterpret_cast<const pack*>(p.src[r])[i];
+#pragma unroll
+      for (int j = 0; j < width; ++j) acc.v[j] = combine_on_device<T, Op>(acc.v[j], x.v[j]);
+    }
+    if constexpr (Op == reduce_op::mean) {
+      const T n = static_cast<T>(n_src);
+#pragma unroll
+      for (int j = 0; j < width; ++j) acc.v[j] = static_cast<T>(acc.v[j] / n);
+    }
+    for (int d = 0; d < n_dst; ++d) reinterpret_cast<pack*>(p.dst[d])[i] = acc;
+  }
+  for (std::size_t i = packs * width + first; i < count; i += stride) {
+    T acc = p.src[0][i];
+    for (int r = 1; r < n_src; ++r) acc = combine_on_device<T, Op>(acc, p.src[r][i]);
+    if constexpr (Op == reduce_op::mean) acc = static_cast<T>(acc / static_cast<T>(n_src));
+    for (int d = 0; d < n_dst; ++d) p.dst[d][i] = acc;
+  }
+}
+
+// The final step of a mean done by an engine that only sums (NCCL): once, on the complete sum.
+template <class T>
+__global__ void divide_kernel(T* data, std::size_t count, int n) {
+  const T d = static_cast<T>(n);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    data[i] = static_cast<T>(data[i] / d);
+}
+
+// Enough blocks to keep every SM busy, no more than the work needs.
+inline unsigned grid_for(std::size_t items, int ordinal) {
+  static thread_local int cached_ordinal = -1, cached_sms = 0;
+  if (cached_ordinal != ordinal) {
+    int sms = 0;
+    distribute::detail::cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal),
+                                   "cudaDeviceGetAttribute", ordinal);
+    cached_ordinal = ordinal;
+    cached_sms = sms;
+  }
+  const std::size_t wanted = (items + 255) / 256;
+  return static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(wanted, static_cast<std::size_t>(cached_sms) * 8)));
+}
+
+template <class T>
+void launch_reduce(reduce_op op, const peer_pointers<T>& p, int n_src, int n_dst, std::size_t count, int ordinal,
+                   cudaStream_t stream) {
+  if (count == 0) return;
+  bool vectorised = true;
+  for (int r = 0; r < n_src; ++r) vectorised = vectorised && reinterpret_cast<std::uintptr_t>(p.src[r]) % 16 == 0;
+  for (int d = 0; d < n_dst; ++d) vectorised = vectorised && reinterpret_cast<std::uintptr_t>(p.dst[d]) % 16 == 0;
+  const unsigned grid = grid_for(count / (vectorised ? std::max<std::size_t>(1, 16 / sizeof(T)) : 1), ordinal);
+  switch (op) {
+    case reduce_op::sum: reduce_kernel<T, reduce_op::sum><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
+    case reduce_op::mean: reduce_kernel<T, reduce_op::mean><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
+    case reduce_op::min: reduce_kernel<T, reduce_op::min><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
+    case reduce_op::max: reduce_kernel<T, reduce_op::max><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
+    case reduce_op::prod: reduce_kernel<T, reduce_op::prod><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
+  }
+  distribute::detail::cuda_check(cudaGetLastError(), "launching the cuda_peer reduction kernel", ordinal);
+}
+
+template <class T>
+void launch_divide(T* data, std::size_t count, int n, int ordinal, cudaStream_t stream) {
+  if (count == 0 || n == 1) return;
+  divide_kernel<T><<<grid_for(count, ordinal), 256, 0, stream>>>(data, count, n);
+  distribute::detail::cuda_check(cudaGetLastError(), "launching the mean division kernel", ordinal);
+}
+
+// A copy between two device buffers, possibly on different GPUs.
+inline void copy_device(void* dst, int dst_ordinal, const void* src, int src_ordinal, std::size_t bytes,
+                        cudaStream_t stream, int ordinal) {
+  if (bytes == 0 || dst == src) return;
+  if (dst_ordinal == src_ordinal)
+    distribute::detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync", ordinal);
+  else
+    distribute::detail::cuda_check(cudaMemcpyPeerAsync(dst, dst_ordinal, src, src_ordinal, bytes, stream),
+                                   "cudaMemcpyPeerAsync", ordinal);
+}
+
+// Host buffers handed to a GPU collective go through device scratch memory: copied in before, out
+// after. Device buffers are used in place and must be on the replica's own GPU.
+class host_staging {
+ public:
+  explicit host_staging(int ordinal) : ordinal_{ordinal} {}
+
+  // Before staging the buffers of one collective: at most `bytes` in all, in at most `pieces` buffers
+  // (each starts on a 256-byte boundary, for the kernels' vector loads).
+  void begin(std::size_t bytes, std::size_t pieces = 2) {
+    const std::size_t need = bytes + 256 * pieces;
+    back_.clear();
+    used_ = 0;
+    if (scratch_.bytes() < need) scratch_ = distribute::detail::device_allocation(ordinal_, std::max(need, scratch_.bytes() * 2));
+  }
+  // The device address to use for `p` (`bytes` long): `p` itself if it is on this GPU, else a piece
+  // of scratch memory, filled from `p` if `in` and copied back to `p` by `finish` if `out`.
+  void* stage(const void* p, std::size_t bytes, bool in, bool out, cudaStream_t stream, const char* op) {
+    if (bytes == 0) return const_cast<void*>(p);
+    const auto where = distribute::detail::locate(p);
+    if (where.on_device) {
+      if (where.ordinal != ordinal_)
+        throw std::invalid_argument(std::string("distribute: ") + op + " on cuda:" + std::to_string(ordinal_) +
+                                    " got a buffer in the memory of cuda:" + std::to_string(where.ordinal) +
+                                    " (each replica passes buffers on its own GPU, or host memory)");
+      return const_cast<void*>(p);
+    }
+    if (used_ + bytes > scratch_.bytes())
+      throw std::logic_error("distribute: host staging area sized too small for this collective");
+    void* d = static_cast<char*>(scratch_.get()) + used_;
+    used_ += (bytes + 255) / 256 * 256;
+    if (in)
+      distribute::detail::cuda_check(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, stream),
+                                     "cudaMemcpyAsync (staging host buffer)", ordinal_);
+    if (out) back_.push_back({const_cast<void*>(p), d, bytes});
+    return d;
+  }
+  // Queues the copies back to host buffers; returns whether there were any (the caller then
+  // synchronises the stream before the host reads them).
+  bool finish(cudaStream_t stream) {
+    for (const auto& b : back_)
+      distribute::detail::cuda_check(cudaMemcpyAsync(b.host, b.dev, b.bytes, cudaMemcpyDeviceToHost, stream),
+                                     "cudaMemcpyAsync (unstaging host buffer)", ordinal_);
+    const bool any = !back_.empty();
+    back_.clear();
+    return any;
+  }
+
+ private:
+  struct copy_back {
+    void* host;
+    void* dev;
+    std::size_t bytes;
+  };
+  int ordinal_;
+  distribute::detail::device_allocation scratch_;
+  std::size_t used_ = 0;
+  std::vector<copy_back> back_;
+};
+
+// Waits for `done()` (which also reports errors by throwing), checking the group and the deadline:
+// returns normally, or calls `give_up(timed_out)`, which must throw. It keeps the core (spinning,
+// then yielding) for the first milliseconds, as cudaStreamSynchronize does, so that a collective
+// returns within microseconds of finishing; only a long wait sleeps, in steps short against a
+// large collective's time.
+template <class Done, class GiveUp>
+void wait_for_gpu(Done&& done, const gpu_meeting* meeting, std::chrono::steady_clock::time_point deadline,
+                  GiveUp&& give_up) {
+  if (distribute::detail::spin_then_yield(done, true)) return;
+  auto check = [&] {
+    if (meeting && meeting->aborted()) give_up(false);
+    if (std::chrono::steady_clock::now() >= deadline) give_up(true);
+  };
+  const auto keep_core_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+  while (std::chrono::steady_clock::now() < keep_core_until) {
+    if (done()) return;
+    check();
+    std::this_thread::yield();
+  }
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    if (done()) return;
+    check();
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(100));
+  }
+}
+
+}  // namespace comm::detail
+}  // namespace distribute

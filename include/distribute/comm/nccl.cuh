@@ -1,0 +1,497 @@
+#pragma once
+// Collectives over NCCL: one rank per GPU, in one process (the replica threads of
+// mirrored_strategy<cuda>) or across processes (multi_worker_mirrored_strategy<cuda, nccl>, the
+// unique id broadcast over MPI).
+//
+// NCCL waits on the GPU for its partners, so a partner that never comes would hang the caller. It
+// cannot here: the communicators are non-blocking, and the caller polls `ncclCommGetAsyncError` and
+// its stream against the group's deadline. A collective that does not complete in time, or whose
+// group failed elsewhere, aborts the communicator (`ncclCommAbort`) and throws `collective_timeout`
+// or `collective_aborted`; an NCCL error throws `nccl_error`. Within one process the replicas also
+// meet on the host first (detail/gpu_meeting.cuh), so that replicas calling different collectives
+// get `collective_mismatch` before anything is queued on a GPU. An aborted group of one process is
+// rebuilt by `rebuild()`; one spanning processes cannot be, and says so.
+//
+// Buffers are spans of device memory on the replica's GPU, used in place, or of host memory, staged
+// through the device. Every collective has completed when it returns. `mean` is a sum followed by
+// one division, as in every other engine of this library.
+
+#include <distribute/collective_options.hpp>
+#include <distribute/comm/detail/check.hpp>
+#include <distribute/comm/detail/cuda_kernels.cuh>
+#include <distribute/comm/detail/gpu_meeting.cuh>
+#include <distribute/config.hpp>
+#include <distribute/device/cuda.cuh>
+#include <distribute/dtype.hpp>
+#include <distribute/errors.hpp>
+#include <distribute/reduce_op.hpp>
+
+#if !DISTRIBUTE_HAS_NCCL
+#  error "<distribute/comm/nccl.cuh> needs <nccl.h> (NCCL; link distribute::cuda, which links NCCL::NCCL when found)"
+#endif
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace distribute {
+
+// An NCCL call failed (other than by the time-outs and aborts every engine reports).
+struct nccl_error : collective_error {
+  nccl_error(ncclResult_t code, const std::string& what) : collective_error(what), code_{code} {}
+  ncclResult_t code() const noexcept { return code_; }
+
+ private:
+  ncclResult_t code_;
+};
+
+namespace comm {
+
+namespace detail {
+
+inline std::string nccl_message(ncclResult_t rc, const char* call, ncclComm_t comm) {
+  std::string msg = std::string("distribute: ") + call + " failed: " + ncclGetErrorString(rc);
+  if (comm != nullptr) {
+    if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
+  }
+  return msg;
+}
+
+// ncclInProgress is not an error: a non-blocking communicator finishes the call in the background.
+inline ncclResult_t nccl_check(ncclResult_t rc, const char* call, ncclComm_t comm = nullptr) {
+  if (rc != ncclSuccess && rc != ncclInProgress) throw nccl_error(rc, nccl_message(rc, call, comm));
+  return rc;
+}
+
+template <class T>
+constexpr ncclDataType_t nccl_type() noexcept {
+  switch (dtype_of<T>) {
+    case dtype::float32: return ncclFloat32;
+    case dtype::float64: return ncclFloat64;
+    case dtype::int32: return ncclInt32;
+    case dtype::int64: return ncclInt64;
+    case dtype::float16: return ncclFloat16;
+    case dtype::bfloat16: return ncclBfloat16;
+  }
+  return ncclFloat32;
+}
+
+// `mean` is summed by NCCL and divided by us (ncclAvg scales before summing, which rounds
+// differently from the other engines).
+constexpr ncclRedOp_t nccl_op(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::mean: return ncclSum;
+    case reduce_op::prod: return ncclProd;
+    case reduce_op::min: return ncclMin;
+    case reduce_op::max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+inline ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+}  // namespace detail
+
+class nccl;
+
+// The NCCL communicators of this process's GPU replicas, one per device (devices must be distinct).
+class nccl_group {
+ public:
+  // One process: ranks 0 .. devices.size()-1, bootstrapped here.
+  explicit nccl_group(std::vector<cuda> devices, collective_options options = {})
+      : nccl_group(std::move(devices), new_unique_id(), 0, -1, options, /*owns_bootstrap=*/true) {}
+
+  // Several processes: this process's devices are ranks first_rank .. first_rank+devices.size()-1 of
+  // `world`, and every process passes the same `id` (made by one of them with `new_unique_id()`).
+  nccl_group(std::vector<cuda> devices, const ncclUniqueId& id, int first_rank, int world, collective_options options = {})
+      : nccl_group(std::move(devices), id, first_rank, world, options, /*owns_bootstrap=*/false) {}
+
+  nccl_group(const nccl_group&) = delete;
+  nccl_group& operator=(const nccl_group&) = delete;
+  ~nccl_group() { destroy(/*graceful=*/!broken_); }
+
+  // The least time communicator creation is given, whatever the collective timeout.
+  static constexpr std::chrono::milliseconds init_timeout = std::chrono::minutes(2);
+
+  static ncclUniqueId new_unique_id() {
+    ncclUniqueId id;
+    detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    return id;
+  }
+
+  int local_size() const noexcept { return static_cast<int>(devices_.size()); }
+  int world_size() const noexcept { return world_; }
+  int first_rank() const noexcept { return first_; }
+  const cuda& device(int local) const { return devices_[static_cast<std::size_t>(local)]; }
+  ncclComm_t native_handle(int local) const { return comms_[static_cast<std::size_t>(local)]; }
+  inline nccl endpoint(int local);
+
+  detail::gpu_meeting& meeting() noexcept { return meeting_; }
+  const collective_options& options() const noexcept { return meeting_.options(); }
+  void set_options(collective_options o) noexcept { meeting_.set_options(o); }
+
+  // Aborts every local communicator after a failure elsewhere in the step (a worker leaving the
+  // job): partners in other processes then fail at once instead of at their deadline.
+  void abort_all_for_failure() noexcept {
+    mark_broken();
+    abort_all();
+  }
+
+  // Whether a failure aborted the communicators; collectives then fail until `rebuild()`.
+  bool broken() const noexcept { return broken_.load(std::memory_order_acquire); }
+  // Replaces aborted communicators with new ones (this process's group only; between steps).
+  void rebuild() {
+    if (!broken()) return;
+    if (!owns_bootstrap_)
+      throw collective_aborted("distribute: the NCCL communicators spanning processes were aborted after a failure and "
+                               "cannot be rebuilt by one process; create the strategy again on every worker");
+    destroy(/*graceful=*/false);
+    init(new_unique_id());
+  }
+
+ private:
+  friend class nccl;
+
+  nccl_group(std::vector<cuda> devices, const ncclUniqueId& id, int first_rank, int world, collective_options options,
+             bool owns_bootstrap)
+      : devices_{check(std::move(devices))},
+        first_{first_rank},
+        world_{world < 0 ? static_cast<int>(devices_.size()) : world},
+        owns_bootstrap_{owns_bootstrap},
+        meeting_{static_cast<int>(devices_.size()), options, first_rank} {
+    if (first_ < 0 || first_ + local_size() > world_)
+      throw std::invalid_argument("distribute: NCCL ranks " + std::to_string(first_) + ".." +
+                                  std::to_string(first_ + local_size() - 1) + " do not fit a world of " + std::to_string(world_));
+    for (const auto& d : devices_) {
+      staging_.emplace_back(d.index());
+      flags_.emplace_back(d.index(), sizeof(int));
+    }
+    init(id);
+  }
+
+  static std::vector<cuda> check(std::vector<cuda> devices) {
+    if (devices.empty()) throw std::invalid_argument("distribute: an NCCL group needs at least one device");
+    std::set<int> seen;
+    for (const auto& d : devices)
+      if (!seen.insert(d.index()).second)
+        throw std::invalid_argument("distribute: NCCL takes one rank per GPU, and " + d.name() +
+                                    " appears twice (use cuda_peer for several replicas on one GPU)");
+    return devices;
+  }
+
+  // Creates every local communicator in one group call and waits, against the deadline, until all
+  // are ready: a process that never joins makes this a collective_timeout, not a hang.
+  void init(const ncclUniqueId& id) {
+    comms_.assign(devices_.size(), nullptr);
+    ncclConfig_t config = detail::nonblocking_config();
+    detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      distribute::detail::device_guard g(devices_[i].index());
+      const ncclResult_t rc = ncclCommInitRankConfig(&comms_[i], world_, id, first_ + static_cast<int>(i), &config);
+      if (rc != ncclSuccess && rc != ncclInProgress) {
+        (void)ncclGroupEnd();
+        abort_all();
+        detail::nccl_check(rc, "ncclCommInitRankConfig");
+      }
+    }
+    const ncclResult_t rc = ncclGroupEnd();
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      abort_all();
+      detail::nccl_check(rc, "ncclGroupEnd (communicator creation)");
+    }
+    // Setting up takes NCCL up to seconds (more across nodes): a short collective timeout, chosen for
+    // a step's collectives, must not fail it.
+    const auto limit = std::max<std::chrono::milliseconds>(meeting_.options().timeout, init_timeout);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (std::size_t i = 0; i < comms_.size(); ++i) {
+      for (auto pause = std::chrono::microseconds(50);; pause = std::min(pause * 2, std::chrono::microseconds(10000))) {
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t q = ncclCommGetAsyncError(comms_[i], &state);
+        if (q != ncclSuccess) state = q;
+        if (state == ncclSuccess) break;
+        if (state != ncclInProgress) {
+          const std::string msg = detail::nccl_message(state, "creating the NCCL communicator", comms_[i]);
+          abort_all();
+          throw nccl_error(state, msg + " on " + devices_[i].name());
+        }
+        if (std::chrono::steady_clock::now() >= deadline) {
+          abort_all();
+          throw collective_timeout("distribute: creating the NCCL communicators of ranks " + std::to_string(first_) + ".." +
+                                   std::to_string(first_ + local_size() - 1) + " of " + std::to_string(world_) +
+                                   " timed out after " + std::to_string(limit.count()) +
+                                   " ms (did every worker start and reach the strategy's construction?)");
+        }
+        std::this_thread::sleep_for(pause);
+      }
+    }
+    broken_.store(false, std::memory_order_release);
+  }
+
+  void mark_broken() noexcept { broken_.store(true, std::memory_order_release); }
+
+  void abort_all() noexcept {
+    for (auto& c : comms_) {
+      if (c != nullptr) (void)ncclCommAbort(c);
+      c = nullptr;
+    }
+  }
+
+  // Flushes and destroys the communicators; gives up on flushing after a while (then aborts).
+  void destroy(bool graceful) noexcept {
+    if (graceful) {
+      // One thread finalising several communicators of one clique: in one group, so that their
+      // flushes progress together.
+      std::vector<bool> finalizing(comms_.size(), false);
+      (void)ncclGroupStart();
+      for (std::size_t i = 0; i < comms_.size(); ++i) {
+        if (comms_[i] == nullptr) continue;
+        const ncclResult_t rc = ncclCommFinalize(comms_[i]);
+        finalizing[i] = rc == ncclSuccess || rc == ncclInProgress;
+      }
+      (void)ncclGroupEnd();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      for (std::size_t i = 0; i < comms_.size(); ++i) {
+        if (!finalizing[i]) continue;
+        ncclResult_t state = ncclInProgress;
+        while (ncclCommGetAsyncError(comms_[i], &state) == ncclSuccess && state == ncclInProgress &&
+               std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (state == ncclSuccess && ncclCommDestroy(comms_[i]) == ncclSuccess) comms_[i] = nullptr;
+      }
+    }
+    abort_all();
+  }
+
+  std::vector<cuda> devices_;
+  int first_;
+  int world_;
+  bool owns_bootstrap_;
+  detail::gpu_meeting meeting_;
+  std::vector<detail::host_staging> staging_;
+  std::vector<distribute::detail::device_allocation> flags_;  // the buffer of `barrier`
+  std::vector<ncclComm_t> comms_;
+  std::atomic<bool> broken_{false};
+};
+
+// One GPU replica's endpoint of an `nccl_group`: rank() and size() count every replica in sync (of
+// every process). Cheap to copy; the group must outlive it.
+class nccl {
+ public:
+  // NCCL takes at most 2048 operations between ncclGroupStart and ncclGroupEnd.
+  static constexpr std::size_t max_fused_buffers = 2048;
+
+  nccl(nccl_group& group, int local) : g_{&group}, local_{local} {
+    if (local < 0 || local >= group.local_size())
+      throw std::invalid_argument("distribute: local rank " + std::to_string(local) + " is not in an NCCL group of " +
+                                  std::to_string(group.local_size()) + " devices");
+  }
+
+  int rank() const noexcept { return g_->first_ + local_; }
+  int size() const noexcept { return g_->world_; }
+  const cuda& device() const { return g_->device(local_); }
+  ncclComm_t native_handle() const { return g_->native_handle(local_); }
+
+  template <element T>
+  void all_reduce(reduce_op op, std::span<T> buf) {
+    const std::span<T> one[1] = {buf};
+    all_reduce(op, std::span<const std::span<T>>(one));
+  }
+
+  // Several buffers in one NCCL group call: NCCL fuses them.
+  template <element T>
+  void all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
+    if (bufs.size() > max_fused_buffers)
+      throw std::invalid_argument("distribute: an NCCL all_reduce fuses at most " + std::to_string(max_fused_buffers) +
+                                  " buffers in one group call, got " + std::to_string(bufs.size()) +
+                                  " (use smaller gradient buckets)");
+    std::size_t total = 0;
+    for (auto b : bufs) total += b.size();
+    const auto guard = current();
+    auto& st = staging();
+    st.begin(total * sizeof(T), bufs.size());
+    std::vector<detail::segment> segs;
+    segs.reserve(bufs.size());
+    for (auto b : bufs) segs.push_back({st.stage(b.data(), b.size_bytes(), true, true, stream(), "all_reduce"), b.size()});
+    detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
+                         .segs = segs.data(), .n_segs = segs.size()};
+    collective(
+        d,
+        [&] {
+          for (const auto& s : segs)
+            if (s.size != 0)
+              detail::nccl_check(ncclAllReduce(s.data, s.data, s.size, detail::nccl_type<T>(), detail::nccl_op(op), comm(), stream()),
+                                 "ncclAllReduce", comm());
+        },
+        [&] {
+          if (op == reduce_op::mean)
+            for (const auto& s : segs) detail::launch_divide(static_cast<T*>(s.data), s.size, size(), device().index(), stream());
+        });
+  }
+
+  template <element T>
+  void reduce_scatter(reduce_op op, std::span<const T> in, std::span<T> out) {
+    detail::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
+    const auto guard = current();
+    auto& st = staging();
+    st.begin(in.size_bytes() + out.size_bytes());
+    const void* din = st.stage(in.data(), in.size_bytes(), true, false, stream(), "reduce_scatter");
+    void* dout = st.stage(out.data(), out.size_bytes(), false, true, stream(), "reduce_scatter");
+    detail::descriptor d{.kind = detail::collective_kind::reduce_scatter, .type = dtype_of<T>, .op = op,
+                         .count = in.size(), .out_count = out.size(), .in = din, .out = dout};
+    collective(
+        d,
+        [&] {
+          if (!out.empty())
+            detail::nccl_check(ncclReduceScatter(din, dout, out.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm(), stream()),
+                               "ncclReduceScatter", comm());
+        },
+        [&] {
+          if (op == reduce_op::mean) detail::launch_divide(static_cast<T*>(dout), out.size(), size(), device().index(), stream());
+        });
+  }
+
+  template <element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    detail::check_block_sizes("all_gather", out.size(), in.size(), size());
+    const auto guard = current();
+    auto& st = staging();
+    st.begin(in.size_bytes() + out.size_bytes());
+    const void* din = st.stage(in.data(), in.size_bytes(), true, false, stream(), "all_gather");
+    void* dout = st.stage(out.data(), out.size_bytes(), false, true, stream(), "all_gather");
+    detail::descriptor d{.kind = detail::collective_kind::all_gather, .type = dtype_of<T>, .count = in.size(),
+                         .out_count = out.size(), .in = din, .out = dout};
+    collective(
+        d,
+        [&] {
+          if (!in.empty())
+            detail::nccl_check(ncclAllGather(din, dout, in.size(), detail::nccl_type<T>(), comm(), stream()), "ncclAllGather", comm());
+        },
+        [] {});
+  }
+
+  template <element T>
+  void broadcast(std::span<T> buf, int root) {
+    detail::check_root(root, size());
+    const auto guard = current();
+    auto& st = staging();
+    st.begin(buf.size_bytes());
+    detail::segment seg{st.stage(buf.data(), buf.size_bytes(), rank() == root, rank() != root, stream(), "broadcast"), buf.size()};
+    detail::descriptor d{.kind = detail::collective_kind::broadcast, .type = dtype_of<T>, .root = root,
+                         .count = buf.size(), .segs = &seg, .n_segs = 1};
+    collective(
+        d,
+        [&] {
+          if (!buf.empty())
+            detail::nccl_check(ncclBroadcast(seg.data, seg.data, buf.size(), detail::nccl_type<T>(), root, comm(), stream()),
+                               "ncclBroadcast", comm());
+        },
+        [] {});
+  }
+
+  // A one-element all-reduce: every replica's queued work has finished before any leaves.
+  void barrier() {
+    const auto guard = current();
+    int* flag = static_cast<int*>(g_->flags_[static_cast<std::size_t>(local_)].get());
+    collective(
+        detail::descriptor{.kind = detail::collective_kind::barrier},
+        [&] { detail::nccl_check(ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm(), stream()), "ncclAllReduce (barrier)", comm()); },
+        [] {});
+  }
+
+ private:
+  ncclComm_t comm() const { return g_->comms_[static_cast<std::size_t>(local_)]; }
+  detail::host_staging& staging() const noexcept { return g_->staging_[static_cast<std::size_t>(local_)]; }
+  cudaStream_t stream() const { return device().stream(); }
+  distribute::detail::device_guard current() const { return distribute::detail::device_guard(device().index()); }
+
+  // Meet (in this process), issue, wait until NCCL has queued the work, queue what follows it, wait
+  // until the stream has run it all; poll for errors and give up at the deadline throughout.
+  template <class Issue, class Then>
+  void collective(const detail::descriptor& d, Issue&& issue, Then&& then) {
+    if (g_->broken())
+      throw collective_aborted("distribute: the NCCL communicators were aborted by an earlier failure; " +
+                               std::string(g_->owns_bootstrap_ ? "the strategy rebuilds them at its next step"
+                                                               : "create the strategy again on every worker"));
+    auto& meeting = g_->meeting_;
+    const std::uint64_t seq = meeting.meet(local_, d);
+    const auto deadline = std::chrono::steady_clock::now() + meeting.options().timeout;
+    auto give_up = [&](bool timed_out) {
+      g_->mark_broken();
+      (void)ncclCommAbort(comm());
+      g_->comms_[static_cast<std::size_t>(local_)] = nullptr;
+      if (!timed_out) meeting.fail_aborted(local_, d, seq);
+      meeting.fail_waiting(local_, d, seq,
+                           "did not complete within " + std::to_string(meeting.options().timeout.count()) +
+                               " ms (a replica of another process may have failed, died, or called a different "
+                               "collective); the NCCL communicator was aborted");
+    };
+    auto nccl_state = [&] {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t q = ncclCommGetAsyncError(comm(), &state);
+      if (q != ncclSuccess) state = q;
+      if (state != ncclSuccess && state != ncclInProgress) {
+        const std::string msg = detail::nccl_message(state, detail::describe(d).c_str(), comm());
+        g_->mark_broken();
+        (void)ncclCommAbort(comm());
+        g_->comms_[static_cast<std::size_t>(local_)] = nullptr;
+        const nccl_error error(state, msg + " on replica " + std::to_string(rank()));
+        meeting.abort(std::make_exception_ptr(error), error.what());
+        throw error;
+      }
+      return state;
+    };
+    try {
+      detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
+      try {
+        issue();
+      } catch (...) {
+        (void)ncclGroupEnd();
+        throw;
+      }
+      detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm());
+    } catch (const nccl_error& e) {
+      meeting.abort(std::current_exception(), e.what());
+      throw;
+    }
+    detail::wait_for_gpu([&] { return nccl_state() == ncclSuccess; }, &meeting, deadline, give_up);
+    then();
+    detail::wait_for_gpu(
+        [&] {
+          nccl_state();
+          const cudaError_t q = cudaStreamQuery(stream());
+          if (q == cudaErrorNotReady) return false;
+          distribute::detail::cuda_check(q, "cudaStreamQuery", device().index());
+          return true;
+        },
+        &meeting, deadline, give_up);
+    // Only now: a copy into pageable host memory blocks the host until the stream reaches it, which
+    // must not be behind an NCCL kernel that may never finish.
+    if (staging().finish(stream()))
+      distribute::detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", device().index());
+  }
+
+  nccl_group* g_;
+  int local_;
+};
+
+inline nccl nccl_group::endpoint(int local) { return nccl(*this, local); }
+
+}  // namespace comm
+}  // namespace distribute

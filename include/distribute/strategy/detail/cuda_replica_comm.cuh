@@ -1,0 +1,118 @@
+#pragma once
+// The communicators the GPU strategies hand their replicas.
+//
+// `cuda_solo`: a group of one on a GPU (one_device_strategy<cuda>, run_on_primary). Reductions are
+// no-ops that compile away, as with comm::local; the copies of all_gather and reduce_scatter go
+// through cudaMemcpy, because the buffers may be device memory, which comm::local would dereference
+// on the host.
+//
+// `cuda_replica`: one replica of mirrored_strategy<cuda>, on whichever engine the strategy chose when
+// it was built (NCCL for one replica per GPU, cuda_peer for logical replicas sharing a GPU). One type
+// for both keeps `replica_type` independent of the devices the user passes at run time.
+
+#include <distribute/comm/cuda_peer.cuh>
+#include <distribute/comm/detail/check.hpp>
+#include <distribute/config.hpp>
+#include <distribute/device/cuda.cuh>
+#include <distribute/dtype.hpp>
+#include <distribute/reduce_op.hpp>
+#if DISTRIBUTE_HAS_NCCL
+#  include <distribute/comm/nccl.cuh>
+#endif
+
+#include <cuda_runtime.h>
+
+#include <span>
+#include <variant>
+
+namespace distribute::comm {
+
+class cuda_solo {
+ public:
+  cuda_solo() = default;
+  explicit cuda_solo(cudaStream_t stream) : stream_{stream} {}
+
+  constexpr int rank() const noexcept { return 0; }
+  constexpr int size() const noexcept { return 1; }
+
+  template <element T>
+  void all_reduce(reduce_op, std::span<T>) noexcept {}
+  template <element T>
+  void all_reduce(reduce_op, std::span<const std::span<T>>) noexcept {}
+  template <element T>
+  void reduce_scatter(reduce_op, std::span<const T> in, std::span<T> out) {
+    detail::check_block_sizes("reduce_scatter", in.size(), out.size(), 1);
+    copy(in, out);
+  }
+  template <element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    detail::check_block_sizes("all_gather", out.size(), in.size(), 1);
+    copy(in, out);
+  }
+  template <element T>
+  void broadcast(std::span<T>, int root) {
+    detail::check_root(root, 1);
+  }
+  void barrier() noexcept {}
+
+ private:
+  template <class T>
+  void copy(std::span<const T> in, std::span<T> out) {
+    if (in.empty() || in.data() == out.data()) return;
+    // Any pair of host and device memory: the runtime tells them apart by address.
+    distribute::detail::cuda_check(cudaMemcpyAsync(out.data(), in.data(), in.size_bytes(), cudaMemcpyDefault, stream_),
+                                   "cudaMemcpyAsync");
+    distribute::detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+class cuda_replica {
+ public:
+  explicit cuda_replica(cuda_peer e) : e_{e} {}
+#if DISTRIBUTE_HAS_NCCL
+  explicit cuda_replica(nccl e) : e_{e} {}
+#endif
+
+  int rank() const noexcept {
+    return std::visit([](const auto& e) { return e.rank(); }, e_);
+  }
+  int size() const noexcept {
+    return std::visit([](const auto& e) { return e.size(); }, e_);
+  }
+  // Whether this replica's collectives run on NCCL (else on cuda_peer kernels).
+  bool uses_nccl() const noexcept { return e_.index() == 1; }
+
+  template <element T>
+  void all_reduce(reduce_op op, std::span<T> buf) {
+    std::visit([&](auto& e) { e.all_reduce(op, buf); }, e_);
+  }
+  template <element T>
+  void all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
+    std::visit([&](auto& e) { e.all_reduce(op, bufs); }, e_);
+  }
+  template <element T>
+  void reduce_scatter(reduce_op op, std::span<const T> in, std::span<T> out) {
+    std::visit([&](auto& e) { e.reduce_scatter(op, in, out); }, e_);
+  }
+  template <element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    std::visit([&](auto& e) { e.all_gather(in, out); }, e_);
+  }
+  template <element T>
+  void broadcast(std::span<T> buf, int root) {
+    std::visit([&](auto& e) { e.broadcast(buf, root); }, e_);
+  }
+  void barrier() {
+    std::visit([](auto& e) { e.barrier(); }, e_);
+  }
+
+ private:
+#if DISTRIBUTE_HAS_NCCL
+  std::variant<cuda_peer, nccl> e_;
+#else
+  std::variant<cuda_peer> e_;
+#endif
+};
+
+}  // namespace distribute::comm

@@ -1,0 +1,548 @@
+#pragma once
+// multi_worker_mirrored_strategy<cuda, comm::nccl>: many processes (workers, started by mpirun or
+// srun), each driving one or more GPUs with a replica thread per GPU, all joined by one NCCL
+// communicator that spans the job. NCCL is itself hierarchical (NVLink/NVLS inside a node, the
+// network between nodes), so one communicator across all GPUs is the GPU form of the CPU strategy's
+// in-process stage + cross-process stage. MPI only bootstraps it: rank 0 makes the NCCL unique id and
+// MPI_Bcast gives it to every worker; `reduce`, `gather` and `broadcast` of host values go over MPI.
+//
+//   mpirun -np 8 ./train            one GPU per worker: node-local rank k takes cuda:k
+//   multi_worker_mirrored_strategy<cuda, comm::nccl> s{argc, argv, {.devices = {0, 1}}};  two GPUs
+//
+// Replicas are numbered across the job (worker w holds replicas first(w) ...), and
+// `num_replicas_in_sync()` counts them all; per-replica and mirrored values hold this worker's.
+// `reduce` and `gather` combine every replica's value in replica order (bit-identical on every worker
+// and to a single process holding every replica).
+//
+// Failure semantics: within a worker, as mirrored_strategy<cuda>. Across workers, a worker that
+// fails or dies leaves the others' NCCL collectives without a partner: they give up at their
+// deadline (or at once, when the failing worker aborted its communicator) with collective_timeout or
+// nccl_error, never hang. With several workers, a failed step leaves the communicator unusable for
+// the whole job: this strategy then refuses further work, and the job restarts from a checkpoint.
+
+#include <distribute/collective_options.hpp>
+#include <distribute/comm/nccl.cuh>
+#include <distribute/concepts/strategy.hpp>
+#include <distribute/config.hpp>
+#include <distribute/detail/digest.hpp>
+#include <distribute/device/cuda.cuh>
+#include <distribute/errors.hpp>
+#include <distribute/per_replica.hpp>
+#include <distribute/strategy/detail/cuda_replica_comm.cuh>
+#include <distribute/strategy/detail/replica_pool.hpp>
+#include <distribute/strategy/detail/strategy_base.hpp>
+#include <distribute/strategy/detail/worker_replica_context.hpp>
+#include <distribute/strategy/multi_worker_mirrored_strategy.hpp>
+#include <distribute/tensor/cuda_tensor.cuh>
+
+#if !DISTRIBUTE_HAS_MPI
+#  error "multi_worker_mirrored_strategy<cuda, nccl> needs MPI to bootstrap NCCL (link distribute::mpi)"
+#endif
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace distribute {
+
+struct multi_worker_cuda_options {
+  // This worker's GPUs, by ordinal. Empty: one GPU, the node-local rank modulo the visible GPUs.
+  std::vector<int> devices{};
+  // How long a replica waits in a collective (and the job in NCCL's set-up) before it gives up.
+  collective_options collectives{};
+};
+
+namespace detail {
+
+inline void mpi_check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw collective_error(std::string("distribute: ") + call + " failed: " + std::string(text, static_cast<std::size_t>(len)));
+}
+
+// Initialises MPI if nobody has, and finalises it at exit if it did.
+inline void ensure_mpi(int* argc, char*** argv) {
+  int initialised = 0;
+  mpi_check(MPI_Initialized(&initialised), "MPI_Initialized");
+  if (initialised) return;
+  int provided = 0;
+  mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  struct finaliser {
+    ~finaliser() {
+      int done = 0;
+      MPI_Finalized(&done);
+      if (!done) MPI_Finalize();
+    }
+  };
+  static finaliser at_exit;
+}
+
+// Every worker's `bytes` of data, concatenated in worker order; `offsets[w]` is where worker w's
+// start, `offsets[workers]` the total.
+inline std::vector<unsigned char> all_gather_bytes(MPI_Comm comm, const void* mine, std::size_t bytes,
+                                                   std::vector<std::size_t>& offsets) {
+  int workers = 0;
+  mpi_check(MPI_Comm_size(comm, &workers), "MPI_Comm_size");
+  const long long own = static_cast<long long>(bytes);
+  std::vector<long long> sizes(static_cast<std::size_t>(workers));
+  mpi_check(MPI_Allgather(&own, 1, MPI_LONG_LONG, sizes.data(), 1, MPI_LONG_LONG, comm), "MPI_Allgather");
+  std::vector<int> counts(static_cast<std::size_t>(workers)), displs(static_cast<std::size_t>(workers));
+  offsets.assign(static_cast<std::size_t>(workers) + 1, 0);
+  for (int w = 0; w < workers; ++w) {
+    const auto i = static_cast<std::size_t>(w);
+    if (sizes[i] > INT32_MAX - static_cast<long long>(offsets[i]))
+      throw std::length_error("distribute: a multi-worker gather above 2 GiB goes through the replicas' collectives");
+    counts[i] = static_cast<int>(sizes[i]);
+    displs[i] = static_cast<int>(offsets[i]);
+    offsets[i + 1] = offsets[i] + static_cast<std::size_t>(sizes[i]);
+  }
+  std::vector<unsigned char> out(offsets.back());
+  mpi_check(MPI_Allgatherv(mine, static_cast<int>(bytes), MPI_BYTE, out.data(), counts.data(), displs.data(), MPI_BYTE, comm),
+            "MPI_Allgatherv");
+  return out;
+}
+
+template <class T>
+inline constexpr bool is_cuda_tensor_v = false;
+template <class E>
+inline constexpr bool is_cuda_tensor_v<tensor<E, cuda>> = true;
+
+}  // namespace detail
+
+template <>
+class multi_worker_mirrored_strategy<cuda, comm::nccl> {
+ public:
+  static constexpr std::size_t extent = std::dynamic_extent;
+  using device_type = cuda;
+  using communicator_type = comm::nccl;
+  using replica_type = detail::worker_replica_context<cuda, comm::nccl>;
+  using primary_replica_type = replica_context<cuda, comm::cuda_solo>;
+  template <class T>
+  using per_replica_type = per_replica<T>;
+  template <class T>
+  using mirrored_type = mirrored<T>;
+
+  multi_worker_mirrored_strategy() : multi_worker_mirrored_strategy(multi_worker_cuda_options{}) {}
+  explicit multi_worker_mirrored_strategy(multi_worker_cuda_options options) : multi_worker_mirrored_strategy(nullptr, nullptr, std::move(options)) {}
+  // Initialises MPI with the program's arguments (the launcher may pass some), if not already.
+  multi_worker_mirrored_strategy(int& argc, char**& argv, multi_worker_cuda_options options = {})
+      : multi_worker_mirrored_strategy(&argc, &argv, std::move(options)) {}
+
+  int num_replicas_in_sync() const noexcept { return st_->group->world_size(); }
+  int num_local_replicas() const noexcept { return st_->group->local_size(); }
+  int worker_index() const noexcept { return st_->worker; }
+  int num_workers() const noexcept { return st_->workers; }
+  bool is_chief() const noexcept { return worker_index() == 0; }
+  int first_replica_id() const noexcept { return st_->group->first_rank(); }
+  std::span<const cuda> devices() const noexcept { return st_->devices; }
+  // The MPI communicator of the workers (a duplicate of MPI_COMM_WORLD), for the program's own use
+  // between steps.
+  MPI_Comm mpi_communicator() const noexcept { return st_->mpi; }
+
+  template <class F, class... A>
+  auto run(F&& fn, A&&... args) {
+    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
+    state& st = *st_;
+    check_usable("run");
+    if (st.in_step.exchange(true))
+      throw std::logic_error("distribute: multi_worker_mirrored_strategy<cuda, nccl>::run called while a step of the same "
+                             "strategy is running");
+    struct release {
+      std::atomic<bool>& flag;
+      ~release() { flag.store(false); }
+    } guard{st.in_step};
+    (check_argument(args), ...);
+    auto& meeting = st.group->meeting();
+    meeting.reset();
+    const auto n = st.devices.size();
+    std::vector<std::optional<std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>>> results(
+        std::is_void_v<R> ? 0 : n);
+    auto job = [&](int rank) noexcept {
+      const auto r = static_cast<std::size_t>(rank);
+      const cuda& dev = st.devices[r];
+      try {
+        const detail::device_guard current(dev.index());
+        if constexpr (std::is_void_v<R>) {
+          std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...);
+        } else {
+          results[r].emplace(std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...));
+        }
+        dev.synchronize();
+        meeting.depart(rank);
+      } catch (...) {
+        meeting.fail(rank, std::current_exception());
+        int previous = 0;
+        (void)cudaGetDevice(&previous);
+        (void)cudaSetDevice(dev.index());
+        (void)cudaStreamSynchronize(dev.stream());
+        (void)cudaGetLastError();
+        (void)cudaSetDevice(previous);
+      }
+    };
+    st.pool.run(job);
+    if (auto failure = meeting.first_failure()) {
+      leave_job(failure);
+      std::rethrow_exception(failure);
+    }
+    if constexpr (!std::is_void_v<R>) {
+      std::vector<std::decay_t<R>> values;
+      values.reserve(n);
+      for (auto& v : results) values.push_back(std::move(*v));
+      return per_replica<std::decay_t<R>>(std::move(values));
+    }
+  }
+
+  template <class F, class... A>
+  decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    const cuda& dev = st_->devices[0];
+    const detail::device_guard current(dev.index());
+    primary_replica_type r{dev, comm::cuda_solo{dev.stream()}};
+    return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
+  }
+
+  // Every replica's value of every worker, reduced in replica order; the same bits on every worker.
+  template <detail::arithmetic T, std::size_t E>
+  T reduce(reduce_op op, const per_replica<T, E>& values) const {
+    const auto all = gather(values);
+    T acc = all[0];
+    for (std::size_t i = 1; i < all.size(); ++i) acc = detail::combine(op, acc, all[i]);
+    return detail::finish(op, acc, static_cast<int>(all.size()));
+  }
+  template <detail::arithmetic_sequence S, std::size_t E>
+  auto reduce(reduce_op op, const per_replica<S, E>& values) const {
+    using T = std::ranges::range_value_t<S>;
+    check_count(values.size(), "reduce");
+    const std::size_t len = std::ranges::size(values[0]);
+    for (const auto& v : values)
+      if (std::ranges::size(v) != len)
+        throw std::invalid_argument("distribute: reduce needs equal sizes on every replica; got " + std::to_string(len) +
+                                    " and " + std::to_string(std::ranges::size(v)));
+    const auto all = gather(values);
+    if (all.size() != len * static_cast<std::size_t>(num_replicas_in_sync()))
+      throw std::invalid_argument("distribute: reduce needs equal sizes on every replica of every worker; this worker's have " +
+                                  std::to_string(len) + " elements");
+    std::vector<T> acc(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(len));
+    for (std::size_t r = 1; r < static_cast<std::size_t>(num_replicas_in_sync()); ++r)
+      for (std::size_t j = 0; j < len; ++j) acc[j] = detail::combine(op, acc[j], all[r * len + j]);
+    for (auto& x : acc) x = detail::finish(op, x, num_replicas_in_sync());
+    return acc;
+  }
+
+  // Every replica's value of every worker, in replica order; the same on every worker.
+  template <detail::arithmetic T, std::size_t E>
+  std::vector<T> gather(const per_replica<T, E>& values, int axis = 0) const {
+    check_count(values.size(), "gather");
+    check_axis(axis);
+    const std::vector<T> mine(values.begin(), values.end());
+    return gather_elements(mine);
+  }
+  template <detail::arithmetic_sequence S, std::size_t E>
+  auto gather(const per_replica<S, E>& values, int axis = 0) const {
+    using T = std::ranges::range_value_t<S>;
+    check_count(values.size(), "gather");
+    check_axis(axis);
+    std::vector<T> mine;
+    for (const auto& v : values) mine.insert(mine.end(), std::ranges::begin(v), std::ranges::end(v));
+    return gather_elements(mine);
+  }
+
+  template <class T, std::size_t E>
+  std::span<const T, E> local_results(const per_replica<T, E>& values) const {
+    check_count(values.size(), "local_results");
+    return values.values();
+  }
+
+  // This worker's replicas' shares of a GLOBAL batch (the same on every worker).
+  template <class T>
+  per_replica<std::vector<T>> scatter(std::span<const T> batch, std::size_t example_size = 1) const {
+    if (example_size == 0 || batch.size() % example_size != 0)
+      throw std::invalid_argument("distribute: scatter got " + std::to_string(batch.size()) +
+                                  " elements, not a whole number of examples of " + std::to_string(example_size));
+    const auto total = static_cast<std::size_t>(num_replicas_in_sync());
+    const auto first = static_cast<std::size_t>(first_replica_id());
+    const std::size_t examples = batch.size() / example_size;
+    return make<per_replica<std::vector<T>>>([&](std::size_t r) {
+      const auto k = first + r;
+      const auto from = batch.begin() + static_cast<std::ptrdiff_t>(detail::share_offset(examples, total, k) * example_size);
+      return std::vector<T>(from, from + static_cast<std::ptrdiff_t>(detail::share_of(examples, total, k) * example_size));
+    });
+  }
+  template <std::ranges::contiguous_range B>
+    requires std::ranges::sized_range<B>
+  auto scatter(const B& batch, std::size_t example_size = 1) const {
+    using T = std::remove_cv_t<std::ranges::range_value_t<B>>;
+    return scatter(std::span<const T>(std::ranges::data(batch), std::ranges::size(batch)), example_size);
+  }
+
+  template <class F>
+    requires std::invocable<F&, int>
+  auto values_from_function(F&& fn) const {
+    using T = std::decay_t<std::invoke_result_t<F&, int>>;
+    return make<per_replica<T>>([&](std::size_t r) { return std::invoke(fn, first_replica_id() + static_cast<int>(r)); });
+  }
+
+  // One copy of `factory(device)` per local replica, then replica 0's copy sent to every replica of
+  // the job: identical copies even if the factory is not deterministic.
+  template <class F>
+  auto mirror(F&& factory) {
+    static_assert(std::invocable<F&, cuda&>, "distribute: mirror(factory) calls factory(device&) once per replica");
+    using T = std::decay_t<std::invoke_result_t<F&, cuda&>>;
+    auto copies = make<mirrored<T>>([&](std::size_t r) { return std::invoke(factory, st_->devices[r]); });
+    broadcast(copies, 0);
+    return copies;
+  }
+
+  // Makes every copy on every worker equal to replica `from`'s (a replica id of the job). CUDA
+  // tensors (of one shape everywhere) go over NCCL; trivially copyable values and contiguous
+  // sequences of them over MPI.
+  template <class T, std::size_t E>
+  void broadcast(mirrored<T, E>& value, int from = 0) const {
+    check_count(value.size(), "broadcast");
+    if (from < 0 || from >= num_replicas_in_sync())
+      throw std::invalid_argument("distribute: broadcast from replica " + std::to_string(from) + " of " +
+                                  std::to_string(num_replicas_in_sync()));
+    if constexpr (detail::is_cuda_tensor_v<T>) {
+      // A step of its own: every replica joins the NCCL broadcast. The strategy's state is shared, so
+      // this is a const operation on the strategy as the concept has it.
+      const_cast<multi_worker_mirrored_strategy&>(*this).run([from](auto& r, T& t) { r.broadcast(t.values(), from); }, value);
+    } else {
+      static_assert(std::is_trivially_copyable_v<T> || detail::contiguous_state<T>,
+                    "distribute: broadcast between GPU workers supports CUDA tensors, trivially copyable values and "
+                    "contiguous sequences of trivially copyable elements");
+      check_usable("broadcast");
+      const int owner = worker_of(from);
+      if (owner == worker_index() && from != first_replica_id())
+        value[0] = value[static_cast<std::size_t>(from - first_replica_id())];
+      if (num_workers() > 1) {
+        if constexpr (std::is_trivially_copyable_v<T>) {
+          detail::mpi_check(MPI_Bcast(&value[0], static_cast<int>(sizeof(T)), MPI_BYTE, owner, st_->mpi), "MPI_Bcast");
+        } else {
+          using V = std::ranges::range_value_t<T>;
+          long long n = static_cast<long long>(std::ranges::size(value[0]));
+          detail::mpi_check(MPI_Bcast(&n, 1, MPI_LONG_LONG, owner, st_->mpi), "MPI_Bcast");
+          if constexpr (requires { value[0].resize(std::size_t{}); }) value[0].resize(static_cast<std::size_t>(n));
+          if (static_cast<long long>(std::ranges::size(value[0])) != n)
+            throw std::invalid_argument("distribute: broadcast of a fixed-size sequence of a different size");
+          detail::mpi_check(MPI_Bcast(std::ranges::data(value[0]), static_cast<int>(n * static_cast<long long>(sizeof(V))),
+                                      MPI_BYTE, owner, st_->mpi),
+                            "MPI_Bcast");
+        }
+      }
+      for (std::size_t r = 1; r < value.size(); ++r) value[r] = value[0];
+    }
+  }
+
+  template <class T, std::size_t E>
+  void verify_mirrored(const mirrored<T, E>& value) const {
+    static_assert(detail::digestible<T>,
+                  "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
+                  "copyable elements, or to have a member `std::uint64_t state_digest() const`");
+    check_count(value.size(), "verify_mirrored");
+    std::vector<std::uint64_t> mine;
+    for (const auto& v : value) mine.push_back(detail::digest_of(v));
+    const auto all = gather_elements(mine);
+    std::string differ;
+    for (std::size_t r = 1; r < all.size(); ++r)
+      if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (!differ.empty())
+      throw mirrored_divergence("distribute: mirrored copies differ from replica 0's on replica(s) " + differ);
+  }
+
+  // Re-batches a dataset of GLOBAL batches into this worker's per-replica batches, with the worker
+  // index and count filled in for sharding: see <distribute/data/distribute.hpp>.
+  template <class Ds, class Options = data::distribute_options>
+  auto distribute(const Ds& dataset, Options options) const {
+    static_assert(requires { sizeof(data::distributor<Ds, extent>); },
+                  "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    fill_worker(options, "distribute");
+    return data::distributor<Ds, extent>::distribute(dataset, static_cast<std::size_t>(num_local_replicas()), options);
+  }
+  template <class Ds, class Options = data::distribute_options>
+  auto distribute(const Ds& dataset) const {
+    static_assert(requires { sizeof(Options); }, "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    return distribute(dataset, Options{});
+  }
+
+ private:
+  struct state {
+    explicit state(multi_worker_cuda_options o)
+        : options{std::move(o)}, pool(static_cast<int>(options.devices.empty() ? 1 : options.devices.size())) {}
+    ~state() {
+      if (mpi != MPI_COMM_NULL) {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Comm_free(&mpi);
+      }
+    }
+    multi_worker_cuda_options options;
+    MPI_Comm mpi = MPI_COMM_NULL;
+    int worker = 0, workers = 1;
+    std::vector<int> first_of;  // first replica id of each worker, and the total at the end
+    std::vector<detail::owned_stream> streams;
+    std::vector<cuda> devices;
+    std::unique_ptr<comm::nccl_group> group;
+    std::vector<replica_type> replicas;
+    std::atomic<bool> in_step{false};
+    std::string failure;
+    detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
+  };
+
+  multi_worker_mirrored_strategy(int* argc, char*** argv, multi_worker_cuda_options options) {
+    detail::ensure_mpi(argc, argv);
+    std::vector<int> ordinals = options.devices;
+    MPI_Comm world = MPI_COMM_NULL;
+    detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
+    const int visible = cuda_device_count();
+    // Every worker reaches every MPI call below: a worker that cannot start says why, and the others
+    // learn of it from the vote instead of waiting in a collective it will never join.
+    MPI_Comm node = MPI_COMM_NULL;
+    detail::mpi_check(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int local_rank = 0;
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_free(&node);
+    std::string problem;
+    if (visible == 0) problem = "found no CUDA device on this worker";
+    else if (ordinals.empty()) ordinals.push_back(local_rank % visible);
+    for (std::size_t i = 0; i < ordinals.size() && problem.empty(); ++i) {
+      const int d = ordinals[i];
+      if (d < 0 || d >= visible)
+        problem = "was given cuda:" + std::to_string(d) + ", but " + std::to_string(visible) + " CUDA device(s) are visible";
+      else if (std::find(ordinals.begin(), ordinals.begin() + static_cast<std::ptrdiff_t>(i), d) != ordinals.begin() + static_cast<std::ptrdiff_t>(i))
+        problem = "was given cuda:" + std::to_string(d) + " twice (NCCL takes one rank per GPU)";
+    }
+    int mine_ok = problem.empty() ? 1 : 0, all_ok = 0;
+    detail::mpi_check(MPI_Allreduce(&mine_ok, &all_ok, 1, MPI_INT, MPI_MIN, world), "MPI_Allreduce");
+    if (!all_ok) {
+      int me = 0;
+      MPI_Comm_rank(world, &me);
+      MPI_Comm_free(&world);
+      if (!problem.empty())
+        throw std::invalid_argument("distribute: multi_worker_mirrored_strategy<cuda, nccl> on worker " + std::to_string(me) +
+                                    " " + problem);
+      throw std::runtime_error("distribute: multi_worker_mirrored_strategy<cuda, nccl>: another worker could not start "
+                               "(it reports why)");
+    }
+    options.devices = ordinals;
+    st_ = std::make_unique<state>(std::move(options));
+    state& st = *st_;
+    st.mpi = world;
+    detail::mpi_check(MPI_Comm_rank(world, &st.worker), "MPI_Comm_rank");
+    detail::mpi_check(MPI_Comm_size(world, &st.workers), "MPI_Comm_size");
+    // Replica numbering across the job, then the NCCL id from worker 0.
+    const int local = static_cast<int>(ordinals.size());
+    std::vector<int> counts(static_cast<std::size_t>(st.workers));
+    detail::mpi_check(MPI_Allgather(&local, 1, MPI_INT, counts.data(), 1, MPI_INT, world), "MPI_Allgather");
+    st.first_of.assign(1, 0);
+    for (int c : counts) st.first_of.push_back(st.first_of.back() + c);
+    ncclUniqueId id{};
+    if (st.worker == 0) id = comm::nccl_group::new_unique_id();
+    detail::mpi_check(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, world), "MPI_Bcast (NCCL unique id)");
+    for (int d : ordinals) st.streams.emplace_back(d);
+    for (std::size_t r = 0; r < ordinals.size(); ++r) st.devices.push_back(cuda{ordinals[r]}.on(st.streams[r].get()));
+    st.group = std::make_unique<comm::nccl_group>(st.devices, id, st.first_of[static_cast<std::size_t>(st.worker)],
+                                                  st.first_of.back(), st.options.collectives);
+    for (int r = 0; r < local; ++r)
+      st.replicas.emplace_back(st.devices[static_cast<std::size_t>(r)], st.group->endpoint(r), r, st.worker);
+  }
+
+  // Sharding by worker needs the same number of replicas on every worker.
+  template <class Options>
+  void fill_worker(Options& options, const char* op) const {
+    if (num_workers() == 1) return;
+    const auto& first = st_->first_of;
+    for (int w = 1; w < num_workers(); ++w)
+      if (first[static_cast<std::size_t>(w) + 1] - first[static_cast<std::size_t>(w)] != first[1])
+        throw std::invalid_argument(std::string("distribute: ") + op +
+                                    " shards a global batch evenly over workers with the same number of GPUs; worker " +
+                                    std::to_string(w) + " differs from worker 0 (use scatter for uneven workers)");
+    options.num_workers = static_cast<std::size_t>(num_workers());
+    options.worker_index = static_cast<std::size_t>(worker_index());
+  }
+
+  int worker_of(int replica) const {
+    int w = 0;
+    while (st_->first_of[static_cast<std::size_t>(w) + 1] <= replica) ++w;
+    return w;
+  }
+
+  template <class T>
+  std::vector<T> gather_elements(const std::vector<T>& mine) const {
+    check_usable("gather");
+    std::vector<std::size_t> offsets;
+    const auto bytes = detail::all_gather_bytes(st_->mpi, mine.data(), mine.size() * sizeof(T), offsets);
+    std::vector<T> out(bytes.size() / sizeof(T));
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+
+  // A failed step leaves the job's NCCL communicator unusable: abort it here, so that the other
+  // workers' collectives fail now instead of at their deadline, and refuse further work.
+  void leave_job(const std::exception_ptr& failure) {
+    state& st = *st_;
+    // One worker: the failures the meeting caught left the communicators intact, and NCCL's own
+    // failures mark them broken (collectives then say so); nothing else waits on this process.
+    if (num_workers() == 1 || !st.failure.empty()) return;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      st.failure = e.what();
+    } catch (...) {
+      st.failure = "an exception not derived from std::exception";
+    }
+    st.group->abort_all_for_failure();
+  }
+
+  void check_usable(const char* op) const {
+    if (!st_->failure.empty())
+      throw collective_aborted(std::string("distribute: ") + op + " on worker " + std::to_string(worker_index()) +
+                               " cannot run: a step failed and the job's NCCL communicator is gone (" + st_->failure +
+                               "); restart the job from a checkpoint");
+  }
+
+  template <class A>
+  void check_argument(const A& a) const {
+    if constexpr (replica_indexed<A>) check_count(a.size(), "run");
+  }
+
+  template <class V, class F>
+  V make(F&& make_one) const {
+    return detail::make_replica_values<V>(static_cast<std::size_t>(num_local_replicas()), make_one);
+  }
+
+  void check_count(std::size_t n, const char* op) const {
+    const auto expected = static_cast<std::size_t>(num_local_replicas());
+    if (n != expected)
+      throw std::invalid_argument(std::string("distribute: ") + op + " got a value for " + std::to_string(n) +
+                                  " replicas; this worker has " + std::to_string(expected) +
+                                  " (per-replica values hold a worker's own replicas)");
+  }
+
+  static void check_axis(int axis) {
+    if (axis != 0)
+      throw std::invalid_argument("distribute: gather of flat sequences concatenates along axis 0, got axis " +
+                                  std::to_string(axis));
+  }
+
+  std::unique_ptr<state> st_;
+};
+
+static_assert(strategy<multi_worker_mirrored_strategy<cuda, comm::nccl>>);
+
+}  // namespace distribute

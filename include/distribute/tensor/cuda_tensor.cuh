@@ -1,0 +1,304 @@
+#pragma once
+// The owning tensor of a CUDA device: the same shape vocabulary and NCHW layout as `tensor<T, cpu>`,
+// with its storage in device memory. Its elements cannot be touched from the host: `data()` and
+// `values()` name device memory, for kernels, cuDNN and collectives (a collective given a span of
+// device memory works on it in place). Host values go in and out through explicit copies
+// (`from_host`, `to_host`, `copy_from_host`, `copy_to_host`) and, for input batches, through a
+// `pinned_staging` area, whose copies overlap the replica's work.
+//
+// Copies stay on their device: copy-constructing copies onto the source's device, and assigning
+// copies the values into the target's own device (a default-constructed target takes the source's).
+// That is what `broadcast` of mirrored state needs: every replica's copy keeps living on its GPU.
+
+#include <distribute/detail/digest.hpp>
+#include <distribute/device/cuda.cuh>
+#include <distribute/tensor/shape.hpp>
+#include <distribute/tensor/tensor.hpp>
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace distribute {
+
+namespace detail {
+
+// Device memory of one GPU, freed on that GPU.
+class device_allocation {
+ public:
+  device_allocation() = default;
+  device_allocation(int ordinal, std::size_t bytes) : ordinal_{ordinal}, bytes_{bytes} {
+    if (bytes == 0) return;
+    device_guard g(ordinal);
+    cuda_check(cudaMalloc(&ptr_, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str(), ordinal);
+  }
+  device_allocation(device_allocation&& o) noexcept
+      : ordinal_{o.ordinal_}, bytes_{std::exchange(o.bytes_, 0)}, ptr_{std::exchange(o.ptr_, nullptr)} {}
+  device_allocation& operator=(device_allocation&& o) noexcept {
+    if (this != &o) {
+      release();
+      ordinal_ = o.ordinal_;
+      bytes_ = std::exchange(o.bytes_, 0);
+      ptr_ = std::exchange(o.ptr_, nullptr);
+    }
+    return *this;
+  }
+  ~device_allocation() { release(); }
+
+  void* get() const noexcept { return ptr_; }
+  std::size_t bytes() const noexcept { return bytes_; }
+  int ordinal() const noexcept { return ordinal_; }
+
+ private:
+  void release() noexcept {
+    if (ptr_ == nullptr) return;
+    int previous = 0;
+    (void)cudaGetDevice(&previous);
+    (void)cudaSetDevice(ordinal_);
+    (void)cudaFree(ptr_);
+    (void)cudaSetDevice(previous);
+    ptr_ = nullptr;
+  }
+  int ordinal_ = 0;
+  std::size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+// Page-locked host memory: host<->device copies from it are DMA transfers that can run asynchronously.
+class pinned_allocation {
+ public:
+  pinned_allocation() = default;
+  explicit pinned_allocation(std::size_t bytes) : bytes_{bytes} {
+    if (bytes != 0) cuda_check(cudaMallocHost(&ptr_, bytes), ("cudaMallocHost of " + std::to_string(bytes) + " bytes").c_str());
+  }
+  pinned_allocation(pinned_allocation&& o) noexcept : bytes_{std::exchange(o.bytes_, 0)}, ptr_{std::exchange(o.ptr_, nullptr)} {}
+  pinned_allocation& operator=(pinned_allocation&& o) noexcept {
+    if (this != &o) {
+      if (ptr_) (void)cudaFreeHost(ptr_);
+      bytes_ = std::exchange(o.bytes_, 0);
+      ptr_ = std::exchange(o.ptr_, nullptr);
+    }
+    return *this;
+  }
+  ~pinned_allocation() {
+    if (ptr_) (void)cudaFreeHost(ptr_);
+  }
+  void* get() const noexcept { return ptr_; }
+  std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  std::size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+}  // namespace detail
+
+// NCHW, dense, row-major, in the memory of one GPU. Work (fills, copies) is queued on the device's
+// stream; the host-facing copies wait for it, so they return with the data in place.
+template <class T>
+class tensor<T, cuda> {
+  static_assert(std::is_trivially_copyable_v<T>, "distribute: a CUDA tensor holds trivially copyable elements");
+
+ public:
+  using value_type = T;
+  using device_type = cuda;
+  static constexpr distribute::layout layout = distribute::layout::nchw;
+
+  tensor() = default;
+  // Zero-filled, on `device`.
+  explicit tensor(distribute::shape s, cuda device = {}) : device_{device}, shape_{s}, storage_{allocate(device, s)} {
+    if (!empty()) {
+      detail::device_guard g(device_.index());
+      detail::cuda_check(cudaMemsetAsync(data(), 0, bytes(), device_.stream()), "cudaMemsetAsync", device_.index());
+      device_.synchronize();
+    }
+  }
+  // The values of a host tensor, uploaded to `device`.
+  static tensor from_host(const tensor<T, cpu>& host, cuda device = {}) {
+    tensor t(host.shape(), device, uninitialised{});
+    t.copy_from_host(host.values());
+    return t;
+  }
+  static tensor from_host(distribute::shape s, std::span<const T> values, cuda device = {}) {
+    tensor t(s, device, uninitialised{});
+    t.copy_from_host(values);
+    return t;
+  }
+
+  tensor(const tensor& o) : device_{o.device_}, shape_{o.shape_}, storage_{allocate(o.device_, o.shape_)} {
+    copy_device_values(o);
+  }
+  tensor& operator=(const tensor& o) {
+    if (this == &o) return *this;
+    if (storage_.get() == nullptr && !o.empty()) device_ = o.device_;
+    if (size() != o.size() || (storage_.get() == nullptr && !o.empty())) storage_ = allocate(device_, o.shape_);
+    shape_ = o.shape_;
+    copy_device_values(o);
+    return *this;
+  }
+  tensor(tensor&&) noexcept = default;
+  tensor& operator=(tensor&&) noexcept = default;
+
+  const cuda& device() const noexcept { return device_; }
+  const distribute::shape& shape() const noexcept { return shape_; }
+  std::size_t size() const noexcept { return static_cast<std::size_t>(shape_.numel()); }
+  std::size_t bytes() const noexcept { return size() * sizeof(T); }
+  bool empty() const noexcept { return size() == 0; }
+  // Device memory.
+  T* data() noexcept { return static_cast<T*>(storage_.get()); }
+  const T* data() const noexcept { return static_cast<const T*>(storage_.get()); }
+  // A span over device memory: hand it to collectives and kernels, never dereference it on the host.
+  std::span<T> values() noexcept { return {data(), size()}; }
+  std::span<const T> values() const noexcept { return {data(), size()}; }
+
+  // Host -> device. `host` must hold exactly size() elements. Returns once the values are on the GPU.
+  void copy_from_host(std::span<const T> host) {
+    check_host_size(host.size(), "copy_from_host");
+    if (empty()) return;
+    detail::device_guard g(device_.index());
+    detail::cuda_check(cudaMemcpyAsync(data(), host.data(), bytes(), cudaMemcpyHostToDevice, device_.stream()),
+                       "cudaMemcpyAsync (host to device)", device_.index());
+    device_.synchronize();
+  }
+  // Device -> host. Returns once the values are in `host`.
+  void copy_to_host(std::span<T> host) const {
+    check_host_size(host.size(), "copy_to_host");
+    if (empty()) return;
+    detail::device_guard g(device_.index());
+    detail::cuda_check(cudaMemcpyAsync(host.data(), data(), bytes(), cudaMemcpyDeviceToHost, device_.stream()),
+                       "cudaMemcpyAsync (device to host)", device_.index());
+    device_.synchronize();
+  }
+  std::vector<T> to_vector() const {
+    std::vector<T> v(size());
+    copy_to_host(v);
+    return v;
+  }
+  tensor<T, cpu> to_host() const { return tensor<T, cpu>(shape_, to_vector()); }
+
+  void fill_zero() {
+    if (empty()) return;
+    detail::device_guard g(device_.index());
+    detail::cuda_check(cudaMemsetAsync(data(), 0, bytes(), device_.stream()), "cudaMemsetAsync", device_.index());
+  }
+  // Keeps the storage when the element count is unchanged; otherwise reallocates (contents undefined).
+  void resize(distribute::shape s) {
+    if (s.numel() != shape_.numel()) storage_ = allocate(device_, s);
+    shape_ = s;
+  }
+  void reshape(distribute::shape s) {
+    if (s.numel() != shape_.numel())
+      throw std::invalid_argument("distribute: cannot reshape " + shape_.to_string() + " to " + s.to_string());
+    shape_ = s;
+  }
+
+  // For verify_mirrored: a digest of the values (copied to the host; a debug check, not a fast path).
+  std::uint64_t state_digest() const {
+    const auto v = to_vector();
+    std::uint64_t h = detail::fnv1a(&shape_, 0);
+    for (std::size_t i = 0; i < shape_.rank(); ++i) {
+      const std::int64_t e = shape_[i];
+      h = detail::fnv1a(&e, sizeof e, h);
+    }
+    return detail::fnv1a(v.data(), v.size() * sizeof(T), h);
+  }
+
+ private:
+  struct uninitialised {};
+  tensor(distribute::shape s, cuda device, uninitialised) : device_{device}, shape_{s}, storage_{allocate(device, s)} {}
+
+  static detail::device_allocation allocate(const cuda& device, const distribute::shape& s) {
+    return detail::device_allocation(device.index(), static_cast<std::size_t>(s.numel()) * sizeof(T));
+  }
+
+  void check_host_size(std::size_t n, const char* op) const {
+    if (n != size())
+      throw std::invalid_argument(std::string("distribute: ") + op + " of a CUDA tensor of shape " + shape_.to_string() +
+                                  " needs " + std::to_string(size()) + " elements, got " + std::to_string(n));
+  }
+
+  // Same device: an ordinary copy on this tensor's stream, after the source's stream has finished
+  // writing it. Different devices: a peer copy (staged by the driver when there is no peer access).
+  void copy_device_values(const tensor& o) {
+    if (o.empty()) return;
+    o.device_.synchronize();
+    detail::device_guard g(device_.index());
+    if (o.device_.index() == device_.index()) {
+      detail::cuda_check(cudaMemcpyAsync(data(), o.data(), bytes(), cudaMemcpyDeviceToDevice, device_.stream()),
+                         "cudaMemcpyAsync (device to device)", device_.index());
+    } else {
+      detail::cuda_check(cudaMemcpyPeerAsync(data(), device_.index(), o.data(), o.device_.index(), bytes(), device_.stream()),
+                         "cudaMemcpyPeerAsync", device_.index());
+    }
+    device_.synchronize();
+  }
+
+  cuda device_{};
+  distribute::shape shape_{};
+  detail::device_allocation storage_;
+};
+
+// Double-buffered pinned host memory for moving input batches to a GPU. `upload` copies the host
+// batch into page-locked memory and queues the DMA transfer on the device's stream, then returns: the
+// transfer overlaps whatever the host does next (preparing the following batch). Work queued later on
+// the same stream sees the data. A buffer is reused only after its previous transfer has finished.
+template <class T>
+class pinned_staging {
+ public:
+  explicit pinned_staging(cuda device) : device_{device} {
+    detail::device_guard g(device.index());
+    for (auto& e : done_) detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", device.index());
+  }
+  pinned_staging(const pinned_staging&) = delete;
+  pinned_staging& operator=(const pinned_staging&) = delete;
+  ~pinned_staging() {
+    for (auto e : done_) {
+      if (e == nullptr) continue;
+      (void)cudaEventSynchronize(e);
+      (void)cudaEventDestroy(e);
+    }
+  }
+
+  const cuda& device() const noexcept { return device_; }
+
+  // Queues `host` -> `dst` (same element count). `dst` must be on this staging's device.
+  void upload(std::span<const T> host, tensor<T, cuda>& dst) {
+    if (host.size() != dst.size())
+      throw std::invalid_argument("distribute: pinned upload of " + std::to_string(host.size()) +
+                                  " elements into a CUDA tensor of shape " + dst.shape().to_string());
+    if (dst.device().index() != device_.index())
+      throw std::invalid_argument("distribute: pinned upload for " + device_.name() + " into a tensor on " + dst.device().name());
+    if (host.empty()) return;
+    const std::size_t k = next_;
+    next_ ^= 1;
+    detail::cuda_check(cudaEventSynchronize(done_[k]), "cudaEventSynchronize", device_.index());
+    const std::size_t bytes = host.size() * sizeof(T);
+    if (buffers_[k].bytes() < bytes) buffers_[k] = detail::pinned_allocation(bytes);
+    std::memcpy(buffers_[k].get(), host.data(), bytes);
+    detail::device_guard g(device_.index());
+    detail::cuda_check(cudaMemcpyAsync(dst.data(), buffers_[k].get(), bytes, cudaMemcpyHostToDevice, device_.stream()),
+                       "cudaMemcpyAsync (pinned to device)", device_.index());
+    detail::cuda_check(cudaEventRecord(done_[k], device_.stream()), "cudaEventRecord", device_.index());
+  }
+  // Waits until every queued upload has landed.
+  void wait() const {
+    for (auto e : done_) detail::cuda_check(cudaEventSynchronize(e), "cudaEventSynchronize", device_.index());
+  }
+
+ private:
+  cuda device_;
+  std::array<detail::pinned_allocation, 2> buffers_;
+  std::array<cudaEvent_t, 2> done_{};
+  std::size_t next_ = 0;
+};
+
+}  // namespace distribute

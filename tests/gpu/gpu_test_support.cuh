@@ -1,0 +1,105 @@
+#pragma once
+// Helpers shared by the GPU tests: the strategies the typed tests run under, half-precision test
+// values, and moving replica data between host vectors and device tensors. The element values, the
+// serial reference and the bit comparison are the core tests' (tests/core/test_support.hpp).
+
+#include "../core/test_support.hpp"
+
+#include <distribute/comm/cuda_peer.cuh>
+#include <distribute/config.hpp>
+#include <distribute/device/cuda.cuh>
+#include <distribute/strategy/mirrored_strategy_cuda.cuh>
+#include <distribute/strategy/one_device_strategy_cuda.cuh>
+#include <distribute/tensor/cuda_tensor.cuh>
+#if DISTRIBUTE_HAS_NCCL
+#  include <distribute/comm/nccl.cuh>
+#endif
+#if DISTRIBUTE_HAS_NCCL && DISTRIBUTE_HAS_MPI
+#  include <distribute/strategy/multi_worker_mirrored_strategy_cuda.cuh>
+#endif
+
+#include <boost/mpl/list.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace distribute::test {
+
+// Strategy makers for the typed tests: each names a strategy and its replica count.
+struct one_gpu {
+  static constexpr int replicas = 1;
+  static constexpr const char* name = "one_device_strategy<cuda>";
+  static one_device_strategy<cuda> make(collective_options = {}) { return one_device_strategy<cuda>{cuda{0}}; }
+};
+// N logical replicas on cuda:0, reduced by the cuda_peer kernels.
+template <int N>
+struct peer_n {
+  static constexpr int replicas = N;
+  static constexpr const char* name = "mirrored_strategy<cuda> on cuda_peer";
+  static mirrored_strategy<cuda> make(collective_options o = {}) {
+    mirrored_strategy<cuda> s{cuda_replicas(N), o};
+    BOOST_REQUIRE(s.engine() == cuda_engine::cuda_peer);
+    return s;
+  }
+};
+// cuda:0 alone, through NCCL (a group of one rank).
+struct nccl_1 {
+  static constexpr int replicas = 1;
+  static constexpr const char* name = "mirrored_strategy<cuda> on NCCL";
+  static mirrored_strategy<cuda> make(collective_options o = {}) {
+    return mirrored_strategy<cuda>{{cuda{0}}, o, cuda_engine::nccl};
+  }
+};
+
+#if DISTRIBUTE_HAS_NCCL
+using gpu_strategies = boost::mpl::list<one_gpu, peer_n<1>, peer_n<2>, peer_n<3>, peer_n<4>, nccl_1>;
+using mirrored_gpu_strategies = boost::mpl::list<peer_n<1>, peer_n<2>, peer_n<3>, peer_n<4>, nccl_1>;
+#else
+using gpu_strategies = boost::mpl::list<one_gpu, peer_n<1>, peer_n<2>, peer_n<3>, peer_n<4>>;
+using mirrored_gpu_strategies = boost::mpl::list<peer_n<1>, peer_n<2>, peer_n<3>, peer_n<4>>;
+#endif
+
+// A test that needs several GPUs is skipped (reported so) on a machine with fewer.
+inline boost::test_tools::assertion_result at_least_two_gpus(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result r(cuda_device_count() >= 2);
+  r.message() << "needs two or more CUDA devices";
+  return r;
+}
+
+// Half-precision values chosen so that sums and products of up to four replicas stay exact in
+// float16 and bfloat16 alike (small integers; products of powers of two), so that every engine must
+// produce exactly the serial reference.
+template <class T>
+std::vector<T> half_values_for(int rank, std::size_t n, reduce_op op, std::uint32_t seed = 11) {
+  std::mt19937 gen(seed * 31u + static_cast<std::uint32_t>(rank) * 7919u + static_cast<std::uint32_t>(n));
+  std::vector<T> v(n);
+  for (auto& x : v) {
+    float f = 0;
+    if (op == reduce_op::prod) {
+      const float choices[] = {-2.0f, -1.0f, 0.5f, 1.0f, 2.0f};
+      f = choices[std::uniform_int_distribution<int>(0, 4)(gen)];
+    } else {
+      f = static_cast<float>(std::uniform_int_distribution<int>(-16, 16)(gen));
+    }
+    x = static_cast<T>(f);
+  }
+  return v;
+}
+
+template <class T>
+std::vector<float> as_floats(const std::vector<T>& v) {
+  std::vector<float> out;
+  out.reserve(v.size());
+  for (const auto& x : v) out.push_back(static_cast<float>(x));
+  return out;
+}
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace distribute::test

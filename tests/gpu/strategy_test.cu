@@ -1,0 +1,403 @@
+// The GPU strategies under the core semantic checks (tests/core/strategy_test.cpp and
+// failure_test.cpp): run, reduce, gather, scatter, mirror and broadcast of device state, data-parallel
+// equivalence; a throwing replica, a collective never joined, mismatched collectives, each a clear
+// error and never a hang, with the strategy usable afterwards.
+
+#include "gpu_test_support.cuh"
+
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+namespace dist = distribute;
+namespace dt = distribute::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// The core tests' least-squares model, with the weights in device memory and the batch uploaded per
+// replica: the mean squared error over the GLOBAL batch, gradients summed across replicas.
+template <dist::strategy S>
+std::vector<double> train_linear(S& s, int steps) {
+  const int features = 3, batch = 12;
+  std::vector<double> x(static_cast<std::size_t>(batch * features)), y(static_cast<std::size_t>(batch));
+  for (int i = 0; i < batch; ++i) {
+    for (int f = 0; f < features; ++f) x[static_cast<std::size_t>(i * features + f)] = std::sin(1.0 + i * 0.7 + f * 1.3);
+    y[static_cast<std::size_t>(i)] = 2.0 * x[static_cast<std::size_t>(i * features)] - x[static_cast<std::size_t>(i * features + 2)] + 0.5;
+  }
+  auto xs = s.scatter(x, features);
+  auto ys = s.scatter(y);
+  auto w = s.mirror([&](auto& d) { return dist::tensor<double, dist::cuda>(dist::shape{features + 1}, d); });
+  for (int step = 0; step < steps; ++step) {
+    s.run(
+        [&](dist::replica auto& r, const std::vector<double>& xl, const std::vector<double>& yl,
+            dist::tensor<double, dist::cuda>& wt) {
+          const auto wl = wt.to_vector();
+          std::vector<double> grad(features + 1, 0.0);
+          for (std::size_t i = 0; i < yl.size(); ++i) {
+            double pred = wl[features];
+            for (int f = 0; f < features; ++f) pred += wl[static_cast<std::size_t>(f)] * xl[i * features + static_cast<std::size_t>(f)];
+            const double err = (pred - yl[i]) * 2.0 / batch;
+            for (int f = 0; f < features; ++f) grad[static_cast<std::size_t>(f)] += err * xl[i * features + static_cast<std::size_t>(f)];
+            grad[features] += err;
+          }
+          auto g = dist::tensor<double, dist::cuda>::from_host(dist::shape{features + 1}, grad, r.device());
+          r.all_reduce(dist::reduce_op::sum, g.values());
+          const auto gs = g.to_vector();
+          std::vector<double> next(wl);
+          for (std::size_t k = 0; k < next.size(); ++k) next[k] -= 0.1 * gs[k];
+          wt.copy_from_host(next);
+        },
+        xs, ys, w);
+  }
+  s.verify_mirrored(w);
+  return w[0].to_vector();
+}
+
+// After any failure, the next step must run normally.
+template <class S>
+void check_usable(S& s) {
+  auto sums = s.run([](auto& r) {
+    dist::tensor<float, dist::cuda> v(dist::shape{1000}, r.device());
+    std::vector<float> ones(1000, 1.0f);
+    v.copy_from_host(ones);
+    r.all_reduce(dist::reduce_op::sum, v.values());
+    r.barrier();
+    return v.to_vector()[999];
+  });
+  for (float v : sums) BOOST_TEST(v == static_cast<float>(s.num_replicas_in_sync()));
+}
+
+template <class E, class S, class F>
+std::string expect_throw(S& s, F&& step) {
+  try {
+    s.run(step);
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    BOOST_FAIL("expected another exception type, got: " << e.what());
+  }
+  BOOST_FAIL("no exception thrown");
+  return {};
+}
+
+struct replica_failure : std::runtime_error {
+  explicit replica_failure(int id) : std::runtime_error("replica " + std::to_string(id) + " gave up") {}
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(strategy)
+
+BOOST_AUTO_TEST_CASE(the_gpu_strategies_model_the_concepts) {
+  static_assert(dist::strategy<dist::one_device_strategy<dist::cuda>>);
+  static_assert(dist::strategy<dist::mirrored_strategy<dist::cuda>>);
+  static_assert(dist::replica<dist::mirrored_strategy<dist::cuda>::replica_type>);
+  static_assert(dist::communicator<dist::comm::cuda_peer>);
+  static_assert(dist::communicator<dist::comm::cuda_solo>);
+  static_assert(dist::communicator<dist::comm::cuda_replica>);
+#if DISTRIBUTE_HAS_NCCL
+  static_assert(dist::communicator<dist::comm::nccl>);
+#endif
+  static_assert(dist::element<__half> && dist::element<__nv_bfloat16>);
+  BOOST_TEST(true);
+}
+
+BOOST_AUTO_TEST_CASE(engines_follow_the_device_list) {
+  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2)}.engine() == dist::cuda_engine::cuda_peer));
+  BOOST_CHECK_THROW((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2), {}, dist::cuda_engine::nccl}), std::invalid_argument);
+  BOOST_CHECK_THROW(dist::mirrored_strategy<dist::cuda>{std::vector<dist::cuda>{}}, std::invalid_argument);
+#if DISTRIBUTE_HAS_NCCL
+  dist::mirrored_strategy<dist::cuda> all;
+  BOOST_TEST((all.engine() == dist::cuda_engine::nccl));
+  BOOST_TEST(all.num_replicas_in_sync() == dist::cuda_device_count());
+#endif
+  // Every replica gets a stream of its own.
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(3)};
+  BOOST_TEST((s.devices()[0].stream() != s.devices()[1].stream()));
+  BOOST_TEST((s.devices()[0].stream() != nullptr));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(run_returns_one_result_per_replica_in_order, M, dt::gpu_strategies) {
+  auto s = M::make();
+  BOOST_TEST(s.num_replicas_in_sync() == M::replicas);
+  auto seen = s.run([](dist::replica auto& r) {
+    int current = -1;
+    (void)cudaGetDevice(&current);
+    return std::tuple{r.replica_id(), r.num_replicas(), r.device().index(), current};
+  });
+  BOOST_TEST(seen.size() == static_cast<std::size_t>(M::replicas));
+  for (int i = 0; i < M::replicas; ++i) {
+    const auto [id, n, ordinal, current] = seen[static_cast<std::size_t>(i)];
+    BOOST_TEST(id == i);
+    BOOST_TEST(n == M::replicas);
+    BOOST_TEST(current == ordinal);  // the replica's device is current on its thread
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(run_unwraps_per_replica_and_shares_other_arguments, M, dt::gpu_strategies) {
+  auto s = M::make();
+  auto parts = s.values_from_function([](int id) { return id * 100; });
+  const int shared = 7;
+  auto out = s.run([](auto&, int part, const int& common) { return part + common; }, parts, shared);
+  for (int i = 0; i < M::replicas; ++i) BOOST_TEST(out[static_cast<std::size_t>(i)] == i * 100 + 7);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_gather_and_scatter, M, dt::gpu_strategies) {
+  auto s = M::make();
+  auto vals = s.run([](dist::replica auto& r) { return static_cast<float>(r.replica_id() + 1); });
+  const float n = static_cast<float>(M::replicas);
+  BOOST_TEST(s.reduce(dist::reduce_op::sum, vals) == n * (n + 1) / 2);
+  BOOST_TEST(s.reduce(dist::reduce_op::mean, vals) == (n + 1) / 2);
+  BOOST_TEST(s.reduce(dist::reduce_op::max, vals) == n);
+  const auto g = s.gather(vals);
+  BOOST_TEST(g.size() == static_cast<std::size_t>(M::replicas));
+  std::vector<int> batch(10);
+  std::iota(batch.begin(), batch.end(), 0);
+  const auto parts = s.scatter(batch);
+  BOOST_TEST(s.gather(parts) == batch);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(mirrored_device_state_and_broadcast, M, dt::gpu_strategies) {
+  auto s = M::make();
+  auto w = s.mirror([](auto& d) {
+    return dist::tensor<float, dist::cuda>::from_host(dist::shape{2, 3}, std::vector<float>{1, 2, 3, 4, 5, 6}, d);
+  });
+  for (std::size_t r = 0; r < w.size(); ++r) BOOST_TEST((w[r].device() == s.devices()[r]));
+  s.verify_mirrored(w);
+  // An update on the primary only, then broadcast: the copies are identical again, each still on
+  // its own replica's device.
+  s.run_on_primary([](auto&, dist::tensor<float, dist::cuda>& t) { t.copy_from_host(std::vector<float>(6, 9.0f)); }, w);
+  if (M::replicas > 1) BOOST_CHECK_THROW(s.verify_mirrored(w), dist::mirrored_divergence);
+  s.broadcast(w, 0);
+  s.verify_mirrored(w);
+  for (std::size_t r = 0; r < w.size(); ++r) {
+    BOOST_TEST((w[r].device() == s.devices()[r]));
+    BOOST_TEST(w[r].to_vector() == std::vector<float>(6, 9.0f), boost::test_tools::per_element());
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(data_parallel_training_matches_one_device, M, dt::gpu_strategies) {
+  dist::one_device_strategy<dist::cuda> one;
+  const auto reference = train_linear(one, 25);
+  auto s = M::make();
+  const auto w = train_linear(s, 25);
+  for (std::size_t k = 0; k < w.size(); ++k) BOOST_TEST(w[k] == reference[k], boost::test_tools::tolerance(1e-9));
+}
+
+BOOST_AUTO_TEST_CASE(reductions_are_bit_identical_run_to_run) {
+  auto s = dt::peer_n<3>::make();
+  auto once = [&] {
+    auto out = s.run([](dist::replica auto& r) {
+      auto v = dt::values_for<float>(r.replica_id(), 70001, dist::reduce_op::sum);
+      r.all_reduce(dist::reduce_op::sum, v);
+      return v;
+    });
+    return out[1];
+  };
+  const auto first = once();
+  for (int i = 0; i < 5; ++i) BOOST_TEST(dt::bit_equal(once(), first));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(failure)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(a_throwing_replica_reaches_the_caller, M, dt::mirrored_gpu_strategies) {
+  auto s = M::make({.timeout = 60s});
+  const int bad = M::replicas - 1;
+  std::vector<std::string> released(static_cast<std::size_t>(M::replicas));
+  const auto start = std::chrono::steady_clock::now();
+  BOOST_CHECK_THROW(s.run([&](auto& r) {
+                      if (r.replica_id() == bad) throw replica_failure(bad);
+                      try {
+                        std::vector<float> v(100, 1.0f);
+                        r.all_reduce(dist::reduce_op::sum, v);
+                      } catch (const dist::collective_aborted& e) {
+                        released[static_cast<std::size_t>(r.replica_id())] = e.what();
+                        throw;
+                      }
+                    }),
+                    replica_failure);
+  BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
+  for (int i = 0; i < bad; ++i)
+    BOOST_TEST(dt::contains(released[static_cast<std::size_t>(i)], "failed: replica " + std::to_string(bad) + " gave up"),
+               released[static_cast<std::size_t>(i)]);
+  check_usable(s);
+}
+
+BOOST_AUTO_TEST_CASE(a_replica_that_skips_a_collective_is_reported_at_once) {
+  auto s = dt::peer_n<3>::make({.timeout = 60s});
+  const auto start = std::chrono::steady_clock::now();
+  const auto message = expect_throw<dist::collective_timeout>(s, [](auto& r) {
+    std::vector<float> v(16, 1.0f);
+    r.all_reduce(dist::reduce_op::sum, v);
+    if (r.replica_id() != 2) r.all_reduce(dist::reduce_op::sum, v);
+  });
+  BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
+  BOOST_TEST(dt::contains(message, "replica 2 finished the step without joining it"), message);
+  BOOST_TEST(dt::contains(message, "collective #2"), message);
+  check_usable(s);
+}
+
+BOOST_AUTO_TEST_CASE(a_collective_never_joined_times_out) {
+  const auto timeout = 300ms;
+  auto s = dt::peer_n<2>::make({.timeout = timeout});
+  const auto start = std::chrono::steady_clock::now();
+  const auto message = expect_throw<dist::collective_timeout>(s, [&](auto& r) {
+    if (r.replica_id() == 1) {
+      std::this_thread::sleep_for(3 * timeout);
+      return;
+    }
+    r.all_reduce(dist::reduce_op::sum, 1.0f);
+  });
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  BOOST_TEST((elapsed >= timeout));
+  BOOST_TEST((elapsed < timeout * 3 + 5s));
+  BOOST_TEST(dt::contains(message, "timed out after 300 ms"), message);
+  BOOST_TEST(dt::contains(message, "replica 1 never joined it"), message);
+  check_usable(s);
+}
+
+BOOST_AUTO_TEST_CASE(mismatched_sizes_and_ops_name_the_replicas) {
+  auto s = dt::peer_n<3>::make();
+  auto message = expect_throw<dist::collective_mismatch>(s, [](auto& r) {
+    dist::tensor<float, dist::cuda> v(dist::shape{r.replica_id() == 1 ? 1000 : 1024}, r.device());
+    r.all_reduce(dist::reduce_op::sum, v.values());
+  });
+  BOOST_TEST(dt::contains(message, "replicas 0, 2 called all_reduce(sum) of 1024 float32"), message);
+  BOOST_TEST(dt::contains(message, "replica 1 called all_reduce(sum) of 1000 float32"), message);
+  check_usable(s);
+  message = expect_throw<dist::collective_mismatch>(s, [](auto& r) {
+    std::vector<__half> v(8);
+    r.all_reduce(r.replica_id() == 0 ? dist::reduce_op::sum : dist::reduce_op::max, v);
+  });
+  BOOST_TEST(dt::contains(message, "all_reduce(sum) of 8 float16"), message);
+  BOOST_TEST(dt::contains(message, "all_reduce(max) of 8 float16"), message);
+  check_usable(s);
+}
+
+#if DISTRIBUTE_HAS_NCCL
+// Every GPU through NCCL: the host-side meeting catches a missing or mismatched replica before
+// anything is queued for NCCL, and the communicators keep working.
+BOOST_TEST_DECORATOR(*boost::unit_test::precondition(dt::at_least_two_gpus))
+BOOST_AUTO_TEST_CASE(nccl_replicas_time_out_and_mismatch_without_hanging) {
+  dist::mirrored_strategy<dist::cuda> s{dist::all_cuda_devices(), {.timeout = 300ms}};
+  auto message = expect_throw<dist::collective_timeout>(s, [](auto& r) {
+    if (r.replica_id() == 1) {
+      std::this_thread::sleep_for(1s);
+      return;
+    }
+    r.barrier();
+  });
+  BOOST_TEST(dt::contains(message, "replica 1 never joined it"), message);
+  check_usable(s);
+  message = expect_throw<dist::collective_mismatch>(s, [](auto& r) {
+    std::vector<float> v(r.replica_id() == 0 ? 10 : 11);
+    r.all_reduce(dist::reduce_op::sum, v);
+  });
+  BOOST_TEST(dt::contains(message, "replica 0 called all_reduce(sum) of 10 float32"), message);
+  check_usable(s);
+}
+#endif
+
+BOOST_AUTO_TEST_CASE(nested_run_is_refused) {
+  auto s = dt::peer_n<2>::make();
+  BOOST_CHECK_THROW(s.run([&](auto&) { s.run([](auto&) {}); }), std::logic_error);
+  check_usable(s);
+}
+
+BOOST_AUTO_TEST_CASE(a_cuda_error_in_a_replica_is_a_clear_exception) {
+  auto s = dt::peer_n<2>::make({.timeout = 60s});
+  try {
+    s.run([](auto& r) {
+      if (r.replica_id() == 0) dist::cuda{dist::cuda_device_count() + 3}.make_current();
+      r.barrier();
+    });
+    BOOST_FAIL("no exception");
+  } catch (const dist::cuda_error& e) {
+    BOOST_TEST(dt::contains(e.what(), "cudaSetDevice"), e.what());
+  }
+  check_usable(s);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+#if DISTRIBUTE_HAS_MPI && DISTRIBUTE_HAS_NCCL
+// One worker per process, one GPU per worker (node-local rank k on cuda:k). Run plainly it is a job of
+// one worker; ctest also runs it under mpiexec with two workers where there are two GPUs.
+BOOST_AUTO_TEST_SUITE(multi_worker)
+
+using mw = dist::multi_worker_mirrored_strategy<dist::cuda, dist::comm::nccl>;
+
+BOOST_AUTO_TEST_CASE(collectives_and_cross_replica_operations_span_the_job) {
+  mw s{dist::multi_worker_cuda_options{.collectives = {.timeout = 60s}}};
+  const int n = s.num_replicas_in_sync();
+  BOOST_TEST(n == s.num_workers() * s.num_local_replicas());
+  BOOST_TEST(s.first_replica_id() == s.worker_index());
+  auto sums = s.run([](dist::replica auto& r) {
+    auto t = dist::tensor<float, dist::cuda>::from_host(dist::shape{1000}, std::vector<float>(1000, static_cast<float>(r.replica_id() + 1)),
+                                                        r.device());
+    r.all_reduce(dist::reduce_op::sum, t.values());
+    std::vector<double> mean(3, static_cast<double>(r.replica_id()));
+    r.all_reduce(dist::reduce_op::mean, mean);
+    return std::pair{t.to_vector()[999], mean[2]};
+  });
+  BOOST_TEST(sums[0].first == static_cast<float>(n * (n + 1) / 2));
+  BOOST_TEST(sums[0].second == (n - 1) / 2.0);
+
+  const auto ids = s.values_from_function([](int id) { return id; });
+  BOOST_TEST(ids[0] == s.first_replica_id());
+  BOOST_TEST(s.reduce(dist::reduce_op::sum, ids) == n * (n - 1) / 2);
+  std::vector<int> everyone(static_cast<std::size_t>(n));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  BOOST_TEST(s.gather(ids) == everyone);
+
+  std::vector<int> batch(10);
+  std::iota(batch.begin(), batch.end(), 0);
+  const auto mine = s.scatter(batch);
+  BOOST_TEST(s.gather(mine) == batch);
+
+  // Worker-dependent initial values: mirror makes them replica 0's everywhere.
+  auto w = s.mirror([&](auto& d) {
+    return dist::tensor<float, dist::cuda>::from_host(dist::shape{4}, std::vector<float>(4, static_cast<float>(s.worker_index())), d);
+  });
+  s.verify_mirrored(w);
+  BOOST_TEST(w[0].to_vector() == std::vector<float>(4, 0.0f), boost::test_tools::per_element());
+  s.run_on_primary([&](auto&, dist::tensor<float, dist::cuda>& t) { t.copy_from_host(std::vector<float>(4, 5.0f)); }, w);
+  s.broadcast(w, n - 1);
+  s.verify_mirrored(w);
+  BOOST_TEST(w[0].to_vector() == std::vector<float>(4, 5.0f), boost::test_tools::per_element());
+
+  // A dataset of global batches of 8 integers: each worker gets its replicas' shares of each batch.
+  std::size_t seen = 0;
+  for (auto&& batch : s.distribute(dist::data::range(8 * 3 * s.num_workers()).batch(8 * s.num_workers()))) {
+    BOOST_TEST(batch.size() == 1u);
+    seen += batch[0].size();
+  }
+  BOOST_TEST(seen == 24u);
+
+  auto host_state = s.mirror([&](auto&) { return std::vector<double>(3, 1.0 + s.worker_index()); });
+  s.verify_mirrored(host_state);
+  BOOST_TEST(host_state[0] == std::vector<double>(3, 1.0), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(a_throwing_replica_leaves_a_single_worker_usable) {
+  mw s{dist::multi_worker_cuda_options{.collectives = {.timeout = 60s}}};
+  if (s.num_workers() > 1) return;  // several workers: a failed step ends the job by design
+  BOOST_CHECK_THROW(s.run([](auto& r) {
+                      if (r.replica_id() == 0) throw std::runtime_error("replica 0 gave up");
+                    }),
+                    std::runtime_error);
+  auto v = s.run([](auto& r) { return r.all_reduce(dist::reduce_op::sum, 2.0f); });
+  BOOST_TEST(v[0] == 2.0f);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+#endif
