@@ -23,6 +23,7 @@
 
 #include <distribute/strategy/mirrored_strategy.hpp>
 #include <distribute/strategy/one_device_strategy.hpp>
+#include <distribute/strategy/placement.hpp>
 
 // Workers in processes joined by MPI; present when <mpi.h> is on the include path (link
 // distribute::mpi).

@@ -1,0 +1,267 @@
+#pragma once
+// CycleGAN's networks, written as user code against the library's layers: a ResNet generator
+// (c7s1-f, d2f, d4f, R4f x blocks, u2f, uf, c7s1-C, tanh; reflection padding, instance norm) and a
+// PatchGAN discriminator (4x4 convolutions, LeakyReLU 0.2, LSGAN output per patch). Both are scaled
+// by their options; with the reference's 64 filters, 9 blocks and 3 layers they are the reference's
+// networks. Every member that computes is a template on the replica, so the same model runs under
+// any strategy.
+
+#include <distribute/nn.hpp>
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+namespace cyclegan {
+
+namespace dist = distribute;
+namespace nn = distribute::nn;
+using tensor = dist::tensor<float>;
+
+// A run-time count of identical blocks (residual blocks, discriminator stages): the layer list of
+// nn::sequential is a type, the count of these comes from the command line.
+template <class Block>
+class repeated {
+ public:
+  using scalar_type = float;
+
+  repeated() = default;
+  explicit repeated(std::vector<Block> blocks) : blocks_(std::move(blocks)) {}
+
+  template <class R>
+  tensor forward(R& r, const tensor& x) {
+    tensor y = x;
+    for (auto& b : blocks_) y = b.forward(r, y);
+    return y;
+  }
+  template <class R>
+  tensor backward(R& r, const tensor& dy) {
+    tensor d = dy;
+    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) d = it->backward(r, d);
+    return d;
+  }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    for (auto& b : blocks_) b.for_each_parameter(f);
+  }
+  template <class F>
+  void for_each_buffer(F&& f) {
+    for (auto& b : blocks_)
+      if constexpr (requires { b.for_each_buffer(f); }) b.for_each_buffer(f);
+  }
+  void zero_grad() {
+    for (auto& b : blocks_) b.zero_grad();
+  }
+  void set_training(bool on) {
+    for (auto& b : blocks_) b.set_training(on);
+  }
+
+ private:
+  std::vector<Block> blocks_;
+};
+
+// The discriminator's normalisation, chosen on the command line: instance norm (the reference's),
+// batch norm (each replica's own statistics) or SyncBatchNorm (the global batch's statistics).
+enum class norm_kind { instance, batch, sync_batch };
+
+inline norm_kind parse_norm(const std::string& s) {
+  if (s == "instance") return norm_kind::instance;
+  if (s == "batch") return norm_kind::batch;
+  if (s == "sync_batch") return norm_kind::sync_batch;
+  throw std::invalid_argument("--norm must be instance, batch or sync_batch, not '" + s + "'");
+}
+inline const char* name_of(norm_kind k) {
+  return k == norm_kind::instance ? "instance" : k == norm_kind::batch ? "batch" : "sync_batch";
+}
+
+class norm_layer {
+ public:
+  using scalar_type = float;
+
+  norm_layer(norm_kind kind, std::int64_t channels, std::uint64_t seed) : v_{make(kind, channels, seed)} {}
+
+  template <class R>
+  tensor forward(R& r, const tensor& x) {
+    return std::visit([&](auto& n) { return n.forward(r, x); }, v_);
+  }
+  template <class R>
+  tensor backward(R& r, const tensor& dy) {
+    return std::visit([&](auto& n) { return n.backward(r, dy); }, v_);
+  }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    std::visit([&](auto& n) { n.for_each_parameter(f); }, v_);
+  }
+  template <class F>
+  void for_each_buffer(F&& f) {
+    std::visit([&](auto& n) {
+      if constexpr (requires { n.for_each_buffer(f); }) n.for_each_buffer(f);
+    }, v_);
+  }
+  void zero_grad() {
+    std::visit([](auto& n) { n.zero_grad(); }, v_);
+  }
+  void set_training(bool on) {
+    std::visit([on](auto& n) { n.set_training(on); }, v_);
+  }
+
+ private:
+  using variant = std::variant<nn::instance_norm<float>, nn::batch_norm<float>, nn::sync_batch_norm<float>>;
+  static variant make(norm_kind kind, std::int64_t channels, std::uint64_t seed) {
+    switch (kind) {
+      case norm_kind::instance: return nn::instance_norm<float>{{.channels = channels}, seed};
+      case norm_kind::batch: return nn::batch_norm<float>{{.channels = channels}, seed};
+      case norm_kind::sync_batch: return nn::sync_batch_norm<float>{{.channels = channels}, seed};
+    }
+    throw std::invalid_argument("unknown norm kind");
+  }
+  variant v_;
+};
+
+// Seeds of the sub-layers are derived from one seed, so a network is a pure function of its seed.
+inline std::uint64_t sub(std::uint64_t seed, std::uint64_t i) { return nn::detail::sub_seed(seed, i); }
+
+// CycleGAN's residual block, x + IN(conv3x3(relu(IN(conv3x3(x))))) with reflection padding, but
+// without the convolutions' biases: the instance norm right after each convolution subtracts the
+// plane's mean, so a bias there has no effect and a gradient that is zero up to rounding (which Adam,
+// dividing by its own running magnitude, would turn into full-size random steps).
+class residual {
+  using body_type = nn::sequential<nn::conv2d<float>, nn::instance_norm<float>, nn::relu<float>, nn::conv2d<float>,
+                                   nn::instance_norm<float>>;
+
+ public:
+  using scalar_type = float;
+
+  residual(std::int64_t channels, std::uint64_t seed)
+      : body_{nn::conv2d<float>{conv(channels), sub(seed, 0)}, nn::instance_norm<float>{{.channels = channels}, sub(seed, 1)},
+              nn::relu<float>{}, nn::conv2d<float>{conv(channels), sub(seed, 2)},
+              nn::instance_norm<float>{{.channels = channels}, sub(seed, 3)}} {}
+
+  template <class R>
+  tensor forward(R& r, const tensor& x) {
+    tensor y = body_.forward(r, x);
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] += x[i];
+    return y;
+  }
+  template <class R>
+  tensor backward(R& r, const tensor& dy) {
+    tensor dx = body_.backward(r, dy);
+    for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dy[i];
+    return dx;
+  }
+  template <class F>
+  void for_each_parameter(F&& f) { body_.for_each_parameter(f); }
+  void zero_grad() { body_.zero_grad(); }
+  void set_training(bool on) { body_.set_training(on); }
+
+ private:
+  static nn::conv2d_options conv(std::int64_t c) {
+    return {.in_channels = c, .out_channels = c, .kernel = 3, .stride = 1, .padding = 1, .pad_mode = nn::padding_mode::reflect,
+            .bias = false};
+  }
+  body_type body_;
+};
+
+struct generator_options {
+  std::int64_t channels = 1;  // image channels
+  std::int64_t filters = 16;  // the reference's 64
+  int blocks = 3;             // the reference's 9
+};
+
+// Every convolution that a normalisation follows has no bias (see `residual`); the last one has.
+inline auto make_generator(const generator_options& o, std::uint64_t seed) {
+  using nn::conv2d;
+  using nn::conv_transpose2d;
+  using nn::padding_mode;
+  const std::int64_t f = o.filters, c = o.channels;
+  std::vector<residual> blocks;
+  for (int i = 0; i < o.blocks; ++i) blocks.emplace_back(4 * f, sub(seed, 100 + static_cast<std::uint64_t>(i)));
+  auto in = [&](std::int64_t ch, std::uint64_t i) { return nn::instance_norm<float>{{.channels = ch}, sub(seed, i)}; };
+  return nn::sequential{
+      conv2d<float>{{.in_channels = c, .out_channels = f, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect, .bias = false}, sub(seed, 1)},
+      in(f, 2), nn::relu<float>{},
+      conv2d<float>{{.in_channels = f, .out_channels = 2 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 3)},
+      in(2 * f, 4), nn::relu<float>{},
+      conv2d<float>{{.in_channels = 2 * f, .out_channels = 4 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 5)},
+      in(4 * f, 6), nn::relu<float>{},
+      repeated<residual>{std::move(blocks)},
+      conv_transpose2d<float>{{.in_channels = 4 * f, .out_channels = 2 * f, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 7)},
+      in(2 * f, 8), nn::relu<float>{},
+      conv_transpose2d<float>{{.in_channels = 2 * f, .out_channels = f, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 9)},
+      in(f, 10), nn::relu<float>{},
+      conv2d<float>{{.in_channels = f, .out_channels = c, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect}, sub(seed, 11)},
+      nn::tanh<float>{}};
+}
+using generator = decltype(make_generator(generator_options{}, 0));
+
+struct discriminator_options {
+  std::int64_t channels = 1;
+  std::int64_t filters = 16;  // the reference's 64
+  int layers = 2;             // stride-2 layers; the reference's 3 collapses 28x28 to 1x1
+  norm_kind norm = norm_kind::instance;
+};
+
+// conv 4x4 -> norm -> LeakyReLU(0.2), one stage of the PatchGAN; no bias before the norm.
+class patch_stage {
+ public:
+  using scalar_type = float;
+
+  patch_stage(std::int64_t in, std::int64_t out, std::int64_t stride, norm_kind norm, std::uint64_t seed)
+      : conv_{{.in_channels = in, .out_channels = out, .kernel = 4, .stride = stride, .padding = 1, .bias = false}, sub(seed, 0)},
+        norm_{norm, out, sub(seed, 1)} {}
+
+  template <class R>
+  tensor forward(R& r, const tensor& x) { return act_.forward(r, norm_.forward(r, conv_.forward(r, x))); }
+  template <class R>
+  tensor backward(R& r, const tensor& dy) { return conv_.backward(r, norm_.backward(r, act_.backward(r, dy))); }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    conv_.for_each_parameter(f);
+    norm_.for_each_parameter(f);
+  }
+  template <class F>
+  void for_each_buffer(F&& f) { norm_.for_each_buffer(f); }
+  void zero_grad() {
+    conv_.zero_grad();
+    norm_.zero_grad();
+  }
+  void set_training(bool on) { norm_.set_training(on); }
+
+ private:
+  nn::conv2d<float> conv_;
+  norm_layer norm_;
+  nn::leaky_relu<float> act_{0.2f};
+};
+
+inline auto make_discriminator(const discriminator_options& o, std::uint64_t seed) {
+  if (o.layers < 1) throw std::invalid_argument("--d-layers must be at least 1");
+  std::vector<patch_stage> stages;
+  std::int64_t ch = o.filters;
+  // The first layer has no normalisation (the reference's); then stride-2 stages, then one stride-1.
+  for (int i = 1; i < o.layers; ++i) {
+    const std::int64_t next = o.filters * (std::int64_t{1} << std::min(i, 3));
+    stages.emplace_back(ch, next, 2, o.norm, sub(seed, 10 + static_cast<std::uint64_t>(i)));
+    ch = next;
+  }
+  const std::int64_t last = o.filters * (std::int64_t{1} << std::min(o.layers, 3));
+  stages.emplace_back(ch, last, 1, o.norm, sub(seed, 9));
+  return nn::sequential{
+      nn::conv2d<float>{{.in_channels = o.channels, .out_channels = o.filters, .kernel = 4, .stride = 2, .padding = 1}, sub(seed, 1)},
+      nn::leaky_relu<float>{0.2f},
+      repeated<patch_stage>{std::move(stages)},
+      nn::conv2d<float>{{.in_channels = last, .out_channels = 1, .kernel = 4, .stride = 1, .padding = 1}, sub(seed, 2)}};
+}
+using discriminator = decltype(make_discriminator(discriminator_options{}, 0));
+
+template <class M>
+std::int64_t parameter_count(M& m) {
+  std::int64_t n = 0;
+  m.for_each_parameter([&](auto v, auto) { n += static_cast<std::int64_t>(v.size()); });
+  return n;
+}
+
+}  // namespace cyclegan

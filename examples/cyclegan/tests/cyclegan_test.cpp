@@ -1,0 +1,370 @@
+// The CycleGAN example's tests: the placement tags, a smoke run of each placement, the placements'
+// agreement, bit-exact resume, and the classifier.
+#include "../classifier_training.hpp"
+#include "../program.hpp"
+
+#include <distribute/strategy/placement.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace dist = distribute;
+namespace fs = std::filesystem;
+using namespace cyclegan;
+
+namespace {
+
+const fs::path fmnist_dir{std::string(dist::data::fashion_mnist_default_dir)};
+
+// The tests read Fashion-MNIST from Debian's dataset-fashion-mnist; without it they are skipped.
+void require_data() {
+  if (!fs::exists(fmnist_dir / "train-images-idx3-ubyte.gz") && !fs::exists(fmnist_dir / "train-images-idx3-ubyte")) {
+    std::printf("Fashion-MNIST not found in %s (apt-get install dataset-fashion-mnist): skipped\n", fmnist_dir.c_str());
+    std::exit(77);
+  }
+}
+
+fs::path scratch(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("cyclegan_test_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  return p;
+}
+
+// A tiny CycleGAN: a few hundred steps of it would take seconds; the tests run a few.
+settings tiny(const std::string& name) {
+  settings st;
+  st.train.gen = {.channels = 1, .filters = 4, .blocks = 1};
+  st.train.disc = {.channels = 1, .filters = 4, .layers = 2};
+  st.train.batch = 2;
+  st.train.pool_size = 4;
+  st.steps = 4;
+  st.train_limit = 32;
+  st.eval_limit = 16;
+  st.samples = 2;
+  st.sample_every = 2;
+  st.out_dir = scratch(name);
+  st.quiet = true;
+  return st;
+}
+
+// Every parameter tensor of a model, in enumeration order.
+template <class M>
+std::vector<std::vector<float>> parameter_tensors(M& m) {
+  std::vector<std::vector<float>> out;
+  m.for_each_parameter([&](auto v, auto) { out.emplace_back(v.begin(), v.end()); });
+  return out;
+}
+
+// Every parameter of a model, in enumeration order, as one sequence.
+template <class M>
+std::vector<float> parameters(M& m) {
+  std::vector<float> out;
+  m.for_each_parameter([&](auto v, auto) { out.insert(out.end(), v.begin(), v.end()); });
+  return out;
+}
+
+double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  BOOST_REQUIRE_EQUAL(a.size(), b.size());
+  double worst = 0, scale = 0;
+  for (float x : a) scale = std::max(scale, static_cast<double>(std::abs(x)));
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  return worst / std::max(scale, 1e-12);
+}
+
+// A stand-in model for the placement tags: one float per replica.
+struct counter {
+  float value = 0;
+};
+
+}  // namespace
+
+// --- placement.hpp ---------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(placement_tags)
+
+BOOST_AUTO_TEST_CASE(blocks_run_where_their_tag_says) {
+  dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(3)};
+  auto state = s.mirror([](auto&) { return counter{}; });
+  auto everywhere = dist::make_block(dist::every_replica, [](dist::replica auto& r, counter& c) {
+    c.value += 1;
+    return r.replica_id();
+  });
+  auto primary = dist::make_block(dist::primary_only, [](dist::replica auto& r, counter& c) {
+    c.value += 10;
+    return r.num_replicas();
+  });
+  static_assert(std::is_same_v<decltype(everywhere)::tag_type, dist::every_replica_t>);
+  const auto ids = dist::run_block(s, everywhere, state);
+  static_assert(dist::is_per_replica_v<std::remove_cvref_t<decltype(ids)>>);
+  BOOST_TEST(ids.size() == 3u);
+  BOOST_TEST(ids[2] == 2);
+  const int group = dist::run_block(s, primary, state);
+  BOOST_TEST(group == 1);  // the primary runs as a group of one: its collectives are no-ops
+  BOOST_TEST(state[0].value == 11.0f);
+  BOOST_TEST(state[1].value == 1.0f);
+  dist::resync(s, state);
+  for (auto& c : state) BOOST_TEST(c.value == 11.0f);
+}
+
+BOOST_AUTO_TEST_CASE(one_device_collapses_to_direct_calls) {
+  dist::one_device_strategy<dist::cpu> s;
+  auto state = s.mirror([](auto&) { return counter{}; });
+  auto everywhere = dist::make_block(dist::every_replica, [](dist::replica auto&, counter& c) { return c.value += 1; });
+  auto primary = dist::make_block(dist::primary_only, [](dist::replica auto&, counter& c) { return c.value += 10; });
+  const auto a = dist::run_block(s, everywhere, state);
+  static_assert(std::remove_cvref_t<decltype(a)>::extent == 1);  // in place, no allocation
+  const float b = dist::run_block(s, primary, state);
+  dist::resync(s, state);  // nothing to copy with one replica
+  BOOST_TEST(a[0] == 1.0f);
+  BOOST_TEST(b == 11.0f);
+}
+
+BOOST_AUTO_TEST_CASE(a_failing_block_reports_and_the_strategy_stays_usable) {
+  dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(2)};
+  auto fails = dist::make_block(dist::every_replica, [](dist::replica auto& r) {
+    if (r.replica_id() == 1) throw std::runtime_error("replica 1 failed");
+    r.barrier();
+  });
+  BOOST_CHECK_THROW(dist::run_block(s, fails), std::exception);
+  auto fine = dist::make_block(dist::every_replica, [](dist::replica auto& r) { return r.replica_id(); });
+  BOOST_TEST(dist::run_block(s, fine)[1] == 1);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- a smoke run of each placement --------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(smoke)
+
+BOOST_AUTO_TEST_CASE(each_placement_trains_and_draws) {
+  require_data();
+  struct mode {
+    const char* strategy;
+    placement place;
+    norm_kind norm;
+  };
+  for (const mode m : {mode{"one_device", placement::full, norm_kind::instance},
+                       mode{"mirrored", placement::full, norm_kind::instance},
+                       mode{"mirrored", placement::discriminator_only, norm_kind::batch},
+                       mode{"mirrored", placement::conditional, norm_kind::sync_batch}}) {
+    BOOST_TEST_CONTEXT(m.strategy << " " << name_of(m.place) << " " << name_of(m.norm)) {
+      settings st = tiny(std::string("smoke_") + name_of(m.place));
+      st.strategy = m.strategy;
+      st.train.place = m.place;
+      st.train.disc.norm = m.norm;
+      st.verify_every = 1;  // the mirrored copies must stay identical after every step
+      const summary sum = run(st);
+      BOOST_TEST(sum.finite);
+      BOOST_TEST(sum.steps == 4);
+      for (const char* f : {"samples_step000002.png", "samples_final.png", "losses.png", "losses.csv"}) {
+        BOOST_TEST(fs::file_size(st.out_dir / f) > 100u, f);
+      }
+      fs::remove_all(st.out_dir);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(learning_rate_schedule) {
+  dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(2)};
+  train_options o;
+  o.gen = {.channels = 1, .filters = 2, .blocks = 0};
+  o.disc = {.channels = 1, .filters = 2, .layers = 1};
+  o.lr = 1e-3;
+  o.total_steps = 10;  // 5 constant, then 5 decaying (the reference's rule: 1 - k / (decay + 1))
+  trainer<dist::mirrored_strategy<dist::cpu>> plain(s, o, 1, 28, 28);
+  BOOST_TEST(plain.global_batch() == 8);  // --batch 4 per replica x 2 replicas
+  BOOST_TEST(plain.learning_rate(0) == 1e-3);
+  BOOST_TEST(plain.learning_rate(4) == 1e-3);
+  BOOST_TEST(plain.learning_rate(5) == 1e-3);
+  BOOST_TEST(std::abs(plain.learning_rate(9) - 1e-3 * (1 - 4.0 / 6)) < 1e-15);
+  o.scale_lr = true;  // lr x replicas, reached linearly over the warm-up
+  o.warmup_steps = 4;
+  trainer<dist::mirrored_strategy<dist::cpu>> scaled(s, o, 1, 28, 28);
+  BOOST_TEST(std::abs(scaled.learning_rate(0) - 1e-3 * 1.25) < 1e-15);
+  BOOST_TEST(std::abs(scaled.learning_rate(3) - 2e-3) < 1e-15);
+  BOOST_TEST(std::abs(scaled.learning_rate(4) - 2e-3) < 1e-15);
+  BOOST_TEST(std::abs(scaled.learning_rate(9) - 2e-3 * (1 - 4.0 / 6)) < 1e-15);
+}
+
+BOOST_AUTO_TEST_CASE(bad_flags_are_named) {
+  BOOST_CHECK_THROW(parse_placement("sideways"), std::invalid_argument);
+  BOOST_CHECK_THROW(parse_norm("layer"), std::invalid_argument);
+  settings st = tiny("bad");
+  st.strategy = "quantum";
+  BOOST_CHECK_THROW(run(st), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- where the placements must agree -------------------------------------------------------------
+//
+// With instance norm in every network, each loss a share of the mean over the GLOBAL batch and the
+// image pool fed the global batch on the primary, the three placements compute the same step. After
+// 3 steps every parameter of G_AB, G_BA, D_A and D_B agrees with one device:
+//   - bit for bit for `conditional` below its threshold (the same calls on the same batch);
+//   - within 1e-4 relative for `full` and `discriminator_only` over 2 replicas (the gradient sums
+//     are grouped per replica, so the last bits differ; measured: about 1e-6).
+
+BOOST_AUTO_TEST_SUITE(placements_agree)
+
+template <class S>
+std::vector<std::vector<std::vector<float>>> train_three_steps(S& s, placement place, std::size_t threshold, const domains& d) {
+  train_options o;
+  o.gen = {.channels = 1, .filters = 4, .blocks = 1};
+  o.disc = {.channels = 1, .filters = 4, .layers = 2};
+  o.batch = 4 / s.num_replicas_in_sync();  // global batch 4 everywhere
+  o.pool_size = 2;                         // full after the first step: the pool's draws matter
+  o.total_steps = 3;
+  o.place = place;
+  o.mirror_threshold = threshold;
+  trainer<S> tr(s, o, 1, 28, 28);
+  for (int step = 0; step < 3; ++step) {
+    const auto first = static_cast<std::size_t>(step * 4);
+    tr.step(stack(d.a, first, 4, 1), stack(d.b, first, 4, 1));
+  }
+  tr.verify_mirrored();
+  return {parameter_tensors(tr.g_ab().primary()), parameter_tensors(tr.g_ba().primary()), parameter_tensors(tr.d_a().primary()),
+          parameter_tensors(tr.d_b().primary())};
+}
+
+BOOST_AUTO_TEST_CASE(after_three_steps) {
+  require_data();
+  domains d = load_fashion_mnist(fmnist_dir);
+  d.a.resize(12);
+  d.b.resize(12);
+  dist::one_device_strategy<dist::cpu> one;
+  dist::mirrored_strategy<dist::cpu> two{dist::cpu_replicas(2)};
+  const auto reference = train_three_steps(one, placement::full, 0, d);
+  const auto full = train_three_steps(two, placement::full, 0, d);
+  const auto disc_only = train_three_steps(two, placement::discriminator_only, 0, d);
+  const auto cond_primary = train_three_steps(two, placement::conditional, 8, d);  // global batch 4 < 8
+  const auto cond_mirrored = train_three_steps(two, placement::conditional, 4, d);
+  const char* names[] = {"G_AB", "G_BA", "D_A", "D_B"};
+  for (std::size_t k = 0; k < 4; ++k) {
+    BOOST_TEST_CONTEXT(names[k]) {
+      double worst_full = 0, worst_disc = 0;
+      for (std::size_t t = 0; t < reference[k].size(); ++t) {
+        BOOST_TEST(cond_primary[k][t] == reference[k][t]);  // bit for bit
+        BOOST_TEST(cond_mirrored[k][t] == full[k][t]);      // the same path as full
+        worst_full = std::max(worst_full, max_relative_difference(full[k][t], reference[k][t]));
+        worst_disc = std::max(worst_disc, max_relative_difference(disc_only[k][t], reference[k][t]));
+      }
+      BOOST_TEST(worst_full < 1e-4);
+      BOOST_TEST(worst_disc < 1e-4);
+      std::printf("%s: %zu tensors; largest relative difference to one device: full %.2g, discriminator_only %.2g\n", names[k],
+                  reference[k].size(), worst_full, worst_disc);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- resume ------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(resume)
+
+BOOST_AUTO_TEST_CASE(resumed_equals_uninterrupted_bit_for_bit) {
+  require_data();
+  for (const char* strategy : {"one_device", "mirrored"}) {
+    BOOST_TEST_CONTEXT(strategy) {
+      settings whole = tiny(std::string("whole_") + strategy);
+      whole.strategy = strategy;
+      whole.steps = 8;
+      whole.train_limit = 24;  // 6 steps per epoch: the run crosses an epoch, and resumes inside one
+      whole.sample_every = 0;
+      whole.checkpoint_dir = whole.out_dir / "ckpt";
+      whole.checkpoint_every = 0;
+      run(whole);
+
+      settings part = whole;
+      part.out_dir = scratch(std::string("part_") + strategy);
+      part.checkpoint_dir = part.out_dir / "ckpt";
+      part.stop_at_step = 5;
+      BOOST_TEST(run(part).steps == 5);
+      part.stop_at_step = 0;
+      part.resume = true;
+      const summary resumed = run(part);
+      BOOST_TEST(resumed.steps == 8);
+      BOOST_TEST(resumed.steps_run == 3);
+
+      const auto a = dist::checkpoint::directory(whole.checkpoint_dir).load_latest();
+      const auto b = dist::checkpoint::directory(part.checkpoint_dir).load_latest();
+      BOOST_REQUIRE(a && b);
+      BOOST_TEST(a->names() == b->names());
+      for (const auto& name : a->names()) {
+        const auto x = a->bytes(name), y = b->bytes(name);
+        BOOST_TEST(std::equal(x.begin(), x.end(), y.begin(), y.end()), "section " << name);
+      }
+      // The CSV continues from the checkpoint: 8 steps, once each.
+      BOOST_TEST(read_csv(part.out_dir / "losses.csv", 1000).size() == 8u);
+      fs::remove_all(whole.out_dir);
+      fs::remove_all(part.out_dir);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_mismatched_run_is_refused) {
+  require_data();
+  settings st = tiny("mismatch");
+  st.strategy = "one_device";
+  st.steps = 2;
+  st.sample_every = 0;
+  st.checkpoint_dir = st.out_dir / "ckpt";
+  run(st);
+  st.resume = true;
+  st.train.batch = 3;  // another global batch: the data position would not match
+  BOOST_CHECK_THROW(run(st), std::invalid_argument);
+  st.train.batch = 2;
+  st.train.gen.filters = 5;  // another model: the checkpoint names the mismatch
+  BOOST_CHECK_THROW(run(st), dist::checkpoint::checkpoint_error);
+  fs::remove_all(st.out_dir);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- the classifier ------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(classifier)
+
+BOOST_AUTO_TEST_CASE(cross_entropy_gradient_matches_finite_differences) {
+  tensor logits{dist::shape::nchw(2, classes, 1, 1)};
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(std::sin(1.7 * static_cast<double>(i)));
+  const std::vector<std::int32_t> labels{3, 9};
+  const auto l = softmax_cross_entropy(logits, labels, 4);  // this part holds 2 of a global batch of 4
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    tensor up = logits, down = logits;
+    up[i] += 1e-2f;
+    down[i] -= 1e-2f;
+    const double numeric = (softmax_cross_entropy(up, labels, 4).value - softmax_cross_entropy(down, labels, 4).value) / 2e-2;
+    BOOST_TEST(std::abs(numeric - l.grad[i]) < 1e-3);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(learns_and_round_trips_through_a_checkpoint) {
+  require_data();
+  const auto train = all_examples(dist::data::fashion_mnist(dist::data::split::train, fmnist_dir), 3000);
+  auto test = all_examples(dist::data::fashion_mnist(dist::data::split::test, fmnist_dir), 1000);
+  dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(2)};
+  auto net = train_classifier(s, train, {.batch = 16, .epochs = 1, .quiet = true});
+  const auto acc = score_classifier(net, test);
+  BOOST_TEST(acc.overall > 0.6);  // 3,000 images, one epoch: about 75%; chance is 10%
+
+  const fs::path file = scratch("classifier.dck");
+  dist::checkpoint::archive ar;
+  ar.put_model("classifier", net);
+  dist::checkpoint::save(file, ar);
+  auto loaded = make_classifier(123);
+  dist::checkpoint::load(file).get_model("classifier", loaded);
+  BOOST_TEST(parameters(loaded) == parameters(net));
+  BOOST_TEST(score_classifier(loaded, test).overall == acc.overall);
+  fs::remove(file);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

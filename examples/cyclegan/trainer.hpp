@@ -1,0 +1,424 @@
+#pragma once
+// The CycleGAN training step, written once against the strategy concept, in the three placements of
+// selective mirroring:
+//
+//   full                every block mirrored: each replica translates its share of the batch,
+//                       gradients are summed across replicas. The fakes are gathered onto the
+//                       primary for the image pool and the pool's answer is scattered back.
+//   discriminator_only  the generators' forward, backward and update run once, on the primary, over
+//                       the whole global batch (their adversarial loss uses the primary's copy of
+//                       the discriminators); the real and pooled fake images are scattered and the
+//                       discriminators' update is mirrored.
+//   conditional         full when the global batch is at least `mirror_threshold` (the
+//                       communication then pays for itself), else the whole step on the primary
+//                       followed by a broadcast of the changed state.
+//
+// What must agree: every loss is this replica's share of the mean over the GLOBAL batch and the
+// gradients are summed, the image pool sees the global batch in order, and every layer is per example
+// (instance norm; or sync_batch_norm). So after any step, the four networks and their optimiser states
+// are the same in all three placements and under one device, up to float rounding of the gradient
+// sums (the `placement` test checks 1e-4 relative after 3 steps). With plain batch norm they are not:
+// each replica normalises its share with its own statistics.
+
+#include "classifier.hpp"
+#include "data.hpp"
+#include "image_pool.hpp"
+#include "models.hpp"
+
+#include <distribute/checkpoint.hpp>
+#include <distribute/distribute.hpp>
+#include <distribute/strategy/placement.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cyclegan {
+
+namespace optim = distribute::optim;
+namespace ckpt = distribute::checkpoint;
+using adam = optim::adam<float>;
+
+enum class placement { full, discriminator_only, conditional };
+
+inline placement parse_placement(const std::string& s) {
+  if (s == "full") return placement::full;
+  if (s == "discriminator_only") return placement::discriminator_only;
+  if (s == "conditional") return placement::conditional;
+  throw std::invalid_argument("--placement must be full, discriminator_only or conditional, not '" + s + "'");
+}
+inline const char* name_of(placement p) {
+  return p == placement::full ? "full" : p == placement::discriminator_only ? "discriminator_only" : "conditional";
+}
+
+struct train_options {
+  generator_options gen{};
+  discriminator_options disc{};
+  int batch = 4;                  // per replica; the global batch is batch x replicas
+  double lr = 2e-4, beta1 = 0.5, beta2 = 0.999;
+  double lambda_cycle = 10.0;
+  double lambda_identity = 0.5;   // times lambda_cycle: the reference's identity weight 5
+  std::size_t pool_size = 50;
+  std::int64_t total_steps = 1;   // the schedule's length
+  double decay_fraction = 0.5;    // the learning rate decays linearly to 0 over this last part
+  bool scale_lr = false;          // lr x replicas (Goyal et al.), reached by a linear warm-up
+  std::int64_t warmup_steps = 0;
+  placement place = placement::full;
+  std::size_t mirror_threshold = 16;  // conditional: mirror when the global batch is at least this
+  std::uint64_t seed = 1;
+};
+
+// Losses of one step: each the mean over the global batch.
+struct step_losses {
+  double d_a = 0, d_b = 0;      // LSGAN discriminator losses (0.5 (real + fake))
+  double gan_ab = 0, gan_ba = 0;  // generators' adversarial losses
+  double cycle = 0, identity = 0;  // weighted, both directions
+  step_losses& operator+=(const step_losses& o) {
+    d_a += o.d_a, d_b += o.d_b, gan_ab += o.gan_ab, gan_ba += o.gan_ba, cycle += o.cycle, identity += o.identity;
+    return *this;
+  }
+  double generator_total() const { return gan_ab + gan_ba + cycle + identity; }
+};
+
+inline tensor scaled(tensor t, double k) {
+  for (auto& v : t) v = static_cast<float>(v * k);
+  return t;
+}
+inline void add_to(tensor& t, const tensor& u) {
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] += u[i];
+}
+inline tensor filled_like(const tensor& t, float v) {
+  tensor out{t.shape()};
+  out.fill(v);
+  return out;
+}
+
+// What a generator block hands on: its losses and the fakes for the discriminators.
+struct generator_result {
+  step_losses losses;
+  tensor fake_a, fake_b;
+};
+
+template <distribute::strategy S>
+class trainer {
+ public:
+  trainer(S& s, const train_options& o, int channels, int height, int width)
+      : s_{s},
+        o_{o},
+        channels_{channels},
+        height_{height},
+        width_{width},
+        g_ab_{s.mirror([&](auto&) { return make_generator(o.gen, o.seed * 16 + 1); })},
+        g_ba_{s.mirror([&](auto&) { return make_generator(o.gen, o.seed * 16 + 2); })},
+        d_a_{s.mirror([&](auto&) { return make_discriminator(o.disc, o.seed * 16 + 3); })},
+        d_b_{s.mirror([&](auto&) { return make_discriminator(o.disc, o.seed * 16 + 4); })},
+        og_ab_{s.mirror([&](auto&) { return make_adam(); })},
+        og_ba_{s.mirror([&](auto&) { return make_adam(); })},
+        od_a_{s.mirror([&](auto&) { return make_adam(); })},
+        od_b_{s.mirror([&](auto&) { return make_adam(); })},
+        pool_a_{o.pool_size, image_size(), o.seed * 16 + 5},
+        pool_b_{o.pool_size, image_size(), o.seed * 16 + 6} {
+    if (o.batch < 1) throw std::invalid_argument("--batch must be at least 1");
+  }
+
+  std::int64_t global_batch() const { return static_cast<std::int64_t>(o_.batch) * s_.num_replicas_in_sync(); }
+  std::int64_t steps_done() const noexcept { return step_; }
+  const train_options& options() const noexcept { return o_; }
+
+  // The learning rate of step `t` (0-based): warm-up to the (scaled) rate, constant, then linear
+  // decay to zero over the last decay_fraction of the run (the reference's schedule, in steps).
+  double learning_rate(std::int64_t t) const {
+    const double k = o_.scale_lr ? s_.num_replicas_in_sync() : 1.0;
+    double lr = o_.lr * k;
+    if (t < o_.warmup_steps) lr = o_.lr * (1.0 + (k - 1.0) * static_cast<double>(t + 1) / static_cast<double>(o_.warmup_steps));
+    const auto constant = static_cast<std::int64_t>(std::llround(static_cast<double>(o_.total_steps) * (1.0 - o_.decay_fraction)));
+    const std::int64_t decay = o_.total_steps - constant;
+    if (t >= constant && decay > 0) lr *= 1.0 - static_cast<double>(t - constant) / static_cast<double>(decay + 1);
+    return lr;
+  }
+
+  // One training step on a GLOBAL batch of A and B images (NCHW).
+  step_losses step(const tensor& a, const tensor& b) {
+    if (a.shape() != b.shape() || a.shape()[0] != global_batch())
+      throw std::invalid_argument("step: A and B must be global batches of " + std::to_string(global_batch()) + " images");
+    const double lr = learning_rate(step_);
+    for (auto* m : {&og_ab_, &og_ba_, &od_a_, &od_b_})
+      for (auto& opt : *m) opt.set_lr(lr);
+    step_losses out;
+    const bool mirror = o_.place == placement::full ||
+                        (o_.place == placement::conditional && static_cast<std::size_t>(global_batch()) >= o_.mirror_threshold);
+    const std::int64_t n = global_batch();
+    auto g_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, generator& gab, generator& gba, discriminator& da,
+                          discriminator& db, adam& oab, adam& oba) { return generator_step(r, ra, rb, gab, gba, da, db, oab, oba, n); };
+    auto d_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, const tensor& fa, const tensor& fb, discriminator& da,
+                          discriminator& db, adam& oa, adam& ob) { return discriminator_step(r, ra, rb, fa, fb, da, db, oa, ob, n); };
+    std::vector<float> fakes_a, fakes_b;
+    if (mirror) {
+      // Every block on every replica, over the replicas' shares.
+      auto pa = scatter(a), pb = scatter(b);
+      auto g = distribute::run_block(s_, distribute::make_block(distribute::every_replica, g_fn), pa, pb, g_ab_, g_ba_, d_a_, d_b_,
+                                     og_ab_, og_ba_);
+      for (auto& part : g) {
+        out += part.losses;
+        fakes_a.insert(fakes_a.end(), part.fake_a.begin(), part.fake_a.end());
+        fakes_b.insert(fakes_b.end(), part.fake_b.begin(), part.fake_b.end());
+      }
+    } else {
+      // The generators once, on the primary, over the global batch; then every copy takes its update.
+      auto g = distribute::run_block(s_, distribute::make_block(distribute::primary_only, g_fn), a, b, g_ab_, g_ba_, d_a_, d_b_,
+                                     og_ab_, og_ba_);
+      distribute::resync(s_, g_ab_, g_ba_, og_ab_, og_ba_);
+      out += g.losses;
+      fakes_a.assign(g.fake_a.begin(), g.fake_a.end());
+      fakes_b.assign(g.fake_b.begin(), g.fake_b.end());
+    }
+    // The pools see the global batch of fakes on the primary, in order, whatever the placement.
+    const tensor pooled_a{a.shape(), pool_a_.query(fakes_a)};
+    const tensor pooled_b{b.shape(), pool_b_.query(fakes_b)};
+    if (o_.place == placement::conditional && !mirror) {
+      auto d = distribute::run_block(s_, distribute::make_block(distribute::primary_only, d_fn), a, b, pooled_a, pooled_b, d_a_, d_b_,
+                                     od_a_, od_b_);
+      distribute::resync(s_, d_a_, d_b_, od_a_, od_b_);
+      out += d;
+    } else {
+      auto pa = scatter(a), pb = scatter(b), pfa = scatter(pooled_a), pfb = scatter(pooled_b);
+      auto d = distribute::run_block(s_, distribute::make_block(distribute::every_replica, d_fn), pa, pb, pfa, pfb, d_a_, d_b_, od_a_,
+                                     od_b_);
+      for (auto& part : d) out += part;
+    }
+    ++step_;
+    return out;
+  }
+
+  // A -> B -> A and B -> A -> B of a few images, on the primary: for the picture grids.
+  struct translations {
+    tensor fake_b, rec_a, fake_a, rec_b;
+  };
+  translations translate_samples(const tensor& a, const tensor& b) {
+    return s_.run_on_primary([](auto& r, generator& gab, generator& gba, const tensor& x, const tensor& y) {
+      translations t;
+      t.fake_b = gab.forward(r, x);
+      t.rec_a = gba.forward(r, t.fake_b);
+      t.fake_a = gba.forward(r, y);
+      t.rec_b = gab.forward(r, t.fake_a);
+      return t;
+    }, g_ab_, g_ba_, a, b);
+  }
+
+  // Everything a resumed run needs to continue exactly: the four networks, the four optimiser
+  // states, the step (with the batch size it fixes the data position), the pools and their engines.
+  void save(ckpt::archive& ar) const {
+    auto& self = const_cast<trainer&>(*this);  // parameter enumeration is non-const
+    ar.put_model("g_ab", self.g_ab_.primary());
+    ar.put_model("g_ba", self.g_ba_.primary());
+    ar.put_model("d_a", self.d_a_.primary());
+    ar.put_model("d_b", self.d_b_.primary());
+    ar.put_state("adam_g_ab", og_ab_.primary());
+    ar.put_state("adam_g_ba", og_ba_.primary());
+    ar.put_state("adam_d_a", od_a_.primary());
+    ar.put_state("adam_d_b", od_b_.primary());
+    ar.put("step", step_);
+    ar.put("global_batch", global_batch());
+    ar.put("seed", o_.seed);
+    ar.put_vector("pool_a", pool_a_.stored());
+    ar.put_vector("pool_b", pool_b_.stored());
+    ar.put_text("pool_a_engine", pool_a_.engine());
+    ar.put_text("pool_b_engine", pool_b_.engine());
+  }
+
+  void load(const ckpt::archive& ar) {
+    if (const auto gb = ar.get<std::int64_t>("global_batch"); gb != global_batch())
+      throw std::invalid_argument("the checkpoint was trained with a global batch of " + std::to_string(gb) + ", this run has " +
+                                  std::to_string(global_batch()) + " (--batch x --replicas): the data position would not match");
+    if (const auto seed = ar.get<std::uint64_t>("seed"); seed != o_.seed)
+      throw std::invalid_argument("the checkpoint was trained with --seed " + std::to_string(seed) + ", this run has " +
+                                  std::to_string(o_.seed));
+    load_networks(ar);
+    for (auto& opt : og_ab_) ar.get_state("adam_g_ab", opt);
+    for (auto& opt : og_ba_) ar.get_state("adam_g_ba", opt);
+    for (auto& opt : od_a_) ar.get_state("adam_d_a", opt);
+    for (auto& opt : od_b_) ar.get_state("adam_d_b", opt);
+    step_ = ar.get<std::int64_t>("step");
+    pool_a_.set_stored(ar.get_vector<float>("pool_a"));
+    pool_b_.set_stored(ar.get_vector<float>("pool_b"));
+    ar.get_text("pool_a_engine", pool_a_.engine());
+    ar.get_text("pool_b_engine", pool_b_.engine());
+  }
+  // The networks only (evaluation).
+  void load_networks(const ckpt::archive& ar) {
+    for (auto& m : g_ab_) ar.get_model("g_ab", m);
+    for (auto& m : g_ba_) ar.get_model("g_ba", m);
+    for (auto& m : d_a_) ar.get_model("d_a", m);
+    for (auto& m : d_b_) ar.get_model("d_b", m);
+  }
+
+  // Checks that the mirrored copies are still identical (throws mirrored_divergence otherwise).
+  void verify_mirrored() const {
+    s_.verify_mirrored(g_ab_);
+    s_.verify_mirrored(g_ba_);
+    s_.verify_mirrored(d_a_);
+    s_.verify_mirrored(d_b_);
+    s_.verify_mirrored(og_ab_);
+    s_.verify_mirrored(og_ba_);
+    s_.verify_mirrored(od_a_);
+    s_.verify_mirrored(od_b_);
+  }
+
+  using generators = typename S::template mirrored_type<generator>;
+  using discriminators = typename S::template mirrored_type<discriminator>;
+  generators& g_ab() noexcept { return g_ab_; }
+  generators& g_ba() noexcept { return g_ba_; }
+  discriminators& d_a() noexcept { return d_a_; }
+  discriminators& d_b() noexcept { return d_b_; }
+
+ private:
+  adam make_adam() const { return adam{{.lr = o_.lr, .beta1 = o_.beta1, .beta2 = o_.beta2}}; }
+  std::size_t image_size() const { return static_cast<std::size_t>(channels_) * height_ * width_; }
+
+  // The replicas' shares of a global batch, as NCHW tensors.
+  auto scatter(const tensor& x) {
+    auto parts = s_.scatter(std::span<const float>(x.data(), x.size()), image_size());
+    return s_.values_from_function([&](int r) {
+      auto& v = parts[static_cast<std::size_t>(r)];
+      const auto count = static_cast<std::int64_t>(v.size() / image_size());
+      return tensor{dist::shape::nchw(count, channels_, height_, width_), std::move(v)};
+    });
+  }
+
+  // The generators' half of the step on `a` and `b` (this replica's share; n = global batch):
+  // identity, then A -> B -> A and B -> A -> B, each path's backward right after its forward (a
+  // layer keeps the state of its last forward only), then the summed gradients and the update.
+  template <class R>
+  generator_result generator_step(R& r, const tensor& a, const tensor& b, generator& gab, generator& gba, discriminator& da,
+                                  discriminator& db, adam& oab, adam& oba, std::int64_t n) {
+    generator_result out;
+    gab.zero_grad();
+    gba.zero_grad();
+    const double w_cyc = o_.lambda_cycle, w_idt = o_.lambda_cycle * o_.lambda_identity;
+    if (w_idt > 0) {
+      const auto idt_b = nn::l1(gab.forward(r, b), b, n);
+      gab.backward(r, scaled(idt_b.grad, w_idt));
+      const auto idt_a = nn::l1(gba.forward(r, a), a, n);
+      gba.backward(r, scaled(idt_a.grad, w_idt));
+      out.losses.identity = w_idt * (idt_a.value + idt_b.value);
+    }
+    auto path = [&](const tensor& real, generator& g, generator& back, discriminator& d, double& gan_loss) {
+      tensor fake = g.forward(r, real);
+      const auto cyc = nn::l1(back.forward(r, fake), real, n);
+      tensor dfake = back.backward(r, scaled(cyc.grad, w_cyc));
+      const tensor score = d.forward(r, fake);
+      const auto adv = nn::mse(score, filled_like(score, 1.0f), n);
+      add_to(dfake, d.backward(r, adv.grad));
+      g.backward(r, dfake);
+      out.losses.cycle += w_cyc * cyc.value;
+      gan_loss = adv.value;
+      return fake;
+    };
+    out.fake_b = path(a, gab, gba, db, out.losses.gan_ab);
+    out.fake_a = path(b, gba, gab, da, out.losses.gan_ba);
+    r.all_reduce_gradients(gab);
+    r.all_reduce_gradients(gba);
+    oab.step(gab);
+    oba.step(gba);
+    return out;
+  }
+
+  // The discriminators' half: LSGAN, 0.5 (mse(D(real), 1) + mse(D(fake), 0)).
+  template <class R>
+  step_losses discriminator_step(R& r, const tensor& real_a, const tensor& real_b, const tensor& fake_a, const tensor& fake_b,
+                                 discriminator& da, discriminator& db, adam& oa, adam& ob, std::int64_t n) {
+    step_losses out;
+    auto one = [&](discriminator& d, const tensor& real, const tensor& fake) {
+      d.zero_grad();
+      const tensor sr = d.forward(r, real);
+      const auto lr = nn::mse(sr, filled_like(sr, 1.0f), n);
+      d.backward(r, scaled(lr.grad, 0.5));
+      const tensor sf = d.forward(r, fake);
+      const auto lf = nn::mse(sf, filled_like(sf, 0.0f), n);
+      d.backward(r, scaled(lf.grad, 0.5));
+      r.all_reduce_gradients(d);
+      return 0.5 * (lr.value + lf.value);
+    };
+    out.d_a = one(da, real_a, fake_a);
+    oa.step(da);
+    out.d_b = one(db, real_b, fake_b);
+    ob.step(db);
+    return out;
+  }
+
+  S& s_;
+  train_options o_;
+  int channels_, height_, width_;
+  generators g_ab_, g_ba_;
+  discriminators d_a_, d_b_;
+  typename S::template mirrored_type<adam> og_ab_, og_ba_, od_a_, od_b_;
+  image_pool pool_a_, pool_b_;
+  std::int64_t step_ = 0;
+};
+
+// Translation quality, scored by the frozen classifier on TEST images: the share of A->B
+// translations it places in B's class (and B->A in A's), the untranslated baseline, and the cycle L1.
+struct scores {
+  double a_to_b = 0, b_to_a = 0;        // target-class rates
+  double baseline_a = 0, baseline_b = 0;  // rate of the untranslated images in the other class
+  double cycle_l1_a = 0, cycle_l1_b = 0;  // mean |G_ba(G_ab(a)) - a| per pixel, in [-1, 1] units
+  std::int64_t count_a = 0, count_b = 0;
+  std::array<double, classes> classes_ab{}, classes_ba{};  // where the translations went, per class
+};
+
+template <distribute::strategy S, class Generators, class Classifiers>
+scores evaluate(S& s, Generators& g_ab, Generators& g_ba, Classifiers& clf, const tensor& test_a, const tensor& test_b,
+                std::int32_t class_a, std::int32_t class_b) {
+  scores out;
+  const std::int64_t image = test_a.size() / static_cast<std::size_t>(std::max<std::int64_t>(1, test_a.shape()[0]));
+  auto direction = [&](const tensor& x, auto& forward, auto& backward, std::int32_t target, double& rate,
+                       double& base, double& l1, std::array<double, classes>& where) {
+    const std::int64_t total = x.shape()[0], chunk = 100;
+    std::int64_t hits = 0, base_hits = 0;
+    double l1_sum = 0;
+    for (std::int64_t first = 0; first < total; first += chunk) {
+      const std::int64_t count = std::min(chunk, total - first);
+      std::vector<float> part(x.data() + first * image, x.data() + (first + count) * image);
+      auto shares = s.scatter(part, static_cast<std::size_t>(image));
+      struct tally {
+        std::int64_t hits = 0, base = 0;
+        double l1 = 0;
+        std::array<std::int64_t, classes> where{};
+      };
+      auto results = s.run([&](auto& r, std::vector<float>& v, generator& g, generator& back, classifier& c) {
+        tally t;
+        const auto k = static_cast<std::int64_t>(v.size()) / image;
+        if (k == 0) return t;
+        const tensor in{dist::shape::nchw(k, x.shape()[1], x.shape()[2], x.shape()[3]), v};
+        const tensor fake = g.forward(r, in);
+        const tensor rec = back.forward(r, fake);
+        for (auto p : predict(r, c, fake)) {
+          t.hits += p == target;
+          ++t.where[static_cast<std::size_t>(p)];
+        }
+        for (auto p : predict(r, c, in)) t.base += p == target;
+        for (std::size_t i = 0; i < in.size(); ++i) t.l1 += std::abs(static_cast<double>(rec[i]) - in[i]);
+        return t;
+      }, shares, forward, backward, clf);
+      for (const auto& t : results) {
+        hits += t.hits, base_hits += t.base, l1_sum += t.l1;
+        for (std::size_t k = 0; k < classes; ++k) where[k] += static_cast<double>(t.where[k]) / static_cast<double>(total);
+      }
+    }
+    rate = total ? static_cast<double>(hits) / static_cast<double>(total) : 0;
+    base = total ? static_cast<double>(base_hits) / static_cast<double>(total) : 0;
+    l1 = total ? l1_sum / static_cast<double>(total * image) : 0;
+  };
+  direction(test_a, g_ab, g_ba, class_b, out.a_to_b, out.baseline_a, out.cycle_l1_a, out.classes_ab);
+  direction(test_b, g_ba, g_ab, class_a, out.b_to_a, out.baseline_b, out.cycle_l1_b, out.classes_ba);
+  out.count_a = test_a.shape()[0];
+  out.count_b = test_b.shape()[0];
+  return out;
+}
+
+}  // namespace cyclegan
