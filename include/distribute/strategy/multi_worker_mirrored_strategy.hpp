@@ -25,6 +25,7 @@
 #include <distribute/errors.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
+#include <distribute/strategy/detail/multi_worker_base.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
 #include <distribute/strategy/detail/state_broadcast.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
@@ -61,7 +62,7 @@ struct multi_worker_options {
 };
 
 template <device D = cpu, class Engine = comm::mpi>
-class multi_worker_mirrored_strategy {
+class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_worker_mirrored_strategy<D, Engine>> {
   static_assert(D::kind == device_kind::cpu && std::is_same_v<Engine, comm::mpi>,
                 "distribute: multi_worker_mirrored_strategy runs CPU replicas in processes joined by MPI: "
                 "multi_worker_mirrored_strategy<cpu, mpi>");
@@ -188,25 +189,20 @@ class multi_worker_mirrored_strategy {
   // Every replica's value of every worker, in replica order; the same on every worker.
   template <detail::arithmetic T, std::size_t E>
   std::vector<T> gather(const per_replica<T, E>& values, int axis = 0) const {
-    check_count(values.size(), "gather");
-    check_axis(axis);
+    const std::vector<T> mine = local_elements(values, axis);
     check_usable("gather");
     auto& g = state_->group;
     std::vector<T> out(static_cast<std::size_t>(num_replicas_in_sync()));
     std::vector<std::size_t> counts(static_cast<std::size_t>(num_workers()));
     for (int w = 0; w < num_workers(); ++w) counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(g.replicas_of(w));
-    const std::vector<T> mine(values.begin(), values.end());
     guarded([&] { g.cross().all_gather(std::span<const T>(mine), std::span<T>(out), std::span<const std::size_t>(counts)); });
     return out;
   }
   template <detail::arithmetic_sequence S, std::size_t E>
   auto gather(const per_replica<S, E>& values, int axis = 0) const {
     using T = std::ranges::range_value_t<S>;
-    check_count(values.size(), "gather");
-    check_axis(axis);
+    const std::vector<T> mine = local_elements(values, axis);
     check_usable("gather");
-    std::vector<T> mine;
-    for (const auto& v : values) mine.insert(mine.end(), std::ranges::begin(v), std::ranges::end(v));
     auto& cross = state_->group.cross();
     std::vector<std::uint64_t> counts(static_cast<std::size_t>(num_workers()));
     const std::uint64_t own = mine.size();
@@ -222,44 +218,6 @@ class multi_worker_mirrored_strategy {
     return out;
   }
 
-  // This worker's replicas' values, in replica order.
-  template <class T, std::size_t E>
-  std::span<const T, E> local_results(const per_replica<T, E>& values) const {
-    check_count(values.size(), "local_results");
-    return values.values();
-  }
-
-  // Splits a GLOBAL batch (the same on every worker) along its first axis into one share per replica
-  // of the job, as evenly as possible, and returns this worker's replicas' shares.
-  template <class T>
-  per_replica<std::vector<T>> scatter(std::span<const T> batch, std::size_t example_size = 1) const {
-    if (example_size == 0 || batch.size() % example_size != 0)
-      throw std::invalid_argument("distribute: scatter got " + std::to_string(batch.size()) +
-                                  " elements, not a whole number of examples of " + std::to_string(example_size));
-    const auto total = static_cast<std::size_t>(num_replicas_in_sync());
-    const auto first = static_cast<std::size_t>(first_replica_id());
-    const std::size_t examples = batch.size() / example_size;
-    return make<per_replica<std::vector<T>>>([&](std::size_t r) {
-      const auto k = first + r;
-      const auto from = batch.begin() + static_cast<std::ptrdiff_t>(detail::share_offset(examples, total, k) * example_size);
-      return std::vector<T>(from, from + static_cast<std::ptrdiff_t>(detail::share_of(examples, total, k) * example_size));
-    });
-  }
-  template <std::ranges::contiguous_range B>
-    requires std::ranges::sized_range<B>
-  auto scatter(const B& batch, std::size_t example_size = 1) const {
-    using T = std::remove_cv_t<std::ranges::range_value_t<B>>;
-    return scatter(std::span<const T>(std::ranges::data(batch), std::ranges::size(batch)), example_size);
-  }
-
-  // One value per local replica from `fn(replica_id)`, with replica ids across the job.
-  template <class F>
-    requires std::invocable<F&, int>
-  auto values_from_function(F&& fn) const {
-    using T = std::decay_t<std::invoke_result_t<F&, int>>;
-    return make<per_replica<T>>([&](std::size_t r) { return std::invoke(fn, first_replica_id() + static_cast<int>(r)); });
-  }
-
   // One copy of `factory(device)` per local replica, then the chief's first copy sent to every
   // worker: the copies are identical across the job even if the factory is not deterministic.
   template <class F>
@@ -271,7 +229,7 @@ class multi_worker_mirrored_strategy {
                   "be a model (for_each_parameter), stream its state (save/load), be trivially copyable, or be a "
                   "contiguous sequence of trivially copyable elements");
     auto& devices = state_->devices;
-    auto copies = make<mirrored<T>>([&](std::size_t r) { return std::invoke(factory, devices[r]); });
+    auto copies = this->template make<mirrored<T>>([&](std::size_t r) { return std::invoke(factory, devices[r]); });
     sync_from(copies, 0);
     return copies;
   }
@@ -279,10 +237,7 @@ class multi_worker_mirrored_strategy {
   // Makes every copy on every worker equal to replica `from`'s (a replica id of the job).
   template <class T, std::size_t E>
   void broadcast(mirrored<T, E>& value, int from = 0) const {
-    check_count(value.size(), "broadcast");
-    if (from < 0 || from >= num_replicas_in_sync())
-      throw std::invalid_argument("distribute: broadcast from replica " + std::to_string(from) + " of " +
-                                  std::to_string(num_replicas_in_sync()));
+    check_broadcast(value.size(), from);
     const auto& g = state_->group;
     const int owner = g.worker_of(from);
     if (owner == worker_index() && from != first_replica_id()) {
@@ -310,11 +265,7 @@ class multi_worker_mirrored_strategy {
       state_->group.cross().all_gather(std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
                                        std::span<const std::size_t>(counts));
     });
-    std::string differ;
-    for (std::size_t r = 1; r < all.size(); ++r)
-      if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    if (!differ.empty())
-      throw mirrored_divergence("distribute: mirrored copies differ from replica 0's on replica(s) " + differ);
+    check_digests(all);
   }
 
   // Re-batches a dataset of GLOBAL batches into this worker's per-replica batches, with the worker
@@ -368,6 +319,13 @@ class multi_worker_mirrored_strategy {
   }
 
  private:
+  using base = detail::multi_worker_base<multi_worker_mirrored_strategy>;
+  using base::check_argument;
+  using base::check_broadcast;
+  using base::check_count;
+  using base::check_digests;
+  using base::local_elements;
+
   struct state {
     state(Engine cross, const multi_worker_options& opts)
         : options{opts},
@@ -476,30 +434,6 @@ class multi_worker_mirrored_strategy {
   void fill_worker(Options& options) const {
     options.num_workers = static_cast<std::size_t>(num_workers());
     options.worker_index = static_cast<std::size_t>(worker_index());
-  }
-
-  template <class A>
-  void check_argument(const A& a) const {
-    if constexpr (replica_indexed<A>) check_count(a.size(), "run");
-  }
-
-  template <class V, class F>
-  V make(F&& make_one) const {
-    return detail::make_replica_values<V>(static_cast<std::size_t>(num_local_replicas()), make_one);
-  }
-
-  void check_count(std::size_t n, const char* op) const {
-    const auto expected = static_cast<std::size_t>(num_local_replicas());
-    if (n != expected)
-      throw std::invalid_argument(std::string("distribute: ") + op + " got a value for " + std::to_string(n) +
-                                  " replicas; this worker has " + std::to_string(expected) +
-                                  " (per-replica values hold a worker's own replicas)");
-  }
-
-  static void check_axis(int axis) {
-    if (axis != 0)
-      throw std::invalid_argument("distribute: gather of flat sequences concatenates along axis 0, got axis " +
-                                  std::to_string(axis));
   }
 
   std::unique_ptr<state> state_;

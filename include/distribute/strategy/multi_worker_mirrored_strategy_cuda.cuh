@@ -29,6 +29,7 @@
 #include <distribute/errors.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/strategy/detail/cuda_replica_comm.cuh>
+#include <distribute/strategy/detail/multi_worker_base.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 #include <distribute/strategy/detail/worker_replica_context.hpp>
@@ -127,7 +128,8 @@ inline constexpr bool is_cuda_tensor_v<tensor<E, cuda>> = true;
 }  // namespace detail
 
 template <>
-class multi_worker_mirrored_strategy<cuda, comm::nccl> {
+class multi_worker_mirrored_strategy<cuda, comm::nccl>
+    : public detail::multi_worker_base<multi_worker_mirrored_strategy<cuda, comm::nccl>> {
  public:
   static constexpr std::size_t extent = std::dynamic_extent;
   using device_type = cuda;
@@ -248,54 +250,11 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl> {
   // Every replica's value of every worker, in replica order; the same on every worker.
   template <detail::arithmetic T, std::size_t E>
   std::vector<T> gather(const per_replica<T, E>& values, int axis = 0) const {
-    check_count(values.size(), "gather");
-    check_axis(axis);
-    const std::vector<T> mine(values.begin(), values.end());
-    return gather_elements(mine);
+    return gather_elements(local_elements(values, axis));
   }
   template <detail::arithmetic_sequence S, std::size_t E>
   auto gather(const per_replica<S, E>& values, int axis = 0) const {
-    using T = std::ranges::range_value_t<S>;
-    check_count(values.size(), "gather");
-    check_axis(axis);
-    std::vector<T> mine;
-    for (const auto& v : values) mine.insert(mine.end(), std::ranges::begin(v), std::ranges::end(v));
-    return gather_elements(mine);
-  }
-
-  template <class T, std::size_t E>
-  std::span<const T, E> local_results(const per_replica<T, E>& values) const {
-    check_count(values.size(), "local_results");
-    return values.values();
-  }
-
-  // This worker's replicas' shares of a GLOBAL batch (the same on every worker).
-  template <class T>
-  per_replica<std::vector<T>> scatter(std::span<const T> batch, std::size_t example_size = 1) const {
-    if (example_size == 0 || batch.size() % example_size != 0)
-      throw std::invalid_argument("distribute: scatter got " + std::to_string(batch.size()) +
-                                  " elements, not a whole number of examples of " + std::to_string(example_size));
-    const auto total = static_cast<std::size_t>(num_replicas_in_sync());
-    const auto first = static_cast<std::size_t>(first_replica_id());
-    const std::size_t examples = batch.size() / example_size;
-    return make<per_replica<std::vector<T>>>([&](std::size_t r) {
-      const auto k = first + r;
-      const auto from = batch.begin() + static_cast<std::ptrdiff_t>(detail::share_offset(examples, total, k) * example_size);
-      return std::vector<T>(from, from + static_cast<std::ptrdiff_t>(detail::share_of(examples, total, k) * example_size));
-    });
-  }
-  template <std::ranges::contiguous_range B>
-    requires std::ranges::sized_range<B>
-  auto scatter(const B& batch, std::size_t example_size = 1) const {
-    using T = std::remove_cv_t<std::ranges::range_value_t<B>>;
-    return scatter(std::span<const T>(std::ranges::data(batch), std::ranges::size(batch)), example_size);
-  }
-
-  template <class F>
-    requires std::invocable<F&, int>
-  auto values_from_function(F&& fn) const {
-    using T = std::decay_t<std::invoke_result_t<F&, int>>;
-    return make<per_replica<T>>([&](std::size_t r) { return std::invoke(fn, first_replica_id() + static_cast<int>(r)); });
+    return gather_elements(local_elements(values, axis));
   }
 
   // One copy of `factory(device)` per local replica, then replica 0's copy sent to every replica of
@@ -314,10 +273,7 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl> {
   // sequences of them over MPI.
   template <class T, std::size_t E>
   void broadcast(mirrored<T, E>& value, int from = 0) const {
-    check_count(value.size(), "broadcast");
-    if (from < 0 || from >= num_replicas_in_sync())
-      throw std::invalid_argument("distribute: broadcast from replica " + std::to_string(from) + " of " +
-                                  std::to_string(num_replicas_in_sync()));
+    check_broadcast(value.size(), from);
     if constexpr (detail::is_cuda_tensor_v<T>) {
       // A step of its own: every replica joins the NCCL broadcast. The strategy's state is shared, so
       // this is a const operation on the strategy as the concept has it.
@@ -357,12 +313,7 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl> {
     check_count(value.size(), "verify_mirrored");
     std::vector<std::uint64_t> mine;
     for (const auto& v : value) mine.push_back(detail::digest_of(v));
-    const auto all = gather_elements(mine);
-    std::string differ;
-    for (std::size_t r = 1; r < all.size(); ++r)
-      if (all[r] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    if (!differ.empty())
-      throw mirrored_divergence("distribute: mirrored copies differ from replica 0's on replica(s) " + differ);
+    check_digests(gather_elements(mine));
   }
 
   // Re-batches a dataset of GLOBAL batches into this worker's per-replica batches, with the worker
@@ -514,30 +465,6 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl> {
       throw collective_aborted(std::string("distribute: ") + op + " on worker " + std::to_string(worker_index()) +
                                " cannot run: a step failed and the job's NCCL communicator is gone (" + st_->failure +
                                "); restart the job from a checkpoint");
-  }
-
-  template <class A>
-  void check_argument(const A& a) const {
-    if constexpr (replica_indexed<A>) check_count(a.size(), "run");
-  }
-
-  template <class V, class F>
-  V make(F&& make_one) const {
-    return detail::make_replica_values<V>(static_cast<std::size_t>(num_local_replicas()), make_one);
-  }
-
-  void check_count(std::size_t n, const char* op) const {
-    const auto expected = static_cast<std::size_t>(num_local_replicas());
-    if (n != expected)
-      throw std::invalid_argument(std::string("distribute: ") + op + " got a value for " + std::to_string(n) +
-                                  " replicas; this worker has " + std::to_string(expected) +
-                                  " (per-replica values hold a worker's own replicas)");
-  }
-
-  static void check_axis(int axis) {
-    if (axis != 0)
-      throw std::invalid_argument("distribute: gather of flat sequences concatenates along axis 0, got axis " +
-                                  std::to_string(axis));
   }
 
   std::unique_ptr<state> st_;
