@@ -35,17 +35,10 @@ class multi_worker_base {
   // of the job, as evenly as possible, and returns this worker's replicas' shares.
   template <class T>
   per_replica<std::vector<T>> scatter(std::span<const T> batch, std::size_t example_size = 1) const {
-    if (example_size == 0 || batch.size() % example_size != 0)
-      throw std::invalid_argument("distribute: scatter got " + std::to_string(batch.size()) +
-                                  " elements, not a whole number of examples of " + std::to_string(example_size));
-    const auto total = static_cast<std::size_t>(self().num_replicas_in_sync());
-    const auto first = static_cast<std::size_t>(self().first_replica_id());
-    const std::size_t examples = batch.size() / example_size;
-    return make<per_replica<std::vector<T>>>([&](std::size_t r) {
-      const auto k = first + r;
-      const auto from = batch.begin() + static_cast<std::ptrdiff_t>(share_offset(examples, total, k) * example_size);
-      return std::vector<T>(from, from + static_cast<std::ptrdiff_t>(share_of(examples, total, k) * example_size));
-    });
+    return batch_shares<per_replica<std::vector<T>>>(batch, example_size,
+                                                     static_cast<std::size_t>(self().num_replicas_in_sync()),
+                                                     static_cast<std::size_t>(self().first_replica_id()),
+                                                     static_cast<std::size_t>(self().num_local_replicas()));
   }
   template <std::ranges::contiguous_range B>
     requires std::ranges::sized_range<B>

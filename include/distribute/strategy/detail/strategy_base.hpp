@@ -64,6 +64,22 @@ std::uint64_t digest_of(const T& value) {
   }
 }
 
+// `scatter`'s split: a batch of examples (`example_size` elements each) cut along its first axis into
+// `total` shares as evenly as possible; returns the shares of replicas [first, first + count), the
+// replicas this process holds.
+template <class V, class T>
+V batch_shares(std::span<const T> batch, std::size_t example_size, std::size_t total, std::size_t first,
+               std::size_t count) {
+  if (example_size == 0 || batch.size() % example_size != 0)
+    throw std::invalid_argument("distribute: scatter got " + std::to_string(batch.size()) +
+                                " elements, not a whole number of examples of " + std::to_string(example_size));
+  const std::size_t examples = batch.size() / example_size;
+  return make_replica_values<V>(count, [&](std::size_t r) {
+    const auto k = first + r;
+    const auto from = batch.begin() + static_cast<std::ptrdiff_t>(share_offset(examples, total, k) * example_size);
+    return std::vector<T>(from, from + static_cast<std::ptrdiff_t>(share_of(examples, total, k) * example_size));
+  });
+}
 
 }  // namespace detail
 
@@ -137,15 +153,8 @@ class strategy_base {
   // more, and with fewer examples than replicas the last replicas get empty parts.
   template <class T>
   per_replica_type<std::vector<T>> scatter(std::span<const T> batch, std::size_t example_size = 1) const {
-    if (example_size == 0 || batch.size() % example_size != 0)
-      throw std::invalid_argument("distribute: scatter got " + std::to_string(batch.size()) +
-                                  " elements, not a whole number of examples of " + std::to_string(example_size));
     const auto n = static_cast<std::size_t>(self().num_replicas_in_sync());
-    const std::size_t examples = batch.size() / example_size;
-    return make<per_replica_type<std::vector<T>>>([&](std::size_t r) {
-      const auto first = batch.begin() + static_cast<std::ptrdiff_t>(detail::share_offset(examples, n, r) * example_size);
-      return std::vector<T>(first, first + static_cast<std::ptrdiff_t>(detail::share_of(examples, n, r) * example_size));
-    });
+    return detail::batch_shares<per_replica_type<std::vector<T>>>(batch, example_size, n, 0, n);
   }
   // Any contiguous batch: std::vector, std::array, std::span<T>, ...
   template <std::ranges::contiguous_range B>
