@@ -1,6 +1,8 @@
 // The MPI communicator between the processes of the job: every collective, op and element type,
 // sizes that do not divide among the workers, bit-identical results on every worker, and the
-// fingerprint check that names the workers that disagree.
+// fingerprint check that names the workers that disagree. All-reduce is checked on both of its
+// paths: the shared-memory window (the tests' workers share a machine), with its default chunk and
+// with chunks of 4 KiB so that every size crosses chunk boundaries, and the ring of messages.
 
 #include "mpi_test_support.hpp"
 
@@ -21,6 +23,42 @@ namespace {
 dist::comm::mpi& world() {
   static dist::comm::mpi c{dist::test::test_mpi_options()};
   return c;
+}
+
+dist::comm::mpi& ring() {
+  static dist::comm::mpi c{[] {
+    auto o = dist::test::test_mpi_options();
+    o.shared_memory = false;
+    return o;
+  }()};
+  return c;
+}
+
+dist::comm::mpi& small_chunks() {
+  static dist::comm::mpi c{[] {
+    auto o = dist::test::test_mpi_options();
+    o.shared_memory_chunk = 4096;
+    return o;
+  }()};
+  return c;
+}
+
+// Made in the same order on every worker (making one is a collective).
+std::vector<dist::comm::mpi*> all_reduce_paths() { return {&world(), &ring(), &small_chunks()}; }
+
+std::string path_name(const dist::comm::mpi& c) {
+  return c.uses_shared_memory() ? "shared memory, chunk " + std::to_string(c.options().shared_memory_chunk) : "ring";
+}
+
+// Whether every process of the job runs on this machine.
+bool one_machine() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int node_size = 0, size = 0;
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_free(&node);
+  return node_size == size;
 }
 
 const std::size_t sizes[] = {0, 1, 2, 3, 7, 1000, 100003};
@@ -46,8 +84,16 @@ BOOST_AUTO_TEST_CASE(the_job_has_every_process) {
   BOOST_TEST(c.size() >= 2, "run these tests under mpiexec -np 2 or more");
 }
 
+BOOST_AUTO_TEST_CASE(workers_on_one_machine_all_reduce_through_shared_memory) {
+  const bool local = one_machine();
+  BOOST_TEST(world().uses_shared_memory() == local);
+  BOOST_TEST(small_chunks().uses_shared_memory() == local);
+  BOOST_TEST(!ring().uses_shared_memory(), "shared_memory = false keeps the ring");
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(all_reduce_gives_every_op, T, dist::test::element_types) {
-  auto& c = world();
+  for (auto* path : all_reduce_paths()) {
+  auto& c = *path;
   for (const auto op : dist::test::all_ops) {
     for (const std::size_t n : sizes) {
       std::vector<T> buf(n);
@@ -55,13 +101,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(all_reduce_gives_every_op, T, dist::test::element_
       c.all_reduce(op, std::span<T>(buf));
       std::size_t wrong = 0;
       for (std::size_t i = 0; i < n; ++i) wrong += buf[i] != dist::test::expected_for<T>(c.size(), i, op);
-      BOOST_TEST(wrong == 0u, dist::to_string(op) << " of " << n << " " << dist::dtype_of<T>);
+      BOOST_TEST(wrong == 0u, dist::to_string(op) << " of " << n << " " << dist::dtype_of<T> << ", " << path_name(c));
     }
+  }
   }
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(several_buffers_are_one_collective, T, dist::test::element_types) {
-  auto& c = world();
+  for (auto* path : all_reduce_paths()) {
+  auto& c = *path;
   // Long enough for several pieces per ring block, and ring blocks that span several buffers.
   const std::vector<std::size_t> lengths{5, 0, 1000, 3, 70001, 140003};
   for (const auto op : dist::test::all_ops) {
@@ -80,7 +128,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(several_buffers_are_one_collective, T, dist::test:
       for (std::size_t i = 0; i < b.size(); ++i) wrong += b[i] != dist::test::expected_for<T>(c.size(), offset + i, op);
       offset += b.size();
     }
-    BOOST_TEST(wrong == 0u, dist::to_string(op));
+    BOOST_TEST(wrong == 0u, dist::to_string(op) << ", " << path_name(c));
+  }
   }
 }
 
@@ -142,7 +191,8 @@ BOOST_AUTO_TEST_CASE(barriers_and_other_arithmetic_types) {
 }
 
 BOOST_AUTO_TEST_CASE(floats_are_bit_identical_on_every_worker_and_every_run) {
-  auto& c = world();
+  for (auto* path : all_reduce_paths()) {
+  auto& c = *path;
   std::mt19937 gen(static_cast<unsigned>(c.rank()) * 7919u + 1u);
   std::uniform_real_distribution<float> d(-100.0f, 100.0f);
   std::vector<float> original(50001);
@@ -155,8 +205,21 @@ BOOST_AUTO_TEST_CASE(floats_are_bit_identical_on_every_worker_and_every_run) {
     const std::uint64_t digest = dist::detail::fnv1a(first.data(), first.size() * sizeof(float));
     std::vector<std::uint64_t> digests(static_cast<std::size_t>(c.size()));
     c.all_gather(std::span<const std::uint64_t>(&digest, 1), std::span<std::uint64_t>(digests));
-    for (auto x : digests) BOOST_TEST(x == digests[0], "every worker holds the same bits");
+    for (auto x : digests) BOOST_TEST(x == digests[0], "every worker holds the same bits, " << path_name(c));
   }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(through_shared_memory_the_bits_do_not_depend_on_the_chunk) {
+  // Every element is combined in worker order by one worker, however the buffer is cut.
+  std::mt19937 gen(static_cast<unsigned>(world().rank()) * 104729u + 3u);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> a(300007);
+  for (auto& x : a) x = d(gen);
+  std::vector<float> b = a;
+  world().all_reduce(reduce_op::sum, std::span<float>(a));
+  small_chunks().all_reduce(reduce_op::sum, std::span<float>(b));
+  BOOST_TEST((a == b));
 }
 
 BOOST_AUTO_TEST_CASE(fingerprints_are_checked_by_default_in_debug_builds) {
@@ -194,6 +257,31 @@ BOOST_AUTO_TEST_CASE(workers_that_disagree_are_named_and_the_communicator_goes_o
   std::vector<int> ok(3, 1);
   c.all_reduce(reduce_op::sum, std::span<int>(ok));
   BOOST_TEST(ok[2] == c.size());
+}
+
+BOOST_AUTO_TEST_CASE(through_shared_memory_a_mismatch_is_named_even_without_fingerprints) {
+  static dist::comm::mpi c{[] {
+    auto o = dist::test::test_mpi_options();
+    o.check_fingerprints = false;
+    return o;
+  }()};
+  if (!c.uses_shared_memory()) return;  // the workers are on several machines
+  std::vector<float> buf(c.rank() == 1 ? 11 : 10, 1.0f);
+  BOOST_CHECK_EXCEPTION(c.all_reduce(reduce_op::sum, std::span<float>(buf)), dist::collective_mismatch,
+                        [&](const dist::collective_mismatch& e) {
+                          BOOST_TEST_MESSAGE(e.what());
+                          return message_has(e, "worker 1 called all_reduce(sum) of 11 float32") &&
+                                 message_has(e, "called all_reduce(sum) of 10 float32");
+                        });
+  std::vector<std::int64_t> same(3, 2);
+  BOOST_CHECK_EXCEPTION(c.all_reduce(c.rank() == 0 ? reduce_op::prod : reduce_op::sum, std::span<std::int64_t>(same)),
+                        dist::collective_mismatch,
+                        [](const dist::collective_mismatch& e) { return message_has(e, "worker 0 called all_reduce(prod) of 3 int64"); });
+  // Nothing moved, and the workers are still in step.
+  BOOST_TEST(!c.failed());
+  std::vector<float> ok(20000, 1.0f);
+  c.all_reduce(reduce_op::sum, std::span<float>(ok));
+  BOOST_TEST(ok[19999] == static_cast<float>(c.size()));
 }
 
 BOOST_AUTO_TEST_CASE(wrong_sizes_are_refused_before_any_message) {

@@ -93,11 +93,18 @@ BOOST_AUTO_TEST_CASE(a_killed_worker_stops_the_job) {
 }
 
 BOOST_AUTO_TEST_CASE(a_stalled_worker_times_out_the_others) {
+  // Through shared memory every survivor names the missing worker ...
   const auto r = run_job(3, "--scenario=stall --timeout-ms=2000");
   BOOST_TEST(r.exit_code != 0);
-  BOOST_TEST(has(r, "timed out after 2000 ms waiting for a message from worker 2"), "the survivors name the missing worker");
+  BOOST_TEST(has(r, "worker 0 of 3 timed out after 2000 ms waiting for worker 2 "), "the survivors name the missing worker");
+  BOOST_TEST(has(r, "worker 1 of 3 timed out after 2000 ms waiting for worker 2 "));
   BOOST_TEST(has(r, "all_reduce(sum) of 1000 float32"), "and the collective");
   BOOST_TEST(r.seconds < 30.0, "the job stopped after " << r.seconds << " s, not when the stalled worker woke");
+  // ... and over the ring, the neighbour that waits for its message does.
+  const auto ring = run_job(3, "--scenario=stall --no-shared-memory --timeout-ms=2000");
+  BOOST_TEST(ring.exit_code != 0);
+  BOOST_TEST(has(ring, "timed out after 2000 ms waiting for a message from worker 2"));
+  BOOST_TEST(ring.seconds < 30.0);
 }
 
 BOOST_AUTO_TEST_CASE(a_worker_whose_step_throws_ends_the_job_without_waiting_for_the_timeout) {
@@ -110,6 +117,8 @@ BOOST_AUTO_TEST_CASE(a_worker_whose_step_throws_ends_the_job_without_waiting_for
   const auto lingers = run_job(3, "--scenario=throw --linger --timeout-ms=60000");
   BOOST_TEST(lingers.exit_code != 0);
   BOOST_TEST(has(lingers, "caught: boom at step 2"));
+  // Through shared memory the others see at once that worker 1 left, without waiting for the abort.
+  BOOST_TEST(has(lingers, "stopped: worker 1 failed: distribute: worker 1 of 3 failed: boom at step 2"));
   BOOST_TEST(lingers.seconds < 20.0);
 }
 
@@ -122,11 +131,18 @@ BOOST_AUTO_TEST_CASE(workers_that_disagree_stop_the_job_with_each_call_named) {
 }
 
 BOOST_AUTO_TEST_CASE(without_fingerprints_a_size_mismatch_still_stops_the_job) {
-  // Worker 1's ring blocks are longer than worker 0's: a short message, which MPI accepts silently.
+  // Through shared memory every worker's call is compared in any build ...
   const auto r = run_job(2, "--scenario=mismatch --no-fingerprints --replicas=1 --timeout-ms=5000");
   BOOST_TEST(r.exit_code != 0);
-  BOOST_TEST(has(r, "the workers called collectives of different sizes"));
+  BOOST_TEST(has(r, "worker 0 called all_reduce(sum) of 4 float32"));
+  BOOST_TEST(has(r, "worker 1 called all_reduce(sum) of 5 float32"));
   BOOST_TEST(r.seconds < 30.0);
+  // ... over the ring, worker 1's blocks are longer than worker 0's: a short message, which MPI
+  // accepts silently and the ring refuses.
+  const auto ring = run_job(2, "--scenario=mismatch --no-fingerprints --no-shared-memory --replicas=1 --timeout-ms=5000");
+  BOOST_TEST(ring.exit_code != 0);
+  BOOST_TEST(has(ring, "the workers called collectives of different sizes"));
+  BOOST_TEST(ring.seconds < 30.0);
 }
 
 BOOST_AUTO_TEST_CASE(resume_after_a_kill_matches_an_uninterrupted_run) {

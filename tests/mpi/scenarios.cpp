@@ -6,6 +6,7 @@
 //   --scenario=stall    the last worker stops taking part at step 3; the others must time out.
 //   --scenario=mismatch worker 1's replicas all-reduce one element more than the others'
 //                       (--no-fingerprints: without the fingerprint check).
+// Any scenario: --no-shared-memory makes the workers all-reduce over the ring of messages.
 //   --scenario=throw    a replica of worker 1 throws at step 2 (--linger: the process then sleeps).
 //   --scenario=single   a program started without a launcher is one worker.
 // Exit codes: 0 done, 3 a collective error reached the program (the job is then aborted), 4 wrong.
@@ -57,6 +58,7 @@ dist::multi_worker_options options_from(const arguments& args) {
   dist::multi_worker_options o{.local_replicas = static_cast<int>(number(args, "replicas", 2)),
                                .mpi = dist::test::test_mpi_options(std::chrono::milliseconds(number(args, "timeout-ms", 20000)))};
   if (args.contains("no-fingerprints")) o.mpi.check_fingerprints = false;
+  if (args.contains("no-shared-memory")) o.mpi.shared_memory = false;
   return o;
 }
 

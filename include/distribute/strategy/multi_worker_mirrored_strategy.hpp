@@ -371,9 +371,8 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     state& st = *state_;
     if (num_workers() == 1 || !st.failure.empty()) return;
     st.failure = what(failure);
-    comm::detail::mpi_runtime::instance().fail("distribute: worker " + std::to_string(worker_index()) + " of " +
-                                                   std::to_string(num_workers()) + " failed: " + st.failure,
-                                               st.options.mpi.abort_grace);
+    st.group.cross().leave("distribute: worker " + std::to_string(worker_index()) + " of " +
+                           std::to_string(num_workers()) + " failed: " + st.failure);
   }
 
   // Runs cross-worker work of the calling thread; a failure is a failure of the job.

@@ -1,0 +1,269 @@
+#pragma once
+// All-reduce between workers on one machine through an MPI shared-memory window.
+//
+// When every process of the communicator runs on one machine (MPI_Comm_split_type with
+// MPI_COMM_TYPE_SHARED finds them all), MPI_Win_allocate_shared maps a slot of each worker into every
+// other: the workers then reduce by reading each other's slots directly, as replica threads do in one
+// process, instead of passing messages through MPI's transport (which copies every byte in and out
+// of its own buffers, and hands large messages over in a rendezvous). MPI still provides the memory,
+// the placement of the processes and the launch; the window only replaces the messages.
+//
+// Each slot has a control block (a phase counter, what the worker's current collective is, a failure
+// flag) and two halves of `chunk_bytes` used in turn. A buffer of n elements is processed in chunks of
+// at most chunk_bytes; for each chunk, with P workers and the chunk cut into P segments:
+//
+//   A  copy every segment but my own (r) into my half; publish; wait for everyone
+//      (the first chunk also compares what every worker called: a mismatch is found here, in any
+//      build, and the chunk is abandoned before anyone reads a half, so its half is used again)
+//   D  reduce segment r: my own data and segment r of every other half, in worker order, into my
+//      buffer and into segment r of my half (then free: I did not copy it in A); publish; wait
+//   F  copy segment q of worker q's half into my buffer, for every q != r
+//
+// Every element is combined once, by one worker, in worker order, and copied to the others: all
+// workers hold the same bits, whatever the chunk size. Two halves make the reuse safe: a worker writes
+// a half again two chunks later, after its wait in D of the chunk between, and every other worker
+// finished reading that half (F) before it published that chunk's A.
+//
+// A wait polls the other workers' counters against the deadline and their failure flags; a worker
+// that is late is named, one that failed is reported with its own message. The counters are C++
+// atomics in memory shared between processes (lock-free, so address-free).
+
+#include <distribute/comm/detail/flat_ranges.hpp>
+#include <distribute/comm/detail/mpi_call.hpp>
+#include <distribute/comm/detail/mpi_runtime.hpp>
+#include <distribute/comm/detail/reduce_kernel.hpp>
+#include <distribute/detail/backoff.hpp>
+#include <distribute/reduce_op.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace distribute::comm::detail {
+
+// Why a wait in the window did not end with every worker there.
+struct window_failure {
+  enum class kind { timeout, peer_failed, mismatch };
+  kind what = kind::timeout;
+  std::vector<int> late;  // timeout: the workers that had not arrived
+  int worker = -1;        // peer_failed: the worker that failed
+  std::string message;    // peer_failed: its message; mismatch: every worker's call
+};
+
+class mpi_node_window {
+ public:
+  static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free,
+                "counters shared between processes must be lock-free");
+
+  // Collective over `comm` (rank `rank` of `size`). Null when the workers are not all on one machine,
+  // or when MPI could not make the window; every worker gets the same answer.
+  static std::unique_ptr<mpi_node_window> create(MPI_Comm comm, int rank, int size, std::size_t chunk_bytes) {
+    if (size < 2) return nullptr;
+    MPI_Comm node = MPI_COMM_NULL;
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) != MPI_SUCCESS) return nullptr;
+    int node_size = 0;
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    if (node_size != size) return nullptr;  // the same answer everywhere: some worker is elsewhere
+
+    chunk_bytes = std::max<std::size_t>(chunk_bytes, 4096) / 64 * 64;
+    auto w = std::unique_ptr<mpi_node_window>(new mpi_node_window(rank, size, chunk_bytes));
+    MPI_Info info = MPI_INFO_NULL;
+    MPI_Info_create(&info);
+    // Each slot where its owner runs (first touch), rather than one block on one NUMA node.
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    void* base = nullptr;
+    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(slot_bytes(chunk_bytes)), 1, info, comm, &base, &w->win_);
+    MPI_Info_free(&info);
+    int ok = rc == MPI_SUCCESS ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+    if (!ok) return nullptr;  // a window made on some workers only is left, not freed (freeing is collective)
+    for (int q = 0; q < size; ++q) {
+      MPI_Aint bytes = 0;
+      int unit = 0;
+      void* p = nullptr;
+      MPI_Win_shared_query(w->win_, q, &bytes, &unit, &p);
+      // MPI aligns a slot only to 8 bytes; a page boundary lies at the same place in every mapping.
+      const auto at = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
+      w->slots_[static_cast<std::size_t>(q)] = reinterpret_cast<std::byte*>(at);
+    }
+    new (w->slots_[static_cast<std::size_t>(rank)]) control{};
+    MPI_Barrier(comm);  // every control block is constructed before anyone reads one
+    return w;
+  }
+
+  mpi_node_window(const mpi_node_window&) = delete;
+  mpi_node_window& operator=(const mpi_node_window&) = delete;
+  // The window is left to the end of the job unless `release` ran: freeing it waits for every worker.
+  ~mpi_node_window() = default;
+
+  // Collective: every worker frees its window at the same point (when its communicator goes away).
+  void release() {
+    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+  }
+
+  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+
+  // Tells the other workers that this one failed (they stop waiting for it at once).
+  void mark_failed(const std::string& message) noexcept {
+    control& c = ctl(rank_);
+    const std::size_t n = std::min(message.size(), sizeof(c.message) - 1);
+    std::memcpy(c.message, message.data(), n);
+    c.message[n] = '\0';
+    c.failed.store(1, std::memory_order_release);
+  }
+
+  // All-reduce of `bufs` taken as one sequence of n elements; a mean is summed and divided by
+  // `mean_over`. `fail` is called (and must throw) when a wait fails or the workers disagree.
+  // Compares what every worker called (the fingerprint check of collectives that do not move their
+  // data through the window): one meeting, and a `mismatch` failure on every worker that disagrees.
+  template <class Fail>
+  void check_calls(const mpi_call& call, std::chrono::steady_clock::time_point deadline, Fail&& fail) {
+    write_call(call);
+    publish();
+    wait_all(deadline, fail);
+    compare_calls_or_fail(deadline, fail);
+  }
+
+  template <class T, class Fail>
+  void all_reduce(reduce_op op, std::span<const std::span<T>> bufs, std::size_t n, int mean_over, const mpi_call& call,
+                  std::chrono::steady_clock::time_point deadline, Fail&& fail) {
+    const int P = size_, r = rank_;
+    const reduce_op sum_op = op == reduce_op::mean ? reduce_op::sum : op;
+    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / sizeof(T));
+    const std::size_t chunks = std::max<std::size_t>(1, (n + chunk - 1) / chunk);
+    const std::size_t everything = n + 1;  // a run length that never cuts
+    srcs_.resize(static_cast<std::size_t>(P));
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t lo = c * chunk, m = std::min(chunk, n - lo);
+      const std::size_t half = static_cast<std::size_t>(turn_ & 1);
+      auto seg = [&](int q) { return block_begin(m, P, q); };
+      auto in_half = [&](int q) { return reinterpret_cast<T*>(slots_[static_cast<std::size_t>(q)] + header_bytes + half * chunk_bytes_); };
+
+      // A: publish what the others reduce.
+      T* const mine = in_half(r);
+      for (int q = 0; q < P; ++q) {
+        if (q == r) continue;
+        for_each_run(bufs, lo + seg(q), lo + seg(q + 1), everything,
+                     [&](T* p, std::size_t len, std::size_t off) { std::memcpy(mine + seg(q) + off, p, len * sizeof(T)); });
+      }
+      if (c == 0) write_call(call);
+      publish();
+      wait_all(deadline, fail);
+      if (c == 0) compare_calls_or_fail(deadline, fail);
+
+      // D: reduce my segment, in worker order.
+      for_each_run(bufs, lo + seg(r), lo + seg(r + 1), everything, [&](T* p, std::size_t len, std::size_t off) {
+        for (int q = 0; q < P; ++q) srcs_[static_cast<std::size_t>(q)] = q == r ? static_cast<const void*>(p) : in_half(q) + seg(r) + off;
+        T* const out = mine + seg(r) + off;
+        void* dsts[2] = {p, out};
+        reduce_range<T>(sum_op, srcs_.data(), P, 0, len, dsts, 2);
+        if (op == reduce_op::mean)
+          for (std::size_t i = 0; i < len; ++i) out[i] = p[i] = distribute::detail::finish(op, p[i], mean_over);
+      });
+      publish();
+      wait_all(deadline, fail);
+
+      // F: take every other worker's segment.
+      for (int q = 0; q < P; ++q) {
+        if (q == r) continue;
+        const T* const from = in_half(q) + seg(q);
+        for_each_run(bufs, lo + seg(q), lo + seg(q + 1), everything,
+                     [&](T* p, std::size_t len, std::size_t off) { std::memcpy(p, from + off, len * sizeof(T)); });
+      }
+      ++turn_;
+    }
+  }
+
+ private:
+  struct control {
+    alignas(64) std::atomic<std::uint64_t> phase{0};  // polled by every other worker: a line of its own
+    // What the worker called, written before the phase that publishes it. Two, used in turn: a worker
+    // writes one again only after every other worker has published the phase after reading it.
+    alignas(64) mpi_call calls[2]{};
+    alignas(64) std::atomic<std::uint32_t> failed{0};
+    char message[1024]{};
+  };
+  static constexpr std::size_t page = 4096;
+  static constexpr std::size_t header_bytes = (sizeof(control) + page - 1) / page * page;
+  static constexpr std::size_t slot_bytes(std::size_t chunk_bytes) noexcept { return page + header_bytes + 2 * chunk_bytes; }
+
+  mpi_node_window(int rank, int size, std::size_t chunk_bytes)
+      : rank_{rank}, size_{size}, chunk_bytes_{chunk_bytes}, slots_(static_cast<std::size_t>(size)) {}
+
+  control& ctl(int q) noexcept { return *std::launder(reinterpret_cast<control*>(slots_[static_cast<std::size_t>(q)])); }
+
+  void write_call(const mpi_call& call) noexcept { ctl(rank_).calls[calls_ & 1] = call; }
+
+  // After the meeting that published every worker's call: everyone compares the same records and
+  // reaches the same verdict. On a mismatch the workers meet once more (so that no record is rewritten
+  // before everyone has read it, and the counters stay in step) and `fail` reports it; the
+  // communicator goes on.
+  template <class Fail>
+  void compare_calls_or_fail(std::chrono::steady_clock::time_point deadline, Fail& fail) {
+    std::vector<mpi_call> calls(static_cast<std::size_t>(size_));
+    for (int q = 0; q < size_; ++q) calls[static_cast<std::size_t>(q)] = ctl(q).calls[calls_ & 1];
+    ++calls_;
+    if (auto message = compare_calls(calls); !message.empty()) {
+      publish();
+      wait_all(deadline, fail);
+      fail(window_failure{window_failure::kind::mismatch, {}, -1, std::move(message)});
+    }
+  }
+
+  void publish() noexcept { ctl(rank_).phase.store(++phase_, std::memory_order_release); }
+
+  // Until every worker has published phase_. Spins while the others are likely running, then yields,
+  // then sleeps in short steps (a slow peer should not take a core from the replicas).
+  template <class Fail>
+  void wait_all(std::chrono::steady_clock::time_point deadline, Fail& fail) {
+    auto arrived = [&] {
+      for (int q = 0; q < size_; ++q)
+        if (ctl(q).phase.load(std::memory_order_acquire) < phase_) return false;
+      return true;
+    };
+    if (arrived()) return;
+    const auto start = std::chrono::steady_clock::now();
+    for (std::uint64_t i = 1;; ++i) {
+      if (arrived()) return;
+      if ((i & 63) != 0) {
+        distribute::detail::cpu_relax();
+        continue;
+      }
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_ && ctl(q).failed.load(std::memory_order_acquire) && ctl(q).phase.load(std::memory_order_acquire) < phase_)
+          fail(window_failure{window_failure::kind::peer_failed, {}, q, std::string(ctl(q).message)});
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        window_failure f;
+        for (int q = 0; q < size_; ++q)
+          if (ctl(q).phase.load(std::memory_order_acquire) < phase_) f.late.push_back(q);
+        if (f.late.empty()) return;
+        fail(std::move(f));
+      }
+      if (now - start > std::chrono::milliseconds(100)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      else if (now - start > distribute::detail::spin_time) std::this_thread::yield();
+    }
+  }
+
+  int rank_, size_;
+  std::size_t chunk_bytes_;
+  std::vector<std::byte*> slots_;  // every worker's slot, mapped here
+  std::vector<const void*> srcs_;
+  MPI_Win win_ = MPI_WIN_NULL;
+  std::uint64_t phase_ = 0;  // phases this worker has published
+  std::uint64_t turn_ = 0;   // chunks done: which half is next
+  std::uint64_t calls_ = 0;  // calls compared: which record is next
+};
+
+}  // namespace distribute::comm::detail
