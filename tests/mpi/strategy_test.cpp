@@ -8,6 +8,8 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <memory>
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -30,6 +32,24 @@ strategy_type& uneven() {
   static strategy_type s{{.local_replicas = 1 + dist::test::world_rank() % 2, .mpi = dist::test::test_mpi_options()}};
   return s;
 }
+// The same, with each of the two ways a worker's replicas take part in a cross-worker all-reduce.
+strategy_type& uneven_with(dist::comm::local_reduction how) {
+  auto make = [](dist::comm::local_reduction h) {
+    return std::make_unique<strategy_type>(dist::multi_worker_options{.local_replicas = 1 + dist::test::world_rank() % 2,
+                                                                      .mpi = dist::test::test_mpi_options(),
+                                                                      .local_reduction = h});
+  };
+  // Made in the same order on every worker.
+  static const auto first = make(dist::comm::local_reduction::first_replica);
+  static const auto parallel = make(dist::comm::local_reduction::parallel);
+  return how == dist::comm::local_reduction::first_replica ? *first : *parallel;
+}
+constexpr dist::comm::local_reduction both_local_reductions[] = {dist::comm::local_reduction::first_replica,
+                                                                 dist::comm::local_reduction::parallel};
+const char* name_of(dist::comm::local_reduction how) {
+  return how == dist::comm::local_reduction::first_replica ? "first_replica" : "parallel";
+}
+
 strategy_type& two_each() {
   static strategy_type s{{.local_replicas = 2, .mpi = dist::test::test_mpi_options()}};
   return s;
@@ -86,7 +106,8 @@ BOOST_AUTO_TEST_CASE(replicas_are_numbered_across_workers) {
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(replica_all_reduce_gives_every_op, T, dist::test::element_types) {
-  auto& s = uneven();
+  for (const auto how : both_local_reductions) {
+  auto& s = uneven_with(how);
   const int n = s.num_replicas_in_sync();
   for (const auto op : dist::test::all_ops) {
     const auto wrong = s.run([&](dist::replica auto& r) {
@@ -106,7 +127,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(replica_all_reduce_gives_every_op, T, dist::test::
       bad += one != dist::test::expected_for<T>(n, 0, op);
       return bad;
     });
-    for (auto bad : wrong) BOOST_TEST(bad == 0u, dist::to_string(op) << " " << dist::dtype_of<T>);
+    for (auto bad : wrong) BOOST_TEST(bad == 0u, dist::to_string(op) << " " << dist::dtype_of<T> << ", local reduction " << name_of(how));
+  }
   }
 }
 
@@ -138,7 +160,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(replica_gather_broadcast_scatter, T, dist::test::e
 }
 
 BOOST_AUTO_TEST_CASE(gradients_are_summed_in_fused_buckets) {
-  auto& s = uneven();
+  for (const auto how : both_local_reductions) {
+  auto& s = uneven_with(how);
   const int n = s.num_replicas_in_sync();
   const std::vector<std::size_t> sizes{1000, 10, 3000, 0, 500};
   auto models = s.mirror([&](auto&) { return flat_model<float>(sizes); });
@@ -155,7 +178,8 @@ BOOST_AUTO_TEST_CASE(gradients_are_summed_in_fused_buckets) {
     for (std::size_t p = 0; p < sizes.size(); ++p)
       for (std::size_t i = 0; i < sizes[p]; ++i)
         wrong += m.grads[p][i] != ids * static_cast<float>(p + 1) + static_cast<float>(n) * static_cast<float>(i % 7);
-  BOOST_TEST(wrong == 0u);
+  BOOST_TEST(wrong == 0u, "local reduction " << name_of(how));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(reduce_and_gather_span_every_worker) {

@@ -5,6 +5,10 @@
 //
 //   all_reduce   local reduction -> cross-worker reduction of the local results -> copy to every local
 //                replica. A mean is summed in both stages and divided once, by the replica count.
+//                Or, with `local_reduction::first_replica`, local replica 0 does all three for the
+//                worker in one pass (the cross engine's all_reduce_each reads and writes every local
+//                replica's buffers), while the others wait: better when the replicas outnumber the
+//                cores, where a reduction inside the process only passes cores back and forth.
 //   all_gather   local gather into this worker's blocks -> cross-worker gather of the blocks -> copy
 //   broadcast    to local replica 0 of the root's worker -> across workers -> to every local replica
 //   barrier      local, across, local
@@ -18,11 +22,13 @@
 #include <distribute/collective_options.hpp>
 #include <distribute/comm/detail/check.hpp>
 #include <distribute/comm/shared_memory.hpp>
+#include <distribute/detail/backoff.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -36,12 +42,31 @@ namespace distribute::comm {
 template <class Cross>
 class hierarchical;
 
+// How the replicas of a worker take part in an all-reduce across workers.
+enum class local_reduction {
+  // first_replica when the cross engine reads other processes' memory directly (comm::mpi with
+  // every worker on one machine) and the job has more replicas than this machine has hardware
+  // threads; otherwise parallel.
+  automatic,
+  parallel,       // the local replicas all-reduce among themselves, then local replica 0 across workers
+  first_replica,  // local replica 0 reduces every local buffer with the other workers' in one pass
+};
+
+namespace detail {
+template <class Cross, class T>
+concept reduces_several_lists = requires(Cross& c, std::span<const std::span<const std::span<T>>> lists) {
+  c.all_reduce_each(reduce_op::sum, lists, 1);
+  { c.uses_shared_memory() } -> std::convertible_to<bool>;
+};
+}  // namespace detail
+
 // The shared state of one worker's replicas. Creating it is a collective of the workers (they
 // exchange their replica counts).
 template <class Cross>
 class hierarchical_group {
  public:
-  hierarchical_group(Cross cross, int local_replicas, collective_options options = {})
+  hierarchical_group(Cross cross, int local_replicas, collective_options options = {},
+                     local_reduction how = local_reduction::automatic)
       : cross_{std::move(cross)},
         local_{check_count(local_replicas), cross_.size() > 1 ? local_options(options) : options},
         worker_{cross_.rank()},
@@ -55,7 +80,18 @@ class hierarchical_group {
                                     " replicas; every worker needs at least one");
       first_[w + 1] = first_[w] + counts[w];
     }
+    if constexpr (detail::reduces_several_lists<Cross, float>) {
+      if (how == local_reduction::automatic)
+        how = cross_.uses_shared_memory() && !distribute::detail::may_spin(total_replicas()) ? local_reduction::first_replica
+                                                                                                : local_reduction::parallel;
+    } else {
+      how = local_reduction::parallel;
+    }
+    first_replica_reduces_ = how == local_reduction::first_replica && local_replicas > 1 && cross_.size() > 1;
   }
+
+  // Whether local replica 0 reduces for the whole worker (local_reduction::first_replica in effect).
+  bool first_replica_reduces() const noexcept { return first_replica_reduces_; }
   hierarchical_group(const hierarchical_group&) = delete;
   hierarchical_group& operator=(const hierarchical_group&) = delete;
 
@@ -96,6 +132,7 @@ class hierarchical_group {
   int worker_;
   std::vector<int> first_;
   std::vector<const void*> published_;  // what local replica 0 publishes for the fan-out
+  bool first_replica_reduces_ = false;
 };
 
 template <class Cross>
@@ -111,6 +148,7 @@ class hierarchical {
   template <element T>
   void all_reduce(reduce_op op, std::span<T> buf) {
     if (g_->num_workers() == 1) return local_.all_reduce(op, buf);
+    if (g_->first_replica_reduces()) return reduce_by_first_replica(op, std::span<const std::span<T>>(&buf, 1));
     const reduce_op partial = op == reduce_op::mean ? reduce_op::sum : op;
     if (local_.size() > 1) local_.all_reduce(partial, buf);
     if (local_.rank() == 0) {
@@ -126,6 +164,7 @@ class hierarchical {
   void all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
     if (g_->num_workers() == 1) return local_.all_reduce(op, bufs);
     if (bufs.size() == 1) return all_reduce(op, bufs[0]);
+    if (g_->first_replica_reduces()) return reduce_by_first_replica(op, bufs);
     const reduce_op partial = op == reduce_op::mean ? reduce_op::sum : op;
     if (local_.size() > 1) local_.all_reduce(partial, bufs);
     if (local_.rank() == 0) {
@@ -187,6 +226,15 @@ class hierarchical {
   }
 
  private:
+  // Local replica 0 all-reduces every local replica's buffers with the other workers in one pass,
+  // writing the result into each, while the others wait.
+  template <element T>
+  void reduce_by_first_replica(reduce_op op, std::span<const std::span<T>> bufs) {
+    local_.all_reduce_by_first(op, bufs, [&](std::span<const std::span<const std::span<T>>> lists) {
+      g_->cross_.all_reduce_each(op, lists, size());
+    });
+  }
+
   // Local replica 0 has published its result; the others copy it, and nobody leaves before every copy
   // is taken (the result lives in local replica 0's buffers). If local replica 0 failed, the first
   // meeting fails at once (the strategy aborts the group).

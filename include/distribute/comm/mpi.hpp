@@ -128,11 +128,47 @@ class mpi {
     for (auto b : bufs) total += b.size();
     auto c = begin(collective_kind::all_reduce, detail::type_code<T>(), op, total);
     if (s_->window) {
-      s_->window->all_reduce(op, bufs, total, mean_over, c.call, c.deadline,
-                             [&](detail::window_failure f) { report_window_failure(c, std::move(f)); });
+      s_->window->all_reduce(op, std::span<const std::span<const std::span<T>>>(&bufs, 1), total, mean_over, c.call,
+                             c.deadline, [&](detail::window_failure f) { report_window_failure(c, std::move(f)); });
       return;
     }
     ring_all_reduce(op, bufs, mean_over, c);
+  }
+
+  // One all-reduce in which this worker contributes several lists of buffers of the same shape (the
+  // buffers of its replicas), combined in list order, and every list receives the result. Through
+  // shared memory the lists are read and written where they are, with no extra pass over them.
+  template <detail::mpi_value T>
+  void all_reduce_each(reduce_op op, std::span<const std::span<const std::span<T>>> lists, int mean_over) {
+    if (lists.empty()) throw std::invalid_argument("distribute: all_reduce_each needs at least one list of buffers");
+    if (mean_over < 1) throw std::invalid_argument("distribute: a mean over " + std::to_string(mean_over) + " contributions");
+    const auto first = lists[0];
+    for (const auto list : lists) {
+      bool same = list.size() == first.size();
+      for (std::size_t i = 0; same && i < list.size(); ++i) same = list[i].size() == first[i].size();
+      if (!same) throw std::invalid_argument("distribute: all_reduce_each needs lists of buffers of one shape");
+    }
+    std::size_t total = 0;
+    for (auto b : first) total += b.size();
+    auto c = begin(collective_kind::all_reduce, detail::type_code<T>(), op, total);
+    if (s_->window) {
+      s_->window->all_reduce(op, lists, total, mean_over, c.call, c.deadline,
+                             [&](detail::window_failure f) { report_window_failure(c, std::move(f)); });
+      return;
+    }
+    // Over the ring: combine into the first list, all-reduce it, copy it to the others.
+    const reduce_op partial = op == reduce_op::mean ? reduce_op::sum : op;
+    std::vector<const void*> srcs(lists.size());
+    if (lists.size() > 1)
+      detail::for_each_run_at(first, 0, total, total + 1, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t) {
+        for (std::size_t l = 0; l < lists.size(); ++l) srcs[l] = lists[l][i].data() + at;
+        void* dst[1] = {first[i].data() + at};
+        detail::reduce_range<T>(partial, srcs.data(), static_cast<int>(lists.size()), 0, len, dst, 1);
+      });
+    ring_all_reduce(op, first, mean_over, c);
+    for (std::size_t l = 1; l < lists.size(); ++l)
+      for (std::size_t i = 0; i < first.size(); ++i)
+        if (!first[i].empty()) std::memcpy(lists[l][i].data(), first[i].data(), first[i].size_bytes());
   }
 
   // in.size() == size() * out.size(); this worker receives the reduction of block rank().

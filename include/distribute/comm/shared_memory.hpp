@@ -268,6 +268,36 @@ class shared_memory {
     collective(detail::descriptor{.kind = detail::collective_kind::barrier}, nullptr);
   }
 
+  // An all-reduce that rank 0 carries out for the group with another engine: every rank posts its
+  // buffers and meets the others (a mismatch between ranks is found as in all_reduce); rank 0 calls
+  // `work` with every rank's buffers, in rank order, while the others wait at a barrier. When `work`
+  // throws on rank 0, the others' wait ends as any failed meeting does (the caller aborts the group).
+  template <element T, class Work>
+  void all_reduce_by_first(reduce_op op, std::span<const std::span<T>> bufs, Work&& work) {
+    std::vector<detail::segment> segs;
+    segs.reserve(bufs.size());
+    std::size_t total = 0;
+    for (auto b : bufs) {
+      segs.push_back({b.data(), b.size()});
+      total += b.size();
+    }
+    const detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op,
+                               .count = total, .segs = segs.data(), .n_segs = segs.size()};
+    const slot_view v = post_and_meet(d);
+    if (rank_ == 0) {
+      std::vector<std::vector<std::span<T>>> lists(static_cast<std::size_t>(size()));
+      std::vector<std::span<const std::span<T>>> views;
+      for (int q = 0; q < size(); ++q) {
+        const auto& posted = v.posted(q);
+        for (std::size_t i = 0; i < posted.n_segs; ++i)
+          lists[static_cast<std::size_t>(q)].emplace_back(static_cast<T*>(posted.segs[i].data), posted.segs[i].size);
+        views.emplace_back(lists[static_cast<std::size_t>(q)]);
+      }
+      work(std::span<const std::span<const std::span<T>>>(views));
+    }
+    barrier();
+  }
+
  private:
   using slot = shared_memory_group::slot;
 
@@ -310,6 +340,15 @@ class shared_memory {
   // finished reading the descriptions of collective k.
   template <class Work>
   void collective(const detail::descriptor& d, const Work& work) {
+    const slot_view view = post_and_meet(d);
+    if constexpr (!std::is_same_v<Work, std::nullptr_t>) {
+      work(view);
+      g_->rendezvous_.arrive_and_wait({}, /*may_fail=*/false);
+    }
+  }
+
+  // Post, meet (may fail), compare: every rank's description is then readable until the next meeting.
+  slot_view post_and_meet(const detail::descriptor& d) {
     auto& g = *g_;
     slot& mine = g.slots_[static_cast<std::size_t>(rank_)];
     const std::uint64_t seq = mine.seq.load(std::memory_order_relaxed);
@@ -328,10 +367,7 @@ class shared_memory {
       g.rendezvous_.arrive_and_wait({}, /*may_fail=*/false);
       throw collective_mismatch(*message);
     }
-    if constexpr (!std::is_same_v<Work, std::nullptr_t>) {
-      work(view);
-      g.rendezvous_.arrive_and_wait({}, /*may_fail=*/false);
-    }
+    return view;
   }
 
   std::optional<std::string> mismatch(const slot_view& v, std::uint64_t seq) const {

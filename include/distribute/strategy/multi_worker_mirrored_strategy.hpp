@@ -57,8 +57,12 @@ struct split_global_batch;  // <distribute/data/distribute.hpp>
 struct multi_worker_options {
   // CPU replicas of this worker (threads of this process). Workers may differ.
   int local_replicas = 1;
-  // Timeout, fingerprint checks and the grace before a failed job is aborted.
+  // Timeout, fingerprint checks, shared memory and the grace before a failed job is aborted.
   comm::mpi_options mpi{};
+  // How a worker's replicas take part in an all-reduce across workers (comm/hierarchical.hpp):
+  // by default the first replica does it alone in one pass when the job's replicas outnumber the
+  // hardware threads of the one machine they share.
+  comm::local_reduction local_reduction = comm::local_reduction::automatic;
 };
 
 template <device D = cpu, class Engine = comm::mpi>
@@ -330,7 +334,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     state(Engine cross, const multi_worker_options& opts)
         : options{opts},
           devices(cpu_replicas(opts.local_replicas)),
-          group(std::move(cross), opts.local_replicas, opts.mpi.collectives),
+          group(std::move(cross), opts.local_replicas, opts.mpi.collectives, opts.local_reduction),
           pool(opts.local_replicas) {
       replicas.reserve(devices.size());
       for (std::size_t r = 0; r < devices.size(); ++r)

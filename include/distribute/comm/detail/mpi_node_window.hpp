@@ -123,8 +123,6 @@ class mpi_node_window {
     c.failed.store(1, std::memory_order_release);
   }
 
-  // All-reduce of `bufs` taken as one sequence of n elements; a mean is summed and divided by
-  // `mean_over`. `fail` is called (and must throw) when a wait fails or the workers disagree.
   // Compares what every worker called (the fingerprint check of collectives that do not move their
   // data through the window): one meeting, and a `mismatch` failure on every worker that disagrees.
   template <class Fail>
@@ -135,51 +133,81 @@ class mpi_node_window {
     compare_calls_or_fail(deadline, fail);
   }
 
+  // All-reduce of n elements. This worker contributes the sum (or other op) of `locals`: one or more
+  // lists of buffers of the same shape, each taken as one sequence of n elements (the buffers of
+  // several replicas of this worker), and every list receives the result. A mean is summed and
+  // divided by `mean_over`. `fail` is called (and must throw) when a wait fails or the workers disagree.
   template <class T, class Fail>
-  void all_reduce(reduce_op op, std::span<const std::span<T>> bufs, std::size_t n, int mean_over, const mpi_call& call,
-                  std::chrono::steady_clock::time_point deadline, Fail&& fail) {
+  void all_reduce(reduce_op op, std::span<const std::span<const std::span<T>>> locals, std::size_t n, int mean_over,
+                  const mpi_call& call, std::chrono::steady_clock::time_point deadline, Fail&& fail) {
     const int P = size_, r = rank_;
+    const std::size_t R = locals.size();
     const reduce_op sum_op = op == reduce_op::mean ? reduce_op::sum : op;
     const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / sizeof(T));
     const std::size_t chunks = std::max<std::size_t>(1, (n + chunk - 1) / chunk);
     const std::size_t everything = n + 1;  // a run length that never cuts
-    srcs_.resize(static_cast<std::size_t>(P));
+    const auto first = locals[0];
+    srcs_.resize(static_cast<std::size_t>(P) - 1 + R);
+    dsts_.resize(R + 1);
+    // Pointers to the run at (buffer, at) of every local list.
+    auto gather = [&](auto* out, std::size_t buffer, std::size_t at) {
+      for (std::size_t l = 0; l < R; ++l) out[l] = locals[l][buffer].data() + at;
+    };
     for (std::size_t c = 0; c < chunks; ++c) {
       const std::size_t lo = c * chunk, m = std::min(chunk, n - lo);
       const std::size_t half = static_cast<std::size_t>(turn_ & 1);
       auto seg = [&](int q) { return block_begin(m, P, q); };
       auto in_half = [&](int q) { return reinterpret_cast<T*>(slots_[static_cast<std::size_t>(q)] + header_bytes + half * chunk_bytes_); };
 
-      // A: publish what the others reduce.
+      // A: publish what the others reduce (this worker's contributions combined, in local order).
       T* const mine = in_half(r);
       for (int q = 0; q < P; ++q) {
         if (q == r) continue;
-        for_each_run(bufs, lo + seg(q), lo + seg(q + 1), everything,
-                     [&](T* p, std::size_t len, std::size_t off) { std::memcpy(mine + seg(q) + off, p, len * sizeof(T)); });
+        for_each_run_at(first, lo + seg(q), lo + seg(q + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
+          T* const to = mine + seg(q) + off;
+          if (R == 1) {
+            std::memcpy(to, first[i].data() + at, len * sizeof(T));
+          } else {
+            gather(srcs_.data(), i, at);
+            void* dst[1] = {to};
+            reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(R), 0, len, dst, 1);
+          }
+        });
       }
       if (c == 0) write_call(call);
       publish();
       wait_all(deadline, fail);
       if (c == 0) compare_calls_or_fail(deadline, fail);
 
-      // D: reduce my segment, in worker order.
-      for_each_run(bufs, lo + seg(r), lo + seg(r + 1), everything, [&](T* p, std::size_t len, std::size_t off) {
-        for (int q = 0; q < P; ++q) srcs_[static_cast<std::size_t>(q)] = q == r ? static_cast<const void*>(p) : in_half(q) + seg(r) + off;
+      // D: reduce my segment, in worker order (this worker's contributions in local order), into
+      // every local list and my half.
+      for_each_run_at(first, lo + seg(r), lo + seg(r + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
+        std::size_t k = 0;
+        for (int q = 0; q < r; ++q) srcs_[k++] = in_half(q) + seg(r) + off;
+        gather(srcs_.data() + k, i, at);
+        k += R;
+        for (int q = r + 1; q < P; ++q) srcs_[k++] = in_half(q) + seg(r) + off;
         T* const out = mine + seg(r) + off;
-        void* dsts[2] = {p, out};
-        reduce_range<T>(sum_op, srcs_.data(), P, 0, len, dsts, 2);
-        if (op == reduce_op::mean)
-          for (std::size_t i = 0; i < len; ++i) out[i] = p[i] = distribute::detail::finish(op, p[i], mean_over);
+        dsts_[0] = out;
+        if (op == reduce_op::mean) {
+          reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(k), 0, len, dsts_.data(), 1);
+          for (std::size_t e = 0; e < len; ++e) out[e] = distribute::detail::finish(op, out[e], mean_over);
+          for (std::size_t l = 0; l < R; ++l) std::memcpy(locals[l][i].data() + at, out, len * sizeof(T));
+        } else {
+          gather(dsts_.data() + 1, i, at);
+          reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(k), 0, len, dsts_.data(), static_cast<int>(R) + 1);
+        }
       });
       publish();
       wait_all(deadline, fail);
 
-      // F: take every other worker's segment.
+      // F: take every other worker's segment, into every local list.
       for (int q = 0; q < P; ++q) {
         if (q == r) continue;
         const T* const from = in_half(q) + seg(q);
-        for_each_run(bufs, lo + seg(q), lo + seg(q + 1), everything,
-                     [&](T* p, std::size_t len, std::size_t off) { std::memcpy(p, from + off, len * sizeof(T)); });
+        for_each_run_at(first, lo + seg(q), lo + seg(q + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
+          for (std::size_t l = 0; l < R; ++l) std::memcpy(locals[l][i].data() + at, from + off, len * sizeof(T));
+        });
       }
       ++turn_;
     }
@@ -260,6 +288,7 @@ class mpi_node_window {
   std::size_t chunk_bytes_;
   std::vector<std::byte*> slots_;  // every worker's slot, mapped here
   std::vector<const void*> srcs_;
+  std::vector<void*> dsts_;
   MPI_Win win_ = MPI_WIN_NULL;
   std::uint64_t phase_ = 0;  // phases this worker has published
   std::uint64_t turn_ = 0;   // chunks done: which half is next
