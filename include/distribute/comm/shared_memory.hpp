@@ -212,13 +212,8 @@ class shared_memory {
   // Several buffers reduced as one collective (one meeting, not one per buffer).
   template <element T>
   void all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
-    std::vector<detail::segment> segs;
-    segs.reserve(bufs.size());
     std::size_t total = 0;
-    for (auto b : bufs) {
-      segs.push_back({b.data(), b.size()});
-      total += b.size();
-    }
+    const auto segs = segments_of(bufs, total);
     all_reduce_segments<T>(op, segs.data(), segs.size(), total);
   }
 
@@ -274,13 +269,8 @@ class shared_memory {
   // throws on rank 0, the others' wait ends as any failed meeting does (the caller aborts the group).
   template <element T, class Work>
   void all_reduce_by_first(reduce_op op, std::span<const std::span<T>> bufs, Work&& work) {
-    std::vector<detail::segment> segs;
-    segs.reserve(bufs.size());
     std::size_t total = 0;
-    for (auto b : bufs) {
-      segs.push_back({b.data(), b.size()});
-      total += b.size();
-    }
+    const auto segs = segments_of(bufs, total);
     const detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op,
                                .count = total, .segs = segs.data(), .n_segs = segs.size()};
     const slot_view v = post_and_meet(d);
@@ -307,6 +297,19 @@ class shared_memory {
     slot& mine;
     const detail::descriptor& posted(int q) const { return g->slots_[static_cast<std::size_t>(q)].posted[parity]; }
   };
+
+  // The buffers as segments, and their total length.
+  template <class T>
+  static std::vector<detail::segment> segments_of(std::span<const std::span<T>> bufs, std::size_t& total) {
+    std::vector<detail::segment> segs;
+    segs.reserve(bufs.size());
+    total = 0;
+    for (auto b : bufs) {
+      segs.push_back({b.data(), b.size()});
+      total += b.size();
+    }
+    return segs;
+  }
 
   template <class T>
   void all_reduce_segments(reduce_op op, const detail::segment* segs, std::size_t n_segs, std::size_t total) {
