@@ -22,7 +22,7 @@
 #include <distribute/collective_options.hpp>
 #include <distribute/comm/detail/check.hpp>
 #include <distribute/comm/shared_memory.hpp>
-#include <distribute/detail/backoff.hpp>
+#include <distribute/detail/hardware.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
 
@@ -35,6 +35,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace distribute::comm {
@@ -45,8 +46,9 @@ class hierarchical;
 // How the replicas of a worker take part in an all-reduce across workers.
 enum class local_reduction {
   // first_replica when the cross engine reads other processes' memory directly (comm::mpi with
-  // every worker on one machine) and the job has more replicas than this machine has hardware
-  // threads; otherwise parallel.
+  // every worker on one machine) and the replicas outnumber the hardware threads: this worker's
+  // replicas those it may run on (its affinity mask), or the job's those of the machine; otherwise
+  // parallel.
   automatic,
   parallel,       // the local replicas all-reduce among themselves, then local replica 0 across workers
   first_replica,  // local replica 0 reduces every local buffer with the other workers' in one pass
@@ -81,9 +83,14 @@ class hierarchical_group {
       first_[w + 1] = first_[w] + counts[w];
     }
     if constexpr (detail::reduces_several_lists<Cross, float>) {
-      if (how == local_reduction::automatic)
-        how = cross_.uses_shared_memory() && !distribute::detail::may_spin(total_replicas()) ? local_reduction::first_replica
-                                                                                                : local_reduction::parallel;
+      if (how == local_reduction::automatic) {
+        // All workers are on this machine when the engine shares memory: too few cores either for
+        // this worker's replicas (its affinity mask) or for the job's (the machine's threads).
+        const unsigned mine = distribute::detail::usable_hardware_threads(), machine = std::thread::hardware_concurrency();
+        const bool crowded = static_cast<unsigned>(local_replicas) > mine ||
+                             (machine != 0 && static_cast<unsigned>(total_replicas()) > machine);
+        how = cross_.uses_shared_memory() && crowded ? local_reduction::first_replica : local_reduction::parallel;
+      }
     } else {
       how = local_reduction::parallel;
     }

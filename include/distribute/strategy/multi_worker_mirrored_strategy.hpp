@@ -60,8 +60,8 @@ struct multi_worker_options {
   // Timeout, fingerprint checks, shared memory and the grace before a failed job is aborted.
   comm::mpi_options mpi{};
   // How a worker's replicas take part in an all-reduce across workers (comm/hierarchical.hpp):
-  // by default the first replica does it alone in one pass when the job's replicas outnumber the
-  // hardware threads of the one machine they share.
+  // by default, with every worker on one machine, the first replica does it alone in one pass when
+  // the replicas outnumber the hardware threads (the worker's own, or the machine's).
   comm::local_reduction local_reduction = comm::local_reduction::automatic;
 };
 
