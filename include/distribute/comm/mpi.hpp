@@ -67,7 +67,8 @@ struct mpi_options {
   // aborted. A process that exits earlier aborts the job as it exits.
   std::chrono::milliseconds abort_grace = std::chrono::seconds(10);
   // Workers on one machine all-reduce through a shared-memory window, in chunks of this many bytes
-  // (two per worker are mapped). Read when the communicator is made; the same on every worker.
+  // (at least 4 KiB, a multiple of 64; two per worker are mapped). Read when the communicator is
+  // made; the same on every worker.
   bool shared_memory = true;
   std::size_t shared_memory_chunk = std::size_t{1} << 20;
 };
