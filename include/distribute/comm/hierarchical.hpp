@@ -21,6 +21,7 @@
 
 #include <distribute/collective_options.hpp>
 #include <distribute/comm/detail/check.hpp>
+#include <distribute/comm/detail/copy_bytes.hpp>
 #include <distribute/comm/shared_memory.hpp>
 #include <distribute/detail/hardware.hpp>
 #include <distribute/dtype.hpp>
@@ -163,7 +164,7 @@ class hierarchical {
       g_->published_[0] = buf.data();
     }
     fan_out([&](const void* from) {
-      if (!buf.empty()) std::memcpy(buf.data(), from, buf.size_bytes());
+      if (!buf.empty()) detail::copy_bytes(buf.data(), from, buf.size_bytes());
     });
   }
 
@@ -181,7 +182,7 @@ class hierarchical {
     fan_out([&](const void* from) {
       const auto& source = *static_cast<const std::span<const std::span<T>>*>(from);
       for (std::size_t i = 0; i < bufs.size(); ++i)
-        if (!bufs[i].empty()) std::memcpy(bufs[i].data(), source[i].data(), bufs[i].size_bytes());
+        if (!bufs[i].empty()) detail::copy_bytes(bufs[i].data(), source[i].data(), bufs[i].size_bytes());
     });
   }
 
@@ -211,7 +212,7 @@ class hierarchical {
       g_->published_[0] = out.data();
     }
     fan_out([&](const void* from) {
-      if (!out.empty()) std::memcpy(out.data(), from, out.size_bytes());
+      if (!out.empty()) detail::copy_bytes(out.data(), from, out.size_bytes());
     });
   }
 

@@ -255,7 +255,7 @@ class shared_memory {
                          .count = buf.size(), .segs = &seg, .n_segs = 1};
     collective(d, [&](const slot_view& v) {
       if (rank_ == root || buf.empty()) return;
-      std::memcpy(buf.data(), v.posted(root).segs[0].data, buf.size() * sizeof(T));
+      detail::copy_bytes(buf.data(), v.posted(root).segs[0].data, buf.size() * sizeof(T));
     });
   }
 

@@ -20,7 +20,9 @@
 //   F  copy segment q of worker q's half into my buffer, for every q != r
 //
 // Every element is combined once, by one worker, in worker order, and copied to the others: all
-// workers hold the same bits, whatever the chunk size. Two halves make the reuse safe: a worker writes
+// workers hold the same bits, whatever the chunk size. A small buffer takes one meeting instead: every
+// worker copies all of it in, publishes, waits, and reduces all of it from every slot in worker order
+// (the same sum, so the same bits everywhere; see small_bytes). Two halves make the reuse safe: a worker writes
 // a half again two chunks later, after its wait in D of the chunk between, and every other worker
 // finished reading that half (F) before it published that chunk's A.
 //
@@ -28,6 +30,7 @@
 // that is late is named, one that failed is reported with its own message. The counters are C++
 // atomics in memory shared between processes (lock-free, so address-free).
 
+#include <distribute/comm/detail/copy_bytes.hpp>
 #include <distribute/comm/detail/flat_ranges.hpp>
 #include <distribute/comm/detail/mpi_call.hpp>
 #include <distribute/comm/detail/mpi_runtime.hpp>
@@ -153,6 +156,9 @@ class mpi_node_window {
     auto gather = [&](auto* out, std::size_t buffer, std::size_t at) {
       for (std::size_t l = 0; l < R; ++l) out[l] = locals[l][buffer].data() + at;
     };
+    srcs_.resize(std::max(srcs_.size(), static_cast<std::size_t>(P)));
+    if (n * sizeof(T) * static_cast<std::size_t>(P) <= small_bytes && n * sizeof(T) <= chunk_bytes_)
+      return small_all_reduce(op, locals, n, mean_over, call, deadline, fail);
     for (std::size_t c = 0; c < chunks; ++c) {
       const std::size_t lo = c * chunk, m = std::min(chunk, n - lo);
       const std::size_t half = static_cast<std::size_t>(turn_ & 1);
@@ -166,7 +172,7 @@ class mpi_node_window {
         for_each_run_at(first, lo + seg(q), lo + seg(q + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
           T* const to = mine + seg(q) + off;
           if (R == 1) {
-            std::memcpy(to, first[i].data() + at, len * sizeof(T));
+            copy_bytes(to, first[i].data() + at, len * sizeof(T));
           } else {
             gather(srcs_.data(), i, at);
             void* dst[1] = {to};
@@ -192,7 +198,7 @@ class mpi_node_window {
         if (op == reduce_op::mean) {
           reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(k), 0, len, dsts_.data(), 1);
           for (std::size_t e = 0; e < len; ++e) out[e] = distribute::detail::finish(op, out[e], mean_over);
-          for (std::size_t l = 0; l < R; ++l) std::memcpy(locals[l][i].data() + at, out, len * sizeof(T));
+          for (std::size_t l = 0; l < R; ++l) copy_bytes(locals[l][i].data() + at, out, len * sizeof(T));
         } else {
           gather(dsts_.data() + 1, i, at);
           reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(k), 0, len, dsts_.data(), static_cast<int>(R) + 1);
@@ -206,7 +212,7 @@ class mpi_node_window {
         if (q == r) continue;
         const T* const from = in_half(q) + seg(q);
         for_each_run_at(first, lo + seg(q), lo + seg(q + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
-          for (std::size_t l = 0; l < R; ++l) std::memcpy(locals[l][i].data() + at, from + off, len * sizeof(T));
+          for (std::size_t l = 0; l < R; ++l) copy_bytes(locals[l][i].data() + at, from + off, len * sizeof(T));
         });
       }
       ++turn_;
@@ -214,6 +220,48 @@ class mpi_node_window {
   }
 
  private:
+  // While the buffer times the worker count is at most this many bytes, an all-reduce is one meeting
+  // rather than two: every worker publishes its whole buffer and reduces all of it itself, reading
+  // every slot in worker order, so every worker computes the same bits. It reads P times the bytes,
+  // which costs less than a second meeting while they are few (measured with 2 workers: 4-byte
+  // all-reduces 1.2-2.2x MPI_Allreduce this way against 0.9x in two meetings; even at 64 KiB).
+  static constexpr std::size_t small_bytes = std::size_t{128} << 10;
+
+  template <class T, class Fail>
+  void small_all_reduce(reduce_op op, std::span<const std::span<const std::span<T>>> locals, std::size_t n, int mean_over,
+                        const mpi_call& call, std::chrono::steady_clock::time_point deadline, Fail& fail) {
+    const int P = size_;
+    const std::size_t R = locals.size();
+    const reduce_op sum_op = op == reduce_op::mean ? reduce_op::sum : op;
+    const auto first = locals[0];
+    const std::size_t half = static_cast<std::size_t>(turn_ & 1), everything = n + 1;
+    auto in_half = [&](int q) { return reinterpret_cast<T*>(slots_[static_cast<std::size_t>(q)] + header_bytes + half * chunk_bytes_); };
+    T* const mine = in_half(rank_);
+    for_each_run_at(first, 0, n, everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
+      if (R == 1) {
+        copy_bytes(mine + off, first[i].data() + at, len * sizeof(T));
+        return;
+      }
+      for (std::size_t l = 0; l < R; ++l) srcs_[l] = locals[l][i].data() + at;
+      void* dst[1] = {mine + off};
+      reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(R), 0, len, dst, 1);
+    });
+    write_call(call);
+    publish();
+    wait_all(deadline, fail);
+    compare_calls_or_fail(deadline, fail);
+    for_each_run_at(first, 0, n, everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
+      for (int q = 0; q < P; ++q) srcs_[static_cast<std::size_t>(q)] = in_half(q) + off;
+      T* const out = first[i].data() + at;
+      void* dst[1] = {out};
+      reduce_range<T>(sum_op, srcs_.data(), P, 0, len, dst, 1);
+      if (op == reduce_op::mean)
+        for (std::size_t e = 0; e < len; ++e) out[e] = distribute::detail::finish(op, out[e], mean_over);
+      for (std::size_t l = 1; l < R; ++l) copy_bytes(locals[l][i].data() + at, out, len * sizeof(T));
+    });
+    ++turn_;
+  }
+
   struct control {
     alignas(64) std::atomic<std::uint64_t> phase{0};  // polled by every other worker: a line of its own
     // What the worker called, written before the phase that publishes it. Two, used in turn: a worker

@@ -5,6 +5,7 @@
 // once and each destination written once, which is what makes the all-reduce memory-bound rather
 // than compute- or cache-bound.
 
+#include <distribute/comm/detail/copy_bytes.hpp>
 #include <distribute/reduce_op.hpp>
 
 #include <algorithm>
@@ -22,7 +23,7 @@ void reduce_chunks(const void* const* srcs, int n_src, std::size_t begin, std::s
     const std::size_t m = std::min(chunk, end - c);
     const T* s0 = static_cast<const T*>(srcs[0]) + c;
     if (n_src == 1) {
-      std::memcpy(tmp, s0, m * sizeof(T));
+      copy_bytes(tmp, s0, m * sizeof(T));
     } else {
       const T* s1 = static_cast<const T*>(srcs[1]) + c;
       for (std::size_t j = 0; j < m; ++j) tmp[j] = distribute::detail::combine(Op, s0[j], s1[j]);
@@ -35,7 +36,7 @@ void reduce_chunks(const void* const* srcs, int n_src, std::size_t begin, std::s
       const T n = static_cast<T>(n_src);
       for (std::size_t j = 0; j < m; ++j) tmp[j] = static_cast<T>(tmp[j] / n);
     }
-    for (int d = 0; d < n_dst; ++d) std::memcpy(static_cast<T*>(dsts[d]) + c, tmp, m * sizeof(T));
+    for (int d = 0; d < n_dst; ++d) copy_bytes(static_cast<T*>(dsts[d]) + c, tmp, m * sizeof(T));
   }
 }
 
