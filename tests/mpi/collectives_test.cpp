@@ -288,6 +288,26 @@ BOOST_AUTO_TEST_CASE(through_shared_memory_a_mismatch_is_named_even_without_fing
   BOOST_TEST(ok[19999] == static_cast<float>(c.size()));
 }
 
+BOOST_AUTO_TEST_CASE(workers_that_differ_on_shared_memory_agree_on_one_way) {
+  const int rank = world().rank();
+  // Worker 1 turns the window off: nobody uses it. Chunks differ: all use the smallest.
+  auto off = dist::test::test_mpi_options();
+  off.shared_memory = rank != 1;
+  auto chunks = dist::test::test_mpi_options();
+  chunks.shared_memory_chunk = std::size_t{4096} << rank;
+  dist::comm::mpi a{off}, b{chunks};
+  BOOST_TEST(!a.uses_shared_memory());
+  BOOST_TEST(b.uses_shared_memory() == one_machine());
+  for (auto* c : {&a, &b}) {
+    std::vector<float> buf(30001);
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = dist::test::value_for<float>(rank, i, reduce_op::sum);
+    c->all_reduce(reduce_op::sum, std::span<float>(buf));
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < buf.size(); ++i) wrong += buf[i] != dist::test::expected_for<float>(c->size(), i, reduce_op::sum);
+    BOOST_TEST(wrong == 0u, path_name(*c));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(wrong_sizes_are_refused_before_any_message) {
   auto& c = world();
   std::vector<float> in(3), out(3 * static_cast<std::size_t>(c.size()) + 1);

@@ -68,7 +68,7 @@ struct mpi_options {
   std::chrono::milliseconds abort_grace = std::chrono::seconds(10);
   // Workers on one machine all-reduce through a shared-memory window, in chunks of this many bytes
   // (at least 4 KiB, a multiple of 64; two per worker are mapped). Read when the communicator is
-  // made; the same on every worker.
+  // made; workers that differ agree on the smaller chunk, and on no window if any turns it off.
   bool shared_memory = true;
   std::size_t shared_memory_chunk = std::size_t{1} << 20;
 };
@@ -252,7 +252,7 @@ class mpi {
       MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
       MPI_Comm_rank(comm, &rank);
       MPI_Comm_size(comm, &size);
-      if (options.shared_memory) window = detail::mpi_node_window::create(comm, rank, size, options.shared_memory_chunk);
+      window = detail::mpi_node_window::create(comm, rank, size, options.shared_memory, options.shared_memory_chunk);
     }
     ~state() {
       int finalized = 0;
