@@ -14,8 +14,8 @@
 // every worker, so every worker holds the same bits, run after run.
 //
 // With `check_fingerprints` (on by default in builds without NDEBUG), every collective starts with an
-// exchange (through the shared-memory window when there is one) of what each worker called (kind, element type, op, count, root, sequence number);
-// workers that disagree all get a `collective_mismatch` naming each worker's call, before any data
+// exchange (through the shared-memory window when there is one) of what each worker called (kind,
+// element type, op, count, root, sequence number); workers that disagree all get a `collective_mismatch` naming each worker's call, before any data
 // moves. Without it, a size mismatch is still an error (a message longer or shorter than the
 // receiver expects), but an op mismatch is not seen. All workers must use the same setting.
 //
@@ -27,6 +27,7 @@
 
 #include <distribute/collective_options.hpp>
 #include <distribute/comm/detail/check.hpp>
+#include <distribute/comm/detail/copy_bytes.hpp>
 #include <distribute/comm/detail/flat_ranges.hpp>
 #include <distribute/comm/detail/mpi_call.hpp>
 #include <distribute/comm/detail/mpi_node_window.hpp>
@@ -124,16 +125,7 @@ class mpi {
   }
   template <detail::mpi_value T>
   void all_reduce(reduce_op op, std::span<const std::span<T>> bufs, int mean_over) {
-    if (mean_over < 1) throw std::invalid_argument("distribute: a mean over " + std::to_string(mean_over) + " contributions");
-    std::size_t total = 0;
-    for (auto b : bufs) total += b.size();
-    auto c = begin(collective_kind::all_reduce, detail::type_code<T>(), op, total);
-    if (s_->window) {
-      s_->window->all_reduce(op, std::span<const std::span<const std::span<T>>>(&bufs, 1), total, mean_over, c.call,
-                             c.deadline, [&](detail::window_failure f) { report_window_failure(c, std::move(f)); });
-      return;
-    }
-    ring_all_reduce(op, bufs, mean_over, c);
+    all_reduce_each(op, std::span<const std::span<const std::span<T>>>(&bufs, 1), mean_over);
   }
 
   // One all-reduce in which this worker contributes several lists of buffers of the same shape (the
@@ -162,14 +154,12 @@ class mpi {
     std::vector<const void*> srcs(lists.size());
     if (lists.size() > 1)
       detail::for_each_run_at(first, 0, total, total + 1, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t) {
-        for (std::size_t l = 0; l < lists.size(); ++l) srcs[l] = lists[l][i].data() + at;
-        void* dst[1] = {first[i].data() + at};
-        detail::reduce_range<T>(partial, srcs.data(), static_cast<int>(lists.size()), 0, len, dst, 1);
+        detail::combine_lists(partial, lists, i, at, len, first[i].data() + at, srcs.data());
       });
     ring_all_reduce(op, first, mean_over, c);
     for (std::size_t l = 1; l < lists.size(); ++l)
       for (std::size_t i = 0; i < first.size(); ++i)
-        if (!first[i].empty()) std::memcpy(lists[l][i].data(), first[i].data(), first[i].size_bytes());
+        if (!first[i].empty()) detail::copy_bytes(lists[l][i].data(), first[i].data(), first[i].size_bytes());
   }
 
   // in.size() == size() * out.size(); this worker receives the reduction of block rank().

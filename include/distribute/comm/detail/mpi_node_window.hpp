@@ -63,6 +63,21 @@ struct window_failure {
   std::string message;    // peer_failed: its message; mismatch: every worker's call
 };
 
+// A worker's contribution to `len` elements at (buffer i, element at) of its lists of buffers: its one
+// list's, or its lists' combined in list order, written to `to` (which may be the first list's own
+// elements). `srcs` has room for a pointer per list.
+template <class T>
+void combine_lists(reduce_op op, std::span<const std::span<const std::span<T>>> lists, std::size_t i, std::size_t at,
+                   std::size_t len, T* to, const void** srcs) {
+  if (lists.size() == 1) {
+    if (to != lists[0][i].data() + at) copy_bytes(to, lists[0][i].data() + at, len * sizeof(T));
+    return;
+  }
+  for (std::size_t l = 0; l < lists.size(); ++l) srcs[l] = lists[l][i].data() + at;
+  void* dst[1] = {to};
+  reduce_range<T>(op, srcs, static_cast<int>(lists.size()), 0, len, dst, 1);
+}
+
 class mpi_node_window {
  public:
   static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free,
@@ -122,8 +137,6 @@ class mpi_node_window {
     if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
   }
 
-  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
-
   // Tells the other workers that this one failed (they stop waiting for it at once).
   void mark_failed(const std::string& message) noexcept {
     control& c = ctl(rank_);
@@ -157,34 +170,25 @@ class mpi_node_window {
     const std::size_t chunks = std::max<std::size_t>(1, (n + chunk - 1) / chunk);
     const std::size_t everything = n + 1;  // a run length that never cuts
     const auto first = locals[0];
-    srcs_.resize(static_cast<std::size_t>(P) - 1 + R);
+    srcs_.resize(static_cast<std::size_t>(P) + R);
     dsts_.resize(R + 1);
     // Pointers to the run at (buffer, at) of every local list.
     auto gather = [&](auto* out, std::size_t buffer, std::size_t at) {
       for (std::size_t l = 0; l < R; ++l) out[l] = locals[l][buffer].data() + at;
     };
-    srcs_.resize(std::max(srcs_.size(), static_cast<std::size_t>(P)));
     if (n * sizeof(T) * static_cast<std::size_t>(P) <= small_bytes && n * sizeof(T) <= chunk_bytes_)
       return small_all_reduce(op, locals, n, mean_over, call, deadline, fail);
     for (std::size_t c = 0; c < chunks; ++c) {
       const std::size_t lo = c * chunk, m = std::min(chunk, n - lo);
-      const std::size_t half = static_cast<std::size_t>(turn_ & 1);
       auto seg = [&](int q) { return block_begin(m, P, q); };
-      auto in_half = [&](int q) { return reinterpret_cast<T*>(slots_[static_cast<std::size_t>(q)] + header_bytes + half * chunk_bytes_); };
+      auto in_half = [&](int q) { return current_half<T>(q); };
 
       // A: publish what the others reduce (this worker's contributions combined, in local order).
       T* const mine = in_half(r);
       for (int q = 0; q < P; ++q) {
         if (q == r) continue;
         for_each_run_at(first, lo + seg(q), lo + seg(q + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
-          T* const to = mine + seg(q) + off;
-          if (R == 1) {
-            copy_bytes(to, first[i].data() + at, len * sizeof(T));
-          } else {
-            gather(srcs_.data(), i, at);
-            void* dst[1] = {to};
-            reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(R), 0, len, dst, 1);
-          }
+          combine_lists(sum_op, locals, i, at, len, mine + seg(q) + off, srcs_.data());
         });
       }
       if (c == 0) write_call(call);
@@ -241,17 +245,11 @@ class mpi_node_window {
     const std::size_t R = locals.size();
     const reduce_op sum_op = op == reduce_op::mean ? reduce_op::sum : op;
     const auto first = locals[0];
-    const std::size_t half = static_cast<std::size_t>(turn_ & 1), everything = n + 1;
-    auto in_half = [&](int q) { return reinterpret_cast<T*>(slots_[static_cast<std::size_t>(q)] + header_bytes + half * chunk_bytes_); };
+    const std::size_t everything = n + 1;
+    auto in_half = [&](int q) { return current_half<T>(q); };
     T* const mine = in_half(rank_);
     for_each_run_at(first, 0, n, everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
-      if (R == 1) {
-        copy_bytes(mine + off, first[i].data() + at, len * sizeof(T));
-        return;
-      }
-      for (std::size_t l = 0; l < R; ++l) srcs_[l] = locals[l][i].data() + at;
-      void* dst[1] = {mine + off};
-      reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(R), 0, len, dst, 1);
+      combine_lists(sum_op, locals, i, at, len, mine + off, srcs_.data());
     });
     write_call(call);
     publish();
@@ -267,6 +265,12 @@ class mpi_node_window {
       for (std::size_t l = 1; l < R; ++l) copy_bytes(locals[l][i].data() + at, out, len * sizeof(T));
     });
     ++turn_;
+  }
+
+  // The half of worker q's slot that this chunk uses.
+  template <class T>
+  T* current_half(int q) const noexcept {
+    return reinterpret_cast<T*>(slots_[static_cast<std::size_t>(q)] + header_bytes + (turn_ & 1) * chunk_bytes_);
   }
 
   struct control {
