@@ -14,6 +14,7 @@ packages=(
   libstb-dev
   zlib1g-dev
   dataset-fashion-mnist
+  libdnnl-dev
 )
 
 missing=()
