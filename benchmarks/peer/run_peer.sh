@@ -9,7 +9,7 @@
 # Before timing, the parameter counts of both sides must agree (at demo and paper size).
 #
 #   benchmarks/peer/run_peer.sh [--build-dir build/release] [--venv build/peer-venv] [--rounds 3]
-#       [--steps 20] [--warmup 3] [--paper-steps 2] [--paper-warmup 1] [--quick] [--check]
+#       [--steps 20] [--warmup 3] [--paper-steps 1] [--paper-warmup 1] [--quick] [--check]
 #       [--no-build] [--json FILE]
 #
 #   --quick   skips (d)
@@ -33,7 +33,7 @@ venv=build/peer-venv
 rounds=3
 steps=20
 warmup=3
-paper_steps=2
+paper_steps=1
 paper_warmup=1
 quick=0
 check=0
