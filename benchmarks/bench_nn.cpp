@@ -1,8 +1,8 @@
 // The CPU cost of training, side by side in one run:
-//   - conv2d forward + backward (im2col + Eigen GEMM, one thread, as a replica runs it) at CycleGAN
-//     shapes, in GFLOP/s and as a share of the single-core FMA peak measured here and now (the
-//     bound: a loop of independent FMAs that never touches memory), beside the same GEMMs alone
-//     (what Eigen reaches at these shapes);
+//   - conv2d and conv_transpose2d forward + backward on the CPU engine with one thread (oneDNN where
+//     built in) at CycleGAN's demo and paper shapes, in GFLOP/s and as a share of the single-core FMA
+//     peak measured here just before (the bound: a loop of independent FMAs that never touches
+//     memory), beside the same layer on the portable reference engine (im2col + Eigen GEMM);
 //   - gradient all-reduce of a CycleGAN generator's parameter set (48 tensors, 11.4 M floats) and of
 //     a set of many small tensors: fused buckets (`all_reduce_gradients`, 25 MiB) against one
 //     collective per tensor (the peer: what a loop over the tensors costs).
@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__FMA__) || defined(__AVX__)
@@ -106,45 +107,58 @@ struct conv_case {
   const char* name;
   std::int64_t batch, in_c, out_c, size, kernel, stride, padding;
   nn::padding_mode mode;
+  bool transposed = false;
 };
 
 struct conv_result {
-  double forward_gflops, train_gflops, gemm_gflops;
+  double forward_gflops, train_gflops, reference_gflops;
 };
 
-using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+// One replica of one thread on an engine with `options`.
+struct one_thread_replica {
+  dist::detail::engine_slot slot;
+  dist::replica_context<dist::cpu, dist::comm::local> r;
+  explicit one_thread_replica(dist::engine_options options) : r{dist::cpu{}, dist::comm::local{}, &slot} {
+    options.threads = 1;
+    slot.reset(options, 1);
+  }
+};
+
+template <class Layer>
+std::pair<double, double> time_layer(Layer& layer, dist::engine_options options, const dist::tensor<float>& x) {
+  one_thread_replica rep{options};
+  auto y = layer.forward(rep.r, x);
+  dist::tensor<float> dy{y.shape()};
+  dy.fill(0.01f);
+  const double fwd = seconds_per_call([&] { layer.forward(rep.r, x); });
+  const double train = seconds_per_call([&] {
+    layer.forward(rep.r, x);
+    layer.backward(rep.r, dy);
+  });
+  return {fwd, train};
+}
 
 conv_result time_conv(const conv_case& c) {
-  nn::conv2d<float> conv{{.in_channels = c.in_c, .out_channels = c.out_c, .kernel = c.kernel, .stride = c.stride,
-                          .padding = c.padding, .pad_mode = c.mode}, 1};
-  auto r = nn::local();
   dist::tensor<float> x{dist::shape::nchw(c.batch, c.in_c, c.size, c.size)};
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) * 0.1f - 0.8f;
+  auto measure = [&](auto& layer, double fwd_flops) {
+    const auto [fwd, train] = time_layer(layer, {}, x);
+    const auto [ref_fwd, ref_train] = time_layer(layer, {.reference = true}, x);
+    (void)ref_fwd;
+    // A backward pass (input and weight gradients) is twice a forward.
+    return conv_result{fwd_flops / fwd / 1e9, 3.0 * fwd_flops / train / 1e9, 3.0 * fwd_flops / ref_train / 1e9};
+  };
+  if (c.transposed) {
+    nn::conv_transpose2d<float> up{{.in_channels = c.in_c, .out_channels = c.out_c, .kernel = c.kernel, .stride = c.stride,
+                                    .padding = c.padding, .output_padding = c.stride - 1, .bias = false}, 1};
+    // The FLOPs of the convolution it is the adjoint of: one multiply-add per input element and tap.
+    const double flops = 2.0 * static_cast<double>(x.size()) * static_cast<double>(c.out_c * c.kernel * c.kernel);
+    return measure(up, flops);
+  }
+  nn::conv2d<float> conv{{.in_channels = c.in_c, .out_channels = c.out_c, .kernel = c.kernel, .stride = c.stride,
+                          .padding = c.padding, .pad_mode = c.mode, .bias = false}, 1};
   const auto out = conv.output_shape(x.shape());
-  const double fwd_flops = 2.0 * static_cast<double>(out.numel()) * static_cast<double>(c.in_c * c.kernel * c.kernel);
-  dist::tensor<float> dy{out};
-  dy.fill(0.01f);
-  const double fwd = seconds_per_call([&] { conv.forward(r, x); });
-  const double train = seconds_per_call([&] {
-    conv.forward(r, x);
-    conv.backward(r, dy);
-  });
-  // The same three GEMMs per example (W col, dy col^T, W^T dy) with nothing around them: what Eigen
-  // reaches at these shapes, so that the gap between it and ours is im2col, col2im and bias work.
-  const Eigen::Index k = c.in_c * c.kernel * c.kernel, m = c.out_c, n = out.h() * out.w();
-  const row_matrix w = row_matrix::Constant(m, k, 0.01f), col = row_matrix::Constant(k, n, 0.02f),
-                   d = row_matrix::Constant(m, n, 0.03f);
-  row_matrix y(m, n), dw = row_matrix::Zero(m, k), dcol(k, n);
-  const double gemm = seconds_per_call([&] {
-    for (std::int64_t e = 0; e < c.batch; ++e) {
-      y.noalias() = w * col;
-      dw.noalias() += d * col.transpose();
-      dcol.noalias() = w.transpose() * d;
-    }
-  });
-  volatile float sink = y(0, 0) + dw(0, 0) + dcol(0, 0);
-  (void)sink;
-  return {fwd_flops / fwd / 1e9, 3.0 * fwd_flops / train / 1e9, 3.0 * fwd_flops / gemm / 1e9};
+  return measure(conv, 2.0 * static_cast<double>(out.numel()) * static_cast<double>(c.in_c * c.kernel * c.kernel));
 }
 
 // A model that is only a list of gradient tensors: what all_reduce_gradients sees of any model.
@@ -242,7 +256,7 @@ int main(int argc, char** argv) {
   std::printf("# bench_nn  %s\n# machine: %u usable hardware threads, %s; load average before the run: %s\n",
               bench::utc_now().c_str(), dist::detail::usable_hardware_threads(), bench::cpu_model().c_str(),
               bench::load_average().c_str());
-  std::printf("# compiler: %s; Eigen %d.%d.%d, SIMD: %s; median of %d repetitions of >= %.0f ms\n\n", bench::compiler(),
+  std::printf("# compiler: %s; Eigen %d.%d.%d (the reference), SIMD: %s; median of %d repetitions of >= %.0f ms\n\n", bench::compiler(),
               EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, Eigen::SimdInstructionSetsInUse(),
               repetitions, min_seconds * 1e3);
 
@@ -250,34 +264,49 @@ int main(int argc, char** argv) {
   std::printf("single-core peak, %s: %.1f GFLOP/s\n\n", peak_kind(), peak);
   std::printf("{\"bench\":\"nn_peak\",\"kind\":\"%s\",\"gflops\":%.2f}\n\n", peak_kind(), peak);
 
+  // CycleGAN's convolutions: the demo's (28x28 Fashion-MNIST, 16 filters, batch 4 per replica) and
+  // the paper's (256x256 RGB, 64 filters, batch 1).
   const conv_case cases[] = {
-      {"28x28 32->32 k3", 4, 32, 32, 28, 3, 1, 1, nn::padding_mode::zero},
-      {"28x28 64->64 k3", 4, 64, 64, 28, 3, 1, 1, nn::padding_mode::zero},
-      {"32x32 32->32 k3", 4, 32, 32, 32, 3, 1, 1, nn::padding_mode::zero},
-      {"32x32 64->64 k3 reflect", 4, 64, 64, 32, 3, 1, 1, nn::padding_mode::reflect},
-      {"32x32 32->64 k3 s2", 4, 32, 64, 32, 3, 2, 1, nn::padding_mode::zero},
-      {"64x64 64->64 k3 reflect", 1, 64, 64, 64, 3, 1, 1, nn::padding_mode::reflect},
-      {"64x64 3->64 k7 reflect", 1, 3, 64, 64, 7, 1, 3, nn::padding_mode::reflect},
+      {"demo 28x28 1->16 k7 reflect", 4, 1, 16, 28, 7, 1, 3, nn::padding_mode::reflect},
+      {"demo 28x28 16->32 k3 s2", 4, 16, 32, 28, 3, 2, 1, nn::padding_mode::zero},
+      {"demo 7x7 64->64 k3 reflect", 4, 64, 64, 7, 3, 1, 1, nn::padding_mode::reflect},
+      {"demo 7x7 64->32 k3 up", 4, 64, 32, 7, 3, 2, 1, nn::padding_mode::zero, true},
+      {"demo 28x28 16->1 k7 reflect", 4, 16, 1, 28, 7, 1, 3, nn::padding_mode::reflect},
+      {"paper 256x256 3->64 k7 reflect", 1, 3, 64, 256, 7, 1, 3, nn::padding_mode::reflect},
+      {"paper 256x256 64->128 k3 s2", 1, 64, 128, 256, 3, 2, 1, nn::padding_mode::zero},
+      {"paper 64x64 256->256 k3 reflect", 1, 256, 256, 64, 3, 1, 1, nn::padding_mode::reflect},
+      {"paper 64x64 256->128 k3 up", 1, 256, 128, 64, 3, 2, 1, nn::padding_mode::zero, true},
+      {"paper 256x256 64->3 k7 reflect", 1, 64, 3, 256, 7, 1, 3, nn::padding_mode::reflect},
   };
   // The clock of a VM core moves (up to 2x between runs here), so each case is compared with the peak
   // measured just before it, not only with the one at the start.
-  std::printf("conv2d (batch x shape)             fwd GFLOP/s  fwd+bwd GFLOP/s  its GEMMs alone  peak just before"
-              "  fwd+bwd / peak  GEMMs / peak\n");
+  std::printf("CPU engine: %s (one thread below)\n", dist::engine<dist::cpu>{{.threads = 1}}.name().c_str());
+  std::printf("convolution (batch x shape)           fwd GFLOP/s  fwd+bwd GFLOP/s  reference fwd+bwd  peak just before"
+              "  fwd+bwd / peak  ours / reference\n");
   std::vector<std::string> json;
+  double paper_cases = 0, paper_seconds = 0, paper_peak = 0;
   for (const auto& c : cases) {
     const double local_peak = peak_gflops();
     const auto res = time_conv(c);
-    std::printf("%2lld x %-30s %11.1f  %15.1f  %15.1f  %16.1f  %13.0f%%  %11.0f%%\n", static_cast<long long>(c.batch),
-                c.name, res.forward_gflops, res.train_gflops, res.gemm_gflops, local_peak,
-                100.0 * res.train_gflops / local_peak, 100.0 * res.gemm_gflops / local_peak);
-    char line[320];
+    std::printf("%2lld x %-34s %11.1f  %15.1f  %17.1f  %16.1f  %13.0f%%  %15.2fx\n", static_cast<long long>(c.batch),
+                c.name, res.forward_gflops, res.train_gflops, res.reference_gflops, local_peak,
+                100.0 * res.train_gflops / local_peak, res.train_gflops / res.reference_gflops);
+    if (std::string(c.name).starts_with("paper")) {
+      paper_cases += 1.0;
+      paper_seconds += 1.0 / res.train_gflops;
+      paper_peak += local_peak;
+    }
+    char line[400];
     std::snprintf(line, sizeof line,
-                  "{\"bench\":\"nn_conv2d\",\"case\":\"%s\",\"batch\":%lld,\"forward_gflops\":%.2f,\"train_gflops\":%.2f,"
-                  "\"gemm_gflops\":%.2f,\"peak_gflops\":%.2f,\"share_of_peak\":%.3f}",
-                  c.name, static_cast<long long>(c.batch), res.forward_gflops, res.train_gflops, res.gemm_gflops,
+                  "{\"bench\":\"nn_conv\",\"case\":\"%s\",\"batch\":%lld,\"forward_gflops\":%.2f,\"train_gflops\":%.2f,"
+                  "\"reference_train_gflops\":%.2f,\"peak_gflops\":%.2f,\"share_of_peak\":%.3f}",
+                  c.name, static_cast<long long>(c.batch), res.forward_gflops, res.train_gflops, res.reference_gflops,
                   local_peak, res.train_gflops / local_peak);
     json.emplace_back(line);
   }
+  if (paper_cases > 0)
+    std::printf("paper shapes, harmonic mean of fwd+bwd GFLOP/s: %.1f = %.0f%% of the mean peak\n",
+                paper_cases / paper_seconds, 100.0 * (paper_cases / paper_seconds) / (paper_peak / paper_cases));
   std::printf("\n");
   for (const auto& j : json) std::printf("%s\n", j.c_str());
   json.clear();

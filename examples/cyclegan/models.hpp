@@ -3,8 +3,8 @@
 // (c7s1-f, d2f, d4f, R4f x blocks, u2f, uf, c7s1-C, tanh; reflection padding, instance norm) and a
 // PatchGAN discriminator (4x4 convolutions, LeakyReLU 0.2, LSGAN output per patch). Both are scaled
 // by their options; with the reference's 64 filters, 9 blocks and 3 layers they are the reference's
-// networks. Every member that computes is a template on the replica, so the same model runs under
-// any strategy.
+// networks. Every network is a template on the device D of its replica and every member that computes
+// a template on the replica, so the same model runs under any strategy on any device with an engine.
 
 #include <distribute/nn.hpp>
 
@@ -28,19 +28,21 @@ template <class Block>
 class repeated {
  public:
   using scalar_type = float;
+  using device_type = nn::layer_device_t<Block>;
+  using tensor_type = dist::tensor<float, device_type>;
 
   repeated() = default;
   explicit repeated(std::vector<Block> blocks) : blocks_(std::move(blocks)) {}
 
   template <class R>
-  tensor forward(R& r, const tensor& x) {
-    tensor y = x;
+  tensor_type forward(R& r, const tensor_type& x) {
+    tensor_type y = x;
     for (auto& b : blocks_) y = b.forward(r, y);
     return y;
   }
   template <class R>
-  tensor backward(R& r, const tensor& dy) {
-    tensor d = dy;
+  tensor_type backward(R& r, const tensor_type& dy) {
+    tensor_type d = dy;
     for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) d = it->backward(r, d);
     return d;
   }
@@ -78,18 +80,22 @@ inline const char* name_of(norm_kind k) {
   return k == norm_kind::instance ? "instance" : k == norm_kind::batch ? "batch" : "sync_batch";
 }
 
+template <class D = dist::cpu>
 class norm_layer {
  public:
   using scalar_type = float;
+  using device_type = D;
+  using tensor_type = dist::tensor<float, D>;
 
-  norm_layer(norm_kind kind, std::int64_t channels, std::uint64_t seed) : v_{make(kind, channels, seed)} {}
+  norm_layer(norm_kind kind, std::int64_t channels, std::uint64_t seed, const D& device = {})
+      : v_{make(kind, channels, seed, device)} {}
 
   template <class R>
-  tensor forward(R& r, const tensor& x) {
+  tensor_type forward(R& r, const tensor_type& x) {
     return std::visit([&](auto& n) { return n.forward(r, x); }, v_);
   }
   template <class R>
-  tensor backward(R& r, const tensor& dy) {
+  tensor_type backward(R& r, const tensor_type& dy) {
     return std::visit([&](auto& n) { return n.backward(r, dy); }, v_);
   }
   template <class F>
@@ -110,12 +116,12 @@ class norm_layer {
   }
 
  private:
-  using variant = std::variant<nn::instance_norm<float>, nn::batch_norm<float>, nn::sync_batch_norm<float>>;
-  static variant make(norm_kind kind, std::int64_t channels, std::uint64_t seed) {
+  using variant = std::variant<nn::instance_norm<float, D>, nn::batch_norm<float, D>, nn::sync_batch_norm<float, D>>;
+  static variant make(norm_kind kind, std::int64_t channels, std::uint64_t seed, const D& device) {
     switch (kind) {
-      case norm_kind::instance: return nn::instance_norm<float>{{.channels = channels}, seed};
-      case norm_kind::batch: return nn::batch_norm<float>{{.channels = channels}, seed};
-      case norm_kind::sync_batch: return nn::sync_batch_norm<float>{{.channels = channels}, seed};
+      case norm_kind::instance: return nn::instance_norm<float, D>{{.channels = channels}, seed, device};
+      case norm_kind::batch: return nn::batch_norm<float, D>{{.channels = channels}, seed, device};
+      case norm_kind::sync_batch: return nn::sync_batch_norm<float, D>{{.channels = channels}, seed, device};
     }
     throw std::invalid_argument("unknown norm kind");
   }
@@ -129,28 +135,32 @@ inline std::uint64_t sub(std::uint64_t seed, std::uint64_t i) { return nn::detai
 // without the convolutions' biases: the instance norm right after each convolution subtracts the
 // plane's mean, so a bias there has no effect and a gradient that is zero up to rounding (which Adam,
 // dividing by its own running magnitude, would turn into full-size random steps).
+template <class D = dist::cpu>
 class residual {
-  using body_type = nn::sequential<nn::conv2d<float>, nn::instance_norm<float>, nn::relu<float>, nn::conv2d<float>,
-                                   nn::instance_norm<float>>;
+  using body_type = nn::sequential<nn::conv2d<float, D>, nn::instance_norm<float, D>, nn::relu<float, D>,
+                                   nn::conv2d<float, D>, nn::instance_norm<float, D>>;
 
  public:
   using scalar_type = float;
+  using device_type = D;
+  using tensor_type = dist::tensor<float, D>;
 
-  residual(std::int64_t channels, std::uint64_t seed)
-      : body_{nn::conv2d<float>{conv(channels), sub(seed, 0)}, nn::instance_norm<float>{{.channels = channels}, sub(seed, 1)},
-              nn::relu<float>{}, nn::conv2d<float>{conv(channels), sub(seed, 2)},
-              nn::instance_norm<float>{{.channels = channels}, sub(seed, 3)}} {}
+  residual(std::int64_t channels, std::uint64_t seed, const D& device = {})
+      : body_{nn::conv2d<float, D>{conv(channels), sub(seed, 0), device},
+              nn::instance_norm<float, D>{{.channels = channels}, sub(seed, 1), device}, nn::relu<float, D>{},
+              nn::conv2d<float, D>{conv(channels), sub(seed, 2), device},
+              nn::instance_norm<float, D>{{.channels = channels}, sub(seed, 3), device}} {}
 
   template <class R>
-  tensor forward(R& r, const tensor& x) {
-    tensor y = body_.forward(r, x);
-    for (std::size_t i = 0; i < y.size(); ++i) y[i] += x[i];
+  tensor_type forward(R& r, const tensor_type& x) {
+    tensor_type y = body_.forward(r, x);
+    r.engine().for_each(static_cast<std::int64_t>(y.size()), nn::detail::kernels::add_to<float>{y.data(), x.data()});
     return y;
   }
   template <class R>
-  tensor backward(R& r, const tensor& dy) {
-    tensor dx = body_.backward(r, dy);
-    for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dy[i];
+  tensor_type backward(R& r, const tensor_type& dy) {
+    tensor_type dx = body_.backward(r, dy);
+    r.engine().for_each(static_cast<std::int64_t>(dx.size()), nn::detail::kernels::add_to<float>{dx.data(), dy.data()});
     return dx;
   }
   template <class F>
@@ -173,30 +183,34 @@ struct generator_options {
 };
 
 // Every convolution that a normalisation follows has no bias (see `residual`); the last one has.
-inline auto make_generator(const generator_options& o, std::uint64_t seed) {
-  using nn::conv2d;
-  using nn::conv_transpose2d;
+template <class D = dist::cpu>
+auto make_generator(const generator_options& o, std::uint64_t seed, const D& device = {}) {
+  using conv2d = nn::conv2d<float, D>;
+  using conv_transpose2d = nn::conv_transpose2d<float, D>;
+  using relu = nn::relu<float, D>;
   using nn::padding_mode;
   const std::int64_t f = o.filters, c = o.channels;
-  std::vector<residual> blocks;
-  for (int i = 0; i < o.blocks; ++i) blocks.emplace_back(4 * f, sub(seed, 100 + static_cast<std::uint64_t>(i)));
-  auto in = [&](std::int64_t ch, std::uint64_t i) { return nn::instance_norm<float>{{.channels = ch}, sub(seed, i)}; };
+  std::vector<residual<D>> blocks;
+  for (int i = 0; i < o.blocks; ++i) blocks.emplace_back(4 * f, sub(seed, 100 + static_cast<std::uint64_t>(i)), device);
+  auto in = [&](std::int64_t ch, std::uint64_t i) { return nn::instance_norm<float, D>{{.channels = ch}, sub(seed, i), device}; };
   return nn::sequential{
-      conv2d<float>{{.in_channels = c, .out_channels = f, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect, .bias = false}, sub(seed, 1)},
-      in(f, 2), nn::relu<float>{},
-      conv2d<float>{{.in_channels = f, .out_channels = 2 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 3)},
-      in(2 * f, 4), nn::relu<float>{},
-      conv2d<float>{{.in_channels = 2 * f, .out_channels = 4 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 5)},
-      in(4 * f, 6), nn::relu<float>{},
-      repeated<residual>{std::move(blocks)},
-      conv_transpose2d<float>{{.in_channels = 4 * f, .out_channels = 2 * f, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 7)},
-      in(2 * f, 8), nn::relu<float>{},
-      conv_transpose2d<float>{{.in_channels = 2 * f, .out_channels = f, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 9)},
-      in(f, 10), nn::relu<float>{},
-      conv2d<float>{{.in_channels = f, .out_channels = c, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect}, sub(seed, 11)},
-      nn::tanh<float>{}};
+      conv2d{{.in_channels = c, .out_channels = f, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect, .bias = false}, sub(seed, 1), device},
+      in(f, 2), relu{},
+      conv2d{{.in_channels = f, .out_channels = 2 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 3), device},
+      in(2 * f, 4), relu{},
+      conv2d{{.in_channels = 2 * f, .out_channels = 4 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 5), device},
+      in(4 * f, 6), relu{},
+      repeated<residual<D>>{std::move(blocks)},
+      conv_transpose2d{{.in_channels = 4 * f, .out_channels = 2 * f, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 7), device},
+      in(2 * f, 8), relu{},
+      conv_transpose2d{{.in_channels = 2 * f, .out_channels = f, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 9), device},
+      in(f, 10), relu{},
+      conv2d{{.in_channels = f, .out_channels = c, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect}, sub(seed, 11), device},
+      nn::tanh<float, D>{}};
 }
-using generator = decltype(make_generator(generator_options{}, 0));
+template <class D = dist::cpu>
+using generator_on = decltype(make_generator<D>(generator_options{}, 0));
+using generator = generator_on<dist::cpu>;
 
 struct discriminator_options {
   std::int64_t channels = 1;
@@ -206,18 +220,21 @@ struct discriminator_options {
 };
 
 // conv 4x4 -> norm -> LeakyReLU(0.2), one stage of the PatchGAN; no bias before the norm.
+template <class D = dist::cpu>
 class patch_stage {
  public:
   using scalar_type = float;
+  using device_type = D;
+  using tensor_type = dist::tensor<float, D>;
 
-  patch_stage(std::int64_t in, std::int64_t out, std::int64_t stride, norm_kind norm, std::uint64_t seed)
-      : conv_{{.in_channels = in, .out_channels = out, .kernel = 4, .stride = stride, .padding = 1, .bias = false}, sub(seed, 0)},
-        norm_{norm, out, sub(seed, 1)} {}
+  patch_stage(std::int64_t in, std::int64_t out, std::int64_t stride, norm_kind norm, std::uint64_t seed, const D& device = {})
+      : conv_{{.in_channels = in, .out_channels = out, .kernel = 4, .stride = stride, .padding = 1, .bias = false}, sub(seed, 0), device},
+        norm_{norm, out, sub(seed, 1), device} {}
 
   template <class R>
-  tensor forward(R& r, const tensor& x) { return act_.forward(r, norm_.forward(r, conv_.forward(r, x))); }
+  tensor_type forward(R& r, const tensor_type& x) { return act_.forward(r, norm_.forward(r, conv_.forward(r, x))); }
   template <class R>
-  tensor backward(R& r, const tensor& dy) { return conv_.backward(r, norm_.backward(r, act_.backward(r, dy))); }
+  tensor_type backward(R& r, const tensor_type& dy) { return conv_.backward(r, norm_.backward(r, act_.backward(r, dy))); }
   template <class F>
   void for_each_parameter(F&& f) {
     conv_.for_each_parameter(f);
@@ -232,30 +249,33 @@ class patch_stage {
   void set_training(bool on) { norm_.set_training(on); }
 
  private:
-  nn::conv2d<float> conv_;
-  norm_layer norm_;
-  nn::leaky_relu<float> act_{0.2f};
+  nn::conv2d<float, D> conv_;
+  norm_layer<D> norm_;
+  nn::leaky_relu<float, D> act_{0.2f};
 };
 
-inline auto make_discriminator(const discriminator_options& o, std::uint64_t seed) {
+template <class D = dist::cpu>
+auto make_discriminator(const discriminator_options& o, std::uint64_t seed, const D& device = {}) {
   if (o.layers < 1) throw std::invalid_argument("--d-layers must be at least 1");
-  std::vector<patch_stage> stages;
+  std::vector<patch_stage<D>> stages;
   std::int64_t ch = o.filters;
   // The first layer has no normalisation (the reference's); then stride-2 stages, then one stride-1.
   for (int i = 1; i < o.layers; ++i) {
     const std::int64_t next = o.filters * (std::int64_t{1} << std::min(i, 3));
-    stages.emplace_back(ch, next, 2, o.norm, sub(seed, 10 + static_cast<std::uint64_t>(i)));
+    stages.emplace_back(ch, next, 2, o.norm, sub(seed, 10 + static_cast<std::uint64_t>(i)), device);
     ch = next;
   }
   const std::int64_t last = o.filters * (std::int64_t{1} << std::min(o.layers, 3));
-  stages.emplace_back(ch, last, 1, o.norm, sub(seed, 9));
+  stages.emplace_back(ch, last, 1, o.norm, sub(seed, 9), device);
   return nn::sequential{
-      nn::conv2d<float>{{.in_channels = o.channels, .out_channels = o.filters, .kernel = 4, .stride = 2, .padding = 1}, sub(seed, 1)},
-      nn::leaky_relu<float>{0.2f},
-      repeated<patch_stage>{std::move(stages)},
-      nn::conv2d<float>{{.in_channels = last, .out_channels = 1, .kernel = 4, .stride = 1, .padding = 1}, sub(seed, 2)}};
+      nn::conv2d<float, D>{{.in_channels = o.channels, .out_channels = o.filters, .kernel = 4, .stride = 2, .padding = 1}, sub(seed, 1), device},
+      nn::leaky_relu<float, D>{0.2f},
+      repeated<patch_stage<D>>{std::move(stages)},
+      nn::conv2d<float, D>{{.in_channels = last, .out_channels = 1, .kernel = 4, .stride = 1, .padding = 1}, sub(seed, 2), device}};
 }
-using discriminator = decltype(make_discriminator(discriminator_options{}, 0));
+template <class D = dist::cpu>
+using discriminator_on = decltype(make_discriminator<D>(discriminator_options{}, 0));
+using discriminator = discriminator_on<dist::cpu>;
 
 template <class M>
 std::int64_t parameter_count(M& m) {

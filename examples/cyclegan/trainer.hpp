@@ -85,12 +85,15 @@ struct step_losses {
   double generator_total() const { return gan_ab + gan_ba + cycle + identity; }
 };
 
-inline tensor scaled(tensor t, double k) {
-  for (auto& v : t) v = static_cast<float>(v * k);
+// k t and t += u, computed by the replica's engine.
+template <class R>
+tensor scaled(R& r, tensor t, double k) {
+  r.engine().for_each(static_cast<std::int64_t>(t.size()), nn::detail::kernels::scale<float>{t.data(), t.data(), static_cast<float>(k)});
   return t;
 }
-inline void add_to(tensor& t, const tensor& u) {
-  for (std::size_t i = 0; i < t.size(); ++i) t[i] += u[i];
+template <class R>
+void add_to(R& r, tensor& t, const tensor& u) {
+  r.engine().for_each(static_cast<std::int64_t>(t.size()), nn::detail::kernels::add_to<float>{t.data(), u.data()});
 }
 inline tensor filled_like(const tensor& t, float v) {
   tensor out{t.shape()};
@@ -301,19 +304,19 @@ class trainer {
     gba.zero_grad();
     const double w_cyc = o_.lambda_cycle, w_idt = o_.lambda_cycle * o_.lambda_identity;
     if (w_idt > 0) {
-      const auto idt_b = nn::l1(gab.forward(r, b), b, n);
-      gab.backward(r, scaled(idt_b.grad, w_idt));
-      const auto idt_a = nn::l1(gba.forward(r, a), a, n);
-      gba.backward(r, scaled(idt_a.grad, w_idt));
+      const auto idt_b = nn::l1(r, gab.forward(r, b), b, n);
+      gab.backward(r, scaled(r, idt_b.grad, w_idt));
+      const auto idt_a = nn::l1(r, gba.forward(r, a), a, n);
+      gba.backward(r, scaled(r, idt_a.grad, w_idt));
       out.losses.identity = w_idt * (idt_a.value + idt_b.value);
     }
     auto path = [&](const tensor& real, generator& g, generator& back, discriminator& d, double& gan_loss) {
       tensor fake = g.forward(r, real);
-      const auto cyc = nn::l1(back.forward(r, fake), real, n);
-      tensor dfake = back.backward(r, scaled(cyc.grad, w_cyc));
+      const auto cyc = nn::l1(r, back.forward(r, fake), real, n);
+      tensor dfake = back.backward(r, scaled(r, cyc.grad, w_cyc));
       const tensor score = d.forward(r, fake);
-      const auto adv = nn::mse(score, filled_like(score, 1.0f), n);
-      add_to(dfake, d.backward(r, adv.grad));
+      const auto adv = nn::mse(r, score, filled_like(score, 1.0f), n);
+      add_to(r, dfake, d.backward(r, adv.grad));
       g.backward(r, dfake);
       out.losses.cycle += w_cyc * cyc.value;
       gan_loss = adv.value;
@@ -336,11 +339,11 @@ class trainer {
     auto one = [&](discriminator& d, const tensor& real, const tensor& fake) {
       d.zero_grad();
       const tensor sr = d.forward(r, real);
-      const auto lr = nn::mse(sr, filled_like(sr, 1.0f), n);
-      d.backward(r, scaled(lr.grad, 0.5));
+      const auto lr = nn::mse(r, sr, filled_like(sr, 1.0f), n);
+      d.backward(r, scaled(r, lr.grad, 0.5));
       const tensor sf = d.forward(r, fake);
-      const auto lf = nn::mse(sf, filled_like(sf, 0.0f), n);
-      d.backward(r, scaled(lf.grad, 0.5));
+      const auto lf = nn::mse(r, sf, filled_like(sf, 0.0f), n);
+      d.backward(r, scaled(r, lf.grad, 0.5));
       r.all_reduce_gradients(d);
       return 0.5 * (lr.value + lf.value);
     };

@@ -7,6 +7,7 @@
 #include <distribute/concepts/communicator.hpp>
 #include <distribute/concepts/device.hpp>
 #include <distribute/dtype.hpp>
+#include <distribute/engine/detail/engine_slot.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/reduce_op.hpp>
 
@@ -45,13 +46,23 @@ class replica_context {
   using device_type = D;
   using communicator_type = C;
 
-  replica_context(D device, C comm) : device_{std::move(device)}, comm_{std::move(comm)} {}
+  // `slot`: where the strategy keeps this replica's compute engine; without one, the replica computes
+  // with the calling thread's default engine (every core).
+  replica_context(D device, C comm, detail::engine_slot* slot = nullptr)
+      : device_{std::move(device)}, comm_{std::move(comm)}, engine_{slot} {}
 
   // This replica's position among all replicas in sync, 0 .. num_replicas()-1.
   int replica_id() const noexcept { return comm_.rank(); }
   int num_replicas() const noexcept { return comm_.size(); }
   const D& device() const noexcept { return device_; }
   C& communicator() noexcept { return comm_; }
+  // The compute engine the layers run on (engine/cpu.hpp for the CPU): this replica's, with its share
+  // of the cores and its own scratch and cached primitives. Made on first use.
+  template <class E = distribute::engine<D>>
+  E& engine() const {
+    if (engine_) return engine_->template get<D>();
+    return E::thread_default();
+  }
 
   // This replica's element of a per-replica or mirrored value.
   template <class T, std::size_t E>
@@ -139,6 +150,7 @@ class replica_context {
 
   D device_;
   [[no_unique_address]] C comm_;
+  detail::engine_slot* engine_ = nullptr;
 };
 
 }  // namespace distribute

@@ -1,91 +1,107 @@
 #pragma once
 // Element-wise activations: relu, leaky_relu (the PatchGAN discriminator's, slope 0.2) and tanh (the
 // generator's output). Each keeps what its derivative needs: the input for the piecewise-linear ones,
-// the output for tanh (1 - y^2).
+// the output for tanh (1 - y^2). The arithmetic is the engine's (nn/detail/kernels.hpp).
 
+#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/layer.hpp>
 
-#include <cmath>
-#include <cstddef>
-#include <utility>
+#include <stdexcept>
+#include <string>
 
 namespace distribute::nn {
 
-template <class T = float>
+namespace detail {
+template <class T, class D>
+void check_same_shape(const char* layer, const tensor<T, D>& dy, const tensor<T, D>& kept) {
+  if (dy.shape() != kept.shape())
+    throw std::invalid_argument(std::string("distribute: ") + layer + " backward got dy of shape " + dy.shape().to_string() +
+                                ", expected " + kept.shape().to_string());
+}
+}  // namespace detail
+
+template <class T = float, device D = cpu>
 class relu : public detail::stateless {
  public:
   using scalar_type = T;
+  using device_type = D;
+  using tensor_type = tensor<T, D>;
 
   template <class R>
-  tensor<T> forward(R&, const tensor<T>& x) {
+  tensor_type forward(R& r, const tensor_type& x) {
     input_ = x;
-    tensor<T> y{x.shape()};
-    for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+    tensor_type y{x.shape(), x.device()};
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::relu_forward<T>{x.data(), y.data()});
     return y;
   }
   template <class R>
-  tensor<T> backward(R&, const tensor<T>& dy) {
-    check_shape(dy);
-    tensor<T> dx{dy.shape()};
-    for (std::size_t i = 0; i < dy.size(); ++i) dx[i] = input_[i] > T(0) ? dy[i] : T(0);
+  tensor_type backward(R& r, const tensor_type& dy) {
+    detail::check_same_shape("relu", dy, input_);
+    tensor_type dx{dy.shape(), dy.device()};
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
+                                     detail::kernels::relu_backward<T>{input_.data(), dy.data(), dx.data()});
     return dx;
   }
 
  private:
-  void check_shape(const tensor<T>& dy) const {
-    if (dy.shape() != input_.shape()) throw std::invalid_argument("distribute: relu backward got dy of shape " + dy.shape().to_string() + ", expected " + input_.shape().to_string());
-  }
-  tensor<T> input_;
+  tensor_type input_;
 };
 
-template <class T = float>
+template <class T = float, device D = cpu>
 class leaky_relu : public detail::stateless {
  public:
   using scalar_type = T;
+  using device_type = D;
+  using tensor_type = tensor<T, D>;
 
   explicit leaky_relu(T negative_slope = T(0.2)) : slope_{negative_slope} {}
 
   template <class R>
-  tensor<T> forward(R&, const tensor<T>& x) {
+  tensor_type forward(R& r, const tensor_type& x) {
     input_ = x;
-    tensor<T> y{x.shape()};
-    for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] > T(0) ? x[i] : slope_ * x[i];
+    tensor_type y{x.shape(), x.device()};
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()),
+                                     detail::kernels::leaky_relu_forward<T>{x.data(), y.data(), slope_});
     return y;
   }
   template <class R>
-  tensor<T> backward(R&, const tensor<T>& dy) {
-    if (dy.shape() != input_.shape()) throw std::invalid_argument("distribute: leaky_relu backward got dy of shape " + dy.shape().to_string() + ", expected " + input_.shape().to_string());
-    tensor<T> dx{dy.shape()};
-    for (std::size_t i = 0; i < dy.size(); ++i) dx[i] = input_[i] > T(0) ? dy[i] : slope_ * dy[i];
+  tensor_type backward(R& r, const tensor_type& dy) {
+    detail::check_same_shape("leaky_relu", dy, input_);
+    tensor_type dx{dy.shape(), dy.device()};
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
+                                     detail::kernels::leaky_relu_backward<T>{input_.data(), dy.data(), dx.data(), slope_});
     return dx;
   }
 
  private:
   T slope_;
-  tensor<T> input_;
+  tensor_type input_;
 };
 
-template <class T = float>
+template <class T = float, device D = cpu>
 class tanh : public detail::stateless {
  public:
   using scalar_type = T;
+  using device_type = D;
+  using tensor_type = tensor<T, D>;
 
   template <class R>
-  tensor<T> forward(R&, const tensor<T>& x) {
-    output_ = tensor<T>{x.shape()};
-    for (std::size_t i = 0; i < x.size(); ++i) output_[i] = std::tanh(x[i]);
+  tensor_type forward(R& r, const tensor_type& x) {
+    output_ = tensor_type{x.shape(), x.device()};
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::tanh_forward<T>{x.data(), output_.data()});
     return output_;
   }
   template <class R>
-  tensor<T> backward(R&, const tensor<T>& dy) {
-    if (dy.shape() != output_.shape()) throw std::invalid_argument("distribute: tanh backward got dy of shape " + dy.shape().to_string() + ", expected " + output_.shape().to_string());
-    tensor<T> dx{dy.shape()};
-    for (std::size_t i = 0; i < dy.size(); ++i) dx[i] = dy[i] * (T(1) - output_[i] * output_[i]);
+  tensor_type backward(R& r, const tensor_type& dy) {
+    detail::check_same_shape("tanh", dy, output_);
+    tensor_type dx{dy.shape(), dy.device()};
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
+                                     detail::kernels::tanh_backward<T>{output_.data(), dy.data(), dx.data()});
     return dx;
   }
 
  private:
-  tensor<T> output_;
+  tensor_type output_;
 };
 
 }  // namespace distribute::nn

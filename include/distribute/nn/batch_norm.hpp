@@ -16,6 +16,8 @@
 
 #include <distribute/comm/local.hpp>
 #include <distribute/nn/detail/batch_stats.hpp>
+#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/nn/detail/plane_statistics.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cmath>
@@ -39,29 +41,33 @@ namespace detail {
 template <class R>
 inline constexpr bool communicates = !std::is_same_v<typename R::communicator_type, comm::local>;
 
-template <class T, bool Sync>
+template <class T, device D, bool Sync>
 class basic_batch_norm {
  public:
   using scalar_type = T;
+  using device_type = D;
+  using tensor_type = tensor<T, D>;
 
-  basic_batch_norm(batch_norm_options o, std::uint64_t seed)
+  basic_batch_norm(batch_norm_options o, std::uint64_t seed, const D& device = {})
       : o_{o},
-        gamma_{shape{o.channels}, init::scale, sub_seed(seed, 0)},
-        beta_{shape{o.channels}, init::zero, 0},
+        device_{device},
+        gamma_{shape{o.channels}, init::scale, sub_seed(seed, 0), device},
+        beta_{shape{o.channels}, init::zero, 0, device},
         running_mean_(static_cast<std::size_t>(o.channels), 0.0),
         running_var_(static_cast<std::size_t>(o.channels), 1.0) {
     if (o.channels < 1) throw std::invalid_argument("distribute: batch norm needs at least one channel");
   }
 
-  parameter<T>& gamma() noexcept { return gamma_; }
-  parameter<T>& beta() noexcept { return beta_; }
+  parameter<T, D>& gamma() noexcept { return gamma_; }
+  parameter<T, D>& beta() noexcept { return beta_; }
   const std::vector<double>& running_mean() const noexcept { return running_mean_; }
   const std::vector<double>& running_var() const noexcept { return running_var_; }
   bool training() const noexcept { return training_; }
   void set_training(bool on) noexcept { training_ = on; }
 
   template <class R>
-  tensor<T> forward(R& r, const tensor<T>& x) {
+  tensor_type forward(R& r, const tensor_type& x) {
+    auto& e = engine_of<D>(r);
     const shape& s = x.shape();
     if (s.rank() != 4 || s.c() != o_.channels)
       throw std::invalid_argument("distribute: batch norm over " + std::to_string(o_.channels) +
@@ -70,8 +76,12 @@ class basic_batch_norm {
     invstd_.assign(static_cast<std::size_t>(C), 0.0);
     mean_.assign(static_cast<std::size_t>(C), 0.0);
     if (training_) {
+      // Each plane's moments, merged per channel in example order.
+      const auto planes = plane_moments(e, x, s.n() * C, plane);
       std::vector<moments> m(static_cast<std::size_t>(C));
-      for (std::int64_t c = 0; c < C; ++c) m[static_cast<std::size_t>(c)] = channel_moments(x.data(), s.n(), C, plane, c);
+      for (std::int64_t n = 0; n < s.n(); ++n)
+        for (std::int64_t c = 0; c < C; ++c)
+          m[static_cast<std::size_t>(c)] = merge(m[static_cast<std::size_t>(c)], planes[static_cast<std::size_t>(n * C + c)]);
       if constexpr (Sync && communicates<R>) merge_across_replicas(r, m);
       total_count_ = m[0].count;
       if (total_count_ == 0)
@@ -91,27 +101,20 @@ class basic_batch_norm {
       }
     }
     forward_training_ = training_;
-    xhat_ = tensor<T>{s};
-    tensor<T> y{s};
-    for (std::int64_t e = 0; e < s.n(); ++e)
-      for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t off = (e * C + c) * plane;
-        const T mu = static_cast<T>(mean_[static_cast<std::size_t>(c)]);
-        const T is = static_cast<T>(invstd_[static_cast<std::size_t>(c)]);
-        const T g = gamma_.value[static_cast<std::size_t>(c)], b = beta_.value[static_cast<std::size_t>(c)];
-        for (std::int64_t i = 0; i < plane; ++i) {
-          const T xh = (x[static_cast<std::size_t>(off + i)] - mu) * is;
-          xhat_[static_cast<std::size_t>(off + i)] = xh;
-          y[static_cast<std::size_t>(off + i)] = g * xh + b;
-        }
-      }
+    const auto mean_d = on_device_of(x, mean_), invstd_d = on_device_of(x, invstd_);
+    xhat_ = tensor_type{s, device_};
+    tensor_type y{s, device_};
+    e.for_each_in_segments(s.n() * C, plane, kernels::normalize<T>{x.data(), y.data(), xhat_.data(), mean_d.data(),
+                                                                    invstd_d.data(), gamma_.value.data(),
+                                                                    beta_.value.data(), C, plane, true});
     has_input_ = true;
     return y;
   }
 
   template <class R>
-  tensor<T> backward(R& r, const tensor<T>& dy) {
+  tensor_type backward(R& r, const tensor_type& dy) {
     if (!has_input_) backward_before_forward(Sync ? "sync_batch_norm" : "batch_norm");
+    auto& e = engine_of<D>(r);
     const shape& s = xhat_.shape();
     if (dy.shape() != s)
       throw std::invalid_argument("distribute: batch norm backward got dy of shape " + dy.shape().to_string() +
@@ -119,45 +122,41 @@ class basic_batch_norm {
     const std::int64_t C = o_.channels, plane = s.h() * s.w();
     const auto uc = static_cast<std::size_t>(C);
     // [sum dy per channel | sum dy*x_hat per channel]: one buffer, so one collective.
+    const auto per_plane = plane_gradient_sums(e, dy, xhat_, s.n() * C, plane);
+    const std::size_t np = static_cast<std::size_t>(s.n()) * uc;
     std::vector<double> sums(2 * uc, 0.0);
-    for (std::int64_t e = 0; e < s.n(); ++e)
-      for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t off = (e * C + c) * plane;
-        double sd = 0, sdx = 0;
-        for (std::int64_t i = 0; i < plane; ++i) {
-          const double d = static_cast<double>(dy[static_cast<std::size_t>(off + i)]);
-          sd += d;
-          sdx += d * static_cast<double>(xhat_[static_cast<std::size_t>(off + i)]);
-        }
-        sums[static_cast<std::size_t>(c)] += sd;
-        sums[uc + static_cast<std::size_t>(c)] += sdx;
+    for (std::int64_t n = 0; n < s.n(); ++n)
+      for (std::size_t c = 0; c < uc; ++c) {
+        sums[c] += per_plane[static_cast<std::size_t>(n) * uc + c];
+        sums[uc + c] += per_plane[np + static_cast<std::size_t>(n) * uc + c];
       }
     // gamma and beta: this replica's share; all_reduce_gradients combines them.
+    std::vector<T> dgamma(uc), dbeta(uc), gamma(uc);
     for (std::size_t c = 0; c < uc; ++c) {
-      beta_.grad[c] += static_cast<T>(sums[c]);
-      gamma_.grad[c] += static_cast<T>(sums[uc + c]);
+      dbeta[c] = static_cast<T>(sums[c]);
+      dgamma[c] = static_cast<T>(sums[uc + c]);
     }
-    tensor<T> dx{s};
-    if (!forward_training_) {
-      // Eval mode: an affine map per channel.
-      for (std::int64_t e = 0; e < s.n(); ++e)
-        for (std::int64_t c = 0; c < C; ++c) {
-          const std::int64_t off = (e * C + c) * plane;
-          const T k = gamma_.value[static_cast<std::size_t>(c)] * static_cast<T>(invstd_[static_cast<std::size_t>(c)]);
-          for (std::int64_t i = 0; i < plane; ++i) dx[static_cast<std::size_t>(off + i)] = k * dy[static_cast<std::size_t>(off + i)];
-        }
-      return dx;
+    const auto dg = on_device_of(dy, dgamma), db = on_device_of(dy, dbeta);
+    e.for_each(C, kernels::add_to<T>{gamma_.grad.data(), dg.data()});
+    e.for_each(C, kernels::add_to<T>{beta_.grad.data(), db.data()});
+    e.to_host(gamma_.value.data(), uc, gamma.data());
+    std::vector<T> coef(3 * uc, T(0));
+    if (forward_training_) {
+      // Eval mode needs no statistics of dy: an affine map per channel (the means stay zero).
+      if constexpr (Sync && communicates<R>) r.all_reduce(reduce_op::sum, sums);
     }
-    if constexpr (Sync && communicates<R>) r.all_reduce(reduce_op::sum, sums);
     const double m = total_count_;
-    for (std::int64_t e = 0; e < s.n(); ++e)
-      for (std::int64_t c = 0; c < C; ++c) {
-        const auto uc_ = static_cast<std::size_t>(c);
-        const std::int64_t off = (e * C + c) * plane;
-        const T k = static_cast<T>(static_cast<double>(gamma_.value[uc_]) * invstd_[uc_]);
-        const T mean_dy = static_cast<T>(sums[uc_] / m), mean_dyx = static_cast<T>(sums[uc + uc_] / m);
-        detail::normalized_input_gradient(dx, dy, xhat_, off, plane, k, mean_dy, mean_dyx);
+    for (std::size_t c = 0; c < uc; ++c) {
+      coef[3 * c] = static_cast<T>(static_cast<double>(gamma[c]) * invstd_[c]);
+      if (forward_training_) {
+        coef[3 * c + 1] = static_cast<T>(sums[c] / m);
+        coef[3 * c + 2] = static_cast<T>(sums[uc + c] / m);
       }
+    }
+    const auto coef_d = on_device_of(dy, coef);
+    tensor_type dx{s, device_};
+    e.for_each_in_segments(s.n() * C, plane, kernels::normalized_input_gradient<T>{dy.data(), xhat_.data(), dx.data(),
+                                                                                   coef_d.data(), C, plane, true});
     return dx;
   }
 
@@ -201,26 +200,27 @@ class basic_batch_norm {
   }
 
   batch_norm_options o_;
-  parameter<T> gamma_, beta_;
+  D device_;
+  parameter<T, D> gamma_, beta_;
   std::vector<double> running_mean_, running_var_;
   bool training_ = true;
   bool forward_training_ = true;
   bool has_input_ = false;
   double total_count_ = 0;
   std::vector<double> mean_, invstd_;
-  tensor<T> xhat_;
+  tensor_type xhat_;
 };
 
 }  // namespace detail
 
-template <class T = float>
-class batch_norm : public detail::basic_batch_norm<T, false> {
-  using detail::basic_batch_norm<T, false>::basic_batch_norm;
+template <class T = float, device D = cpu>
+class batch_norm : public detail::basic_batch_norm<T, D, false> {
+  using detail::basic_batch_norm<T, D, false>::basic_batch_norm;
 };
 
-template <class T = float>
-class sync_batch_norm : public detail::basic_batch_norm<T, true> {
-  using detail::basic_batch_norm<T, true>::basic_batch_norm;
+template <class T = float, device D = cpu>
+class sync_batch_norm : public detail::basic_batch_norm<T, D, true> {
+  using detail::basic_batch_norm<T, D, true>::basic_batch_norm;
 };
 
 }  // namespace distribute::nn

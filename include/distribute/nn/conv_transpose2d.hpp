@@ -1,21 +1,24 @@
 #pragma once
 // Transposed 2-D convolution (CycleGAN's u128/u64 up-sampling: k 3, stride 2, padding 1,
-// output_padding 1 doubles H and W), the adjoint of conv2d: one GEMM per example and col2im.
+// output_padding 1 doubles H and W), the adjoint of conv2d: its forward is a convolution's data
+// gradient, its data gradient that convolution's forward, both computed by the replica's engine.
 //
 // Output size: Ho = (H - 1)*s - 2p + k + output_padding (likewise Wo), with output_padding < stride:
 // the definition of PyTorch's ConvTranspose2d. Weights are [Cin, Cout, k, k] (PyTorch's order).
 
-#include <distribute/nn/detail/im2col.hpp>
+#include <distribute/engine/conv_geometry.hpp>
+#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/layer.hpp>
-#include <distribute/tensor/eigen.hpp>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace distribute::nn {
 
+// Defaults: a 3x3 kernel, stride 2, padding 1 and output_padding 1 (doubles H and W), with a bias.
 struct conv_transpose2d_options {
   std::int64_t in_channels = 1;
   std::int64_t out_channels = 1;
@@ -26,71 +29,71 @@ struct conv_transpose2d_options {
   bool bias = true;
 };
 
-template <class T = float>
+namespace detail {
+inline std::string describe(const conv_transpose2d_options& o) {
+  return "{in_channels " + std::to_string(o.in_channels) + ", out_channels " + std::to_string(o.out_channels) +
+         ", kernel " + std::to_string(o.kernel) + ", stride " + std::to_string(o.stride) + ", padding " +
+         std::to_string(o.padding) + ", output_padding " + std::to_string(o.output_padding) + "}";
+}
+}  // namespace detail
+
+template <class T = float, device D = cpu>
 class conv_transpose2d {
  public:
   using scalar_type = T;
+  using device_type = D;
+  using tensor_type = tensor<T, D>;
 
-  conv_transpose2d(conv_transpose2d_options o, std::uint64_t seed)
+  conv_transpose2d(conv_transpose2d_options o, std::uint64_t seed, const D& device = {})
       : o_{check(o)},
-        weight_{shape{o.in_channels, o.out_channels, o.kernel, o.kernel}, init::normal, detail::sub_seed(seed, 0)},
-        bias_{shape{o.bias ? o.out_channels : 0}, init::zero, 0} {}
+        device_{device},
+        weight_{shape{o.in_channels, o.out_channels, o.kernel, o.kernel}, init::normal, detail::sub_seed(seed, 0), device},
+        bias_{shape{o.bias ? o.out_channels : 0}, init::zero, 0, device} {}
 
   const conv_transpose2d_options& options() const noexcept { return o_; }
-  parameter<T>& weight() noexcept { return weight_; }
-  parameter<T>& bias() noexcept { return bias_; }
+  parameter<T, D>& weight() noexcept { return weight_; }
+  parameter<T, D>& bias() noexcept { return bias_; }
 
   shape output_shape(const shape& in) const {
     if (in.rank() != 4 || in.c() != o_.in_channels)
-      throw std::invalid_argument("distribute: conv_transpose2d with " + std::to_string(o_.in_channels) +
-                                  " input channels got a tensor of shape " + in.to_string());
+      throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) + " got a tensor of shape " +
+                                  in.to_string());
     const std::int64_t h = (in.h() - 1) * o_.stride - 2 * o_.padding + o_.kernel + o_.output_padding;
     const std::int64_t w = (in.w() - 1) * o_.stride - 2 * o_.padding + o_.kernel + o_.output_padding;
-    if (h < 1 || w < 1) throw std::invalid_argument("distribute: conv_transpose2d output would be empty for " + in.to_string());
+    if (h < 1 || w < 1)
+      throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) + ": output would be empty for " +
+                                  in.to_string());
     return shape::nchw(in.n(), o_.out_channels, h, w);
   }
 
   template <class R>
-  tensor<T> forward(R&, const tensor<T>& x) {
+  tensor_type forward(R& r, const tensor_type& x) {
+    auto& e = detail::engine_of<D>(r);
     const shape out = output_shape(x.shape());
     input_ = x;
     has_input_ = true;
-    tensor<T> y{out};
-    const detail::window g = geometry(x.shape(), out);
-    const auto wm = as_matrix(std::as_const(weight_.value), o_.in_channels, o_.out_channels * o_.kernel * o_.kernel);
-    col_.resize(wm.cols(), x.shape().h() * x.shape().w());
-    const std::int64_t out_size = out.c() * out.h() * out.w();
-    for (std::int64_t n = 0; n < out.n(); ++n) {
-      col_.noalias() = wm.transpose() * example_matrix(x, n);
-      detail::col2im_add(col_.data(), g, y.data() + n * out_size);
-      if (o_.bias) example_matrix(y, n).colwise() += const_vector_map<T>(bias_.value.data(), o_.out_channels);
-    }
+    tensor_type y{out, device_};
+    e.conv_backward_data(geometry(x.shape(), out), x.data(), weight_.value.data(), y.data());
+    if (o_.bias)
+      e.for_each_in_segments(out.n() * out.c(), out.h() * out.w(),
+                             detail::kernels::add_channel_bias<T>{y.data(), bias_.value.data(), out.c(), out.h() * out.w()});
     return y;
   }
 
   template <class R>
-  tensor<T> backward(R&, const tensor<T>& dy) {
+  tensor_type backward(R& r, const tensor_type& dy) {
     if (!has_input_) detail::backward_before_forward("conv_transpose2d");
+    auto& e = detail::engine_of<D>(r);
     const shape out = output_shape(input_.shape());
     if (dy.shape() != out)
-      throw std::invalid_argument("distribute: conv_transpose2d backward got dy of shape " + dy.shape().to_string() +
-                                  ", expected " + out.to_string());
-    const detail::window g = geometry(input_.shape(), out);
-    const auto wm = as_matrix(std::as_const(weight_.value), o_.in_channels, o_.out_channels * o_.kernel * o_.kernel);
-    auto dwm = as_matrix(weight_.grad, o_.in_channels, o_.out_channels * o_.kernel * o_.kernel);
-    tensor<T> dx{input_.shape()};
-    col_.resize(wm.cols(), input_.shape().h() * input_.shape().w());
-    const std::int64_t out_size = out.c() * out.h() * out.w();
-    for (std::int64_t n = 0; n < out.n(); ++n) {
-      detail::im2col(dy.data() + n * out_size, g, col_.data());
-      example_matrix(dx, n).noalias() = wm * col_;
-      dwm.noalias() += example_matrix(input_, n) * col_.transpose();
-      if (o_.bias) {
-        const auto dyn = example_matrix(dy, n);
-        auto db = vector_map<T>(bias_.grad.data(), o_.out_channels);
-        for (std::int64_t c = 0; c < o_.out_channels; ++c) db[c] += dyn.row(c).sum();
-      }
-    }
+      throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) + " backward got dy of shape " +
+                                  dy.shape().to_string() + ", expected " + out.to_string());
+    const conv_geometry g = geometry(input_.shape(), out);
+    tensor_type dx{input_.shape(), device_};
+    e.conv_forward(g, dy.data(), weight_.value.data(), static_cast<const T*>(nullptr), dx.data());
+    // Seen from the output, dy is the convolution's input and x its output's gradient.
+    e.conv_backward_weights(g, dy.data(), input_.data(), weight_.grad.data(), static_cast<T*>(nullptr));
+    if (o_.bias) add_bias_gradient(e, dy);
     return dx;
   }
 
@@ -109,22 +112,39 @@ class conv_transpose2d {
   static conv_transpose2d_options check(conv_transpose2d_options o) {
     if (o.in_channels < 1 || o.out_channels < 1 || o.kernel < 1 || o.stride < 1 || o.padding < 0 ||
         o.output_padding < 0 || o.output_padding >= o.stride)
-      throw std::invalid_argument("distribute: conv_transpose2d needs positive channels, kernel and stride, "
-                                  "padding >= 0 and 0 <= output_padding < stride");
+      throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o) +
+                                  " needs positive channels, kernel and stride, padding >= 0 and "
+                                  "0 <= output_padding < stride");
     return o;
   }
   // Seen from the output: a convolution of the output planes (k, s, p) gives the input's H x W.
-  detail::window geometry(const shape& in, const shape& out) const {
-    return {o_.out_channels, out.h(), out.w(), o_.kernel, o_.stride, o_.padding, in.h(), in.w()};
+  conv_geometry geometry(const shape& in, const shape& out) const {
+    return {in.n(), o_.out_channels, out.h(), out.w(), o_.in_channels, o_.kernel, o_.stride, o_.padding, in.h(), in.w()};
+  }
+  // db[c] += the sum of dy over examples and positions: per-plane sums, then in example order.
+  template <class E>
+  void add_bias_gradient(E& e, const tensor_type& dy) {
+    const shape& s = dy.shape();
+    const std::int64_t planes = s.n() * s.c(), plane = s.h() * s.w();
+    tensor<double, D> sums{shape{planes}, device_};
+    e.segmented_sum(planes, plane, detail::kernels::value_of<T>{dy.data(), plane}, sums.data());
+    std::vector<double> host(static_cast<std::size_t>(planes));
+    e.to_host(sums.data(), host.size(), host.data());
+    std::vector<T> db(static_cast<std::size_t>(s.c()), T(0));
+    for (std::int64_t c = 0; c < s.c(); ++c) {
+      double acc = 0;
+      for (std::int64_t n = 0; n < s.n(); ++n) acc += host[static_cast<std::size_t>(n * s.c() + c)];
+      db[static_cast<std::size_t>(c)] = static_cast<T>(acc);
+    }
+    const auto add = tensor_type::from_host(shape{s.c()}, std::span<const T>(db), device_);
+    e.for_each(s.c(), detail::kernels::add_to<T>{bias_.grad.data(), add.data()});
   }
 
-  using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
   conv_transpose2d_options o_;
-  parameter<T> weight_, bias_;
-  tensor<T> input_;
+  D device_;
+  parameter<T, D> weight_, bias_;
+  tensor_type input_;
   bool has_input_ = false;
-  matrix col_;
 };
 
 }  // namespace distribute::nn

@@ -3,7 +3,8 @@
 // mean and biased variance, so no statistic crosses examples and nothing crosses replicas. Affine
 // (gamma N(1, 0.02), beta 0) is optional; CycleGAN's reference uses none.
 
-#include <distribute/nn/detail/batch_stats.hpp>
+#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/nn/detail/plane_statistics.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cmath>
@@ -20,79 +21,84 @@ struct instance_norm_options {
   bool affine = false;
 };
 
-template <class T = float>
+template <class T = float, device D = cpu>
 class instance_norm {
  public:
   using scalar_type = T;
+  using device_type = D;
+  using tensor_type = tensor<T, D>;
 
-  instance_norm(instance_norm_options o, std::uint64_t seed)
+  instance_norm(instance_norm_options o, std::uint64_t seed, const D& device = {})
       : o_{o},
-        gamma_{shape{o.affine ? o.channels : 0}, init::scale, detail::sub_seed(seed, 0)},
-        beta_{shape{o.affine ? o.channels : 0}, init::zero, 0} {
+        device_{device},
+        gamma_{shape{o.affine ? o.channels : 0}, init::scale, detail::sub_seed(seed, 0), device},
+        beta_{shape{o.affine ? o.channels : 0}, init::zero, 0, device} {
     if (o.channels < 1) throw std::invalid_argument("distribute: instance norm needs at least one channel");
   }
 
-  parameter<T>& gamma() noexcept { return gamma_; }
-  parameter<T>& beta() noexcept { return beta_; }
+  parameter<T, D>& gamma() noexcept { return gamma_; }
+  parameter<T, D>& beta() noexcept { return beta_; }
 
   template <class R>
-  tensor<T> forward(R&, const tensor<T>& x) {
+  tensor_type forward(R& r, const tensor_type& x) {
+    auto& e = detail::engine_of<D>(r);
     const shape& s = x.shape();
     if (s.rank() != 4 || s.c() != o_.channels)
       throw std::invalid_argument("distribute: instance norm over " + std::to_string(o_.channels) +
                                   " channels got a tensor of shape " + s.to_string());
-    const std::int64_t C = o_.channels, plane = s.h() * s.w();
-    xhat_ = tensor<T>{s};
-    invstd_.assign(static_cast<std::size_t>(s.n() * C), 0.0);
-    tensor<T> y{s};
-    for (std::int64_t e = 0; e < s.n(); ++e)
-      for (std::int64_t c = 0; c < C; ++c) {
-        // One plane is channel 0 of a batch of one example with one channel.
-        const std::int64_t off = (e * C + c) * plane;
-        const detail::moments m = detail::channel_moments(x.data() + off, 1, 1, plane, 0);
-        const double is = 1.0 / std::sqrt(m.m2 / m.count + o_.eps);
-        invstd_[static_cast<std::size_t>(e * C + c)] = is;
-        const T g = o_.affine ? gamma_.value[static_cast<std::size_t>(c)] : T(1);
-        const T b = o_.affine ? beta_.value[static_cast<std::size_t>(c)] : T(0);
-        for (std::int64_t i = 0; i < plane; ++i) {
-          const auto j = static_cast<std::size_t>(off + i);
-          const T xh = static_cast<T>((static_cast<double>(x[j]) - m.mean) * is);
-          xhat_[j] = xh;
-          y[j] = g * xh + b;
-        }
-      }
+    const std::int64_t planes = s.n() * o_.channels, plane = s.h() * s.w();
+    const auto m = detail::plane_moments(e, x, planes, plane);
+    std::vector<double> mean(m.size());
+    invstd_.resize(m.size());
+    for (std::size_t p = 0; p < m.size(); ++p) {
+      mean[p] = m[p].mean;
+      invstd_[p] = 1.0 / std::sqrt(m[p].m2 / m[p].count + o_.eps);
+    }
+    const auto mean_d = detail::on_device_of(x, mean), invstd_d = detail::on_device_of(x, invstd_);
+    xhat_ = tensor_type{s, device_};
+    tensor_type y{s, device_};
+    e.for_each_in_segments(planes, plane, detail::kernels::normalize<T>{
+        x.data(), y.data(), xhat_.data(), mean_d.data(), invstd_d.data(), o_.affine ? gamma_.value.data() : nullptr,
+        o_.affine ? beta_.value.data() : nullptr, o_.channels, plane, false});
     has_input_ = true;
     return y;
   }
 
   template <class R>
-  tensor<T> backward(R&, const tensor<T>& dy) {
+  tensor_type backward(R& r, const tensor_type& dy) {
     if (!has_input_) detail::backward_before_forward("instance_norm");
+    auto& e = detail::engine_of<D>(r);
     const shape& s = xhat_.shape();
     if (dy.shape() != s)
       throw std::invalid_argument("distribute: instance norm backward got dy of shape " + dy.shape().to_string() +
                                   ", expected " + s.to_string());
-    const std::int64_t C = o_.channels, plane = s.h() * s.w();
-    tensor<T> dx{s};
-    for (std::int64_t e = 0; e < s.n(); ++e)
-      for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t off = (e * C + c) * plane;
-        double sd = 0, sdx = 0;
-        for (std::int64_t i = 0; i < plane; ++i) {
-          const auto j = static_cast<std::size_t>(off + i);
-          sd += static_cast<double>(dy[j]);
-          sdx += static_cast<double>(dy[j]) * static_cast<double>(xhat_[j]);
-        }
-        const double g = o_.affine ? static_cast<double>(gamma_.value[static_cast<std::size_t>(c)]) : 1.0;
-        if (o_.affine) {
-          gamma_.grad[static_cast<std::size_t>(c)] += static_cast<T>(sdx);
-          beta_.grad[static_cast<std::size_t>(c)] += static_cast<T>(sd);
-        }
-        const T k = static_cast<T>(g * invstd_[static_cast<std::size_t>(e * C + c)]);
-        const T mean_dy = static_cast<T>(sd / static_cast<double>(plane));
-        const T mean_dyx = static_cast<T>(sdx / static_cast<double>(plane));
-        detail::normalized_input_gradient(dx, dy, xhat_, off, plane, k, mean_dy, mean_dyx);
+    const std::int64_t C = o_.channels, planes = s.n() * C, plane = s.h() * s.w();
+    const auto sums = detail::plane_gradient_sums(e, dy, xhat_, planes, plane);
+    const auto up = static_cast<std::size_t>(planes);
+    std::vector<T> gamma_host;
+    if (o_.affine) {
+      gamma_host.resize(static_cast<std::size_t>(C));
+      e.to_host(gamma_.value.data(), gamma_host.size(), gamma_host.data());
+      std::vector<T> dgamma(static_cast<std::size_t>(C), T(0)), dbeta(static_cast<std::size_t>(C), T(0));
+      for (std::int64_t p = 0; p < planes; ++p) {
+        dgamma[static_cast<std::size_t>(p % C)] += static_cast<T>(sums[up + static_cast<std::size_t>(p)]);
+        dbeta[static_cast<std::size_t>(p % C)] += static_cast<T>(sums[static_cast<std::size_t>(p)]);
       }
+      const auto dg = detail::on_device_of(dy, dgamma), db = detail::on_device_of(dy, dbeta);
+      e.for_each(C, detail::kernels::add_to<T>{gamma_.grad.data(), dg.data()});
+      e.for_each(C, detail::kernels::add_to<T>{beta_.grad.data(), db.data()});
+    }
+    std::vector<T> coef(3 * up);
+    for (std::size_t p = 0; p < up; ++p) {
+      const double g = o_.affine ? static_cast<double>(gamma_host[p % static_cast<std::size_t>(C)]) : 1.0;
+      coef[3 * p] = static_cast<T>(g * invstd_[p]);
+      coef[3 * p + 1] = static_cast<T>(sums[p] / static_cast<double>(plane));
+      coef[3 * p + 2] = static_cast<T>(sums[up + p] / static_cast<double>(plane));
+    }
+    const auto coef_d = detail::on_device_of(dy, coef);
+    tensor_type dx{s, device_};
+    e.for_each_in_segments(planes, plane, detail::kernels::normalized_input_gradient<T>{
+        dy.data(), xhat_.data(), dx.data(), coef_d.data(), C, plane, false});
     return dx;
   }
 
@@ -110,9 +116,10 @@ class instance_norm {
 
  private:
   instance_norm_options o_;
-  parameter<T> gamma_, beta_;
+  D device_;
+  parameter<T, D> gamma_, beta_;
   std::vector<double> invstd_;
-  tensor<T> xhat_;
+  tensor_type xhat_;
   bool has_input_ = false;
 };
 

@@ -4,18 +4,21 @@
 // enumeration of parameters. `forward` keeps what `backward` needs; `backward` takes dL/dy and returns
 // dL/dx, adding dL/dparameter to the parameters' gradients.
 //
-// Layers compute single-threaded on the replica's thread: the replicas are the parallelism, and a
-// fixed order of every sum makes runs bit-identical.
+// Layers are generic over the device D of their replica (`tensor<T, D>`, `parameter<T, D>`) and do
+// their arithmetic through the replica's engine (`r.engine()`, engine/engine.hpp): the same layer
+// runs wherever an engine exists. A replica's engine uses that replica's share of the cores.
 
 #include <distribute/comm/local.hpp>
 #include <distribute/device/cpu.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/replica_context.hpp>
+#include <distribute/engine/cpu.hpp>
 #include <distribute/tensor/tensor.hpp>
 
 #include <concepts>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace distribute::nn {
 
@@ -23,10 +26,27 @@ namespace distribute::nn {
 using local_replica = replica_context<cpu, comm::local>;
 inline local_replica local() { return local_replica{cpu{}, comm::local{}}; }
 
+// The device a layer computes on: its `device_type`, or the CPU for layers that name none.
+template <class L>
+struct layer_device {
+  using type = cpu;
+};
+template <class L>
+  requires requires { typename L::device_type; }
+struct layer_device<L> {
+  using type = typename L::device_type;
+};
+template <class L>
+using layer_device_t = typename layer_device<L>::type;
+
+// The tensor a layer takes and returns.
+template <class L>
+using layer_tensor_t = tensor<typename L::scalar_type, layer_device_t<L>>;
+
 template <class L, class R = local_replica>
-concept layer = parameterized<L> && requires(L& l, R& r, const tensor<typename L::scalar_type>& x) {
-  { l.forward(r, x) } -> std::same_as<tensor<typename L::scalar_type>>;
-  { l.backward(r, x) } -> std::same_as<tensor<typename L::scalar_type>>;
+concept layer = parameterized<L> && requires(L& l, R& r, const layer_tensor_t<L>& x) {
+  { l.forward(r, x) } -> std::same_as<layer_tensor_t<L>>;
+  { l.backward(r, x) } -> std::same_as<layer_tensor_t<L>>;
   l.zero_grad();
   l.set_training(true);
 };
@@ -39,6 +59,14 @@ struct stateless {
   void zero_grad() {}
   void set_training(bool) {}
 };
+
+// The engine of replica `r`, which must compute on the layer's device.
+template <class D, class R>
+decltype(auto) engine_of(R& r) {
+  static_assert(std::is_same_v<typename R::device_type, D>,
+                "distribute: a layer on one device was called from a replica of another");
+  return r.engine();
+}
 
 [[noreturn]] inline void backward_before_forward(const char* layer) {
   throw std::logic_error(std::string("distribute: ") + layer + "::backward called without a forward pass");

@@ -10,7 +10,11 @@
 // `mse` (LSGAN) and `l1` return the loss share and its gradient with respect to the prediction. A
 // per-example loss is the mean over that example's elements.
 
+#include <distribute/concepts/device.hpp>
+#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/tensor/tensor.hpp>
+
+#include <algorithm>
 
 #include <cmath>
 #include <cstdint>
@@ -36,53 +40,79 @@ T compute_average_loss(const std::vector<T>& per_example_losses, std::int64_t gl
   return compute_average_loss(std::span<const T>(per_example_losses), global_batch_size);
 }
 
-template <class T>
+template <class T, device D = cpu>
 struct loss_result {
-  T value;           // this replica's share of the mean over the global batch
-  tensor<T> grad;    // d value / d prediction
+  T value;             // this replica's share of the mean over the global batch
+  tensor<T, D> grad;   // d value / d prediction
 };
 
 namespace detail {
-template <class T, class Elem, class Grad>
-loss_result<T> per_example_loss(const tensor<T>& pred, const tensor<T>& target, std::int64_t global_batch_size,
-                                const char* name, Elem elem, Grad grad) {
+
+// The arithmetic of a loss called without a replica: the calling thread alone, on the CPU.
+struct serial_engine {
+  template <class F>
+  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) const {
+    for (std::int64_t s = 0; s < segments; ++s) {
+      double acc = 0;
+      for (std::int64_t i = 0; i < length; ++i) acc += f(s, i);
+      out[s] = acc;
+    }
+  }
+  template <class T>
+  void to_host(const T* src, std::size_t n, T* dst) const {
+    std::copy(src, src + n, dst);
+  }
+};
+
+// Per example e: the mean over its elements of Kernel's value; the gradient written alongside.
+template <template <class> class Kernel, class E, class T, class D>
+loss_result<T, D> per_example_loss(E& e, const tensor<T, D>& pred, const tensor<T, D>& target,
+                                   std::int64_t global_batch_size, const char* name) {
   if (pred.shape() != target.shape())
     throw std::invalid_argument(std::string("distribute: ") + name + " of a prediction " + pred.shape().to_string() +
                                 " and a target " + target.shape().to_string());
   if (global_batch_size < 1)
-    throw std::invalid_argument(std::string("distribute: ") + name + " needs a positive global batch size");
+    throw std::invalid_argument(std::string("distribute: ") + name + " needs a positive global batch size, got " +
+                                std::to_string(global_batch_size));
   const std::int64_t n = pred.shape().rank() ? pred.shape()[0] : 1;
   const std::int64_t per = n ? static_cast<std::int64_t>(pred.size()) / n : 0;
-  std::vector<T> losses(static_cast<std::size_t>(n));
-  loss_result<T> out{T(0), tensor<T>{pred.shape()}};
-  const double scale = 1.0 / (static_cast<double>(per) * static_cast<double>(global_batch_size));
-  for (std::int64_t e = 0; e < n; ++e) {
-    double s = 0;
-    for (std::int64_t i = 0; i < per; ++i) {
-      const auto j = static_cast<std::size_t>(e * per + i);
-      const double d = static_cast<double>(pred[j]) - static_cast<double>(target[j]);
-      s += elem(d);
-      out.grad[j] = static_cast<T>(grad(d) * scale);
-    }
-    losses[static_cast<std::size_t>(e)] = static_cast<T>(s / static_cast<double>(per));
+  loss_result<T, D> out{T(0), tensor<T, D>{pred.shape(), pred.device()}};
+  if (n == 0 || per == 0) {
+    out.value = T(0);
+    return out;
   }
+  const double scale = 1.0 / (static_cast<double>(per) * static_cast<double>(global_batch_size));
+  tensor<double, D> sums{shape{n}, pred.device()};
+  e.segmented_sum(n, per, Kernel<T>{pred.data(), target.data(), out.grad.data(), scale, per}, sums.data());
+  std::vector<double> host(static_cast<std::size_t>(n));
+  e.to_host(sums.data(), host.size(), host.data());
+  std::vector<T> losses(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < host.size(); ++i) losses[i] = static_cast<T>(host[i] / static_cast<double>(per));
   out.value = compute_average_loss(losses, global_batch_size);
   return out;
 }
 }  // namespace detail
 
-// Mean squared error per example; LSGAN's loss.
+// Mean squared error per example; LSGAN's loss. With a replica, computed by its engine.
+template <class R, class T, class D>
+loss_result<T, D> mse(R& r, const tensor<T, D>& pred, const tensor<T, D>& target, std::int64_t global_batch_size) {
+  return detail::per_example_loss<detail::kernels::squared_error>(r.engine(), pred, target, global_batch_size, "mse");
+}
 template <class T>
 loss_result<T> mse(const tensor<T>& pred, const tensor<T>& target, std::int64_t global_batch_size) {
-  return detail::per_example_loss(pred, target, global_batch_size, "mse", [](double d) { return d * d; },
-                                  [](double d) { return 2 * d; });
+  detail::serial_engine e;
+  return detail::per_example_loss<detail::kernels::squared_error>(e, pred, target, global_batch_size, "mse");
 }
 
 // Mean absolute error per example; CycleGAN's cycle and identity losses. The gradient at 0 is 0.
+template <class R, class T, class D>
+loss_result<T, D> l1(R& r, const tensor<T, D>& pred, const tensor<T, D>& target, std::int64_t global_batch_size) {
+  return detail::per_example_loss<detail::kernels::absolute_error>(r.engine(), pred, target, global_batch_size, "l1");
+}
 template <class T>
 loss_result<T> l1(const tensor<T>& pred, const tensor<T>& target, std::int64_t global_batch_size) {
-  return detail::per_example_loss(pred, target, global_batch_size, "l1", [](double d) { return std::abs(d); },
-                                  [](double d) { return d > 0 ? 1.0 : (d < 0 ? -1.0 : 0.0); });
+  detail::serial_engine e;
+  return detail::per_example_loss<detail::kernels::absolute_error>(e, pred, target, global_batch_size, "l1");
 }
 
 }  // namespace distribute::nn

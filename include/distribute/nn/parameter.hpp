@@ -5,11 +5,13 @@
 #include <distribute/comm/detail/gradient_buckets.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/nn/detail/random.hpp>
+#include <distribute/concepts/device.hpp>
 #include <distribute/tensor/tensor.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace distribute::nn {
 
@@ -31,23 +33,31 @@ std::uint64_t parameter_digest(M& model) {
   return h;
 }
 
-template <class T>
+// Initial values are drawn on the host from the seed and copied to the device, so a model starts from
+// the same weights on every device.
+template <class T, device D = cpu>
 struct parameter {
-  tensor<T> value;
-  tensor<T> grad;
+  tensor<T, D> value;
+  tensor<T, D> grad;
 
   parameter() = default;
-  parameter(shape s, init how, std::uint64_t seed) : value{s}, grad{s} {
-    switch (how) {
-      case init::normal: detail::fill_normal(value.values(), seed, 0.0, init_stddev); break;
-      case init::scale: detail::fill_normal(value.values(), seed, 1.0, init_stddev); break;
-      case init::zero: break;
-    }
-  }
+  parameter(shape s, init how, std::uint64_t seed, const D& device = {})
+      : value{initial(s, how, seed, device)}, grad{s, device} {}
 
   template <class F>
   void visit(F&& f) { f(value.values(), grad.values()); }
   void zero_grad() { grad.fill(T(0)); }
+
+ private:
+  static tensor<T, D> initial(shape s, init how, std::uint64_t seed, const D& device) {
+    std::vector<T> host(static_cast<std::size_t>(s.numel()), T(0));
+    switch (how) {
+      case init::normal: detail::fill_normal(std::span<T>(host), seed, 0.0, init_stddev); break;
+      case init::scale: detail::fill_normal(std::span<T>(host), seed, 1.0, init_stddev); break;
+      case init::zero: break;
+    }
+    return tensor<T, D>::from_host(s, std::span<const T>(host), device);
+  }
 };
 
 }  // namespace distribute::nn

@@ -13,32 +13,34 @@
 
 namespace distribute::nn {
 
-template <class T = float>
+template <class T = float, device D = cpu>
 class residual_block {
-  using body_type = sequential<conv2d<T>, instance_norm<T>, relu<T>, conv2d<T>, instance_norm<T>>;
+  using body_type = sequential<conv2d<T, D>, instance_norm<T, D>, relu<T, D>, conv2d<T, D>, instance_norm<T, D>>;
 
  public:
   using scalar_type = T;
+  using device_type = D;
+  using tensor_type = tensor<T, D>;
 
-  residual_block(std::int64_t channels, std::uint64_t seed)
-      : body_{conv2d<T>{conv_options(channels), detail::sub_seed(seed, 0)},
-              instance_norm<T>{{.channels = channels}, detail::sub_seed(seed, 1)},
-              relu<T>{},
-              conv2d<T>{conv_options(channels), detail::sub_seed(seed, 2)},
-              instance_norm<T>{{.channels = channels}, detail::sub_seed(seed, 3)}} {}
+  residual_block(std::int64_t channels, std::uint64_t seed, const D& device = {})
+      : body_{conv2d<T, D>{conv_options(channels), detail::sub_seed(seed, 0), device},
+              instance_norm<T, D>{{.channels = channels}, detail::sub_seed(seed, 1), device},
+              relu<T, D>{},
+              conv2d<T, D>{conv_options(channels), detail::sub_seed(seed, 2), device},
+              instance_norm<T, D>{{.channels = channels}, detail::sub_seed(seed, 3), device}} {}
 
   body_type& body() noexcept { return body_; }
 
   template <class R>
-  tensor<T> forward(R& r, const tensor<T>& x) {
+  tensor_type forward(R& r, const tensor_type& x) {
     auto y = body_.forward(r, x);
-    for (std::size_t i = 0; i < y.size(); ++i) y[i] += x[i];
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(y.size()), detail::kernels::add_to<T>{y.data(), x.data()});
     return y;
   }
   template <class R>
-  tensor<T> backward(R& r, const tensor<T>& dy) {
+  tensor_type backward(R& r, const tensor_type& dy) {
     auto dx = body_.backward(r, dy);
-    for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dy[i];
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dx.size()), detail::kernels::add_to<T>{dx.data(), dy.data()});
     return dx;
   }
 

@@ -17,8 +17,12 @@ template <class... Layers>
 class sequential {
  public:
   using scalar_type = typename std::tuple_element_t<0, std::tuple<Layers...>>::scalar_type;
+  using device_type = layer_device_t<std::tuple_element_t<0, std::tuple<Layers...>>>;
+  using tensor_type = tensor<scalar_type, device_type>;
   static_assert((std::is_same_v<typename Layers::scalar_type, scalar_type> && ...),
                 "distribute: the layers of a sequential must share one scalar type");
+  static_assert((std::is_same_v<layer_device_t<Layers>, device_type> && ...),
+                "distribute: the layers of a sequential must share one device type");
 
   explicit sequential(Layers... layers) : layers_{std::move(layers)...} {}
 
@@ -27,11 +31,11 @@ class sequential {
   static constexpr std::size_t size() noexcept { return sizeof...(Layers); }
 
   template <class R>
-  tensor<scalar_type> forward(R& r, const tensor<scalar_type>& x) {
+  tensor_type forward(R& r, const tensor_type& x) {
     return forward_from<0>(r, x);
   }
   template <class R>
-  tensor<scalar_type> backward(R& r, const tensor<scalar_type>& dy) {
+  tensor_type backward(R& r, const tensor_type& dy) {
     return backward_from<sizeof...(Layers) - 1>(r, dy);
   }
 
@@ -59,13 +63,13 @@ class sequential {
     if constexpr (requires { l.for_each_buffer(f); }) l.for_each_buffer(f);
   }
   template <std::size_t I, class R>
-  tensor<scalar_type> forward_from(R& r, const tensor<scalar_type>& x) {
+  tensor_type forward_from(R& r, const tensor_type& x) {
     auto y = std::get<I>(layers_).forward(r, x);
     if constexpr (I + 1 < sizeof...(Layers)) return forward_from<I + 1>(r, y);
     else return y;
   }
   template <std::size_t I, class R>
-  tensor<scalar_type> backward_from(R& r, const tensor<scalar_type>& dy) {
+  tensor_type backward_from(R& r, const tensor_type& dy) {
     auto dx = std::get<I>(layers_).backward(r, dy);
     if constexpr (I > 0) return backward_from<I - 1>(r, dx);
     else return dx;

@@ -13,6 +13,7 @@
 #include <distribute/comm/shared_memory.hpp>
 #include <distribute/concepts/device.hpp>
 #include <distribute/device/cpu.hpp>
+#include <distribute/engine/detail/engine_slot.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
@@ -53,6 +54,11 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
   const collective_options& options() const noexcept { return state_->group.options(); }
   // Between steps only.
   void set_options(collective_options options) { state_->group.set_options(options); }
+
+  // How the replicas' compute engines work (engine/engine.hpp). By default each replica's engine uses
+  // its share of the cores (cores / replicas, at least one). Between steps only: the engines are made
+  // anew, with empty caches.
+  void set_engine_options(const engine_options& options) { state_->set_engine_options(options); }
 
   // Calls `fn(replica, args...)` on every replica concurrently; per-replica and mirrored arguments
   // are unwrapped to the replica's own element, anything else is shared by reference. Returns
@@ -96,7 +102,7 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
   // mirrored state that it changed back into sync.
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
-    primary_replica_type r{state_->devices[0], comm::local{}};
+    primary_replica_type r{state_->devices[0], comm::local{}, &state_->primary_engine};
     return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
   }
 
@@ -105,13 +111,25 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
 
   struct state {
     state(std::vector<D> devs, collective_options options)
-        : devices(std::move(devs)), group(static_cast<int>(devices.size()), options), pool(static_cast<int>(devices.size())) {
+        : devices(std::move(devs)),
+          group(static_cast<int>(devices.size()), options),
+          engines(devices.size()),
+          pool(static_cast<int>(devices.size())) {
+      set_engine_options({});
       replicas.reserve(devices.size());
       for (std::size_t r = 0; r < devices.size(); ++r)
-        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)));
+        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), &engines[r]);
+    }
+    // Each replica's engine gets its share of the cores; the primary alone (run_on_primary) all of them.
+    void set_engine_options(const engine_options& o) {
+      const int share = detail::core_share(static_cast<int>(devices.size()));
+      for (auto& e : engines) e.reset(o, share);
+      primary_engine.reset(o, 0);
     }
     std::vector<D> devices;
     comm::shared_memory_group group;
+    std::vector<detail::engine_slot> engines;  // one per replica; never resized (replicas point in)
+    detail::engine_slot primary_engine;
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed

@@ -31,6 +31,7 @@
 #include <distribute/strategy/detail/strategy_base.hpp>
 #include <distribute/strategy/detail/worker_replica_context.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <concepts>
 #include <cstddef>
@@ -38,6 +39,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <optional>
 #include <ranges>
 #include <span>
@@ -149,12 +151,16 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     }
   }
 
+  // How this worker's replicas' compute engines work (engine/engine.hpp). By default each replica's
+  // engine uses its share of the cores (see state::set_engine_options). Between steps only.
+  void set_engine_options(const engine_options& options) { state_->set_engine_options(options); }
+
   // Calls `fn(primary, args...)` once on this worker, on the calling thread, as a group of one on
   // its first device (collectives are no-ops). Every worker runs it; `broadcast` afterwards makes
   // mirrored state that it changed identical again.
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
-    primary_replica_type r{state_->devices[0], comm::local{}};
+    primary_replica_type r{state_->devices[0], comm::local{}, &state_->primary_engine};
     return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
   }
 
@@ -335,14 +341,35 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
         : options{opts},
           devices(cpu_replicas(opts.local_replicas)),
           group(std::move(cross), opts.local_replicas, opts.mpi.collectives, opts.local_reduction),
+          engines(devices.size()),
           pool(opts.local_replicas) {
+      set_engine_options({});
       replicas.reserve(devices.size());
       for (std::size_t r = 0; r < devices.size(); ++r)
-        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), static_cast<int>(r), group.worker_index());
+        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), static_cast<int>(r), group.worker_index(),
+                              &engines[r]);
+    }
+    // Each replica's engine gets its share of the cores: of this worker's when its affinity mask
+    // differs from the machine's (mpirun/srun binding), of the machine's among every replica of the
+    // job when all workers share this machine and nothing binds them; the primary alone, the worker's.
+    void set_engine_options(const engine_options& o) {
+      const int mine = static_cast<int>(std::max(1u, detail::usable_hardware_threads()));
+      const int machine = static_cast<int>(std::thread::hardware_concurrency());
+      int share = std::max(1, mine / static_cast<int>(devices.size()));
+      int primary = mine;
+      if (group.cross().uses_shared_memory() && machine > 0 && mine >= machine) {
+        const int workers = group.num_workers();
+        share = std::max(1, std::min(share, machine / group.total_replicas()));
+        primary = std::max(1, machine / workers);
+      }
+      for (auto& e : engines) e.reset(o, share);
+      primary_engine.reset(o, primary);
     }
     multi_worker_options options;
     std::vector<D> devices;
     comm::hierarchical_group<Engine> group;
+    std::vector<detail::engine_slot> engines;  // one per local replica; never resized (replicas point in)
+    detail::engine_slot primary_engine;
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
     std::string failure;  // why this worker left the job

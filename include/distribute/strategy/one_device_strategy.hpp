@@ -6,6 +6,7 @@
 #include <distribute/comm/local.hpp>
 #include <distribute/concepts/device.hpp>
 #include <distribute/device/cpu.hpp>
+#include <distribute/engine/detail/engine_slot.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
@@ -31,11 +32,15 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   std::span<const D, 1> devices() const noexcept { return devices_; }
   const D& device() const noexcept { return devices_[0]; }
 
+  // How the replica's compute engine works (engine/engine.hpp); by default it uses every core. Between
+  // steps only: the engine is made anew, with empty caches.
+  void set_engine_options(const engine_options& options) { engine_.reset(options, 0); }
+
   // Calls `fn(replica, args...)` once; per-replica and mirrored arguments are unwrapped to their only
   // element. Returns per_replica<R, 1> (or nothing for a void fn).
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
-    replica_type r{devices_[0], comm::local{}};
+    replica_type r{devices_[0], comm::local{}, &engine_};
     using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     if constexpr (std::is_void_v<R>) {
       std::invoke(fn, r, detail::unwrap_for(args, 0)...);
@@ -48,7 +53,7 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   // The same as `run` here: there is only the primary.
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
-    replica_type r{devices_[0], comm::local{}};
+    replica_type r{devices_[0], comm::local{}, &engine_};
     return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
   }
 
@@ -57,6 +62,7 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   std::array<D, 1>& devices_for_factory() noexcept { return devices_; }
 
   std::array<D, 1> devices_{};
+  detail::engine_slot engine_{};
 };
 
 }  // namespace distribute

@@ -32,6 +32,12 @@ class tensor<T, cpu> {
   tensor() = default;
   // Zero-filled.
   explicit tensor(distribute::shape s) : shape_{s}, data_(static_cast<std::size_t>(s.numel()), T(0)) {}
+  // The device-generic spelling (layers write `tensor<T, D>{shape, device}` for every device).
+  tensor(distribute::shape s, const cpu&) : tensor(s) {}
+  // A copy of host values; for the CPU the same as the constructor below.
+  static tensor from_host(distribute::shape s, std::span<const T> values, const cpu& = {}) {
+    return tensor(s, std::vector<T>(values.begin(), values.end()));
+  }
   tensor(distribute::shape s, std::vector<T> values) : shape_{s}, data_(std::move(values)) {
     if (static_cast<std::int64_t>(data_.size()) != shape_.numel())
       throw std::invalid_argument("distribute: tensor of shape " + shape_.to_string() + " needs " +
@@ -39,6 +45,7 @@ class tensor<T, cpu> {
   }
 
   const distribute::shape& shape() const noexcept { return shape_; }
+  cpu device() const noexcept { return {}; }
   std::size_t size() const noexcept { return data_.size(); }
   bool empty() const noexcept { return data_.empty(); }
   T* data() noexcept { return data_.data(); }

@@ -1,0 +1,214 @@
+#pragma once
+// The CPU engine. Convolutions go to oneDNN where the build has it (DISTRIBUTE_USE_DNNL, set by the
+// CMake target when oneDNN is found; float32 only) and to the portable im2col + Eigen GEMM reference
+// otherwise, or when `engine_options::reference` asks for it. Element-wise work and per-plane sums run
+// on the engine's threads through OpenMP where the program is built with it, on the calling thread
+// otherwise.
+//
+// Threads: a replica's engine uses its share of the cores (engine_options::threads, or the share its
+// strategy gives it), never more: N replica threads with N engines of cores/N threads each fill the
+// machine once. Every sum runs in a fixed order that does not depend on the thread count, except
+// oneDNN's weight gradients, whose order depends on the thread count but not on timing: a fixed
+// configuration gives the same bits from run to run.
+
+#include <distribute/detail/hardware.hpp>
+#include <distribute/device/cpu.hpp>
+#include <distribute/engine/conv_geometry.hpp>
+#include <distribute/engine/detail/arena.hpp>
+#include <distribute/engine/detail/reference_conv.hpp>
+#include <distribute/engine/engine.hpp>
+
+#if defined(DISTRIBUTE_USE_DNNL) && DISTRIBUTE_USE_DNNL
+#  include <distribute/engine/detail/dnnl_conv.hpp>
+#  define DISTRIBUTE_HAS_DNNL 1
+#else
+#  define DISTRIBUTE_HAS_DNNL 0
+#endif
+#if defined(_OPENMP)
+#  include <omp.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+namespace distribute {
+
+template <>
+class engine<cpu> {
+ public:
+  using device_type = cpu;
+  // Whether convolutions can use oneDNN in this build.
+  static constexpr bool has_dnnl = DISTRIBUTE_HAS_DNNL;
+
+  // `share`: the threads this engine gets when options.threads is 0 (its replica's share of the
+  // cores; 0 means every core this process may run on).
+  explicit engine(engine_options options = {}, int share = 0) : options_{options} {
+    const int cores = static_cast<int>(std::max(1u, detail::usable_hardware_threads()));
+    threads_ = options.threads > 0 ? options.threads : (share > 0 ? share : cores);
+  }
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  int threads() const noexcept { return threads_; }
+  const engine_options& options() const noexcept { return options_; }
+  // What computes the convolutions, for logs: "oneDNN" or "reference (im2col + Eigen)".
+  std::string name() const {
+    return (uses_dnnl<float>() ? std::string("oneDNN") : std::string("reference (im2col + Eigen)")) + ", " +
+           std::to_string(threads_) + (threads_ == 1 ? " thread" : " threads");
+  }
+  // Scratch memory held, in bytes.
+  std::size_t scratch_bytes() const noexcept { return arena_.bytes(); }
+  detail::arena& scratch() noexcept { return arena_; }
+
+  // --- convolutions (conv_geometry.hpp); x, y: NCHW; w: [out, in, k, k] ------------------------
+
+  // y = conv(x, w) + bias; `bias` may be null.
+  template <class T>
+  void conv_forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y) {
+    per_example(g, [&](const conv_geometry& e, std::int64_t n) {
+      const T* xn = x + n * g.in_channels * g.in_height * g.in_width;
+      T* yn = y + n * g.out_channels * g.out_height * g.out_width;
+#if DISTRIBUTE_HAS_DNNL
+      if constexpr (std::is_same_v<T, float>)
+        if (use_dnnl(e)) return enter(), dnnl().forward(e, xn, w, bias, yn, arena_);
+#endif
+      detail::reference_conv<T>::forward(e, xn, w, bias, yn, columns<T>(e));
+    });
+  }
+  // dx = the data gradient of the convolution for dy (overwritten).
+  template <class T>
+  void conv_backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx) {
+    per_example(g, [&](const conv_geometry& e, std::int64_t n) {
+      const T* dyn = dy + n * g.out_channels * g.out_height * g.out_width;
+      T* dxn = dx + n * g.in_channels * g.in_height * g.in_width;
+#if DISTRIBUTE_HAS_DNNL
+      if constexpr (std::is_same_v<T, float>)
+        if (use_dnnl(e)) return enter(), dnnl().backward_data(e, dyn, w, dxn, arena_);
+#endif
+      detail::reference_conv<T>::backward_data(e, dyn, w, dxn, columns<T>(e));
+    });
+  }
+  // dw += the weight gradient for (x, dy); db += the sum of dy per output channel (db may be null).
+  template <class T>
+  void conv_backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db) {
+    per_example(g, [&](const conv_geometry& e, std::int64_t n) {
+      const T* xn = x + n * g.in_channels * g.in_height * g.in_width;
+      const T* dyn = dy + n * g.out_channels * g.out_height * g.out_width;
+#if DISTRIBUTE_HAS_DNNL
+      if constexpr (std::is_same_v<T, float>)
+        if (use_dnnl(e)) return enter(), dnnl().backward_weights(e, xn, dyn, dw, db, arena_);
+#endif
+      detail::reference_conv<T>::backward_weights(e, xn, dyn, dw, db, columns<T>(e));
+    });
+  }
+
+  // --- element-wise work and sums ----------------------------------------------------------------
+
+  // f(i) for every i in [0, n), split statically over the engine's threads.
+  template <class F>
+  void for_each(std::int64_t n, F f) {
+#if defined(_OPENMP)
+    if (threads_ > 1 && n >= parallel_grain) {
+#  pragma omp parallel for num_threads(threads_) schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) f(i);
+      return;
+    }
+#endif
+    for (std::int64_t i = 0; i < n; ++i) f(i);
+  }
+  // f(s, i) for every segment s in [0, segments) and i in [0, length): per-plane work (a plane's
+  // statistics, its channel's bias), split over the engine's threads by segment.
+  template <class F>
+  void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) {
+    over_segments(segments, length, [&](std::int64_t s) {
+      for (std::int64_t i = 0; i < length; ++i) f(s, i);
+    });
+  }
+  // out[s] = sum over i in [0, length) of f(s, i), in double and in index order: the same bits for
+  // any thread count.
+  template <class F>
+  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
+    over_segments(segments, length, [&](std::int64_t s) {
+      double acc = 0;
+      for (std::int64_t i = 0; i < length; ++i) acc += static_cast<double>(f(s, i));
+      out[s] = acc;
+    });
+  }
+  // Small results (statistics, loss values) where the host reads them: a copy on the CPU.
+  template <class T>
+  void to_host(const T* src, std::size_t n, T* dst) const {
+    std::copy(src, src + n, dst);
+  }
+
+  // The engine of the calling thread for code outside any strategy (nn::local(), tools): every core.
+  static engine& thread_default() {
+    thread_local engine e{};
+    return e;
+  }
+
+ private:
+  // Below this many elements a parallel region costs more than it saves.
+  static constexpr std::int64_t parallel_grain = 1 << 15;
+
+  template <class T>
+  bool uses_dnnl() const noexcept {
+    return has_dnnl && std::is_same_v<T, float> && !options_.reference;
+  }
+
+  // The whole batch at once, or (split_independent) one example at a time.
+  template <class F>
+  void per_example(const conv_geometry& g, F&& f) {
+    g.check();
+    if (!options_.split_independent || g.batch <= 1) {
+      f(g, 0);
+      return;
+    }
+    conv_geometry one = g;
+    one.batch = 1;
+    for (std::int64_t n = 0; n < g.batch; ++n) f(one, n);
+  }
+
+  template <class F>
+  void over_segments(std::int64_t segments, std::int64_t length, F&& f) {
+#if defined(_OPENMP)
+    if (threads_ > 1 && segments > 1 && segments * length >= parallel_grain) {
+#  pragma omp parallel for num_threads(static_cast<int>(std::min<std::int64_t>(threads_, segments))) schedule(static)
+      for (std::int64_t s = 0; s < segments; ++s) f(s);
+      return;
+    }
+#endif
+    (void)length;
+    for (std::int64_t s = 0; s < segments; ++s) f(s);
+  }
+
+  template <class T>
+  T* columns(const conv_geometry& g) {
+    return arena_.get<T>(detail::arena::columns, static_cast<std::size_t>(detail::reference_conv<T>::col_size(g)));
+  }
+
+#if DISTRIBUTE_HAS_DNNL
+  bool use_dnnl(const conv_geometry& g) const noexcept { return !options_.reference && detail::dnnl_conv::supports(g); }
+  detail::dnnl_conv& dnnl() {
+    if (!dnnl_) dnnl_ = std::make_unique<detail::dnnl_conv>();
+    return *dnnl_;
+  }
+  // oneDNN runs with the calling thread's OpenMP thread count: this replica's share.
+  void enter() const noexcept {
+#  if defined(_OPENMP)
+    omp_set_num_threads(threads_);
+#  endif
+  }
+  std::unique_ptr<detail::dnnl_conv> dnnl_;
+#endif
+
+  engine_options options_;
+  int threads_ = 1;
+  detail::arena arena_;
+};
+
+static_assert(compute_engine<engine<cpu>>);
+
+}  // namespace distribute

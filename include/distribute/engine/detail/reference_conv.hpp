@@ -1,0 +1,112 @@
+#pragma once
+// The portable convolution: im2col of one example and one Eigen GEMM, per example. It is the
+// fallback where no faster library is built in, and the reference the tests hold the fast engines
+// to. Per example, so an example's output has the same bits under any split of the batch.
+
+#include <distribute/engine/conv_geometry.hpp>
+
+#include <Eigen/Core>
+
+#include <cstdint>
+#include <vector>
+
+namespace distribute::detail {
+
+// im2col of one example: col has C*k*k rows, row (c*k + ki)*k + kj, and Ho*Wo columns.
+template <class T>
+void im2col(const T* src, const conv_geometry& g, T* col) {
+  const std::int64_t plane = g.out_height * g.out_width;
+  for (std::int64_t c = 0; c < g.in_channels; ++c)
+    for (std::int64_t ki = 0; ki < g.kernel; ++ki)
+      for (std::int64_t kj = 0; kj < g.kernel; ++kj) {
+        T* row = col + ((c * g.kernel + ki) * g.kernel + kj) * plane;
+        const T* in = src + c * g.in_height * g.in_width;
+        for (std::int64_t oh = 0; oh < g.out_height; ++oh) {
+          const std::int64_t ih = oh * g.stride - g.pad + ki;
+          T* out = row + oh * g.out_width;
+          if (ih < 0 || ih >= g.in_height) {
+            for (std::int64_t ow = 0; ow < g.out_width; ++ow) out[ow] = T(0);
+            continue;
+          }
+          const T* line = in + ih * g.in_width;
+          for (std::int64_t ow = 0; ow < g.out_width; ++ow) {
+            const std::int64_t iw = ow * g.stride - g.pad + kj;
+            out[ow] = (iw >= 0 && iw < g.in_width) ? line[iw] : T(0);
+          }
+        }
+      }
+}
+
+// The adjoint of im2col: adds every column entry back onto the input position it was read from.
+template <class T>
+void col2im_add(const T* col, const conv_geometry& g, T* dst) {
+  const std::int64_t plane = g.out_height * g.out_width;
+  for (std::int64_t c = 0; c < g.in_channels; ++c)
+    for (std::int64_t ki = 0; ki < g.kernel; ++ki)
+      for (std::int64_t kj = 0; kj < g.kernel; ++kj) {
+        const T* row = col + ((c * g.kernel + ki) * g.kernel + kj) * plane;
+        T* out = dst + c * g.in_height * g.in_width;
+        for (std::int64_t oh = 0; oh < g.out_height; ++oh) {
+          const std::int64_t ih = oh * g.stride - g.pad + ki;
+          if (ih < 0 || ih >= g.in_height) continue;
+          T* line = out + ih * g.in_width;
+          const T* in = row + oh * g.out_width;
+          for (std::int64_t ow = 0; ow < g.out_width; ++ow) {
+            const std::int64_t iw = ow * g.stride - g.pad + kj;
+            if (iw >= 0 && iw < g.in_width) line[iw] += in[ow];
+          }
+        }
+      }
+}
+
+template <class T>
+class reference_conv {
+  using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using cmap = Eigen::Map<const matrix>;
+  using map = Eigen::Map<matrix>;
+
+ public:
+  // `col` is scratch of at least col_size(g) elements.
+  static std::int64_t col_size(const conv_geometry& g) noexcept {
+    return g.in_channels * g.kernel * g.kernel * g.out_height * g.out_width;
+  }
+
+  static void forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf) {
+    const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
+    const cmap wm(w, g.out_channels, rows);
+    map col(colbuf, rows, plane);
+    for (std::int64_t n = 0; n < g.batch; ++n) {
+      im2col(x + n * g.in_channels * g.in_height * g.in_width, g, colbuf);
+      map yn(y + n * g.out_channels * plane, g.out_channels, plane);
+      yn.noalias() = wm * col;
+      if (bias) yn.colwise() += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(bias, g.out_channels);
+    }
+  }
+
+  static void backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf) {
+    const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
+    const std::int64_t in_size = g.in_channels * g.in_height * g.in_width;
+    const cmap wm(w, g.out_channels, rows);
+    map col(colbuf, rows, plane);
+    for (std::int64_t i = 0; i < g.batch * in_size; ++i) dx[i] = T(0);
+    for (std::int64_t n = 0; n < g.batch; ++n) {
+      col.noalias() = wm.transpose() * cmap(dy + n * g.out_channels * plane, g.out_channels, plane);
+      col2im_add(colbuf, g, dx + n * in_size);
+    }
+  }
+
+  static void backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf) {
+    const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
+    map dwm(dw, g.out_channels, rows);
+    map col(colbuf, rows, plane);
+    for (std::int64_t n = 0; n < g.batch; ++n) {
+      im2col(x + n * g.in_channels * g.in_height * g.in_width, g, colbuf);
+      const cmap dyn(dy + n * g.out_channels * plane, g.out_channels, plane);
+      dwm.noalias() += dyn * col.transpose();
+      if (db)
+        for (std::int64_t c = 0; c < g.out_channels; ++c) db[c] += dyn.row(c).sum();
+    }
+  }
+};
+
+}  // namespace distribute::detail

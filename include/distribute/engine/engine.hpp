@@ -1,0 +1,56 @@
+#pragma once
+// The compute engine of a device: what the layers call for their arithmetic. Layers, losses and
+// models are written once, generic over the device of their replica; each device brings an engine
+// (`engine<cpu>` in engine/cpu.hpp), and a new device is supported by writing its engine, not by
+// rewriting layers.
+//
+// What an engine offers (the `compute_engine` concept):
+//   - convolutions: forward, data gradient, weight gradient, over `conv_geometry`;
+//   - `for_each(n, f)`: f(i) for every i in [0, n), in any order and in parallel; `f` is a functor
+//     of plain headers (DISTRIBUTE_HOST_DEVICE), so the same one can run on a GPU;
+//   - `for_each_in_segments(segments, length, f)`: f(s, i) over a grid of planes and their elements;
+//   - `segmented_sum(segments, length, f, out)`: out[s] = the sum over i of f(s, i), accumulated in
+//     double and in index order, so the bits do not depend on the number of threads;
+//   - `to_host(src, n, dst)`: small results (statistics, loss values) copied where the host reads them;
+//   - its options and thread count.
+// An engine holds per-replica state (cached primitives, one scratch arena) and is used by one
+// replica thread at a time.
+
+#include <distribute/concepts/device.hpp>
+#include <distribute/engine/conv_geometry.hpp>
+
+#include <concepts>
+#include <cstdint>
+
+namespace distribute {
+
+// How an engine computes. Every field has a default that suits training.
+struct engine_options {
+  // Threads of this replica's engine; 0 takes the replica's share of the cores this process may run
+  // on (all of them under one device, cores / replicas under a mirrored strategy, at least one).
+  int threads = 0;
+  // Convolutions one example at a time. The fast path may pick different kernels for different batch
+  // sizes, so an example's output can differ in the last bits with the split of the batch between
+  // replicas; this mode makes every example's forward and data gradient independent of the split
+  // (and of the thread count), at some cost in speed. Weight gradients are sums over examples and
+  // follow the batch's order either way.
+  bool split_independent = false;
+  // Use the portable reference (im2col + Eigen GEMM) even where a faster library is built in: the
+  // cross-check of tests, and a way to rule the library out when results look wrong.
+  bool reference = false;
+};
+
+template <device D>
+class engine;  // one specialisation per device
+
+template <class E>
+concept compute_engine = requires(E& e, const E& ce, const conv_geometry& g, const float* in, float* out) {
+  typename E::device_type;
+  { ce.threads() } -> std::convertible_to<int>;
+  { ce.options() } -> std::convertible_to<const engine_options&>;
+  e.conv_forward(g, in, in, in, out);
+  e.conv_backward_data(g, in, in, out);
+  e.conv_backward_weights(g, in, in, out, out);
+};
+
+}  // namespace distribute

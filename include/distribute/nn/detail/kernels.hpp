@@ -1,0 +1,229 @@
+#pragma once
+// The element-wise arithmetic of the layers and losses, as small functors over raw pointers that any
+// engine can run: the CPU engine in its loops, a GPU engine in its kernels (hence
+// DISTRIBUTE_HOST_DEVICE and nothing from the standard library but <cmath>). Each is called with an
+// element index i, or a plane (segment) s and an index i within it.
+
+#include <distribute/config.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace distribute::nn::detail::kernels {
+
+using index = std::int64_t;
+
+// --- activations ---------------------------------------------------------------------------------
+
+template <class T>
+struct relu_forward {
+  const T* x;
+  T* y;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { y[i] = x[i] > T(0) ? x[i] : T(0); }
+};
+template <class T>
+struct relu_backward {
+  const T* x;
+  const T* dy;
+  T* dx;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { dx[i] = x[i] > T(0) ? dy[i] : T(0); }
+};
+template <class T>
+struct leaky_relu_forward {
+  const T* x;
+  T* y;
+  T slope;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { y[i] = x[i] > T(0) ? x[i] : slope * x[i]; }
+};
+template <class T>
+struct leaky_relu_backward {
+  const T* x;
+  const T* dy;
+  T* dx;
+  T slope;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { dx[i] = x[i] > T(0) ? dy[i] : slope * dy[i]; }
+};
+template <class T>
+struct tanh_forward {
+  const T* x;
+  T* y;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { y[i] = std::tanh(x[i]); }
+};
+template <class T>
+struct tanh_backward {
+  const T* y;
+  const T* dy;
+  T* dx;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { dx[i] = dy[i] * (T(1) - y[i] * y[i]); }
+};
+
+// --- sums and copies -------------------------------------------------------------------------------
+
+// y[i] += x[i]
+template <class T>
+struct add_to {
+  T* y;
+  const T* x;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { y[i] += x[i]; }
+};
+// y[i] = k * x[i]
+template <class T>
+struct scale {
+  const T* x;
+  T* y;
+  T k;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { y[i] = k * x[i]; }
+};
+// Plane s of an NCHW tensor of `channels` channels gets bias[s % channels].
+template <class T>
+struct add_channel_bias {
+  T* y;
+  const T* bias;
+  index channels, plane;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const { y[s * plane + i] += bias[s % channels]; }
+};
+// The element itself (segmented sums of a tensor's planes).
+template <class T>
+struct value_of {
+  const T* x;
+  index plane;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const { return static_cast<double>(x[s * plane + i]); }
+};
+// (x - mean[s])^2
+template <class T>
+struct squared_deviation {
+  const T* x;
+  const double* mean;
+  index plane;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    const double d = static_cast<double>(x[s * plane + i]) - mean[s];
+    return d * d;
+  }
+};
+// a * b
+template <class T>
+struct product_of {
+  const T* a;
+  const T* b;
+  index plane;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    return static_cast<double>(a[s * plane + i]) * static_cast<double>(b[s * plane + i]);
+  }
+};
+
+// --- reflection padding ------------------------------------------------------------------------------
+
+// Reflection ("mirror without repeating the edge", PyTorch ReflectionPad2d): padded index i in
+// [-p, n+p) reads source index |i| for i < 0 and 2(n-1) - i for i >= n. Needs p < n.
+DISTRIBUTE_HOST_DEVICE constexpr index reflect(index i, index n) noexcept {
+  return i < 0 ? -i : (i >= n ? 2 * (n - 1) - i : i);
+}
+// Plane s of H x W into plane s of (H+2p) x (W+2p); one call per padded row (i: its index).
+template <class T>
+struct reflect_pad_rows {
+  const T* x;
+  T* y;
+  index height, width, pad;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
+    const index ph = height + 2 * pad, pw = width + 2 * pad;
+    const T* line = x + (s * height + reflect(i - pad, height)) * width;
+    T* out = y + (s * ph + i) * pw;
+    for (index j = 0; j < pad; ++j) out[j] = line[pad - j];
+    for (index j = 0; j < width; ++j) out[pad + j] = line[j];
+    for (index j = 0; j < pad; ++j) out[pad + width + j] = line[width - 2 - j];
+  }
+};
+// The adjoint, one call per plane (the padded rows of a plane add onto shared source rows): every
+// padded position's gradient goes to the source position it copied, in a fixed order.
+template <class T>
+struct reflect_pad_backward_plane {
+  const T* dy;
+  T* dx;
+  index height, width, pad;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s) const {
+    const index ph = height + 2 * pad, pw = width + 2 * pad;
+    T* plane = dx + s * height * width;
+    for (index k = 0; k < height * width; ++k) plane[k] = T(0);
+    for (index i = 0; i < ph; ++i) {
+      T* line = plane + reflect(i - pad, height) * width;
+      const T* in = dy + (s * ph + i) * pw;
+      for (index j = 0; j < pw; ++j) line[reflect(j - pad, width)] += in[j];
+    }
+  }
+};
+
+// --- normalisation -------------------------------------------------------------------------------------
+
+// Plane s (example e, channel c = s % channels) normalised with its statistics (mean, invstd indexed
+// by `stat(s)`: the plane for instance norm, the channel for batch norm), then scaled and shifted:
+// xhat = (x - mean) * invstd, y = gamma * xhat + beta (gamma, beta may be null: 1 and 0).
+template <class T>
+struct normalize {
+  const T* x;
+  T* y;
+  T* xhat;
+  const double* mean;
+  const double* invstd;
+  const T* gamma;
+  const T* beta;
+  index channels, plane;
+  bool per_channel;  // statistics per channel (batch norm) or per plane (instance norm)
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
+    const index c = s % channels, k = per_channel ? c : s;
+    const index j = s * plane + i;
+    const T xh = static_cast<T>((static_cast<double>(x[j]) - mean[k]) * invstd[k]);
+    xhat[j] = xh;
+    y[j] = (gamma ? gamma[c] : T(1)) * xh + (beta ? beta[c] : T(0));
+  }
+};
+// dx = k (dy - mean(dy) - xhat mean(dy xhat)), with k = gamma * invstd and the means over what the
+// statistics ran over (coef[3*k + 0..2] = k, mean(dy), mean(dy xhat)).
+template <class T>
+struct normalized_input_gradient {
+  const T* dy;
+  const T* xhat;
+  T* dx;
+  const T* coef;
+  index channels, plane;
+  bool per_channel;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
+    const index k = per_channel ? s % channels : s;
+    const index j = s * plane + i;
+    dx[j] = coef[3 * k] * (dy[j] - coef[3 * k + 1] - xhat[j] * coef[3 * k + 2]);
+  }
+};
+
+// --- losses ----------------------------------------------------------------------------------------------
+
+// Per example s of `per` elements: the loss's per-element value (for the segmented sum) and its
+// gradient d/dpred, scaled by `scale` (1 / (per * global batch)).
+template <class T>
+struct squared_error {
+  const T* pred;
+  const T* target;
+  T* grad;
+  double scale;
+  index per;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    const index j = s * per + i;
+    const double d = static_cast<double>(pred[j]) - static_cast<double>(target[j]);
+    grad[j] = static_cast<T>(2 * d * scale);
+    return d * d;
+  }
+};
+template <class T>
+struct absolute_error {
+  const T* pred;
+  const T* target;
+  T* grad;
+  double scale;
+  index per;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    const index j = s * per + i;
+    const double d = static_cast<double>(pred[j]) - static_cast<double>(target[j]);
+    grad[j] = static_cast<T>((d > 0 ? 1.0 : (d < 0 ? -1.0 : 0.0)) * scale);
+    return d < 0 ? -d : d;
+  }
+};
+
+}  // namespace distribute::nn::detail::kernels

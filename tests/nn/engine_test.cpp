@@ -1,0 +1,223 @@
+// The CPU engine: oneDNN's convolutions against the portable reference (forward, data gradient,
+// weight and bias gradients; strides, paddings, odd shapes), the layers on both, thread shares,
+// determinism, the split-independent mode and the scratch arena.
+
+#include "nn_test_support.hpp"
+
+#include <distribute/distribute.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dist = distribute;
+namespace nn = distribute::nn;
+using dist::conv_geometry;
+using dist::shape;
+using dist::tensor;
+
+namespace {
+
+std::vector<float> random_values(std::int64_t n, std::uint32_t seed) {
+  const auto t = dist::test::random_tensor<float>(shape{n}, seed);
+  return {t.begin(), t.end()};
+}
+
+double relative(const std::vector<float>& a, const std::vector<float>& b) {
+  return dist::test::relative_error_of<float>(a, b);
+}
+
+// Every pass of one geometry on two engines; returns the worst relative difference.
+double compare_engines(dist::engine<dist::cpu>& fast, dist::engine<dist::cpu>& ref, const conv_geometry& g, bool bias) {
+  const auto x = random_values(g.input_size(), 1), w = random_values(g.weight_size(), 2);
+  const auto b = random_values(g.out_channels, 3), dy = random_values(g.output_size(), 4);
+  double worst = 0;
+  auto both = [&](auto&& run) {
+    const auto a = run(fast), r = run(ref);
+    BOOST_TEST_REQUIRE(a.size() == r.size());
+    worst = std::max(worst, relative(a, r));
+  };
+  both([&](auto& e) {
+    std::vector<float> y(static_cast<std::size_t>(g.output_size()), -7.0f);
+    e.conv_forward(g, x.data(), w.data(), bias ? b.data() : nullptr, y.data());
+    return y;
+  });
+  both([&](auto& e) {
+    std::vector<float> dx(static_cast<std::size_t>(g.input_size()), -7.0f);  // overwritten, not added to
+    e.conv_backward_data(g, dy.data(), w.data(), dx.data());
+    return dx;
+  });
+  both([&](auto& e) {
+    // Accumulated onto what is there: start from non-zero gradients.
+    std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.25f), db(static_cast<std::size_t>(g.out_channels), 0.5f);
+    e.conv_backward_weights(g, x.data(), dy.data(), dw.data(), bias ? db.data() : nullptr);
+    if (bias) dw.insert(dw.end(), db.begin(), db.end());
+    return dw;
+  });
+  return worst;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(engine)
+
+BOOST_AUTO_TEST_CASE(the_build_says_what_computes) {
+  dist::engine<dist::cpu> e, ref{{.reference = true}};
+  BOOST_TEST_MESSAGE("CPU engine: " << e.name() << "; with reference = true: " << ref.name());
+  BOOST_TEST(ref.name().find("reference") != std::string::npos);
+#if defined(DISTRIBUTE_USE_DNNL)
+  BOOST_TEST(dist::engine<dist::cpu>::has_dnnl);
+  BOOST_TEST(e.name().find("oneDNN") != std::string::npos);
+#else
+  BOOST_TEST(!dist::engine<dist::cpu>::has_dnnl);
+#endif
+}
+
+BOOST_AUTO_TEST_CASE(fast_convolutions_match_the_reference) {
+  dist::engine<dist::cpu> fast, ref{{.reference = true}};
+  struct c {
+    std::int64_t n, ci, h, w, co, k, s, p;
+  };
+  // CycleGAN's shapes (c7s1, d, R, the PatchGAN's 4x4), odd channel counts, non-square planes, a
+  // window that leaves the last input row unused, 1x1 kernels, one example.
+  const std::vector<c> cases{{2, 1, 34, 34, 16, 7, 1, 0},  {2, 16, 28, 28, 32, 3, 2, 1}, {3, 32, 14, 14, 64, 3, 2, 1},
+                             {2, 64, 9, 9, 64, 3, 1, 0},    {2, 16, 34, 34, 1, 7, 1, 0},  {2, 1, 28, 28, 16, 4, 2, 1},
+                             {2, 16, 14, 14, 32, 4, 2, 1},  {2, 32, 7, 7, 64, 4, 1, 1},   {2, 64, 6, 6, 1, 4, 1, 1},
+                             {1, 3, 13, 9, 5, 3, 2, 0},     {2, 5, 11, 7, 3, 3, 3, 1},    {1, 17, 8, 8, 9, 1, 1, 0},
+                             {3, 8, 16, 16, 8, 5, 2, 2},    {1, 3, 12, 12, 4, 2, 2, 0}};
+  for (const auto& k : cases)
+    for (bool bias : {false, true}) {
+      const auto g = conv_geometry::of(k.n, k.ci, k.h, k.w, k.co, k.k, k.s, k.p);
+      const double err = compare_engines(fast, ref, g, bias);
+      BOOST_TEST(err < 2e-5, g.to_string() << (bias ? " with bias" : "") << ": relative difference " << err);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(layers_match_on_both_engines) {
+  // The same layers, the same weights, one replica on each engine: outputs and every gradient.
+  auto run = [](bool reference) {
+    dist::one_device_strategy<> s;
+    s.set_engine_options({.reference = reference});
+    std::vector<std::vector<float>> out;
+    s.run([&](dist::replica auto& r) {
+      nn::conv2d<float> reflect{{.in_channels = 3, .out_channels = 8, .kernel = 3, .stride = 1, .padding = 1,
+                                 .pad_mode = nn::padding_mode::reflect}, 1};
+      nn::conv2d<float> down{{.in_channels = 8, .out_channels = 6, .kernel = 4, .stride = 2, .padding = 1, .bias = false}, 2};
+      nn::conv_transpose2d<float> up{{.in_channels = 6, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1,
+                                      .output_padding = 1}, 3};
+      // Every bias feeds something other than a normalisation, so that its gradient is not zero.
+      auto net = nn::sequential{std::move(reflect), nn::leaky_relu<float>{0.2f}, std::move(down),
+                                nn::instance_norm<float>{{.channels = 6, .affine = true}, 4}, nn::relu<float>{},
+                                std::move(up), nn::tanh<float>{}};
+      const auto x = dist::test::random_tensor<float>(shape::nchw(3, 3, 12, 10), 5);
+      const auto y = net.forward(r, x);
+      const auto g = dist::test::random_tensor<float>(y.shape(), 6);
+      const auto dx = net.backward(r, g);
+      out.emplace_back(y.begin(), y.end());
+      out.emplace_back(dx.begin(), dx.end());
+      net.for_each_parameter([&](std::span<float>, std::span<float> grad) { out.emplace_back(grad.begin(), grad.end()); });
+    });
+    return out;
+  };
+  const auto fast = run(false), ref = run(true);
+  BOOST_TEST_REQUIRE(fast.size() == ref.size());
+  for (std::size_t i = 0; i < fast.size(); ++i) {
+    const double err = relative(fast[i], ref[i]);
+    BOOST_TEST(err < 1e-4, "tensor " << i << " (0: y, 1: dx, then parameter gradients): relative difference " << err);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(each_replica_gets_its_share_of_the_cores) {
+  const int cores = static_cast<int>(std::max(1u, dist::detail::usable_hardware_threads()));
+  dist::one_device_strategy<> one;
+  one.run([&](dist::replica auto& r) { BOOST_TEST(r.engine().threads() == cores); });
+  for (int n : {1, 2, 3}) {
+    dist::mirrored_strategy<> s{dist::cpu_replicas(n)};
+    auto threads = s.run([](dist::replica auto& r) { return r.engine().threads(); });
+    for (int t : threads) BOOST_TEST(t == std::max(1, cores / n), n << " replicas: an engine with " << t << " threads");
+    // The primary alone, between mirrored blocks, has every core.
+    BOOST_TEST(s.run_on_primary([](auto& r) { return r.engine().threads(); }) == cores);
+    // Every replica has its own engine (its own caches and scratch).
+    auto addresses = s.run([](dist::replica auto& r) { return reinterpret_cast<std::uintptr_t>(&r.engine()); });
+    std::vector<std::uintptr_t> a(addresses.begin(), addresses.end());
+    std::sort(a.begin(), a.end());
+    BOOST_TEST((std::adjacent_find(a.begin(), a.end()) == a.end()));
+  }
+  dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
+  s.set_engine_options({.threads = 3});
+  for (int t : s.run([](dist::replica auto& r) { return r.engine().threads(); })) BOOST_TEST(t == 3);
+}
+
+BOOST_AUTO_TEST_CASE(results_are_bit_identical_from_run_to_run) {
+  const auto g = conv_geometry::of(4, 16, 20, 20, 32, 3, 1, 1);
+  const auto x = random_values(g.input_size(), 7), w = random_values(g.weight_size(), 8), dy = random_values(g.output_size(), 9);
+  auto once = [&] {
+    dist::engine<dist::cpu> e;
+    std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size()));
+    std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.0f);
+    e.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), y.data());
+    e.conv_backward_data(g, dy.data(), w.data(), dx.data());
+    e.conv_backward_weights(g, x.data(), dy.data(), dw.data(), static_cast<float*>(nullptr));
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dw.begin(), dw.end());
+    return y;
+  };
+  const auto first = once();
+  for (int i = 0; i < 3; ++i) BOOST_TEST((once() == first), "run " << i + 2 << " differs from the first");
+}
+
+BOOST_AUTO_TEST_CASE(split_independent_mode_gives_every_example_the_same_bits_under_any_split) {
+  // An example's output and input gradient computed in a batch of 4 and alone are the same bits.
+  const auto g4 = conv_geometry::of(4, 16, 14, 14, 32, 3, 2, 1);
+  auto g1 = g4;
+  g1.batch = 1;
+  const auto x = random_values(g4.input_size(), 10), w = random_values(g4.weight_size(), 11);
+  const auto dy = random_values(g4.output_size(), 12);
+  for (bool reference : {false, true}) {
+    dist::engine<dist::cpu> e{{.split_independent = true, .reference = reference}};
+    std::vector<float> y4(static_cast<std::size_t>(g4.output_size())), dx4(static_cast<std::size_t>(g4.input_size()));
+    e.conv_forward(g4, x.data(), w.data(), static_cast<const float*>(nullptr), y4.data());
+    e.conv_backward_data(g4, dy.data(), w.data(), dx4.data());
+    for (std::int64_t n = 0; n < 4; ++n) {
+      std::vector<float> y1(static_cast<std::size_t>(g1.output_size())), dx1(static_cast<std::size_t>(g1.input_size()));
+      e.conv_forward(g1, x.data() + n * g1.input_size(), w.data(), static_cast<const float*>(nullptr), y1.data());
+      e.conv_backward_data(g1, dy.data() + n * g1.output_size(), w.data(), dx1.data());
+      BOOST_TEST(std::equal(y1.begin(), y1.end(), y4.begin() + n * g1.output_size()), "example " << n << " forward");
+      BOOST_TEST(std::equal(dx1.begin(), dx1.end(), dx4.begin() + n * g1.input_size()), "example " << n << " data gradient");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(scratch_is_shared_and_stops_growing) {
+  // Scratch belongs to the replica's engine, sized by the largest layer, and a second step of the
+  // same shapes allocates no more of it.
+  dist::one_device_strategy<> s;
+  std::size_t after_first = 0, after_second = 0;
+  auto net = nn::sequential{nn::conv2d<float>{{.in_channels = 3, .out_channels = 16, .kernel = 7, .padding = 3,
+                                               .pad_mode = nn::padding_mode::reflect}, 1},
+                            nn::relu<float>{}, nn::conv2d<float>{{.in_channels = 16, .out_channels = 32, .kernel = 3, .stride = 2, .padding = 1}, 2},
+                            nn::conv_transpose2d<float>{{.in_channels = 32, .out_channels = 8}, 3}};
+  const auto x = dist::test::random_tensor<float>(shape::nchw(2, 3, 32, 32), 13);
+  auto step = [&](dist::replica auto& r) {
+    net.zero_grad();
+    const auto y = net.forward(r, x);
+    net.backward(r, y);
+    return r.engine().scratch_bytes();
+  };
+  after_first = s.run(step)[0];
+  after_second = s.run(step)[0];
+  BOOST_TEST(after_first > 0u);
+  BOOST_TEST(after_second == after_first);
+}
+
+BOOST_AUTO_TEST_CASE(bad_geometry_is_refused_with_its_extents) {
+  dist::engine<dist::cpu> e;
+  BOOST_CHECK_EXCEPTION(conv_geometry::of(1, 3, 4, 4, 8, 7, 1, 0), std::invalid_argument, [](const std::invalid_argument& ex) {
+    return std::string(ex.what()).find("kernel 7") != std::string::npos;
+  });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
