@@ -5,7 +5,12 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -259,6 +264,95 @@ BOOST_AUTO_TEST_CASE(directory_keeps_the_newest_and_skips_a_torn_one) {
   write_file(dir.path / "run" / "ckpt-abc.dck", {'x'});
   BOOST_TEST(d.steps().size() == 2u);
   BOOST_CHECK_THROW(ckpt::directory(dir.path, 0), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(corrupt_checkpoints_never_displace_new_ones) {
+  temp_dir dir;
+  ckpt::directory d{dir.path, 2};
+  // Every checkpoint corrupt, at higher steps than the run restarted from 0 will write.
+  for (std::int64_t step : {100, 200, 300}) write_file(dir.path / ckpt::directory::file_name(step), {'D', 'C', 'K', 'x'});
+  std::vector<ckpt::directory::skipped_file> skipped;
+  BOOST_TEST(!d.load_latest_with_path(&skipped).has_value());
+  BOOST_TEST(skipped.size() == 3u);
+  BOOST_TEST(contains(skipped[0].reason, "ckpt-0000000300.dck"));
+  for (std::int64_t step : {10, 20, 30}) {
+    ckpt::archive a;
+    a.put("step", step);
+    d.save(step, a);
+    BOOST_TEST(d.load_latest()->get<std::int64_t>("step") == step);  // the new one is kept, and is the latest
+  }
+  const auto steps = d.steps();
+  BOOST_TEST_REQUIRE(steps.size() == 2u);  // the corrupt ones removed, the newest 2 kept
+  BOOST_TEST(steps[0].first == 30);
+  BOOST_TEST(steps[1].first == 20);
+  // An intact checkpoint of a later step (another history) is left alone and not counted.
+  ckpt::archive later;
+  later.put("step", std::int64_t{500});
+  ckpt::save(dir.path / ckpt::directory::file_name(500), later);
+  ckpt::archive a;
+  a.put("step", std::int64_t{40});
+  d.save(40, a);
+  BOOST_TEST(d.steps().size() == 3u);  // 500, 40, 30
+  BOOST_TEST(fs::exists(dir.path / ckpt::directory::file_name(30)));
+  BOOST_TEST(!fs::exists(dir.path / ckpt::directory::file_name(20)));
+}
+
+BOOST_AUTO_TEST_CASE(temporaries_of_killed_writers_are_removed) {
+  temp_dir dir;
+  // A process that has exited: its pid is free (until reused, which only keeps its file).
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const auto dead = dir.path / ("ckpt-0000000010.dck.tmp-" + std::to_string(child) + "-0");
+  const auto mine = dir.path / ("ckpt-0000000020.dck.tmp-" + std::to_string(::getpid()) + "-7");
+  const auto alive = dir.path / ("losses.csv.tmp-" + std::to_string(::getppid()) + "-1");
+  const auto other = dir.path / "notes.tmp-x-1";
+  for (const auto& p : {dead, mine, alive, other}) write_file(p, {'x'});
+  ckpt::directory d{dir.path};
+  const auto removed = d.remove_stale_temporaries();
+  BOOST_TEST_REQUIRE(removed.size() == 1u);
+  BOOST_TEST(removed[0] == dead);
+  BOOST_TEST(!fs::exists(dead));
+  BOOST_TEST(fs::exists(mine));   // this process may be writing it
+  BOOST_TEST(fs::exists(alive));  // a running process may be writing it
+  BOOST_TEST(fs::exists(other));  // not a temporary's name
+  // save cleans up too.
+  write_file(dead, {'x'});
+  ckpt::archive a;
+  a.put("step", std::int64_t{1});
+  d.save(1, a);
+  BOOST_TEST(!fs::exists(dead));
+}
+
+BOOST_AUTO_TEST_CASE(many_sections_load_in_linear_time) {
+  // 200,000 sections: with a linear scan per name this took minutes.
+  ckpt::archive a;
+  for (int i = 0; i < 200'000; ++i) a.put(std::string("s").append(std::to_string(i)), static_cast<std::uint8_t>(i));
+  const auto bytes = ckpt::serialize(a);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto b = ckpt::parse(bytes, "many");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  BOOST_TEST((b == a));
+  BOOST_TEST(b.get<std::uint8_t>("s199999") == static_cast<std::uint8_t>(199999));
+  BOOST_TEST(seconds < 10.0);
+  std::printf("parsed %zu sections (%zu bytes) in %.3f s\n", b.sections().size(), bytes.size(), seconds);
+}
+
+BOOST_AUTO_TEST_CASE(load_reads_only_regular_files_within_the_limit) {
+  temp_dir dir;
+  ckpt::save(dir.path / "a.dck", sample_archive());
+  const auto size = fs::file_size(dir.path / "a.dck");
+  BOOST_TEST(contains(error_of([&] { (void)ckpt::load(dir.path / "a.dck", size - 1); }), "more than the limit of"));
+  BOOST_TEST((ckpt::load(dir.path / "a.dck", size) == sample_archive()));
+  BOOST_TEST(contains(error_of([&] { (void)ckpt::load("/dev/zero"); }), "not a regular file"));
+  BOOST_TEST(contains(error_of([&] { (void)ckpt::load(dir.path); }), "not a regular file"));
+  // write_atomically leaves the whole file and no temporary.
+  ckpt::write_atomically(dir.path / "log.csv", std::string_view("a,b\n1,2\n"));
+  BOOST_TEST(read_file(dir.path / "log.csv").size() == 8u);
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir.path)) ++files;
+  BOOST_TEST(files == 2u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -3,6 +3,12 @@
 // newest `keep`; `load_latest()` returns the newest one that loads cleanly, so a file torn by a crash
 // (or corrupted later) costs the steps since the one before it, never the run.
 //
+// Pruning counts only checkpoints that load: a corrupt file is removed rather than kept in place of a
+// good one, and the file just written is never pruned (a directory full of corrupt higher-numbered
+// files must not make every new checkpoint vanish as soon as it is written). Checkpoints of steps
+// after the one just saved belong to another history (a run restarted from an earlier step); they
+// are left alone when intact. `save` also removes temporaries that a killed writer left behind.
+//
 // In a multi-worker job only the chief saves; every worker may load.
 
 #include <distribute/checkpoint/archive.hpp>
@@ -43,19 +49,30 @@ class directory {
     if (ec) throw checkpoint_error("distribute: cannot create checkpoint directory " + dir_.string() + ": " + ec.message());
     const auto file = dir_ / file_name(step);
     checkpoint::save(file, a);
-    auto all = steps();
-    for (std::size_t i = static_cast<std::size_t>(keep_); i < all.size(); ++i)
-      std::filesystem::remove(all[i].second, ec);  // best effort: an old file left behind is harmless
+    prune(step);
+    remove_stale_temporaries();
     return file;
   }
 
-  // The newest checkpoint that loads cleanly, with its path; nothing if there is none.
-  std::optional<std::pair<std::filesystem::path, archive>> load_latest_with_path() const {
+  // Removes the temporaries of writers killed before their rename (see atomic_write.hpp); a program
+  // calls this at start. Returns the files removed.
+  std::vector<std::filesystem::path> remove_stale_temporaries() const { return checkpoint::remove_stale_temporaries(dir_); }
+
+  // A checkpoint file that did not load, and why.
+  struct skipped_file {
+    std::filesystem::path file;
+    std::string reason;
+  };
+
+  // The newest checkpoint that loads cleanly, with its path; nothing if there is none. The newer
+  // files that did not load are appended to `skipped` when it is given.
+  std::optional<std::pair<std::filesystem::path, archive>> load_latest_with_path(std::vector<skipped_file>* skipped = nullptr) const {
     for (const auto& [step, file] : steps()) {
       try {
         return std::pair{file, checkpoint::load(file)};
-      } catch (const checkpoint_error&) {
+      } catch (const checkpoint_error& e) {
         // Torn or corrupt: fall back to the one before.
+        if (skipped) skipped->push_back({file, e.what()});
       }
     }
     return std::nullopt;
@@ -89,6 +106,26 @@ class directory {
   }
 
  private:
+  // Keeps the checkpoint of `saved` and the newest keep - 1 intact ones before it; removes older and
+  // corrupt ones. Best effort: a file that cannot be removed is harmless.
+  void prune(std::int64_t saved) const {
+    std::error_code ec;
+    int kept = 1;  // the one just written
+    for (const auto& [step, file] : steps()) {
+      if (step == saved) continue;
+      bool intact = true;
+      try {
+        (void)checkpoint::load(file);
+      } catch (const checkpoint_error&) {
+        intact = false;
+      }
+      if (!intact) std::filesystem::remove(file, ec);
+      else if (step > saved) continue;  // another history's: not ours to prune
+      else if (kept < keep_) ++kept;
+      else std::filesystem::remove(file, ec);
+    }
+  }
+
   std::filesystem::path dir_;
   int keep_;
 };

@@ -8,12 +8,13 @@
 //   per section: u32 name length, name, u64 size, bytes
 //   u32 CRC-32 of everything above
 //
-// `save` is atomic: the bytes go to a temporary file in the same directory, which is flushed to disk
-// and then renamed over the target; a crash at any point leaves either the old file or the new one,
-// never a mixture. `load` checks the magic, version, byte order and checksum before it trusts a single
+// `save` is atomic (checkpoint/atomic_write.hpp): the bytes go to a temporary file in the same
+// directory, which is flushed to disk and then renamed over the target; a crash at any point leaves
+// either the old file or the new one, never a mixture. `load` checks the magic, version, byte order and checksum before it trusts a single
 // length, and every length against the bytes that are left.
 
 #include <distribute/checkpoint/archive.hpp>
+#include <distribute/checkpoint/atomic_write.hpp>
 #include <distribute/checkpoint/detail/crc32.hpp>
 #include <distribute/checkpoint/error.hpp>
 
@@ -101,85 +102,31 @@ inline archive parse(std::span<const std::byte> bytes, std::string_view origin) 
   return a;
 }
 
-namespace detail {
+inline void save(const std::filesystem::path& file, const archive& a) { write_atomically(file, serialize(a)); }
 
-[[noreturn]] inline void io_failure(const std::string& what, const std::filesystem::path& p, int err) {
-  throw checkpoint_error("distribute: " + what + " " + p.string() + ": " + std::strerror(err));
-}
+// The largest checkpoint file `load` reads unless told otherwise: a bound on what one file can make
+// it allocate (the file's bytes, then its sections), far above any model this library trains on a
+// CPU. Pass a larger `max_bytes` for larger checkpoints.
+inline constexpr std::uint64_t default_max_checkpoint_bytes = std::uint64_t{16} << 30;  // 16 GiB
 
-class fd_guard {
- public:
-  explicit fd_guard(int fd) noexcept : fd_{fd} {}
-  fd_guard(const fd_guard&) = delete;
-  fd_guard& operator=(const fd_guard&) = delete;
-  ~fd_guard() { if (fd_ >= 0) ::close(fd_); }
-  int get() const noexcept { return fd_; }
-  int release() noexcept { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-inline void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& p) {
-  while (!bytes.empty()) {
-    const ::ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      io_failure("cannot write", p, errno);
-    }
-    bytes = bytes.subspan(static_cast<std::size_t>(n));
-  }
-}
-
-// A name no other writer in this process or another one uses at the same time.
-inline std::filesystem::path temporary_beside(const std::filesystem::path& file) {
-  static std::atomic<unsigned> counter{0};
-  auto tmp = file;
-  tmp += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
-  return tmp;
-}
-
-}  // namespace detail
-
-inline void save(const std::filesystem::path& file, const archive& a) {
-  const auto bytes = serialize(a);
-  const auto dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
-  const auto tmp = detail::temporary_beside(file);
-  {
-    detail::fd_guard fd{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
-    if (fd.get() < 0) detail::io_failure("cannot create", tmp, errno);
-    try {
-      detail::write_all(fd.get(), bytes, tmp);
-      if (::fsync(fd.get()) != 0) detail::io_failure("cannot flush", tmp, errno);
-      if (::close(fd.release()) != 0) detail::io_failure("cannot close", tmp, errno);
-    } catch (...) {
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      throw;
-    }
-  }
-  if (::rename(tmp.c_str(), file.c_str()) != 0) {
-    const int err = errno;
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    detail::io_failure("cannot rename the new checkpoint to", file, err);
-  }
-  // The rename itself is durable only once the directory is flushed.
-  detail::fd_guard d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (d.get() >= 0) ::fsync(d.get());
-}
-
-inline archive load(const std::filesystem::path& file) {
+// Reads and parses a checkpoint file. Only regular files are read (a FIFO or a device has no size to
+// check), and only up to `max_bytes`.
+inline archive load(const std::filesystem::path& file, std::uint64_t max_bytes = default_max_checkpoint_bytes) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(file, ec);
+  if (ec) throw checkpoint_error("distribute: cannot open checkpoint " + file.string() + ": " + ec.message());
+  if (!std::filesystem::is_regular_file(status))
+    throw checkpoint_error("distribute: checkpoint " + file.string() + " is not a regular file");
+  const auto size = std::filesystem::file_size(file, ec);
+  if (ec) throw checkpoint_error("distribute: cannot read checkpoint " + file.string() + ": " + ec.message());
+  if (size > max_bytes)
+    throw checkpoint_error("distribute: checkpoint " + file.string() + " has " + std::to_string(size) +
+                           " bytes, more than the limit of " + std::to_string(max_bytes) + " (load's max_bytes)");
   std::ifstream in(file, std::ios::binary);
   if (!in) throw checkpoint_error("distribute: cannot open checkpoint " + file.string() + ": " + std::strerror(errno));
-  std::vector<std::byte> bytes;
-  in.seekg(0, std::ios::end);
-  const auto size = in.tellg();
-  if (size < 0) throw checkpoint_error("distribute: cannot read checkpoint " + file.string());
-  in.seekg(0);
-  bytes.resize(static_cast<std::size_t>(size));
-  if (!in.read(reinterpret_cast<char*>(bytes.data()), size))
-    throw checkpoint_error("distribute: cannot read checkpoint " + file.string());
+  std::vector<std::byte> bytes(static_cast<std::size_t>(size));
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)) || in.peek() != std::char_traits<char>::eof())
+    throw checkpoint_error("distribute: cannot read checkpoint " + file.string() + " (it changed while being read)");
   return parse(bytes, file.string());
 }
 
