@@ -10,6 +10,7 @@
 #include <distribute/data/error.hpp>
 #include <distribute/data/from_memory.hpp>
 #include <distribute/data/idx.hpp>
+#include <distribute/data/limits.hpp>
 #include <distribute/data/tensor.hpp>
 
 #include <array>
@@ -33,7 +34,10 @@ inline constexpr std::array<std::string_view, 10> fashion_mnist_classes = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
 
 // An image IDX file and its label IDX file, checked against each other: the examples of a tensor
-// [n, rows, cols, 1], read as `from_tensor_slices` reads any tensor.
+// [n, rows, cols, 1], read as `from_tensor_slices` reads any tensor. With `classes` > 0 every label
+// must be below it (mnist and fashion_mnist ask for 10): a label file that does not fit the classes
+// is refused here, naming the file and the first bad label, instead of indexing past a classifier's
+// outputs later.
 class idx_dataset : public dataset_base<idx_dataset> {
   using slices = tensor_slices_dataset<std::uint8_t>;
 
@@ -41,8 +45,9 @@ class idx_dataset : public dataset_base<idx_dataset> {
   using element_type = example<std::uint8_t>;
   using cursor_type = slices::cursor_type;
 
-  idx_dataset(const std::filesystem::path& images_file, const std::filesystem::path& labels_file)
-      : slices_{load(images_file, labels_file)}, images_file_{images_file.string()} {}
+  idx_dataset(const std::filesystem::path& images_file, const std::filesystem::path& labels_file, std::int32_t classes = 0,
+              const input_limits& limits = {})
+      : slices_{load(images_file, labels_file, classes, limits)}, images_file_{images_file.string()} {}
 
   cursor_type cursor(std::uint64_t epoch) const { return slices_.cursor(epoch); }
   std::int64_t cardinality() const { return slices_.cardinality(); }
@@ -64,9 +69,16 @@ class idx_dataset : public dataset_base<idx_dataset> {
   }
 
  private:
-  static slices load(const std::filesystem::path& images_file, const std::filesystem::path& labels_file) {
-    auto images = read_idx(images_file, idx_images_magic);
-    auto labels = read_idx(labels_file, idx_labels_magic);
+  static slices load(const std::filesystem::path& images_file, const std::filesystem::path& labels_file, std::int32_t classes,
+                     const input_limits& limits) {
+    if (classes < 0) throw std::invalid_argument("distribute::data: idx_dataset: classes must not be negative");
+    auto images = read_idx(images_file, idx_images_magic, limits);
+    auto labels = read_idx(labels_file, idx_labels_magic, limits);
+    if (classes > 0)
+      for (std::size_t i = 0; i < labels.values.size(); ++i)
+        if (labels.values[i] >= classes)
+          throw input_error(labels_file.string(), "label " + std::to_string(i) + " is " + std::to_string(labels.values[i]) +
+                                                      "; labels must be 0 to " + std::to_string(classes - 1));
     if (labels.shape[0] != images.shape[0])
       throw input_error(labels_file.string(), "holds " + std::to_string(labels.shape[0]) + " labels, but " +
                                                   images_file.string() + " holds " + std::to_string(images.shape[0]) +
@@ -94,13 +106,16 @@ inline std::filesystem::path idx_file(const std::filesystem::path& dir, const st
 }  // namespace detail
 
 // MNIST-format files `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]` in `dir`.
-inline idx_dataset mnist(split s, const std::filesystem::path& dir) {
+// Labels must be 0 to 9.
+inline idx_dataset mnist(split s, const std::filesystem::path& dir, const input_limits& limits = {}) {
   const std::string prefix = s == split::train ? "train" : "t10k";
-  return idx_dataset(detail::idx_file(dir, prefix + "-images-idx3-ubyte"), detail::idx_file(dir, prefix + "-labels-idx1-ubyte"));
+  return idx_dataset(detail::idx_file(dir, prefix + "-images-idx3-ubyte"), detail::idx_file(dir, prefix + "-labels-idx1-ubyte"), 10,
+                     limits);
 }
 
-inline idx_dataset fashion_mnist(split s, const std::filesystem::path& dir = std::filesystem::path(fashion_mnist_default_dir)) {
-  return mnist(s, dir);
+inline idx_dataset fashion_mnist(split s, const std::filesystem::path& dir = std::filesystem::path(fashion_mnist_default_dir),
+                                 const input_limits& limits = {}) {
+  return mnist(s, dir, limits);
 }
 
 // A map function: uint8 pixels to floats, x * scale + offset (the defaults give [-1, 1], what a tanh

@@ -14,6 +14,7 @@
 #include <distribute/data/detail/read_file.hpp>
 #include <distribute/data/error.hpp>
 #include <distribute/data/image.hpp>
+#include <distribute/data/limits.hpp>
 #include <distribute/data/map.hpp>
 
 #include <algorithm>
@@ -38,6 +39,7 @@ struct image_folder_options {
   std::optional<image_size> random_crop{};
   bool random_flip = false;
   std::uint64_t seed = 0;
+  input_limits limits{};  // per file and per decoded or resized image (data/limits.hpp)
 };
 
 namespace detail {
@@ -112,10 +114,10 @@ struct image_decoder {
     const auto& o = options;
     const auto& file = l.files[f.index];
     example<std::uint8_t> e;
-    e.image = decode_image(detail::read_file(file), file.string(), o.channels);
+    e.image = read_image_file(file, o.channels, o.limits);
     e.label = l.labels[f.index];
     if (o.resize) {
-      e.image = resize_image(e.image, o.resize->height, o.resize->width);
+      e.image = resize_image(e.image, o.resize->height, o.resize->width, o.limits);
     } else if (e.image.shape[0] != l.first_size.height || e.image.shape[1] != l.first_size.width) {
       throw input_error(file.string(), "image is " + std::to_string(e.image.shape[0]) + "x" + std::to_string(e.image.shape[1]) +
                                            " (height x width), but " + l.files[0].string() + " is " +
@@ -206,13 +208,20 @@ class image_folder_dataset : public dataset_base<image_folder_dataset> {
     if (l.files.empty()) throw input_error(name, "has no .png, .jpg or .jpeg files in its class sub-folders");
     if (options.channels < 0 || options.channels > 4)
       throw std::invalid_argument("distribute::data: image_folder: channels must be 0 to 4");
+    if (options.resize && (options.resize->height == 0 || options.resize->width == 0 ||
+                           static_cast<std::uint64_t>(options.resize->height) * options.resize->width *
+                                   static_cast<std::uint64_t>(options.channels ? options.channels : 4) >
+                               options.limits.max_image_bytes))
+      throw std::invalid_argument("distribute::data: image_folder: resize to " + std::to_string(options.resize->height) + "x" +
+                                  std::to_string(options.resize->width) + " is empty or larger than the limit of " +
+                                  detail::mib(options.limits.max_image_bytes) + " (input_limits::max_image_bytes)");
     if (options.random_crop && !options.resize)
       throw std::invalid_argument("distribute::data: image_folder: random_crop needs resize (the size to crop from)");
     if (options.random_crop &&
         (options.random_crop->height > options.resize->height || options.random_crop->width > options.resize->width))
       throw std::invalid_argument("distribute::data: image_folder: random_crop is larger than resize");
     if (!options.resize) {
-      const auto first = decode_image(detail::read_file(l.files[0]), l.files[0].string(), options.channels);
+      const auto first = read_image_file(l.files[0], options.channels, options.limits);
       l.first_size = {first.shape[0], first.shape[1]};
     }
     std::vector<std::size_t> all(l.files.size());
