@@ -5,6 +5,7 @@
 
 #include "classifier.hpp"
 #include "data.hpp"
+#include "flags.hpp"
 
 #include <distribute/checkpoint.hpp>
 #include <distribute/distribute.hpp>
@@ -27,6 +28,34 @@ struct classifier_options {
   std::size_t train_limit = 0;  // at most this many training images (0: all 60,000)
   bool quiet = false;
 };
+
+// fmnist_classifier's command line.
+struct classifier_settings {
+  classifier_options options;
+  std::filesystem::path out = "fmnist_classifier.dck";
+  std::filesystem::path dir = std::string(distribute::data::fashion_mnist_default_dir);
+  int replicas = 2;
+};
+
+inline const char* classifier_usage =
+    "usage: fmnist_classifier [--out FILE] [--epochs N] [--batch N] [--replicas N] [--lr X] [--seed N]\n"
+    "                         [--train-limit N] [--fmnist-dir DIR] [--quiet]\n";
+
+// Returns false for --help; throws std::invalid_argument naming the flag, its value and its range.
+inline bool parse_classifier_arguments(classifier_settings& st, int argc, const char* const* argv) {
+  auto& o = st.options;
+  flags::parser p;
+  p.path("--out", st.out)
+      .integer("--epochs", o.epochs, 1, 10'000)
+      .integer("--batch", o.batch, 1, 4096)
+      .integer("--replicas", st.replicas, 1, 256)
+      .real("--lr", o.lr, 0.0, 1.0, /*lo_open=*/true)
+      .integer("--seed", o.seed, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max())
+      .integer("--train-limit", o.train_limit, std::size_t{0}, std::size_t{1} << 40)
+      .path("--fmnist-dir", st.dir)
+      .toggle("--quiet", o.quiet);
+  return p.parse(argc, argv);
+}
 
 // Trains a fresh classifier on the given examples and returns the primary's copy.
 template <distribute::strategy S>

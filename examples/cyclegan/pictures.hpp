@@ -6,9 +6,12 @@
 
 #include "stb_write.hpp"
 
+#include <distribute/checkpoint/atomic_write.hpp>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -55,10 +58,17 @@ struct image {
     }
   }
 
+  // Encoded in memory, then written atomically: a crash never leaves a truncated picture.
   void write_png(const std::filesystem::path& file) const {
     if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-    if (!stbi_write_png(file.c_str(), width, height, 3, rgb.data(), width * 3))
-      throw std::runtime_error("cannot write " + file.string());
+    std::vector<std::byte> png;
+    const auto append = [](void* context, void* data, int size) {
+      auto* out = static_cast<std::vector<std::byte>*>(context);
+      out->insert(out->end(), static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + size);
+    };
+    if (!stbi_write_png_to_func(append, &png, width, height, 3, rgb.data(), width * 3))
+      throw std::runtime_error("cannot encode " + file.string());
+    distribute::checkpoint::write_atomically(file, png);
   }
 };
 

@@ -2,6 +2,7 @@
 // cyclegan_train as a function: the command line's options, and a run that trains (or evaluates) and
 // returns what it did. The program's main parses argv into `settings`; the tests call `run` directly.
 
+#include "flags.hpp"
 #include "report.hpp"
 #include "trainer.hpp"
 
@@ -41,6 +42,165 @@ struct settings {
   std::int64_t verify_every = 0;   // check that mirrored copies are identical every N steps
   bool quiet = false;
 };
+
+// What each numeric flag accepts. The parser refuses values outside these ranges, and `run` checks a
+// `settings` built in code against the same ones, so a bad value is named before anything divides by
+// it or allocates for it.
+namespace ranges {
+inline constexpr int max_replicas = 256;
+inline constexpr int max_batch = 4096;                   // per replica
+inline constexpr int max_epochs = 1'000'000;
+inline constexpr std::int64_t max_steps = 1'000'000'000'000;
+inline constexpr std::int64_t max_filters = 1024;
+inline constexpr int max_blocks = 64, max_d_layers = 8;
+inline constexpr int min_image_size = 8, max_image_size = 1024;
+inline constexpr int max_samples = 64;
+inline constexpr std::size_t max_pool = 100'000, max_count = std::size_t{1} << 40;
+inline constexpr double max_lr = 1.0, max_lambda = 1e4;
+}  // namespace ranges
+
+inline const char* usage = R"(usage: cyclegan_train [flags]
+
+strategy
+  --strategy one_device|mirrored   where the step runs (default mirrored)
+  --replicas N                     CPU replicas of the mirrored strategy (default 2)
+  --placement full|discriminator_only|conditional   selective mirroring (default full)
+  --mirror-threshold N             conditional: mirror when the global batch is >= N (default 16)
+model
+  --filters N --blocks N           generator filters (64 in the paper) and residual blocks (9) (default 16, 3)
+  --d-filters N --d-layers N       discriminator filters (64) and stride-2 layers (3) (default 16, 2)
+  --norm instance|batch|sync_batch the discriminator's normalisation (default instance)
+training
+  --batch N                        per-replica batch; the global batch is N x replicas (default 4)
+  --epochs N | --steps N           length of the run (default 1 epoch); the lr decays over the last half
+  --decay-fraction F               share of the run with linear lr decay (default 0.5)
+  --lr X                           Adam learning rate (default 2e-4), betas (0.5, 0.999)
+  --scale-lr --warmup-steps N      lr x replicas, reached by a linear warm-up
+  --lambda-cycle X --lambda-identity X   loss weights (default 10, 0.5 x cycle)
+  --pool-size N                    image pool (default 50)
+  --seed N                         initialisation, data order and pool (default 1)
+data
+  --fmnist-dir DIR                 Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
+  --data-dir DIR                   DIR/trainA and DIR/trainB image folders instead (testA/testB optional)
+  --channels N --image-size N      for --data-dir (default 1, 28)
+  --train-limit N                  use at most N training images per domain
+output
+  --out DIR                        pictures, losses.csv and losses.png (default cyclegan_out)
+  --sample-every N --samples N     a picture grid every N steps (default 200), N rows (default 6)
+  --checkpoint-dir DIR --checkpoint-every N   checkpoints (default every 500 steps and at the end)
+  --resume                         continue from the latest checkpoint in --checkpoint-dir
+  --stop-at-step N                 stop early at step N (the schedule still spans the whole run)
+  --classifier FILE                fmnist_classifier's checkpoint: score translations at the end
+  --evaluate                       only score the latest checkpoint (needs --classifier)
+  --eval-limit N                   score at most N test images per direction
+  --verify-every N                 check every N steps that mirrored copies are identical
+  --quiet                          no progress output
+)";
+
+// Parses cyclegan_train's command line into `st`. Returns false for --help (the caller prints
+// `usage`); throws std::invalid_argument naming the flag, its value and what it accepts.
+inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
+  using namespace ranges;
+  auto& t = st.train;
+  flags::parser p;
+  p.choice("--strategy", {"one_device", "mirrored"}, [&](const std::string& v) { st.strategy = v; })
+      .integer("--replicas", st.replicas, 1, max_replicas)
+      .choice("--placement", {"full", "discriminator_only", "conditional"}, [&](const std::string& v) { t.place = parse_placement(v); })
+      .integer("--mirror-threshold", t.mirror_threshold, std::size_t{0}, max_count)
+      .integer("--filters", t.gen.filters, std::int64_t{1}, max_filters)
+      .integer("--blocks", t.gen.blocks, 0, max_blocks)
+      .integer("--d-filters", t.disc.filters, std::int64_t{1}, max_filters)
+      .integer("--d-layers", t.disc.layers, 1, max_d_layers)
+      .choice("--norm", {"instance", "batch", "sync_batch"}, [&](const std::string& v) { t.disc.norm = parse_norm(v); })
+      .integer("--batch", t.batch, 1, max_batch)
+      .integer("--epochs", st.epochs, 1, max_epochs)
+      .integer("--steps", st.steps, std::int64_t{0}, max_steps)
+      .real("--decay-fraction", t.decay_fraction, 0.0, 1.0)
+      .real("--lr", t.lr, 0.0, max_lr, /*lo_open=*/true)
+      .toggle("--scale-lr", t.scale_lr)
+      .integer("--warmup-steps", t.warmup_steps, std::int64_t{0}, max_steps)
+      .real("--lambda-cycle", t.lambda_cycle, 0.0, max_lambda)
+      .real("--lambda-identity", t.lambda_identity, 0.0, max_lambda)
+      .integer("--pool-size", t.pool_size, std::size_t{0}, max_pool)
+      .integer("--seed", t.seed, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max())
+      .path("--fmnist-dir", st.fmnist_dir)
+      .path("--data-dir", st.data_dir)
+      .integer("--channels", st.channels, 1, 4)
+      .integer("--image-size", st.image_size, min_image_size, max_image_size)
+      .integer("--train-limit", st.train_limit, std::size_t{0}, max_count)
+      .path("--out", st.out_dir)
+      .integer("--sample-every", st.sample_every, std::int64_t{0}, max_steps)
+      .integer("--samples", st.samples, 1, max_samples)
+      .path("--checkpoint-dir", st.checkpoint_dir)
+      .integer("--checkpoint-every", st.checkpoint_every, std::int64_t{0}, max_steps)
+      .toggle("--resume", st.resume)
+      .integer("--stop-at-step", st.stop_at_step, std::int64_t{0}, max_steps)
+      .path("--classifier", st.classifier)
+      .toggle("--evaluate", st.evaluate)
+      .integer("--eval-limit", st.eval_limit, std::size_t{0}, max_count)
+      .integer("--verify-every", st.verify_every, std::int64_t{0}, max_steps)
+      .toggle("--quiet", st.quiet);
+  if (!p.parse(argc, argv)) return false;
+  if (st.resume && st.checkpoint_dir.empty()) throw std::invalid_argument("--resume needs --checkpoint-dir");
+  return true;
+}
+
+namespace detail {
+template <class T>
+void check(const char* flag, T value, T lo, T hi) {
+  if (value < lo || value > hi) flags::out_of_range(flag, std::to_string(value), flags::integer_range(lo, hi));
+}
+inline void check_real(const char* flag, double value, double lo, double hi, bool lo_open = false) {
+  if (!std::isfinite(value) || value < lo || value > hi || (lo_open && value == lo))
+    flags::out_of_range(flag, flags::number(value), flags::real_range(lo, hi, lo_open));
+}
+}  // namespace detail
+
+// The same ranges for settings built in code (the tests, other programs).
+inline void validate(const settings& st) {
+  using namespace ranges;
+  using detail::check;
+  const auto& t = st.train;
+  if (st.strategy != "one_device" && st.strategy != "mirrored")
+    throw std::invalid_argument("--strategy must be one_device or mirrored, not '" + st.strategy + "'");
+  check("--replicas", st.replicas, 1, max_replicas);
+  check("--filters", t.gen.filters, std::int64_t{1}, max_filters);
+  check("--blocks", t.gen.blocks, 0, max_blocks);
+  check("--d-filters", t.disc.filters, std::int64_t{1}, max_filters);
+  check("--d-layers", t.disc.layers, 1, max_d_layers);
+  check("--batch", t.batch, 1, max_batch);
+  check("--epochs", st.epochs, 1, max_epochs);
+  check("--steps", st.steps, std::int64_t{0}, max_steps);
+  detail::check_real("--decay-fraction", t.decay_fraction, 0.0, 1.0);
+  detail::check_real("--lr", t.lr, 0.0, max_lr, true);
+  check("--warmup-steps", t.warmup_steps, std::int64_t{0}, max_steps);
+  detail::check_real("--lambda-cycle", t.lambda_cycle, 0.0, max_lambda);
+  detail::check_real("--lambda-identity", t.lambda_identity, 0.0, max_lambda);
+  check("--pool-size", t.pool_size, std::size_t{0}, max_pool);
+  check("--channels", st.channels, 1, 4);
+  check("--image-size", st.image_size, min_image_size, max_image_size);
+  check("--sample-every", st.sample_every, std::int64_t{0}, max_steps);
+  check("--samples", st.samples, 1, max_samples);
+  check("--checkpoint-every", st.checkpoint_every, std::int64_t{0}, max_steps);
+  check("--stop-at-step", st.stop_at_step, std::int64_t{0}, max_steps);
+  check("--verify-every", st.verify_every, std::int64_t{0}, max_steps);
+  if (st.resume && st.checkpoint_dir.empty()) throw std::invalid_argument("--resume needs --checkpoint-dir");
+}
+
+// Images the networks can take: the generator halves the size twice and doubles it back (a multiple
+// of 4; reflection padding of the residual blocks needs at least 2 at the bottom, so 8), and the
+// discriminator halves it --d-layers times and then needs 3 for its two 4x4 stride-1 layers.
+inline void check_image_shape(int height, int width, int d_layers, const std::string& source) {
+  for (int size : {height, width}) {
+    int bottom = size;
+    for (int i = 0; i < d_layers; ++i) bottom /= 2;
+    if (size % 4 != 0 || size < ranges::min_image_size || size > ranges::max_image_size || bottom < 3)
+      throw std::invalid_argument(source + ": images of " + std::to_string(height) + "x" + std::to_string(width) +
+                                  " pixels do not fit the networks (accepted: sides that are multiples of 4 from " +
+                                  std::to_string(std::max(ranges::min_image_size, 3 << d_layers)) + " to " +
+                                  std::to_string(ranges::max_image_size) + " with --d-layers " + std::to_string(d_layers) + ")");
+  }
+}
 
 struct summary {
   std::int64_t steps = 0;          // the step count reached
@@ -93,6 +253,8 @@ summary run_with(S& strategy, settings st) {
     d.test_a.resize(std::min(d.test_a.size(), st.eval_limit));
     d.test_b.resize(std::min(d.test_b.size(), st.eval_limit));
   }
+  check_image_shape(d.height, d.width, st.train.disc.layers,
+                    st.data_dir.empty() ? "--fmnist-dir " + st.fmnist_dir.string() : "--image-size " + std::to_string(st.image_size));
   st.train.gen.channels = st.train.disc.channels = d.channels;
   if (!st.classifier.empty() && !st.data_dir.empty())
     throw std::invalid_argument("--classifier scores Fashion-MNIST sneakers and ankle boots; it cannot score --data-dir images");
@@ -105,18 +267,34 @@ summary run_with(S& strategy, settings st) {
 
   std::optional<distribute::checkpoint::directory> ckdir;
   if (!st.checkpoint_dir.empty()) ckdir.emplace(st.checkpoint_dir);
+  // What a run killed before its renames left behind: half-written checkpoints, CSVs and pictures.
+  if (ckdir && !st.evaluate) ckdir->remove_stale_temporaries();
+  if (!st.evaluate) distribute::checkpoint::remove_stale_temporaries(st.out_dir);
+
+  // The newest checkpoint that loads, with a note on stderr for each newer one that did not.
+  auto latest = [&] {
+    std::vector<distribute::checkpoint::directory::skipped_file> skipped;
+    auto found = ckdir->load_latest_with_path(&skipped);
+    for (const auto& s : skipped) std::fprintf(stderr, "cyclegan_train: skipped a checkpoint that does not load: %s\n", s.reason.c_str());
+    if (found) {
+      if (const auto step = found->second.template get<std::int64_t>("step"); step < 0)
+        throw distribute::checkpoint::checkpoint_error("distribute: " + found->first.string() + ": the saved step " +
+                                                       std::to_string(step) + " is negative");
+    }
+    return found;
+  };
 
   if (st.evaluate) {
     if (!ckdir) throw std::invalid_argument("--evaluate needs --checkpoint-dir (the trained networks)");
-    auto ar = ckdir->load_latest();
-    if (!ar) throw std::invalid_argument("--evaluate: no checkpoint in " + st.checkpoint_dir.string());
-    tr.load_networks(*ar);
-    sum.steps = ar->template get<std::int64_t>("step");
+    auto found = latest();
+    if (!found) throw std::invalid_argument("--evaluate: no checkpoint in " + st.checkpoint_dir.string());
+    tr.load_networks(found->second);
+    sum.steps = found->second.template get<std::int64_t>("step");
   } else if (st.resume && ckdir) {
-    if (auto ar = ckdir->load_latest()) {
-      tr.load(*ar);
+    if (auto found = latest()) {
+      tr.load(found->second);
       if (!st.quiet)
-        std::printf("resumed from %s at step %lld\n", ckdir->latest()->string().c_str(), static_cast<long long>(tr.steps_done()));
+        std::printf("resumed from %s at step %lld\n", found->first.string().c_str(), static_cast<long long>(tr.steps_done()));
     } else if (!st.quiet) {
       std::printf("no checkpoint in %s: starting from step 0\n", st.checkpoint_dir.string().c_str());
     }
@@ -132,7 +310,7 @@ summary run_with(S& strategy, settings st) {
     for (std::size_t i = 0; i < static_cast<std::size_t>(samples); ++i)
       for (const tensor* x : {&sample_a, &t.fake_b, &t.rec_a, &sample_b, &t.fake_a, &t.rec_b})
         tiles.emplace_back(x->data() + i * per, per);
-    make_grid(tiles, 6, d.channels, d.height, d.width, d.height <= 32 ? 3 : 1).write_png(file);
+    make_grid(tiles, 6, d.channels, d.height, d.width, d.height <= 32 ? 3 : 1).write_png(file);  // atomically
     sum.pictures.push_back(file);
   };
 
@@ -140,6 +318,9 @@ summary run_with(S& strategy, settings st) {
     fs::create_directories(st.out_dir);
     const fs::path csv = st.out_dir / "losses.csv";
     std::vector<csv_row> rows = tr.steps_done() > 0 ? read_csv(csv, tr.steps_done()) : std::vector<csv_row>{};
+    if (tr.steps_done() > 0 && !continuous(rows, tr.steps_done()))
+      std::fprintf(stderr, "cyclegan_train: %s does not hold every step up to %lld; its rows are kept as they are\n",
+                   csv.string().c_str(), static_cast<long long>(tr.steps_done()));
     const std::int64_t stop = st.stop_at_step ? std::min(st.stop_at_step, st.train.total_steps) : st.train.total_steps;
     if (!st.quiet)
       std::printf("training %s -> %s on %d %s replica(s), placement %s, global batch %lld, %lld steps (%lld per epoch)\n",
@@ -155,12 +336,15 @@ summary run_with(S& strategy, settings st) {
     const auto pipeline = make_pipeline(d, static_cast<std::size_t>(global), st.train.seed);
     progress_bar bar(st.train.total_steps, tr.steps_done(), st.quiet);
     double window_images = 0, window_seconds = 0;
+    // The CSV first, then the checkpoint, each written atomically: whenever a checkpoint of step s
+    // exists, the CSV holds every row up to s, so a run resumed from any checkpoint keeps its whole
+    // history (rows after the checkpoint are dropped on resume and written again).
     auto save_checkpoint = [&] {
       if (!ckdir) return;
+      write_csv(csv, rows);
       distribute::checkpoint::archive ar;
       tr.save(ar);
       sum.checkpoint = ckdir->save(tr.steps_done(), ar);
-      write_csv(csv, rows);
     };
     while (tr.steps_done() < stop) {
       const std::int64_t epoch = tr.steps_done() / per_epoch;
@@ -198,8 +382,8 @@ summary run_with(S& strategy, settings st) {
         if (s >= stop) break;
       }
     }
-    save_checkpoint();
-    write_csv(csv, rows);
+    if (ckdir) save_checkpoint();
+    else write_csv(csv, rows);
     write_grid(st.out_dir / "samples_final.png");
     plot_losses(rows).write_png(st.out_dir / "losses.png");
     sum.pictures.push_back(st.out_dir / "losses.png");
@@ -231,6 +415,7 @@ summary run_with(S& strategy, settings st) {
 }
 
 inline summary run(const settings& st) {
+  validate(st);
   if (st.strategy == "one_device") {
     distribute::one_device_strategy<distribute::cpu> s;
     return run_with(s, st);

@@ -5,6 +5,9 @@
 #include "pictures.hpp"
 #include "trainer.hpp"
 
+#include <distribute/checkpoint/atomic_write.hpp>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +33,7 @@ inline const char* csv_header = "step,epoch,lr,d_a,d_b,gan_ab,gan_ba,cycle,ident
 
 // Reads the rows of an earlier run up to and including `last_step` (a resumed run continues the file
 // from its checkpoint; rows of steps after it were not part of the resumed history).
+// A row that does not parse whole (ten fields, nothing after them) is skipped, as is a repeated step.
 inline std::vector<csv_row> read_csv(const std::filesystem::path& file, std::int64_t last_step) {
   std::vector<csv_row> rows;
   std::ifstream in(file);
@@ -37,25 +41,36 @@ inline std::vector<csv_row> read_csv(const std::filesystem::path& file, std::int
   std::getline(in, line);
   while (std::getline(in, line)) {
     csv_row r;
-    char c = 0;
+    char c[9] = {};
     std::istringstream ls(line);
-    ls >> r.step >> c >> r.epoch >> c >> r.lr >> c >> r.l.d_a >> c >> r.l.d_b >> c >> r.l.gan_ab >> c >> r.l.gan_ba >> c >> r.l.cycle >>
-        c >> r.l.identity >> c >> r.images_per_s;
-    if (ls && r.step <= last_step) rows.push_back(r);
+    ls >> r.step >> c[0] >> r.epoch >> c[1] >> r.lr >> c[2] >> r.l.d_a >> c[3] >> r.l.d_b >> c[4] >> r.l.gan_ab >> c[5] >> r.l.gan_ba >>
+        c[6] >> r.l.cycle >> c[7] >> r.l.identity >> c[8] >> r.images_per_s;
+    const bool commas = std::all_of(std::begin(c), std::end(c), [](char k) { return k == ','; });
+    if (!ls || !commas || !(ls >> std::ws).eof()) continue;
+    if (r.step <= last_step && (rows.empty() || r.step > rows.back().step)) rows.push_back(r);
   }
   return rows;
 }
 
+// Whether `rows` hold steps 1 to `last_step`, each once.
+inline bool continuous(const std::vector<csv_row>& rows, std::int64_t last_step) {
+  if (rows.size() != static_cast<std::size_t>(last_step)) return false;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].step != static_cast<std::int64_t>(i) + 1) return false;
+  return true;
+}
+
+// Rewrites the whole file atomically (written beside it, flushed, renamed over it): a crash leaves
+// the previous version or this one, never a truncated file.
 inline void write_csv(const std::filesystem::path& file, const std::vector<csv_row>& rows) {
-  std::ofstream out(file, std::ios::trunc);
-  out << csv_header << '\n';
+  std::string out = std::string(csv_header) + '\n';
   for (const auto& r : rows) {
     char buf[256];
     std::snprintf(buf, sizeof buf, "%lld,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.4g\n", static_cast<long long>(r.step), r.epoch, r.lr,
                   r.l.d_a, r.l.d_b, r.l.gan_ab, r.l.gan_ba, r.l.cycle, r.l.identity, r.images_per_s);
-    out << buf;
+    out += buf;
   }
-  if (!out) throw std::runtime_error("cannot write " + file.string());
+  distribute::checkpoint::write_atomically(file, out);
 }
 
 // Two panels: the weighted cycle and identity losses, which dominate the total, above the adversarial

@@ -7,10 +7,14 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -365,6 +369,197 @@ BOOST_AUTO_TEST_CASE(learns_and_round_trips_through_a_checkpoint) {
   BOOST_TEST(parameters(loaded) == parameters(net));
   BOOST_TEST(score_classifier(loaded, test).overall == acc.overall);
   fs::remove(file);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- the command line ---------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(flags)
+
+// The message of the invalid_argument that parsing `args` throws ("" when it parses).
+std::string flag_error(std::vector<std::string> args) {
+  std::vector<const char*> argv{"cyclegan_train"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  settings st;
+  try {
+    parse_arguments(st, static_cast<int>(argv.size()), argv.data());
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+BOOST_AUTO_TEST_CASE(every_bad_value_names_the_flag_the_value_and_the_range) {
+  struct bad {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<bad> cases{
+      {{"--batch", "0"}, "--batch: 0 is out of range (accepted: an integer from 1 to 4096)"},
+      {{"--batch", "4294967297"}, "--batch: 4294967297 is out of range (accepted: an integer from 1 to 4096)"},
+      {{"--replicas", "4294967298"}, "--replicas: 4294967298 is out of range (accepted: an integer from 1 to 256)"},
+      {{"--epochs", "2147483648"}, "--epochs: 2147483648 is out of range (accepted: an integer from 1 to 1000000)"},
+      {{"--steps", "99999999999999999999"}, "--steps: 99999999999999999999 is out of range"},
+      {{"--batch", "abc"}, "--batch: 'abc' is not an integer (accepted: an integer from 1 to 4096)"},
+      {{"--batch", "4x"}, "--batch: '4x' is not an integer"},
+      {{"--batch", ""}, "--batch: '' is not an integer"},
+      {{"--seed", "-1"}, "--seed: -1 is out of range (accepted: an integer from 0 to 18446744073709551615)"},
+      {{"--lr", "nan"}, "--lr: nan is out of range (accepted: a finite number above 0 and at most 1)"},
+      {{"--lr", "inf"}, "--lr: inf is out of range"},
+      {{"--lr", "-1"}, "--lr: -1 is out of range"},
+      {{"--lr", "0"}, "--lr: 0 is out of range"},
+      {{"--lr", "fast"}, "--lr: 'fast' is not a number (accepted: a finite number above 0 and at most 1)"},
+      {{"--lambda-cycle", "nan"}, "--lambda-cycle: nan is out of range (accepted: a finite number from 0 to 10000)"},
+      {{"--decay-fraction", "2"}, "--decay-fraction: 2 is out of range (accepted: a finite number from 0 to 1)"},
+      {{"--decay-fraction", "-1"}, "--decay-fraction: -1 is out of range"},
+      {{"--decay-fraction", "nan"}, "--decay-fraction: nan is out of range"},
+      {{"--samples", "0"}, "--samples: 0 is out of range (accepted: an integer from 1 to 64)"},
+      {{"--image-size", "5"}, "--image-size: 5 is out of range (accepted: an integer from 8 to 1024)"},
+      {{"--image-size", "20000"}, "--image-size: 20000 is out of range"},
+      {{"--norm", "layer"}, "--norm: 'layer' is not one of instance, batch, sync_batch"},
+      {{"--batch"}, "--batch needs a value"},
+      {{"--resume"}, "--resume needs --checkpoint-dir"},
+      {{"--bogus"}, "unknown flag '--bogus'"},
+  };
+  for (const auto& c : cases) {
+    const std::string got = flag_error(c.args);
+    BOOST_TEST(got.find(c.message) == 0, "got '" << got << "', expected '" << c.message << "'");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(good_values_parse_and_help_stops) {
+  settings st;
+  const char* argv[] = {"x", "--batch", "8", "--replicas", "3", "--lr", "1e-3", "--seed", "18446744073709551615", "--quiet",
+                        "--decay-fraction", "0", "--strategy", "one_device", "--image-size", "32"};
+  BOOST_TEST(parse_arguments(st, 16, argv));
+  BOOST_TEST(st.train.batch == 8);
+  BOOST_TEST(st.replicas == 3);
+  BOOST_TEST(st.train.lr == 1e-3);
+  BOOST_TEST(st.train.seed == 18446744073709551615ull);
+  BOOST_TEST(st.quiet);
+  BOOST_TEST(st.strategy == "one_device");
+  const char* help[] = {"x", "--batch", "2", "--help", "--batch", "0"};
+  BOOST_TEST(!parse_arguments(st, 6, help));  // --help answers before the bad value after it
+  classifier_settings cs;
+  const char* bad[] = {"x", "--epochs", "0"};
+  BOOST_CHECK_EXCEPTION(parse_classifier_arguments(cs, 3, bad), std::invalid_argument, [](const std::invalid_argument& e) {
+    return std::string(e.what()) == "--epochs: 0 is out of range (accepted: an integer from 1 to 10000)";
+  });
+}
+
+BOOST_AUTO_TEST_CASE(settings_built_in_code_are_checked_before_anything_divides_by_them) {
+  settings st = tiny("zero_batch");
+  st.train.batch = 0;  // once a division by zero (SIGFPE) computing the steps per epoch
+  BOOST_CHECK_EXCEPTION(run(st), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return std::string(e.what()).starts_with("--batch: 0 is out of range"); });
+  st = tiny("nan_lr");
+  st.train.lr = std::nan("");
+  BOOST_CHECK_THROW(run(st), std::invalid_argument);
+  st = tiny("zero_samples");
+  st.samples = 0;
+  BOOST_CHECK_THROW(run(st), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(images_the_networks_cannot_take_are_named) {
+  BOOST_CHECK_NO_THROW(check_image_shape(28, 28, 2, "x"));
+  BOOST_CHECK_NO_THROW(check_image_shape(256, 256, 3, "x"));
+  BOOST_CHECK_EXCEPTION(check_image_shape(7, 7, 2, "--fmnist-dir d"), std::invalid_argument, [](const std::invalid_argument& e) {
+    return std::string(e.what()).starts_with("--fmnist-dir d: images of 7x7 pixels do not fit the networks (accepted: sides that are multiples of 4 from 12 to 1024");
+  });
+  BOOST_CHECK_THROW(check_image_shape(30, 30, 2, "x"), std::invalid_argument);
+  BOOST_CHECK_THROW(check_image_shape(28, 28, 4, "x"), std::invalid_argument);  // 28 / 16 leaves 1
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- crashes and damaged files -----------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(crash_safety)
+
+settings checkpointed(const std::string& name) {
+  settings st = tiny(name);
+  st.strategy = "one_device";
+  st.steps = 8;
+  st.train_limit = 24;
+  st.sample_every = 0;
+  st.checkpoint_dir = st.out_dir / "ckpt";
+  st.checkpoint_every = 2;
+  return st;
+}
+
+BOOST_AUTO_TEST_CASE(the_csv_keeps_every_row_when_a_crash_loses_the_newest_checkpoint) {
+  require_data();
+  settings st = checkpointed("csv");
+  st.stop_at_step = 5;
+  run(st);
+  // A kill between the CSV's rename and the checkpoint's: the CSV is ahead of the newest checkpoint.
+  fs::remove(st.checkpoint_dir / dist::checkpoint::directory::file_name(5));
+  BOOST_TEST(read_csv(st.out_dir / "losses.csv", 1000).size() == 5u);
+  st.stop_at_step = 0;
+  st.resume = true;
+  BOOST_TEST(run(st).steps_run == 4);  // from step 4
+  const auto rows = read_csv(st.out_dir / "losses.csv", 1000);
+  BOOST_TEST(continuous(rows, 8));
+  fs::remove_all(st.out_dir);
+}
+
+BOOST_AUTO_TEST_CASE(leftovers_of_a_killed_run_are_removed_at_start) {
+  require_data();
+  settings st = checkpointed("leftovers");
+  st.stop_at_step = 4;
+  run(st);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  const std::string tag = ".tmp-" + std::to_string(child) + "-0";
+  const fs::path stale[] = {st.checkpoint_dir / (dist::checkpoint::directory::file_name(6) + tag), st.out_dir / ("losses.csv" + tag),
+                            st.out_dir / ("samples_final.png" + tag)};
+  for (const auto& p : stale) std::ofstream(p) << "half";
+  st.stop_at_step = 0;
+  st.resume = true;
+  run(st);
+  for (const auto& p : stale) BOOST_TEST(!fs::exists(p), p);
+  fs::remove_all(st.out_dir);
+}
+
+BOOST_AUTO_TEST_CASE(a_directory_of_corrupt_checkpoints_restarts_and_keeps_the_new_ones) {
+  require_data();
+  settings st = checkpointed("corrupt");
+  run(st);
+  for (const auto& [step, file] : dist::checkpoint::directory(st.checkpoint_dir).steps()) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x7f');
+  }
+  st.resume = true;
+  const summary again = run(st);  // starts from 0: nothing loads
+  BOOST_TEST(again.steps_run == 8);
+  const auto kept = dist::checkpoint::directory(st.checkpoint_dir).steps();
+  BOOST_TEST_REQUIRE(kept.size() == 3u);
+  BOOST_TEST(kept[0].first == 8);  // once written and deleted at once
+  BOOST_TEST(dist::checkpoint::directory(st.checkpoint_dir).load_latest().has_value());
+  fs::remove_all(st.out_dir);
+}
+
+BOOST_AUTO_TEST_CASE(a_checkpoint_with_a_negative_step_is_refused_by_name) {
+  require_data();
+  settings st = checkpointed("negative");
+  st.steps = 2;
+  run(st);
+  dist::checkpoint::directory d(st.checkpoint_dir);
+  const auto [file, ar] = *d.load_latest_with_path();
+  dist::checkpoint::archive forged;
+  for (const auto& [name, bytes] : ar.sections())
+    if (name == "step") forged.put("step", std::int64_t{-5});
+    else forged.put_bytes(name, bytes);
+  dist::checkpoint::save(file, forged);  // a valid checksum around a bad value
+  st.resume = true;
+  BOOST_CHECK_EXCEPTION(run(st), dist::checkpoint::checkpoint_error, [&](const dist::checkpoint::checkpoint_error& e) {
+    const std::string what = e.what();
+    return what.find(file.string()) != std::string::npos && what.find("step -5 is negative") != std::string::npos;
+  });
+  fs::remove_all(st.out_dir);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
