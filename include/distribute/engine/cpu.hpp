@@ -18,7 +18,10 @@
 #include <distribute/engine/detail/reference_conv.hpp>
 #include <distribute/engine/engine.hpp>
 
-#if defined(DISTRIBUTE_USE_DNNL) && DISTRIBUTE_USE_DNNL
+// nvcc's front end cannot parse oneDNN's C++ API: in CUDA translation units the CPU engine computes
+// with the reference (a GPU program's layers run on the GPU engine). The engine's layout is the same
+// in both, so C++ and CUDA translation units of one program can share it.
+#if defined(DISTRIBUTE_USE_DNNL) && DISTRIBUTE_USE_DNNL && !defined(__CUDACC__)
 #  include <distribute/engine/detail/dnnl_conv.hpp>
 #  define DISTRIBUTE_HAS_DNNL 1
 #else
@@ -192,8 +195,8 @@ class engine<cpu> {
 #if DISTRIBUTE_HAS_DNNL
   bool use_dnnl(const conv_geometry& g) const noexcept { return !options_.reference && detail::dnnl_conv::supports(g); }
   detail::dnnl_conv& dnnl() {
-    if (!dnnl_) dnnl_ = std::make_unique<detail::dnnl_conv>();
-    return *dnnl_;
+    if (!dnnl_) dnnl_ = std::make_shared<detail::dnnl_conv>();
+    return *static_cast<detail::dnnl_conv*>(dnnl_.get());
   }
   // oneDNN runs with the calling thread's OpenMP thread count: this replica's share.
   void enter() const noexcept {
@@ -201,8 +204,8 @@ class engine<cpu> {
     omp_set_num_threads(threads_);
 #  endif
   }
-  std::unique_ptr<detail::dnnl_conv> dnnl_;
 #endif
+  std::shared_ptr<void> dnnl_;  // the oneDNN plans, made on first use
 
   engine_options options_;
   int threads_ = 1;
