@@ -4,7 +4,7 @@
 // section parser sees it, so the target also re-seals each input with a correct checksum.
 //
 // Mutated files rarely hold more than a few sections; an input that starts with "MANY" is instead a
-// recipe for a large, valid checkpoint: a section count up to 2^17 from its next three bytes, names
+// recipe for a large, valid checkpoint: a section count up to 2^14 from its next three bytes, names
 // and sizes drawn from the bytes after them, then one byte of the serialised file changed at a place
 // the recipe picks (and the file re-sealed). Parsing time must stay linear in the section count.
 
@@ -38,7 +38,7 @@ void reseal(std::vector<std::byte>& b) {
 
 void many_sections(const std::uint8_t* data, std::size_t size) {
   if (size < 10) return;
-  const std::uint32_t count = (std::uint32_t{data[4]} << 16 | std::uint32_t{data[5]} << 8 | data[6]) & 0x1FFFF;
+  const std::uint32_t count = (std::uint32_t{data[4]} << 16 | std::uint32_t{data[5]} << 8 | data[6]) & 0x3FFF;
   const std::uint32_t flip_at = std::uint32_t{data[7]} << 16 | std::uint32_t{data[8]} << 8 | data[9];
   const std::uint8_t* recipe = data + 10;
   const std::size_t recipe_size = size - 10;
