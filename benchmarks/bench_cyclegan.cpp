@@ -192,7 +192,7 @@ int run(S& s, const options& o) {
 
   std::printf("  step-1 losses: D_A %.6f, D_B %.6f, GAN_AB %.6f, GAN_BA %.6f, cycle %.6f, identity %.6f\n", first.d_a, first.d_b,
               first.gan_ab, first.gan_ba, first.cycle, first.identity);
-  std::printf("  %.4f s/step (median of %d, mean %.4f; %d warm-up), %.2f images/s, peak RSS %.1f MiB\n", per_step, o.steps, mean,
+  std::printf("  %.4f s/step (median of %d, mean %.4f; %d warm-up), %.4g images/s, peak RSS %.1f MiB\n", per_step, o.steps, mean,
               o.warmup, images, rss);
 
   if (!o.check_dir.empty()) {

@@ -285,7 +285,7 @@ def report(o, mode, world, threads, g_params, d_params, times, first, rss, impor
           f"{o.blocks} blocks, {o.d_layers} d-layers, global batch {o.batch}")
     print(f"  parameters: G {g_params}, D {d_params} (each of two)")
     print("  step-1 losses: " + ", ".join(f"{k} {first[k]:.6f}" for k in ("d_a", "d_b", "gan_ab", "gan_ba", "cycle", "identity")))
-    print(f"  {per_step:.4f} s/step (median of {o.steps}, mean {mean:.4f}; {o.warmup} warm-up), {images:.2f} images/s, "
+    print(f"  {per_step:.4f} s/step (median of {o.steps}, mean {mean:.4f}; {o.warmup} warm-up), {images:.4g} images/s, "
           f"peak RSS {rss:.1f} MiB{' (max over ranks)' if mode == 'ddp' else ''}, {import_rss:.1f} MiB of it after importing torch")
     print(json.dumps({
         "bench": "cyclegan", "side": "peer", "framework": "torch", "version": torch.__version__, "mode": mode,

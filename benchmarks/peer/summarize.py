@@ -45,7 +45,7 @@ def main():
         runs = sorted((r for r in rows if r["config"] == c), key=lambda r: (r["round"], r["side"] != "ours"))
         l0 = runs[0]["load_start"].split()[0]
         l1 = runs[-1]["load_end"].split()[0]
-        print(f"{TITLES.get(c, c):<44} {os_:>11.4f} {oi:>7.2f} {ps_:>11.4f} {pi:>7.2f} {ratio:>9.2f} "
+        print(f"{TITLES.get(c, c):<44} {os_:>11.4f} {oi:>7.3g} {ps_:>11.4f} {pi:>7.3g} {ratio:>9.2f} "
               f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>13} {rss_o:>7.0f}Mi {f'{rss_p:.0f}Mi ({imp:.0f})':>18} "
               f"{f'{l0}->{l1}':>16}")
     print(f"\n{len(rounds)} rounds; load average (1, 5, 15 min) at start {load_start}, at end {load_end}")
