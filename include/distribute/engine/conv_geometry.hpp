@@ -9,6 +9,7 @@
 // data gradient), so layers describe both with this one type.
 
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -46,10 +47,13 @@ struct conv_geometry {
       throw std::invalid_argument("distribute: invalid convolution geometry " + to_string());
   }
   std::string to_string() const {
-    return "[" + std::to_string(batch) + "x" + std::to_string(in_channels) + "x" + std::to_string(in_height) + "x" +
-           std::to_string(in_width) + " -> " + std::to_string(out_channels) + "x" + std::to_string(out_height) + "x" +
-           std::to_string(out_width) + ", kernel " + std::to_string(kernel) + ", stride " + std::to_string(stride) +
-           ", padding " + std::to_string(pad) + "]";
+    std::string s = "[";
+    for (const std::int64_t v : {batch, in_channels, in_height}) s.append(std::to_string(v)).append("x");
+    s.append(std::to_string(in_width)).append(" -> ");
+    for (const std::int64_t v : {out_channels, out_height}) s.append(std::to_string(v)).append("x");
+    s.append(std::to_string(out_width)).append(", kernel ").append(std::to_string(kernel));
+    s.append(", stride ").append(std::to_string(stride)).append(", padding ").append(std::to_string(pad)).append("]");
+    return s;
   }
   friend bool operator==(const conv_geometry&, const conv_geometry&) = default;
 };
