@@ -29,6 +29,10 @@
 #endif
 #if defined(_OPENMP)
 #  include <omp.h>
+// Iterations that are independent by contract may run in SIMD lanes.
+#  define DISTRIBUTE_OMP_SIMD _Pragma("omp simd")
+#else
+#  define DISTRIBUTE_OMP_SIMD
 #endif
 
 #include <algorithm>
@@ -115,11 +119,13 @@ class engine<cpu> {
   void for_each(std::int64_t n, F f) {
 #if defined(_OPENMP)
     if (threads_ > 1 && n >= parallel_grain) {
-#  pragma omp parallel for num_threads(threads_) schedule(static)
+#  pragma omp parallel for simd num_threads(threads_) schedule(static)
       for (std::int64_t i = 0; i < n; ++i) f(i);
       return;
     }
 #endif
+    // The calls are independent (the contract of for_each): vectorise across them.
+    DISTRIBUTE_OMP_SIMD
     for (std::int64_t i = 0; i < n; ++i) f(i);
   }
   // f(s, i) for every segment s in [0, segments) and i in [0, length): per-plane work (a plane's
@@ -127,6 +133,7 @@ class engine<cpu> {
   template <class F>
   void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) {
     over_segments(segments, length, [&](std::int64_t s) {
+      DISTRIBUTE_OMP_SIMD
       for (std::int64_t i = 0; i < length; ++i) f(s, i);
     });
   }

@@ -30,14 +30,14 @@ class relu : public detail::stateless {
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
     input_ = x;
-    tensor_type y{x.shape(), x.device()};
+    tensor_type y{x.shape(), x.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::relu_forward<T>{x.data(), y.data()});
     return y;
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
     detail::check_same_shape("relu", dy, input_);
-    tensor_type dx{dy.shape(), dy.device()};
+    tensor_type dx{dy.shape(), dy.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
                                      detail::kernels::relu_backward<T>{input_.data(), dy.data(), dx.data()});
     return dx;
@@ -59,7 +59,7 @@ class leaky_relu : public detail::stateless {
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
     input_ = x;
-    tensor_type y{x.shape(), x.device()};
+    tensor_type y{x.shape(), x.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()),
                                      detail::kernels::leaky_relu_forward<T>{x.data(), y.data(), slope_});
     return y;
@@ -67,7 +67,7 @@ class leaky_relu : public detail::stateless {
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
     detail::check_same_shape("leaky_relu", dy, input_);
-    tensor_type dx{dy.shape(), dy.device()};
+    tensor_type dx{dy.shape(), dy.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
                                      detail::kernels::leaky_relu_backward<T>{input_.data(), dy.data(), dx.data(), slope_});
     return dx;
@@ -87,14 +87,14 @@ class tanh : public detail::stateless {
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
-    output_ = tensor_type{x.shape(), x.device()};
+    output_ = tensor_type{x.shape(), x.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::tanh_forward<T>{x.data(), output_.data()});
     return output_;
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
     detail::check_same_shape("tanh", dy, output_);
-    tensor_type dx{dy.shape(), dy.device()};
+    tensor_type dx{dy.shape(), dy.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
                                      detail::kernels::tanh_backward<T>{output_.data(), dy.data(), dx.data()});
     return dx;

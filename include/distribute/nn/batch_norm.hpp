@@ -102,8 +102,8 @@ class basic_batch_norm {
     }
     forward_training_ = training_;
     const auto mean_d = on_device_of(x, mean_), invstd_d = on_device_of(x, invstd_);
-    xhat_ = tensor_type{s, device_};
-    tensor_type y{s, device_};
+    xhat_ = tensor_type{s, device_, uninitialized};
+    tensor_type y{s, device_, uninitialized};
     e.for_each_in_segments(s.n() * C, plane, kernels::normalize<T>{x.data(), y.data(), xhat_.data(), mean_d.data(),
                                                                     invstd_d.data(), gamma_.value.data(),
                                                                     beta_.value.data(), C, plane, true});
@@ -154,7 +154,7 @@ class basic_batch_norm {
       }
     }
     const auto coef_d = on_device_of(dy, coef);
-    tensor_type dx{s, device_};
+    tensor_type dx{s, device_, uninitialized};
     e.for_each_in_segments(s.n() * C, plane, kernels::normalized_input_gradient<T>{dy.data(), xhat_.data(), dx.data(),
                                                                                    coef_d.data(), C, plane, true});
     return dx;

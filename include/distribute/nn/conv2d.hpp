@@ -78,14 +78,14 @@ class conv2d {
     in_shape_ = x.shape();
     if (reflects()) {
       const std::int64_t p = o_.padding, h = x.shape().h(), w = x.shape().w();
-      input_ = tensor_type{shape::nchw(x.shape().n(), x.shape().c(), h + 2 * p, w + 2 * p), device_};
+      input_ = tensor_type{shape::nchw(x.shape().n(), x.shape().c(), h + 2 * p, w + 2 * p), device_, uninitialized};
       e.for_each_in_segments(x.shape().n() * x.shape().c(), h + 2 * p,
                              detail::kernels::reflect_pad_rows<T>{x.data(), input_.data(), h, w, p});
     } else {
       input_ = x;
     }
     has_input_ = true;
-    tensor_type y{out, device_};
+    tensor_type y{out, device_, uninitialized};
     e.conv_forward(geometry(), input_.data(), weight_.value.data(), o_.bias ? bias_.value.data() : nullptr, y.data());
     return y;
   }
@@ -100,12 +100,12 @@ class conv2d {
                                   dy.shape().to_string() + ", expected " + out.to_string());
     const conv_geometry g = geometry();
     e.conv_backward_weights(g, input_.data(), dy.data(), weight_.grad.data(), o_.bias ? bias_.grad.data() : nullptr);
-    tensor_type dx{in_shape_, device_};
+    tensor_type dx{in_shape_, device_, uninitialized};
     if (!reflects()) {
       e.conv_backward_data(g, dy.data(), weight_.value.data(), dx.data());
       return dx;
     }
-    tensor_type dpadded{input_.shape(), device_};
+    tensor_type dpadded{input_.shape(), device_, uninitialized};
     e.conv_backward_data(g, dy.data(), weight_.value.data(), dpadded.data());
     e.for_each(in_shape_.n() * in_shape_.c(), detail::kernels::reflect_pad_backward_plane<T>{
                                                    dpadded.data(), dx.data(), in_shape_.h(), in_shape_.w(), o_.padding});

@@ -72,7 +72,7 @@ class conv_transpose2d {
     const shape out = output_shape(x.shape());
     input_ = x;
     has_input_ = true;
-    tensor_type y{out, device_};
+    tensor_type y{out, device_, uninitialized};
     e.conv_backward_data(geometry(x.shape(), out), x.data(), weight_.value.data(), y.data());
     if (o_.bias)
       e.for_each_in_segments(out.n() * out.c(), out.h() * out.w(),
@@ -89,7 +89,7 @@ class conv_transpose2d {
       throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) + " backward got dy of shape " +
                                   dy.shape().to_string() + ", expected " + out.to_string());
     const conv_geometry g = geometry(input_.shape(), out);
-    tensor_type dx{input_.shape(), device_};
+    tensor_type dx{input_.shape(), device_, uninitialized};
     e.conv_forward(g, dy.data(), weight_.value.data(), static_cast<const T*>(nullptr), dx.data());
     // Seen from the output, dy is the convolution's input and x its output's gradient.
     e.conv_backward_weights(g, dy.data(), input_.data(), weight_.grad.data(), static_cast<T*>(nullptr));

@@ -55,8 +55,8 @@ class instance_norm {
       invstd_[p] = 1.0 / std::sqrt(m[p].m2 / m[p].count + o_.eps);
     }
     const auto mean_d = detail::on_device_of(x, mean), invstd_d = detail::on_device_of(x, invstd_);
-    xhat_ = tensor_type{s, device_};
-    tensor_type y{s, device_};
+    xhat_ = tensor_type{s, device_, uninitialized};
+    tensor_type y{s, device_, uninitialized};
     e.for_each_in_segments(planes, plane, detail::kernels::normalize<T>{
         x.data(), y.data(), xhat_.data(), mean_d.data(), invstd_d.data(), o_.affine ? gamma_.value.data() : nullptr,
         o_.affine ? beta_.value.data() : nullptr, o_.channels, plane, false});
@@ -96,7 +96,7 @@ class instance_norm {
       coef[3 * p + 2] = static_cast<T>(sums[up + p] / static_cast<double>(plane));
     }
     const auto coef_d = detail::on_device_of(dy, coef);
-    tensor_type dx{s, device_};
+    tensor_type dx{s, device_, uninitialized};
     e.for_each_in_segments(planes, plane, detail::kernels::normalized_input_gradient<T>{
         dy.data(), xhat_.data(), dx.data(), coef_d.data(), C, plane, false});
     return dx;

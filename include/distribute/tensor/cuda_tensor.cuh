@@ -122,14 +122,17 @@ class tensor<T, cuda> {
       device_.synchronize();
     }
   }
+  // Values left unset, for an output that is about to be overwritten in full (no memset).
+  tensor(distribute::shape s, cuda device, uninitialized_t) : device_{device}, shape_{s}, storage_{allocate(device, s)} {}
+
   // The values of a host tensor, uploaded to `device`.
   static tensor from_host(const tensor<T, cpu>& host, cuda device = {}) {
-    tensor t(host.shape(), device, uninitialised{});
+    tensor t(host.shape(), device, uninitialized);
     t.copy_from_host(host.values());
     return t;
   }
   static tensor from_host(distribute::shape s, std::span<const T> values, cuda device = {}) {
-    tensor t(s, device, uninitialised{});
+    tensor t(s, device, uninitialized);
     t.copy_from_host(values);
     return t;
   }
@@ -213,8 +216,6 @@ class tensor<T, cuda> {
   }
 
  private:
-  struct uninitialised {};
-  tensor(distribute::shape s, cuda device, uninitialised) : device_{device}, shape_{s}, storage_{allocate(device, s)} {}
 
   static detail::device_allocation allocate(const cuda& device, const distribute::shape& s) {
     return detail::device_allocation(device.index(), static_cast<std::size_t>(s.numel()) * sizeof(T));

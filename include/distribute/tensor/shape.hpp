@@ -20,6 +20,13 @@ namespace distribute {
 
 enum class layout : std::uint8_t { nchw };
 
+// Asks a tensor constructor for storage whose values are left unset: for outputs that a computation
+// overwrites in full, where zero-filling first would be a wasted pass over memory.
+struct uninitialized_t {
+  explicit constexpr uninitialized_t() = default;
+};
+inline constexpr uninitialized_t uninitialized{};
+
 // Up to four extents, outermost first. A rank-4 shape is (N, C, H, W) in the NCHW layout.
 class shape {
  public:

@@ -14,9 +14,34 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <type_traits>
+#include <memory>
+#include <new>
 #include <vector>
 
 namespace distribute {
+
+namespace detail {
+// An allocator whose resize leaves new elements default-initialised (unset, for arithmetic types).
+template <class T>
+struct default_init_allocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = default_init_allocator<U>;
+  };
+  default_init_allocator() = default;
+  template <class U>
+  constexpr default_init_allocator(const default_init_allocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+}  // namespace detail
 
 template <class T, device D = cpu>
 class tensor;  // one specialisation per device
@@ -34,11 +59,13 @@ class tensor<T, cpu> {
   explicit tensor(distribute::shape s) : shape_{s}, data_(static_cast<std::size_t>(s.numel()), T(0)) {}
   // The device-generic spelling (layers write `tensor<T, D>{shape, device}` for every device).
   tensor(distribute::shape s, const cpu&) : tensor(s) {}
+  // Values left unset, for an output that is about to be overwritten in full.
+  tensor(distribute::shape s, const cpu&, uninitialized_t) : shape_{s}, data_(static_cast<std::size_t>(s.numel())) {}
   // A copy of host values; for the CPU the same as the constructor below.
   static tensor from_host(distribute::shape s, std::span<const T> values, const cpu& = {}) {
     return tensor(s, std::vector<T>(values.begin(), values.end()));
   }
-  tensor(distribute::shape s, std::vector<T> values) : shape_{s}, data_(std::move(values)) {
+  tensor(distribute::shape s, const std::vector<T>& values) : shape_{s}, data_(values.begin(), values.end()) {
     if (static_cast<std::int64_t>(data_.size()) != shape_.numel())
       throw std::invalid_argument("distribute: tensor of shape " + shape_.to_string() + " needs " +
                                   std::to_string(shape_.numel()) + " values, got " + std::to_string(data_.size()));
@@ -89,7 +116,7 @@ class tensor<T, cpu> {
 
  private:
   distribute::shape shape_{};
-  std::vector<T> data_;
+  std::vector<T, detail::default_init_allocator<T>> data_;
 };
 
 }  // namespace distribute
