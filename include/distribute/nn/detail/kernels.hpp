@@ -196,9 +196,10 @@ struct normalized_input_gradient {
 // --- losses ----------------------------------------------------------------------------------------------
 
 // Per example s of `per` elements: the loss's per-element value (for the segmented sum) and its
-// gradient d/dpred, scaled by `scale` (1 / (per * global batch)).
-template <class T>
-struct squared_error {
+// gradient d/dpred written alongside, scaled by `scale` (1 / (per * global batch)). `Loss` gives
+// value(d) and derivative(d) of the difference d = pred - target.
+template <class T, class Loss>
+struct elementwise_loss {
   const T* pred;
   const T* target;
   T* grad;
@@ -207,23 +208,22 @@ struct squared_error {
   DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
     const index j = s * per + i;
     const double d = static_cast<double>(pred[j]) - static_cast<double>(target[j]);
-    grad[j] = static_cast<T>(2 * d * scale);
-    return d * d;
+    grad[j] = static_cast<T>(Loss::derivative(d) * scale);
+    return Loss::value(d);
   }
+};
+struct squared {
+  DISTRIBUTE_HOST_DEVICE static double value(double d) { return d * d; }
+  DISTRIBUTE_HOST_DEVICE static double derivative(double d) { return 2 * d; }
+};
+// The derivative at 0 is 0.
+struct absolute {
+  DISTRIBUTE_HOST_DEVICE static double value(double d) { return d < 0 ? -d : d; }
+  DISTRIBUTE_HOST_DEVICE static double derivative(double d) { return d > 0 ? 1.0 : (d < 0 ? -1.0 : 0.0); }
 };
 template <class T>
-struct absolute_error {
-  const T* pred;
-  const T* target;
-  T* grad;
-  double scale;
-  index per;
-  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
-    const index j = s * per + i;
-    const double d = static_cast<double>(pred[j]) - static_cast<double>(target[j]);
-    grad[j] = static_cast<T>((d > 0 ? 1.0 : (d < 0 ? -1.0 : 0.0)) * scale);
-    return d < 0 ? -d : d;
-  }
-};
+using squared_error = elementwise_loss<T, squared>;
+template <class T>
+using absolute_error = elementwise_loss<T, absolute>;
 
 }  // namespace distribute::nn::detail::kernels
