@@ -105,6 +105,26 @@ BOOST_AUTO_TEST_CASE(replicas_are_numbered_across_workers) {
   BOOST_TEST(s.gather(s.values_from_function([](int id) { return id; })) == all, boost::test_tools::per_element());
 }
 
+BOOST_AUTO_TEST_CASE(replica_engines_share_the_cores_without_oversubscribing) {
+  // Workers on one machine that nothing binds divide its cores among every replica of the job; a
+  // bound worker divides its own. Either way no worker's engines ask for more threads than it has.
+  auto& s = uneven();
+  const int mine = static_cast<int>(std::max(1u, dist::detail::usable_hardware_threads()));
+  const auto threads = s.run([](strategy_type::replica_type& r) {
+    return std::vector<std::uintptr_t>{static_cast<std::uintptr_t>(r.engine().threads()),
+                                       reinterpret_cast<std::uintptr_t>(&r.engine())};
+  });
+  int sum = 0;
+  for (const auto& t : threads) {
+    BOOST_TEST(t[0] >= 1u);
+    sum += static_cast<int>(t[0]);
+  }
+  BOOST_TEST(sum <= std::max(mine, s.num_local_replicas()), "worker " << s.worker_index() << ": engines with " << sum
+                                                                       << " threads in all on " << mine << " cores");
+  if (threads.size() == 2) BOOST_TEST(threads[0][1] != threads[1][1]);  // each replica its own engine
+  s.run_on_primary([&](auto& r) { BOOST_TEST(r.engine().threads() <= mine); });
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(replica_all_reduce_gives_every_op, T, dist::test::element_types) {
   for (const auto how : both_local_reductions) {
   auto& s = uneven_with(how);
