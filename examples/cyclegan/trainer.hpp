@@ -305,9 +305,9 @@ class trainer {
     const double w_cyc = o_.lambda_cycle, w_idt = o_.lambda_cycle * o_.lambda_identity;
     if (w_idt > 0) {
       const auto idt_b = nn::l1(r, gab.forward(r, b), b, n);
-      gab.backward(r, scaled(r, idt_b.grad, w_idt));
+      gab.backward(r, scaled(r, idt_b.grad, w_idt), nn::no_input_gradient);  // b is data
       const auto idt_a = nn::l1(r, gba.forward(r, a), a, n);
-      gba.backward(r, scaled(r, idt_a.grad, w_idt));
+      gba.backward(r, scaled(r, idt_a.grad, w_idt), nn::no_input_gradient);
       out.losses.identity = w_idt * (idt_a.value + idt_b.value);
     }
     auto path = [&](const tensor& real, generator& g, generator& back, discriminator& d, double& gan_loss) {
@@ -317,7 +317,7 @@ class trainer {
       const tensor score = d.forward(r, fake);
       const auto adv = nn::mse(r, score, filled_like(score, 1.0f), n);
       add_to(r, dfake, d.backward(r, adv.grad));
-      g.backward(r, dfake);
+      g.backward(r, dfake, nn::no_input_gradient);  // real is data
       out.losses.cycle += w_cyc * cyc.value;
       gan_loss = adv.value;
       return fake;
@@ -340,10 +340,10 @@ class trainer {
       d.zero_grad();
       const tensor sr = d.forward(r, real);
       const auto lr = nn::mse(r, sr, filled_like(sr, 1.0f), n);
-      d.backward(r, scaled(r, lr.grad, 0.5));
+      d.backward(r, scaled(r, lr.grad, 0.5), nn::no_input_gradient);  // images are data here
       const tensor sf = d.forward(r, fake);
       const auto lf = nn::mse(r, sf, filled_like(sf, 0.0f), n);
-      d.backward(r, scaled(r, lf.grad, 0.5));
+      d.backward(r, scaled(r, lf.grad, 0.5), nn::no_input_gradient);
       r.all_reduce_gradients(d);
       return 0.5 * (lr.value + lf.value);
     };

@@ -213,6 +213,39 @@ BOOST_AUTO_TEST_CASE(scratch_is_shared_and_stops_growing) {
   BOOST_TEST(after_second == after_first);
 }
 
+BOOST_AUTO_TEST_CASE(backward_without_the_input_gradient_gives_the_same_parameter_gradients) {
+  // The first layer of a network fed with data skips dL/dx; every parameter's gradient is unchanged.
+  auto make = [] {
+    return nn::sequential{nn::conv2d<float>{{.in_channels = 3, .out_channels = 8, .kernel = 7, .padding = 3,
+                                             .pad_mode = nn::padding_mode::reflect}, 1},
+                          nn::relu<float>{}, nn::conv_transpose2d<float>{{.in_channels = 8, .out_channels = 4}, 2},
+                          nn::tanh<float>{}};
+  };
+  auto grads = [](auto& net) {
+    std::vector<std::vector<float>> g;
+    net.for_each_parameter([&](std::span<float>, std::span<float> grad) { g.emplace_back(grad.begin(), grad.end()); });
+    return g;
+  };
+  auto full = make(), partial = make();
+  auto r = nn::local();
+  const auto x = dist::test::random_tensor<float>(shape::nchw(2, 3, 10, 12), 21);
+  const auto y = full.forward(r, x);
+  partial.forward(r, x);
+  const auto dy = dist::test::random_tensor<float>(y.shape(), 22);
+  const auto dx = full.backward(r, dy);
+  const auto none = partial.backward(r, dy, nn::no_input_gradient);
+  BOOST_TEST((dx.shape() == x.shape()));
+  BOOST_TEST(none.empty());
+  BOOST_TEST((grads(full) == grads(partial)));
+  // A lone transposed convolution as well.
+  nn::conv_transpose2d<float> a{{.in_channels = 3, .out_channels = 2}, 3}, b{{.in_channels = 3, .out_channels = 2}, 3};
+  const auto ya = a.forward(r, x);
+  b.forward(r, x);
+  a.backward(r, ya);
+  BOOST_TEST(b.backward(r, ya, nn::no_input_gradient).empty());
+  BOOST_TEST((grads(a) == grads(b)));
+}
+
 BOOST_AUTO_TEST_CASE(bad_geometry_is_refused_with_its_extents) {
   dist::engine<dist::cpu> e;
   BOOST_CHECK_EXCEPTION(conv_geometry::of(1, 3, 4, 4, 8, 7, 1, 0), std::invalid_argument, [](const std::invalid_argument& ex) {

@@ -92,6 +92,17 @@ class conv2d {
 
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
+    return backward(r, dy, true);
+  }
+  // The weight and bias gradients only (see no_input_gradient_t); returns an empty tensor.
+  template <class R>
+  tensor_type backward(R& r, const tensor_type& dy, no_input_gradient_t) {
+    return backward(r, dy, false);
+  }
+
+ private:
+  template <class R>
+  tensor_type backward(R& r, const tensor_type& dy, bool input_gradient) {
     if (!has_input_) detail::backward_before_forward("conv2d");
     auto& e = detail::engine_of<D>(r);
     const shape out = output_shape(in_shape_);
@@ -100,6 +111,7 @@ class conv2d {
                                   dy.shape().to_string() + ", expected " + out.to_string());
     const conv_geometry g = geometry();
     e.conv_backward_weights(g, input_.data(), dy.data(), weight_.grad.data(), o_.bias ? bias_.grad.data() : nullptr);
+    if (!input_gradient) return tensor_type{};
     tensor_type dx{in_shape_, device_, uninitialized};
     if (!reflects()) {
       e.conv_backward_data(g, dy.data(), weight_.value.data(), dx.data());
@@ -112,6 +124,7 @@ class conv2d {
     return dx;
   }
 
+ public:
   template <class F>
   void for_each_parameter(F&& f) {
     weight_.visit(f);

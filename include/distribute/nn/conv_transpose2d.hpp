@@ -82,6 +82,17 @@ class conv_transpose2d {
 
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
+    return backward(r, dy, true);
+  }
+  // The weight and bias gradients only (see no_input_gradient_t); returns an empty tensor.
+  template <class R>
+  tensor_type backward(R& r, const tensor_type& dy, no_input_gradient_t) {
+    return backward(r, dy, false);
+  }
+
+ private:
+  template <class R>
+  tensor_type backward(R& r, const tensor_type& dy, bool input_gradient) {
     if (!has_input_) detail::backward_before_forward("conv_transpose2d");
     auto& e = detail::engine_of<D>(r);
     const shape out = output_shape(input_.shape());
@@ -89,14 +100,16 @@ class conv_transpose2d {
       throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) + " backward got dy of shape " +
                                   dy.shape().to_string() + ", expected " + out.to_string());
     const conv_geometry g = geometry(input_.shape(), out);
-    tensor_type dx{input_.shape(), device_, uninitialized};
-    e.conv_forward(g, dy.data(), weight_.value.data(), static_cast<const T*>(nullptr), dx.data());
     // Seen from the output, dy is the convolution's input and x its output's gradient.
     e.conv_backward_weights(g, dy.data(), input_.data(), weight_.grad.data(), static_cast<T*>(nullptr));
     if (o_.bias) add_bias_gradient(e, dy);
+    if (!input_gradient) return tensor_type{};
+    tensor_type dx{input_.shape(), device_, uninitialized};
+    e.conv_forward(g, dy.data(), weight_.value.data(), static_cast<const T*>(nullptr), dx.data());
     return dx;
   }
 
+ public:
   template <class F>
   void for_each_parameter(F&& f) {
     weight_.visit(f);

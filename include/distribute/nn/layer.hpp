@@ -51,6 +51,15 @@ concept layer = parameterized<L> && requires(L& l, R& r, const layer_tensor_t<L>
   l.set_training(true);
 };
 
+// Asks `backward` for the parameters' gradients only: the input's gradient is not computed and an
+// empty tensor is returned. For the first layer of a network whose input is data (a real image, a
+// detached sample), where dL/dx would be thrown away; `sequential` passes it to its first layer.
+// Layers that take it: conv2d, conv_transpose2d, sequential (the others ignore the question).
+struct no_input_gradient_t {
+  explicit constexpr no_input_gradient_t() = default;
+};
+inline constexpr no_input_gradient_t no_input_gradient{};
+
 namespace detail {
 // Layers without parameters or modes share these members.
 struct stateless {

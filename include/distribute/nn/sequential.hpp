@@ -38,6 +38,19 @@ class sequential {
   tensor_type backward(R& r, const tensor_type& dy) {
     return backward_from<sizeof...(Layers) - 1>(r, dy);
   }
+  // Every parameter's gradient, not the input's (no_input_gradient_t): the first layer is asked for
+  // its parameters' gradients only where it can skip the rest. Returns an empty tensor.
+  template <class R>
+  tensor_type backward(R& r, const tensor_type& dy, no_input_gradient_t) {
+    auto& first = std::get<0>(layers_);
+    const tensor_type d = [&] {
+      if constexpr (sizeof...(Layers) > 1) return backward_from<sizeof...(Layers) - 1, 1>(r, dy);
+      else return dy;
+    }();
+    if constexpr (requires { first.backward(r, d, no_input_gradient); }) first.backward(r, d, no_input_gradient);
+    else first.backward(r, d);
+    return tensor_type{};
+  }
 
   template <class F>
   void for_each_parameter(F&& f) {
@@ -68,10 +81,11 @@ class sequential {
     if constexpr (I + 1 < sizeof...(Layers)) return forward_from<I + 1>(r, y);
     else return y;
   }
-  template <std::size_t I, class R>
+  // Layers I down to Last, in reverse.
+  template <std::size_t I, std::size_t Last = 0, class R>
   tensor_type backward_from(R& r, const tensor_type& dy) {
     auto dx = std::get<I>(layers_).backward(r, dy);
-    if constexpr (I > 0) return backward_from<I - 1>(r, dx);
+    if constexpr (I > Last) return backward_from<I - 1, Last>(r, dx);
     else return dx;
   }
 
