@@ -326,8 +326,8 @@ class trainer {
     out.fake_a = path(b, gba, gab, da, out.losses.gan_ba);
     r.all_reduce_gradients(gab);
     r.all_reduce_gradients(gba);
-    oab.step(gab);
-    oba.step(gba);
+    oab.step(r, gab);
+    oba.step(r, gba);
     return out;
   }
 
@@ -348,9 +348,9 @@ class trainer {
       return 0.5 * (lr.value + lf.value);
     };
     out.d_a = one(da, real_a, fake_a);
-    oa.step(da);
+    oa.step(r, da);
     out.d_b = one(db, real_b, fake_b);
-    ob.step(db);
+    ob.step(r, db);
     return out;
   }
 

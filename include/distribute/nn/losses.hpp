@@ -11,6 +11,7 @@
 // per-example loss is the mean over that example's elements.
 
 #include <distribute/concepts/device.hpp>
+#include <distribute/engine/detail/serial.hpp>
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/tensor/tensor.hpp>
 
@@ -48,21 +49,7 @@ struct loss_result {
 
 namespace detail {
 
-// The arithmetic of a loss called without a replica: the calling thread alone, on the CPU.
-struct serial_engine {
-  template <class F>
-  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) const {
-    for (std::int64_t s = 0; s < segments; ++s) {
-      double acc = 0;
-      for (std::int64_t i = 0; i < length; ++i) acc += f(s, i);
-      out[s] = acc;
-    }
-  }
-  template <class T>
-  void to_host(const T* src, std::size_t n, T* dst) const {
-    std::copy(src, src + n, dst);
-  }
-};
+using distribute::detail::serial_engine;  // a loss called without a replica: the calling thread alone
 
 // Per example e: the mean over its elements of Kernel's value; the gradient written alongside.
 template <template <class> class Kernel, class E, class T, class D>

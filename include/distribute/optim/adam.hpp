@@ -5,6 +5,8 @@
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 // The moments and the step count t are the state; `save`/`load` round-trip them bit for bit.
 
+#include <distribute/engine/detail/serial.hpp>
+#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/optim/detail/state_io.hpp>
@@ -38,9 +40,23 @@ class adam {
   void set_lr(double lr) noexcept { o_.lr = lr; }  // for schedules such as CycleGAN's linear decay
   std::int64_t steps() const noexcept { return steps_; }
 
+  // One update of every parameter of `model`, on the calling thread.
   template <nn::parameterized M>
     requires std::is_same_v<typename M::scalar_type, T>
   void step(M& model) {
+    distribute::detail::serial_engine e;
+    step_on(e, model);
+  }
+  // The same update computed by replica `r`'s engine (on its share of the cores); the same bits.
+  template <class R, nn::parameterized M>
+    requires std::is_same_v<typename M::scalar_type, T> && requires(R& r) { r.engine(); }
+  void step(R& r, M& model) {
+    step_on(r.engine(), model);
+  }
+
+ private:
+  template <class E, class M>
+  void step_on(E& e, M& model) {
     ++steps_;
     const double t = static_cast<double>(steps_);
     const T b1 = static_cast<T>(o_.beta1), b2 = static_cast<T>(o_.beta2), wd = static_cast<T>(o_.weight_decay);
@@ -52,15 +68,13 @@ class adam {
       auto& m = detail::buffer_for(m_, index, p.size());
       auto& v = detail::buffer_for(v_, index, p.size());
       ++index;
-      for (std::size_t i = 0; i < p.size(); ++i) {
-        const T gi = g[i] + wd * p[i];
-        m[i] = b1 * m[i] + (T(1) - b1) * gi;
-        v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
-        p[i] -= step_size * m[i] / (std::sqrt(v[i]) / sqrt_bc2 + eps);
-      }
+      e.for_each(static_cast<std::int64_t>(p.size()), nn::detail::kernels::adam_update<T>{
+                                                          p.data(), g.data(), m.data(), v.data(), b1, b2, wd, step_size,
+                                                          sqrt_bc2, eps});
     });
   }
 
+ public:
   void save(std::ostream& os) const {
     detail::write_tag(os, tag);
     detail::write_pod(os, steps_);

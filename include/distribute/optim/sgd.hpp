@@ -2,6 +2,8 @@
 // Stochastic gradient descent with momentum (PyTorch's form): with weight decay wd added to the
 // gradient (g += wd * p), v = momentum * v + g, p -= lr * v. The velocity buffers are the state.
 
+#include <distribute/engine/detail/serial.hpp>
+#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/optim/detail/state_io.hpp>
@@ -32,22 +34,34 @@ class sgd {
   void set_lr(double lr) noexcept { o_.lr = lr; }
   std::int64_t steps() const noexcept { return steps_; }
 
+  // One update of every parameter of `model`, on the calling thread.
   template <nn::parameterized M>
     requires std::is_same_v<typename M::scalar_type, T>
   void step(M& model) {
+    distribute::detail::serial_engine e;
+    step_on(e, model);
+  }
+  // The same update computed by replica `r`'s engine (on its share of the cores); the same bits.
+  template <class R, nn::parameterized M>
+    requires std::is_same_v<typename M::scalar_type, T> && requires(R& r) { r.engine(); }
+  void step(R& r, M& model) {
+    step_on(r.engine(), model);
+  }
+
+ private:
+  template <class E, class M>
+  void step_on(E& e, M& model) {
     std::size_t index = 0;
     const T lr = static_cast<T>(o_.lr), mu = static_cast<T>(o_.momentum), wd = static_cast<T>(o_.weight_decay);
     model.for_each_parameter([&](std::span<T> p, std::span<T> g) {
       auto& v = detail::buffer_for(velocity_, index++, p.size());
-      for (std::size_t i = 0; i < p.size(); ++i) {
-        const T gi = g[i] + wd * p[i];
-        v[i] = mu * v[i] + gi;
-        p[i] -= lr * v[i];
-      }
+      e.for_each(static_cast<std::int64_t>(p.size()),
+                 nn::detail::kernels::sgd_update<T>{p.data(), g.data(), v.data(), lr, mu, wd});
     });
     ++steps_;
   }
 
+ public:
   void save(std::ostream& os) const {
     detail::write_tag(os, tag);
     detail::write_pod(os, steps_);

@@ -226,4 +226,35 @@ using squared_error = elementwise_loss<T, squared>;
 template <class T>
 using absolute_error = elementwise_loss<T, absolute>;
 
+// --- optimisers ----------------------------------------------------------------------------------------
+
+// Adam, PyTorch's form: weight decay added to the gradient, then the moments and the step.
+template <class T>
+struct adam_update {
+  T* p;
+  const T* g;
+  T* m;
+  T* v;
+  T b1, b2, wd, step_size, sqrt_bc2, eps;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const {
+    const T gi = g[i] + wd * p[i];
+    m[i] = b1 * m[i] + (T(1) - b1) * gi;
+    v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / sqrt_bc2 + eps);
+  }
+};
+// SGD with momentum, PyTorch's form.
+template <class T>
+struct sgd_update {
+  T* p;
+  const T* g;
+  T* v;
+  T lr, mu, wd;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const {
+    const T gi = g[i] + wd * p[i];
+    v[i] = mu * v[i] + gi;
+    p[i] -= lr * v[i];
+  }
+};
+
 }  // namespace distribute::nn::detail::kernels

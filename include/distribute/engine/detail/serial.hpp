@@ -1,0 +1,31 @@
+#pragma once
+// The engine interface run on the calling thread alone, over host memory: for arithmetic called
+// without a replica (a loss or an optimiser step outside any strategy), where no engine of a
+// replica is at hand and starting threads would compete with whoever called.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace distribute::detail {
+
+struct serial_engine {
+  template <class F>
+  void for_each(std::int64_t n, F f) const {
+    for (std::int64_t i = 0; i < n; ++i) f(i);
+  }
+  template <class F>
+  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) const {
+    for (std::int64_t s = 0; s < segments; ++s) {
+      double acc = 0;
+      for (std::int64_t i = 0; i < length; ++i) acc += static_cast<double>(f(s, i));
+      out[s] = acc;
+    }
+  }
+  template <class T>
+  void to_host(const T* src, std::size_t n, T* dst) const {
+    std::copy(src, src + n, dst);
+  }
+};
+
+}  // namespace distribute::detail
