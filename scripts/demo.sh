@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The demo: CycleGAN translating Fashion-MNIST sneakers <-> ankle boots, mirrored over 2 CPU
 # replicas. Builds the example, trains the small classifier that scores translations (once; it is
-# kept in the output folder), trains the CycleGAN (about 10 minutes on a 2-core machine in all),
+# kept in the output folder), trains the CycleGAN (about 4 minutes on a 2-core machine in all, build included),
 # scores it, and prints where the pictures are. Running it again continues from the last checkpoint.
 #
 #   scripts/demo.sh                      the default run
