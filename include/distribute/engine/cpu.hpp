@@ -64,7 +64,12 @@ class engine<cpu> {
   // What computes the convolutions, for logs: "oneDNN" or "reference (im2col + Eigen)".
   std::string name() const {
     return (uses_dnnl<float>() ? std::string("oneDNN") : std::string("reference (im2col + Eigen)")) + ", " +
-           std::to_string(threads_) + (threads_ == 1 ? " thread" : " threads");
+           std::to_string(threads_) + (threads_ == 1 ? " thread" : " threads") +
+#if defined(_OPENMP)
+           "";
+#else
+           " asked for, one used (built without OpenMP)";
+#endif
   }
   // Scratch memory held, in bytes.
   std::size_t scratch_bytes() const noexcept { return arena_.bytes(); }
