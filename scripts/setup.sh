@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages this project builds and tests with (DESIGN.md §10).
+# Installs the Debian packages this project builds and tests with (the README lists them).
 # Idempotent: when everything is installed it only says so.
 set -euo pipefail
 
