@@ -33,6 +33,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -194,6 +195,7 @@ class trainer {
                                      od_b_);
       for (auto& part : d) out += part;
     }
+    if (o_.disc.norm == norm_kind::batch) share_running_statistics();
     ++step_;
     return out;
   }
@@ -282,6 +284,25 @@ class trainer {
  private:
   adam make_adam() const { return adam{{.lr = o_.lr, .beta1 = o_.beta1, .beta2 = o_.beta2}}; }
   std::size_t image_size() const { return static_cast<std::size_t>(channels_) * height_ * width_; }
+
+  // Plain batch norm's running statistics come from each replica's own share, so the copies of the
+  // discriminators drift apart in them (not in their parameters). As PyTorch's DDP does with its
+  // buffers, every replica takes the primary's after each step: the copies stay identical, as
+  // verify_mirrored checks, and no result changes (training mode normalises with the batch's
+  // statistics; the checkpoint holds the primary's).
+  void share_running_statistics() {
+    s_.run([](auto& r, discriminator& da, discriminator& db) {
+      std::vector<double> all;
+      for (auto* d : {&da, &db}) d->for_each_buffer([&](std::span<double> b) { all.insert(all.end(), b.begin(), b.end()); });
+      r.broadcast(std::span<double>(all), 0);
+      std::size_t at = 0;
+      for (auto* d : {&da, &db})
+        d->for_each_buffer([&](std::span<double> b) {
+          std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at), b.size(), b.begin());
+          at += b.size();
+        });
+    }, d_a_, d_b_);
+  }
 
   // The replicas' shares of a global batch, as NCHW tensors.
   auto scatter(const tensor& x) {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,6 +28,18 @@ struct mirrored_n {
   static dist::mirrored_strategy<> make() { return dist::mirrored_strategy<>{dist::cpu_replicas(N)}; }
 };
 using strategies = boost::mpl::list<one_device, mirrored_n<1>, mirrored_n<2>, mirrored_n<3>, mirrored_n<4>>;
+
+// A model as the strategies see it, without the nn layer: a parameter and a buffer (a running
+// statistic), and no state_digest of its own.
+struct model_with_buffer {
+  using scalar_type = float;
+  std::vector<float> w = std::vector<float>(3, 0.5f), g = std::vector<float>(3, 0.0f);
+  std::vector<double> running = std::vector<double>(2, 1.0);
+  template <class F>
+  void for_each_parameter(F&& f) { f(std::span<float>(w), std::span<float>(g)); }
+  template <class F>
+  void for_each_buffer(F&& f) { f(std::span<double>(running)); }
+};
 
 // A least-squares model trained by gradient descent, written once against the concepts: the mean
 // squared error over the GLOBAL batch, so gradients are summed across replicas.
@@ -238,6 +252,43 @@ BOOST_AUTO_TEST_CASE(primary_update_then_broadcast_restores_identity) {
   s.broadcast(weights, 1);
   for (const auto& w : weights) BOOST_TEST(w[0] == -1.0);
   BOOST_CHECK_THROW(s.broadcast(weights, 3), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(verify_mirrored_covers_a_models_buffers, M, strategies) {
+  auto s = M::make();
+  auto models = s.mirror([](auto&) { return model_with_buffer{}; });
+  s.verify_mirrored(models);
+  // Each replica updates its running statistic from its own data: the buffers differ, the parameters
+  // do not.
+  s.run([](dist::replica auto& r, model_with_buffer& m) { m.running[1] += r.replica_id(); }, models);
+  std::string differ;
+  for (int q = 1; q < M::replicas; ++q) differ += (differ.empty() ? "" : ", ") + std::to_string(q);
+  if (M::replicas > 1) {
+    try {
+      s.verify_mirrored(models);
+      BOOST_FAIL("verify_mirrored missed diverged buffers");
+    } catch (const dist::mirrored_divergence& e) {
+      const std::string what = e.what();
+      BOOST_TEST(what.find("on replica(s) " + differ + ";") != std::string::npos, what);
+      BOOST_TEST(what.find("buffers (such as batch norm's running statistics) differ on replica(s) " + differ) !=
+                     std::string::npos, what);
+      BOOST_TEST(what.find("parameters differ") == std::string::npos, what);
+    }
+    // A parameter as well, on the last replica only.
+    models[static_cast<std::size_t>(M::replicas - 1)].w[0] = 2.0f;
+    try {
+      s.verify_mirrored(models);
+      BOOST_FAIL("verify_mirrored missed diverged parameters");
+    } catch (const dist::mirrored_divergence& e) {
+      BOOST_TEST(std::string(e.what()).find("parameters differ on replica(s) " + std::to_string(M::replicas - 1) + ";") !=
+                     std::string::npos, e.what());
+    }
+  }
+  // broadcast copies the primary's buffers with its parameters.
+  s.broadcast(models);
+  s.verify_mirrored(models);
+  for (const auto& m : models) BOOST_TEST(m.running[1] == 1.0);
+  for (const auto& m : models) BOOST_TEST(m.w[0] == 0.5f);
 }
 
 BOOST_AUTO_TEST_CASE(data_parallel_training_matches_one_device) {

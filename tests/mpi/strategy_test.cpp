@@ -5,12 +5,14 @@
 #include "mpi_test_support.hpp"
 
 #include <distribute/data.hpp>
+#include <distribute/nn.hpp>
 
 #include <boost/test/unit_test.hpp>
 
 #include <memory>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <span>
@@ -257,6 +259,54 @@ BOOST_AUTO_TEST_CASE(mirror_and_broadcast_copy_the_chiefs_state) {
   for (int c : counters) BOOST_TEST(c == 1);
   auto opts = s.mirror([&](auto&) { return dist::optim::adam<float>{{.lr = 1e-3}}; });
   s.verify_mirrored(opts);
+}
+
+BOOST_AUTO_TEST_CASE(mirror_broadcast_and_verify_mirrored_cover_running_statistics) {
+  namespace nn = dist::nn;
+  auto& s = uneven();
+  const int n = s.num_replicas_in_sync();
+  // A batch of 2 examples of 2 channels whose values depend on `k`.
+  auto batch = [](int k) {
+    std::vector<float> v(2 * 2 * 3 * 3);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((1 + k) * std::sin(0.37 * static_cast<double>(i) + k));
+    return dist::tensor<float>{dist::shape::nchw(2, 2, 3, 3), v};
+  };
+  // Plain batch norm that saw worker-dependent data before `mirror`: running statistics that differ
+  // from worker to worker, and parameters that do not.
+  auto make = [&](int worker) {
+    nn::batch_norm<float> bn{{.channels = 2}, 17};
+    auto r = nn::local();
+    (void)bn.forward(r, batch(100 + worker));
+    return bn;
+  };
+  auto norms = s.mirror([&](auto&) { return make(s.worker_index()); });
+  const auto chiefs = make(0);
+  for (const auto& bn : norms) {
+    BOOST_TEST(bn.running_mean() == chiefs.running_mean(), boost::test_tools::per_element());
+    BOOST_TEST(bn.running_var() == chiefs.running_var(), boost::test_tools::per_element());
+  }
+  s.verify_mirrored(norms);
+  // Every replica normalises its own batch in training mode: its running statistics move its way.
+  s.run([&](dist::replica auto& r, nn::batch_norm<float>& bn) { (void)bn.forward(r, batch(r.replica_id())); }, norms);
+  try {
+    s.verify_mirrored(norms);
+    BOOST_FAIL("verify_mirrored missed diverged running statistics");
+  } catch (const dist::mirrored_divergence& e) {
+    std::string differ;
+    for (int q = 1; q < n; ++q) differ += (differ.empty() ? "" : ", ") + std::to_string(q);
+    const std::string what = e.what();
+    BOOST_TEST(what.find("on replica(s) " + differ + "; buffers (such as batch norm's running statistics) differ on "
+                         "replica(s) " + differ) != std::string::npos, what);
+    BOOST_TEST(what.find("parameters differ") == std::string::npos, what);
+  }
+  // broadcast sends the buffers with the parameters, to every worker.
+  s.broadcast(norms, n - 1);
+  s.verify_mirrored(norms);
+  auto last = make(0);
+  auto r = nn::local();
+  (void)last.forward(r, batch(n - 1));
+  for (const auto& bn : norms)
+    BOOST_TEST(bn.running_mean() == last.running_mean(), boost::test_tools::tolerance(1e-12) << boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(distribute_shards_the_global_batch_over_workers) {

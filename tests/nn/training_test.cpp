@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace dist = distribute;
@@ -249,7 +251,13 @@ std::vector<std::vector<float>> train(S& s, scaling how = scaling::global, int s
         xs, ys, nets, opts);
     BOOST_TEST(std::isfinite(s.reduce(dist::reduce_op::sum, losses)));
   }
-  s.verify_mirrored(nets);  // the digests of every replica's parameters agree
+  if constexpr (std::is_same_v<net_type, decltype(make_net<nn::batch_norm>(0))>) {
+    // Plain batch norm's running statistics are each replica's own: the copies differ in their
+    // buffers (checked below: their parameters agree).
+    if (s.num_replicas_in_sync() > 1) BOOST_CHECK_THROW(s.verify_mirrored(nets), dist::mirrored_divergence);
+  } else {
+    s.verify_mirrored(nets);  // the digests of every replica's parameters and running statistics agree
+  }
   std::vector<std::vector<std::vector<float>>> per_replica;
   for (auto& net : nets) {
     per_replica.emplace_back();
@@ -329,6 +337,64 @@ BOOST_AUTO_TEST_CASE(verify_mirrored_sees_a_drifted_parameter) {
   s.verify_mirrored(nets);
   nets[2].get<0>().weight().value[5] += 1e-7f;
   BOOST_CHECK_THROW(s.verify_mirrored(nets), dist::mirrored_divergence);
+}
+
+// The message of verify_mirrored's divergence ("no divergence" if it passes).
+template <class S, class V>
+std::string divergence_of(const S& s, const V& mirrored) {
+  try {
+    s.verify_mirrored(mirrored);
+  } catch (const dist::mirrored_divergence& e) {
+    return e.what();
+  }
+  return "no divergence";
+}
+bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+BOOST_AUTO_TEST_CASE(verify_mirrored_sees_diverged_running_statistics) {
+  // Plain batch norm takes its statistics, running ones included, from the replica's own examples:
+  // forward passes in training mode over different shares leave the parameters identical and the
+  // running mean and variance different on every replica.
+  dist::mirrored_strategy<> s{dist::cpu_replicas(3)};
+  auto nets = s.mirror([](auto&) { return make_net<nn::batch_norm>(7); });
+  s.verify_mirrored(nets);
+  const auto data = make_data();
+  const auto xs = s.scatter(data.x, in_size);
+  auto forward = [&](auto& models) {
+    s.run([](dist::replica auto& r, const std::vector<float>& xl, auto& m) {
+      (void)m.forward(r, tensor<float>{shape::nchw(static_cast<std::int64_t>(xl.size()) / in_size, 1, 6, 6), xl});
+    }, xs, models);
+  };
+  forward(nets);
+  for (auto& net : nets) BOOST_TEST(nn::parameter_digest(net) == nn::parameter_digest(nets[0]));
+  BOOST_TEST(nets[1].get<1>().running_mean() != nets[0].get<1>().running_mean());
+  const auto what = divergence_of(s, nets);
+  BOOST_TEST(mentions(what, "on replica(s) 1, 2"), what);
+  BOOST_TEST(mentions(what, "buffers (such as batch norm's running statistics) differ on replica(s) 1, 2"), what);
+  BOOST_TEST(!mentions(what, "parameters differ"), what);
+  // broadcast copies the primary's buffers with its parameters.
+  s.broadcast(nets);
+  s.verify_mirrored(nets);
+  BOOST_TEST(nets[2].get<1>().running_var() == nets[0].get<1>().running_var());
+  // A drifted parameter on one replica, drifted statistics on another: the message tells them apart.
+  nets[1].get<0>().weight().value[0] += 1e-7f;
+  nets[2].for_each_buffer([](std::span<double> b) { b[0] += 1e-12; });
+  const auto both = divergence_of(s, nets);
+  BOOST_TEST(mentions(both, "on replica(s) 1, 2; parameters differ on replica(s) 1; buffers"), both);
+  BOOST_TEST(mentions(both, "running statistics) differ on replica(s) 2"), both);
+  s.broadcast(nets, 2);
+  s.verify_mirrored(nets);
+
+  // SyncBatchNorm takes the global batch's statistics: its copies stay identical, buffers included.
+  auto synced = s.mirror([](auto&) { return make_net<nn::sync_batch_norm>(7); });
+  forward(synced);
+  s.verify_mirrored(synced);
+  // A layer on its own is a model too (digested by its parameters and buffers).
+  auto layers = s.mirror([](auto&) { return nn::batch_norm<float>{{.channels = 1}, 3}; });
+  forward(layers);
+  BOOST_TEST(mentions(divergence_of(s, layers), "buffers"));
+  s.broadcast(layers, 1);
+  s.verify_mirrored(layers);
 }
 
 BOOST_AUTO_TEST_CASE(per_replica_mean_losses_need_an_even_split) {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace distribute::detail {
 
@@ -13,6 +14,26 @@ inline std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = fn
   const auto* p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
   return h;
+}
+
+// A model's state as mirrored copies must agree on it, digested in two parts so that a check can say
+// which part differs: its parameters' values (`for_each_parameter`) and its buffers
+// (`for_each_buffer`: batch norm's running statistics and any other state that is not trained but
+// must stay identical), each in enumeration order. The values must be host memory.
+struct model_digest {
+  std::uint64_t parameters = fnv1a_basis;
+  std::uint64_t buffers = fnv1a_basis;
+  // Both parts in one value.
+  std::uint64_t state() const noexcept { return fnv1a(&buffers, sizeof buffers, parameters); }
+};
+
+template <class M>
+model_digest digest_model(M& model) {
+  model_digest d;
+  model.for_each_parameter([&](auto value, auto) { d.parameters = fnv1a(value.data(), value.size_bytes(), d.parameters); });
+  if constexpr (requires { model.for_each_buffer([](std::span<double>) {}); })
+    model.for_each_buffer([&](std::span<double> b) { d.buffers = fnv1a(b.data(), b.size_bytes(), d.buffers); });
+  return d;
 }
 
 }  // namespace distribute::detail

@@ -24,8 +24,8 @@ concept parameterized = gradient_enumerable<M>;
 enum class init : std::uint8_t { normal, scale, zero };
 inline constexpr double init_stddev = 0.02;
 
-// A digest of every parameter value of `model`, in enumeration order: equal on every replica while
-// mirrored copies stay in sync (models' `state_digest()` returns it, for `strategy.verify_mirrored`).
+// A digest of every parameter value of `model`, in enumeration order. Models' `state_digest()` (for
+// `strategy.verify_mirrored`) covers their buffers too: distribute::detail::digest_model.
 template <parameterized M>
 std::uint64_t parameter_digest(M& model) {
   std::uint64_t h = distribute::detail::fnv1a_basis;

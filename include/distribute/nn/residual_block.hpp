@@ -46,6 +46,10 @@ class residual_block {
 
   template <class F>
   void for_each_parameter(F&& f) { body_.for_each_parameter(f); }
+  // The body's buffers (its instance norms hold none): the enumeration every model offers to
+  // checkpoints, broadcast and verify_mirrored.
+  template <class F>
+  void for_each_buffer(F&& f) { body_.for_each_buffer(f); }
   void zero_grad() { body_.zero_grad(); }
   void set_training(bool on) { body_.set_training(on); }
   std::uint64_t state_digest() const { return body_.state_digest(); }

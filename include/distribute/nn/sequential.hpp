@@ -3,6 +3,7 @@
 // calls are direct and inline, and parameters are enumerated layer by layer in a fixed order (the
 // order every replica buckets its gradients in).
 
+#include <distribute/detail/digest.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cstddef>
@@ -67,8 +68,9 @@ class sequential {
   void set_training(bool on) {
     std::apply([on](auto&... l) { (l.set_training(on), ...); }, layers_);
   }
-  // For strategy.verify_mirrored: the parameters' bits (const in effect; enumeration is non-const).
-  std::uint64_t state_digest() const { return parameter_digest(const_cast<sequential&>(*this)); }
+  // For strategy.verify_mirrored: the bits of the parameters and of the buffers (running statistics),
+  // which mirrored copies must keep identical alike (const in effect; enumeration is non-const).
+  std::uint64_t state_digest() const { return distribute::detail::digest_model(const_cast<sequential&>(*this)).state(); }
 
  private:
   template <class L, class F>

@@ -258,12 +258,13 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   }
 
   // Compares a digest of every copy on every worker with replica 0's and throws
-  // `mirrored_divergence` naming the replicas that differ.
+  // `mirrored_divergence` naming the replicas that differ. A model's digest covers its parameters
+  // and its buffers (running statistics); when copies differ, a second gather says which of the two.
   template <class T, std::size_t E>
   void verify_mirrored(const mirrored<T, E>& value) const {
     static_assert(detail::digestible<T>,
                   "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
-                  "copyable elements, or to have a member `std::uint64_t state_digest() const`");
+                  "copyable elements, a model (for_each_parameter) or to have a member `std::uint64_t state_digest() const`");
     check_count(value.size(), "verify_mirrored");
     check_usable("verify_mirrored");
     std::vector<std::uint64_t> mine;
@@ -275,6 +276,20 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
       state_->group.cross().all_gather(std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
                                        std::span<const std::size_t>(counts));
     });
+    if constexpr (detail::host_model<T>) {
+      // Every worker holds the same digests: all take this second gather, or none does.
+      if (const auto differ = detail::replicas_differing(all); !differ.empty()) {
+        std::vector<std::uint64_t> parts, all_parts(2 * all.size());
+        for (const auto& v : value) detail::append_model_digests(v, parts);
+        for (auto& c : counts) c *= 2;
+        guarded([&] {
+          state_->group.cross().all_gather(std::span<const std::uint64_t>(parts), std::span<std::uint64_t>(all_parts),
+                                           std::span<const std::size_t>(counts));
+        });
+        throw mirrored_divergence("distribute: mirrored copies differ from replica 0's on replica(s) " + differ +
+                                  detail::which_parts_differ(all_parts));
+      }
+    }
     check_digests(all);
   }
 

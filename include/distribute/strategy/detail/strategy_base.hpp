@@ -3,6 +3,8 @@
 // results, gathering, scattering, creating and re-synchronising mirrored state. Written once for
 // every strategy; a strategy provides `num_replicas_in_sync()`, `devices()` and `run`.
 
+#include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/concepts/device.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/errors.hpp>
@@ -45,23 +47,60 @@ concept arithmetic = std::is_arithmetic_v<T> || element<T>;
 template <class T>
 concept arithmetic_sequence = std::ranges::sized_range<const T> && arithmetic<std::ranges::range_value_t<T>>;
 
+// A model (`for_each_parameter`, optionally `for_each_buffer`) whose values are host memory: its
+// parameters and its buffers can be digested, apart (detail::digest_model).
+template <class T>
+concept host_model = gradient_enumerable<T> && !requires { requires T::device_type::kind == device_kind::cuda; };
+
 // A value whose state can be digested to compare mirrored copies: arithmetic values and contiguous
-// sequences of them, or any type with a member `state_digest()` returning std::uint64_t.
+// sequences of them, any type with a member `state_digest()` returning std::uint64_t (which then
+// decides what its state is), or a model on the host (its parameters and its buffers).
 template <class T>
 concept digestible = std::is_trivially_copyable_v<T> ||
                      (std::ranges::contiguous_range<const T> &&
                       std::is_trivially_copyable_v<std::ranges::range_value_t<T>>) ||
-                     requires(const T& t) { { t.state_digest() } -> std::convertible_to<std::uint64_t>; };
+                     requires(const T& t) { { t.state_digest() } -> std::convertible_to<std::uint64_t>; } ||
+                     host_model<T>;
 
 template <digestible T>
 std::uint64_t digest_of(const T& value) {
   if constexpr (requires { { value.state_digest() } -> std::convertible_to<std::uint64_t>; }) {
     return value.state_digest();
+  } else if constexpr (host_model<T>) {
+    return digest_model(const_cast<T&>(value)).state();  // enumeration is non-const, reading is not
   } else if constexpr (std::is_trivially_copyable_v<T>) {
     return fnv1a(&value, sizeof(T));
   } else {
     return fnv1a(std::ranges::data(value), std::ranges::size(value) * sizeof(std::ranges::range_value_t<T>));
   }
+}
+
+// The replicas (after the first) whose digest differs from the first's, as "1, 3"; empty if none.
+// `digests` holds `stride` digests per replica, in replica order; `at` picks one of them.
+inline std::string replicas_differing(std::span<const std::uint64_t> digests, std::size_t stride = 1, std::size_t at = 0) {
+  std::string differ;
+  for (std::size_t i = stride + at; i < digests.size(); i += stride)
+    if (digests[i] != digests[at]) differ += (differ.empty() ? "" : ", ") + std::to_string(i / stride);
+  return differ;
+}
+
+// A model's parameters' and buffers' digests, appended to `out` (two per copy, for
+// `which_parts_differ`).
+template <host_model T>
+void append_model_digests(const T& value, std::vector<std::uint64_t>& out) {
+  const auto d = digest_model(const_cast<T&>(value));
+  out.push_back(d.parameters);
+  out.push_back(d.buffers);
+}
+
+// For a `mirrored_divergence` of a model: which of its parts differ from the first copy's, on which
+// replicas, given two digests per replica (append_model_digests). Empty if neither does.
+inline std::string which_parts_differ(std::span<const std::uint64_t> parts) {
+  std::string out;
+  if (const auto p = replicas_differing(parts, 2, 0); !p.empty()) out += "; parameters differ on replica(s) " + p;
+  if (const auto b = replicas_differing(parts, 2, 1); !b.empty())
+    out += "; buffers (such as batch norm's running statistics) differ on replica(s) " + b;
+  return out;
 }
 
 // `scatter`'s split: a batch of examples (`example_size` elements each) cut along its first axis into
@@ -227,19 +266,25 @@ class strategy_base {
   }
 
   // A debug check that mirrored copies are identical: compares a digest of each copy with the
-  // primary's and throws `mirrored_divergence` naming the replicas that differ.
+  // primary's and throws `mirrored_divergence` naming the replicas that differ. A model's digest
+  // covers its parameters and its buffers (running statistics); the message says which differ.
   template <class T, std::size_t E>
   void verify_mirrored(const mirrored<T, E>& value) const {
     static_assert(detail::digestible<T>,
                   "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
-                  "copyable elements, or to have a member `std::uint64_t state_digest() const`");
+                  "copyable elements, a model (for_each_parameter) or to have a member `std::uint64_t state_digest() const`");
     check_count(value.size(), "verify_mirrored");
-    const std::uint64_t primary = detail::digest_of(value[0]);
-    std::string differ;
-    for (std::size_t r = 1; r < value.size(); ++r)
-      if (detail::digest_of(value[r]) != primary) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    if (!differ.empty())
-      throw mirrored_divergence("distribute: mirrored copies differ from the primary's on replica(s) " + differ);
+    std::vector<std::uint64_t> digests;
+    for (const auto& v : value) digests.push_back(detail::digest_of(v));
+    const std::string differ = detail::replicas_differing(digests);
+    if (differ.empty()) return;
+    std::string parts;
+    if constexpr (detail::host_model<T>) {
+      std::vector<std::uint64_t> both;
+      for (const auto& v : value) detail::append_model_digests(v, both);
+      parts = detail::which_parts_differ(both);
+    }
+    throw mirrored_divergence("distribute: mirrored copies differ from the primary's on replica(s) " + differ + parts);
   }
 
  protected:
