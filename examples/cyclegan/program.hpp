@@ -271,7 +271,9 @@ summary run_with(S& strategy, settings st) {
   if (ckdir && !st.evaluate) ckdir->remove_stale_temporaries();
   if (!st.evaluate) distribute::checkpoint::remove_stale_temporaries(st.out_dir);
 
-  // The newest checkpoint that loads, with a note on stderr for each newer one that did not.
+  // The newest checkpoint that loads, with a note on stderr for each newer one that did not. If
+  // checkpoints are there and none loads, this throws checkpoint::no_loadable_checkpoint naming each
+  // and why: the run stops rather than start over from step 0 in place of the one it was to resume.
   auto latest = [&] {
     std::vector<distribute::checkpoint::directory::skipped_file> skipped;
     auto found = ckdir->load_latest_with_path(&skipped);

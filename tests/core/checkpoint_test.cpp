@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -110,6 +111,34 @@ std::string error_of(F&& f) {
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// What `f` writes to stderr (file descriptor 2).
+template <class F>
+std::string stderr_of(F&& f) {
+  const fs::path file = fs::temp_directory_path() / ("distribute-ckpt-stderr-" + std::to_string(::getpid()));
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  std::FILE* capture = std::fopen(file.c_str(), "w");
+  BOOST_TEST_REQUIRE((saved >= 0 && capture != nullptr));
+  ::dup2(::fileno(capture), 2);
+  struct restore {
+    int saved;
+    std::FILE* capture;
+    ~restore() {
+      std::fflush(stderr);
+      ::dup2(saved, 2);
+      ::close(saved);
+      std::fclose(capture);
+    }
+  };
+  {
+    const restore r{saved, capture};
+    f();
+  }
+  const auto bytes = read_file(file);
+  fs::remove(file);
+  return {bytes.begin(), bytes.end()};
+}
 
 }  // namespace
 
@@ -258,7 +287,10 @@ BOOST_AUTO_TEST_CASE(directory_keeps_the_newest_and_skips_a_torn_one) {
   auto bytes = read_file(steps[0].second);
   bytes.resize(bytes.size() / 2);
   write_file(steps[0].second, bytes);
-  BOOST_TEST(d.load_latest()->get<std::int64_t>("step") == 20);
+  std::vector<ckpt::skipped_file> skipped;
+  BOOST_TEST(d.load_latest(&skipped)->get<std::int64_t>("step") == 20);
+  BOOST_TEST_REQUIRE(skipped.size() == 1u);
+  BOOST_TEST(skipped[0].file == steps[0].second);
   // Files that are not checkpoints are ignored.
   write_file(dir.path / "run" / "notes.txt", {'x'});
   write_file(dir.path / "run" / "ckpt-abc.dck", {'x'});
@@ -272,7 +304,7 @@ BOOST_AUTO_TEST_CASE(corrupt_checkpoints_never_displace_new_ones) {
   // Every checkpoint corrupt, at higher steps than the run restarted from 0 will write.
   for (std::int64_t step : {100, 200, 300}) write_file(dir.path / ckpt::directory::file_name(step), {'D', 'C', 'K', 'x'});
   std::vector<ckpt::directory::skipped_file> skipped;
-  BOOST_TEST(!d.load_latest_with_path(&skipped).has_value());
+  BOOST_CHECK_THROW(d.load_latest_with_path(&skipped), ckpt::no_loadable_checkpoint);
   BOOST_TEST(skipped.size() == 3u);
   BOOST_TEST(contains(skipped[0].reason, "ckpt-0000000300.dck"));
   for (std::int64_t step : {10, 20, 30}) {
@@ -295,6 +327,80 @@ BOOST_AUTO_TEST_CASE(corrupt_checkpoints_never_displace_new_ones) {
   BOOST_TEST(d.steps().size() == 3u);  // 500, 40, 30
   BOOST_TEST(fs::exists(dir.path / ckpt::directory::file_name(30)));
   BOOST_TEST(!fs::exists(dir.path / ckpt::directory::file_name(20)));
+}
+
+BOOST_AUTO_TEST_CASE(a_directory_of_only_corrupt_checkpoints_is_an_error_not_a_fresh_start) {
+  temp_dir dir;
+  ckpt::directory d{dir.path / "run"};
+  auto file = [&](std::int64_t step) { return d.path() / ckpt::directory::file_name(step); };
+  // No directory, an empty one, one without checkpoint files: nothing to resume, a fresh start.
+  BOOST_TEST(!d.load_latest().has_value());
+  fs::create_directories(d.path());
+  BOOST_TEST(!d.load_latest().has_value());
+  write_file(d.path() / "notes.txt", {'x'});
+  BOOST_TEST(!d.latest().has_value());
+  // Two checkpoints, both damaged: one torn mid-write, one that is not a checkpoint at all.
+  ckpt::archive a;
+  a.put("step", std::int64_t{10});
+  d.save(10, a);
+  auto bytes = read_file(file(10));
+  bytes.resize(bytes.size() - 3);
+  write_file(file(10), bytes);
+  write_file(file(20), {'n', 'o', 'p', 'e'});
+  try {
+    (void)d.load_latest();
+    BOOST_FAIL("load_latest started over from a directory of damaged checkpoints");
+  } catch (const ckpt::no_loadable_checkpoint& e) {
+    const std::string what = e.what();
+    BOOST_TEST(contains(what, "no checkpoint in " + d.path().string() + " loads (2 files)"), what);
+    BOOST_TEST(contains(what, "\n  " + file(20).string() + ": not a distribute checkpoint (bad magic)"), what);
+    BOOST_TEST(contains(what, "\n  " + file(10).string() + ": checksum mismatch"), what);
+    BOOST_TEST(e.dir == d.path());
+    BOOST_TEST_REQUIRE(e.files.size() == 2u);
+    BOOST_TEST(e.files[0].file == file(20));  // newest first
+    BOOST_TEST(e.files[1].file == file(10));
+  }
+  // Every entry point refuses, as a checkpoint_error; the caller's list gets the files too.
+  std::vector<ckpt::skipped_file> skipped;
+  BOOST_CHECK_THROW(d.latest(&skipped), ckpt::checkpoint_error);
+  BOOST_TEST(skipped.size() == 2u);
+  BOOST_CHECK_THROW(d.load_latest_with_path(), ckpt::no_loadable_checkpoint);
+  // An intact older checkpoint is what a resume takes, past both.
+  ckpt::archive older;
+  older.put("step", std::int64_t{5});
+  ckpt::save(file(5), older);
+  skipped.clear();
+  BOOST_TEST(d.load_latest(&skipped)->get<std::int64_t>("step") == 5);
+  BOOST_TEST(skipped.size() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(skipped_checkpoints_are_reported_on_stderr_unless_the_caller_takes_them) {
+  temp_dir dir;
+  ckpt::directory d{dir.path};
+  ckpt::archive a;
+  a.put("step", std::int64_t{10});
+  d.save(10, a);
+  write_file(dir.path / ckpt::directory::file_name(20), {'n', 'o', 'p', 'e'});
+  std::optional<ckpt::archive> found;
+  const std::string printed = stderr_of([&] { found = d.load_latest(); });
+  BOOST_TEST_REQUIRE(found.has_value());
+  BOOST_TEST(found->get<std::int64_t>("step") == 10);
+  BOOST_TEST(contains(printed, "distribute: warning: skipped a checkpoint that does not load (" +
+                                   (dir.path / ckpt::directory::file_name(20)).string() +
+                                   ": not a distribute checkpoint (bad magic)); loaded " +
+                                   (dir.path / ckpt::directory::file_name(10)).string() + " instead\n"),
+             printed);
+  // Given a list, the files go there and nothing is printed.
+  std::vector<ckpt::skipped_file> skipped;
+  const std::string quiet = stderr_of([&] { found = d.load_latest(&skipped); });
+  BOOST_TEST(quiet.empty(), quiet);
+  BOOST_TEST(found->get<std::int64_t>("step") == 10);
+  BOOST_TEST_REQUIRE(skipped.size() == 1u);
+  BOOST_TEST(skipped[0].file == dir.path / ckpt::directory::file_name(20));
+  BOOST_TEST(contains(skipped[0].reason, "bad magic"));
+  // Nothing skipped, nothing printed.
+  fs::remove(dir.path / ckpt::directory::file_name(20));
+  BOOST_TEST(stderr_of([&] { found = d.load_latest(); }).empty());
 }
 
 BOOST_AUTO_TEST_CASE(temporaries_of_killed_writers_are_removed) {

@@ -523,17 +523,27 @@ BOOST_AUTO_TEST_CASE(leftovers_of_a_killed_run_are_removed_at_start) {
   fs::remove_all(st.out_dir);
 }
 
-BOOST_AUTO_TEST_CASE(a_directory_of_corrupt_checkpoints_restarts_and_keeps_the_new_ones) {
+BOOST_AUTO_TEST_CASE(a_directory_of_corrupt_checkpoints_stops_a_resume_and_a_new_run_keeps_its_checkpoints) {
   require_data();
   settings st = checkpointed("corrupt");
   run(st);
-  for (const auto& [step, file] : dist::checkpoint::directory(st.checkpoint_dir).steps()) {
+  const auto damaged = dist::checkpoint::directory(st.checkpoint_dir).steps();
+  for (const auto& [step, file] : damaged) {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(20);
     f.put('\x7f');
   }
+  // --resume with nothing that loads: an error naming every file, not a silent restart at step 0.
   st.resume = true;
-  const summary again = run(st);  // starts from 0: nothing loads
+  BOOST_CHECK_EXCEPTION(run(st), dist::checkpoint::no_loadable_checkpoint, [&](const dist::checkpoint::no_loadable_checkpoint& e) {
+    const std::string what = e.what();
+    bool named = what.find(st.checkpoint_dir.string()) != std::string::npos && e.files.size() == damaged.size();
+    for (const auto& [step, file] : damaged) named = named && what.find(file.string() + ": ") != std::string::npos;
+    return named;
+  });
+  // A new run in the same directory (no --resume) starts from 0, and pruning keeps its checkpoints.
+  st.resume = false;
+  const summary again = run(st);
   BOOST_TEST(again.steps_run == 8);
   const auto kept = dist::checkpoint::directory(st.checkpoint_dir).steps();
   BOOST_TEST_REQUIRE(kept.size() == 3u);
