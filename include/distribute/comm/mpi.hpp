@@ -419,10 +419,16 @@ class mpi {
       case detail::window_failure::kind::timeout:
         break;
     }
-    std::string msg = where + " timed out after " + std::to_string(s_->options.collectives.timeout.count()) +
-                      " ms waiting for worker" + (f.late.size() == 1 ? " " : "s ");
+    std::string msg = where + " " + timed_out_after(c) + " waiting for worker" + (f.late.size() == 1 ? " " : "s ");
     for (std::size_t i = 0; i < f.late.size(); ++i) msg += (i ? ", " : "") + std::to_string(f.late[i]);
     fail_with<collective_timeout>(msg + " (a worker died, stalled, or called a different collective)");
+  }
+
+  // "timed out after T ms (waited W ms)": W counts from the start of the collective, whose deadline
+  // is T later.
+  std::string timed_out_after(const active_call& c) const {
+    const auto timeout = s_->options.collectives.timeout;
+    return distribute::detail::timed_out_after(timeout, c.deadline - timeout);
   }
 
   [[noreturn]] void report_timeout(const active_call& c) {
@@ -434,8 +440,7 @@ class mpi {
     }
     std::sort(waiting.begin(), waiting.end());
     std::string msg = "distribute: " + detail::describe_at(c.call) + " on worker " + std::to_string(rank()) + " of " +
-                      std::to_string(size()) + " timed out after " +
-                      std::to_string(s_->options.collectives.timeout.count()) + " ms";
+                      std::to_string(size()) + " " + timed_out_after(c);
     // A ring step waits for its neighbours only: the worker named may itself be waiting for the one
     // that never joined, which the workers next to that one name.
     if (!waiting.empty()) {

@@ -359,9 +359,9 @@ class shared_memory {
     mine.posted[parity] = d;
     mine.seq.store(seq + 1, std::memory_order_relaxed);
 
-    const auto deadline = std::chrono::steady_clock::now() + g.options_.timeout;
-    const auto outcome = g.rendezvous_.arrive_and_wait(deadline, /*may_fail=*/true);
-    if (outcome != detail::rendezvous::outcome::completed) fail(outcome, d, seq);
+    const auto started = std::chrono::steady_clock::now();
+    const auto outcome = g.rendezvous_.arrive_and_wait(started + g.options_.timeout, /*may_fail=*/true);
+    if (outcome != detail::rendezvous::outcome::completed) fail(outcome, d, seq, started);
 
     const slot_view view{&g, parity, mine};
     if (auto message = mismatch(view, seq)) {
@@ -391,7 +391,8 @@ class shared_memory {
     return msg;
   }
 
-  [[noreturn]] void fail(detail::rendezvous::outcome outcome, const detail::descriptor& d, std::uint64_t seq) {
+  [[noreturn]] void fail(detail::rendezvous::outcome outcome, const detail::descriptor& d, std::uint64_t seq,
+                         std::chrono::steady_clock::time_point started) {
     auto& g = *g_;
     const std::string where = detail::describe(d) + " (collective #" + std::to_string(seq + 1) +
                               " of this step) on replica " + std::to_string(rank_);
@@ -409,7 +410,7 @@ class shared_memory {
       msg += " can never complete: " + detail::list_replicas(departed) +
              " finished the step without joining it (every replica must call the same collectives in the same order)";
     } else {
-      msg += " timed out after " + std::to_string(g.options_.timeout.count()) + " ms";
+      msg += " " + distribute::detail::timed_out_after(g.options_.timeout, started);
       if (!behind.empty()) msg += ": " + detail::list_replicas(behind) + " never joined it";
     }
     // Fail the whole group now, so that the other replicas stop waiting too.

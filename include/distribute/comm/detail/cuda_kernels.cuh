@@ -208,7 +208,7 @@ class host_staging {
 template <class Done, class GiveUp>
 void wait_for_gpu(Done&& done, const gpu_meeting* meeting, std::chrono::steady_clock::time_point deadline,
                   GiveUp&& give_up) {
-  if (distribute::detail::spin_then_yield(done, true)) return;
+  if (distribute::detail::spin_then_yield(done, true, deadline)) return;
   auto check = [&] {
     if (meeting && meeting->aborted()) give_up(false);
     if (std::chrono::steady_clock::now() >= deadline) give_up(true);

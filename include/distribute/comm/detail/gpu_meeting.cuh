@@ -78,9 +78,9 @@ class gpu_meeting {
       if (aborted()) fail_meeting(rendezvous::outcome::aborted, local, d, seq);
       return seq;
     }
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-    const auto outcome = rendezvous_.arrive_and_wait(deadline, /*may_fail=*/true);
-    if (outcome != rendezvous::outcome::completed) fail_meeting(outcome, local, d, seq);
+    const auto started = std::chrono::steady_clock::now();
+    const auto outcome = rendezvous_.arrive_and_wait(started + options_.timeout, /*may_fail=*/true);
+    if (outcome != rendezvous::outcome::completed) fail_meeting(outcome, local, d, seq, started);
     if (auto message = mismatch(seq)) {
       rendezvous_.arrive_and_wait({}, /*may_fail=*/false);
       throw collective_mismatch(*message);
@@ -153,7 +153,9 @@ class gpu_meeting {
     return msg;
   }
 
-  [[noreturn]] void fail_meeting(rendezvous::outcome outcome, int local, const descriptor& d, std::uint64_t seq) {
+  // `started`: when the meeting began (for a timeout's message).
+  [[noreturn]] void fail_meeting(rendezvous::outcome outcome, int local, const descriptor& d, std::uint64_t seq,
+                                 std::chrono::steady_clock::time_point started = {}) {
     if (outcome == rendezvous::outcome::aborted) fail_aborted(local, d, seq);
     std::vector<int> departed, behind;
     for (int q = 0; q < size_; ++q) {
@@ -166,7 +168,7 @@ class gpu_meeting {
       msg += " can never complete: " + list_replicas(named(departed)) +
              " finished the step without joining it (every replica must call the same collectives in the same order)";
     } else {
-      msg += " timed out after " + std::to_string(options_.timeout.count()) + " ms";
+      msg += " " + distribute::detail::timed_out_after(options_.timeout, started);
       if (!behind.empty()) msg += ": " + list_replicas(named(behind)) + " never joined it";
     }
     const collective_timeout error(msg);

@@ -6,15 +6,16 @@
 // serialised: exactly one of them wins. A waiter that gave up has therefore never been counted in a
 // completed barrier, and no other replica can be touching its buffers when it unwinds.
 //
-// Waiting follows detail/backoff.hpp (spin, yield, then block on a condition variable with a
-// deadline). With more replicas than hardware threads it does not spin.
+// Waiting follows detail/backoff.hpp (spin, yield, then sleep on a wake_word until a deadline), and a
+// wait that may fail checks its deadline in each of those phases. With more replicas than hardware
+// threads it does not spin. Once a group has failed, the replicas leave without taking a lock, so
+// that many of them on a loaded machine do not queue for one.
 
 #include <distribute/detail/backoff.hpp>
 #include <distribute/errors.hpp>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -43,6 +44,7 @@ class rendezvous {
   void reset() noexcept {
     state_.store(0, std::memory_order_relaxed);
     departed_.store(0, std::memory_order_relaxed);
+    has_cause_.store(false, std::memory_order_relaxed);
     std::lock_guard lk(mu_);
     cause_ = nullptr;
     cause_message_.clear();
@@ -50,7 +52,8 @@ class rendezvous {
 
   // Arrive and wait for the others. If `may_fail`, gives up at the deadline, when the group is aborted
   // or when a replica departed; otherwise (the second barrier of a collective, which every replica is
-  // guaranteed to reach) waits unconditionally.
+  // guaranteed to reach) waits unconditionally. A caller told `departed` or `timed_out` has failed the
+  // group, and must then call `abort` with the reason: that releases the others.
   outcome arrive_and_wait(std::chrono::steady_clock::time_point deadline, bool may_fail) {
     std::uint64_t s = state_.load(std::memory_order_acquire);
     for (;;) {
@@ -74,17 +77,21 @@ class rendezvous {
     wake_all();
   }
 
-  // A replica failed. The first failure is the cause that every other replica reports.
+  // A replica failed. The first failure is the cause that every other replica reports; later ones
+  // change nothing and wake nobody.
   void abort(std::exception_ptr cause, std::string message) {
-    {
+    bool first = false;
+    if (!has_cause_.load(std::memory_order_acquire)) {
       std::lock_guard lk(mu_);
       if (!cause_) {
         cause_ = std::move(cause);
         cause_message_ = std::move(message);
+        has_cause_.store(true, std::memory_order_release);
+        first = true;
       }
     }
-    state_.fetch_or(aborted_bit, std::memory_order_acq_rel);
-    wake_all();
+    const std::uint64_t before = state_.fetch_or(aborted_bit, std::memory_order_acq_rel);
+    if (first || !(before & aborted_bit)) wake_all();
   }
 
   std::exception_ptr cause() const {
@@ -93,24 +100,27 @@ class rendezvous {
   }
   // The message of the failure that aborted the group. Whoever sets the aborted bit records a cause
   // right after (a waiter that withdrew does so once it has built its message), so a replica that saw
-  // the bit waits here for that moment instead of reporting an empty reason.
+  // the bit waits here for that moment instead of reporting an empty reason. The message is written
+  // once per step, before `has_cause_` is set, and read without the lock.
   std::string cause_message() {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return cause_ != nullptr; });
-    return cause_message_;
+    for (;;) {
+      const std::uint32_t seen = wake_.current();
+      if (has_cause_.load(std::memory_order_acquire)) return cause_message_;
+      wake_.wait_until(seen, std::chrono::steady_clock::time_point::max());
+    }
   }
 
  private:
   bool released(std::uint64_t s, std::uint64_t gen) const noexcept { return (s & gen_mask) != gen; }
 
   // Give up on a barrier of generation `gen`, unless it completed meanwhile. Returns true if given up.
+  // It wakes nobody: the one that gave up records the cause next (`abort`), which wakes the others
+  // once, with the reason ready, instead of twice, the first time only to wait for the reason.
   bool withdraw(std::uint64_t gen) noexcept {
     std::uint64_t s = state_.load(std::memory_order_acquire);
     while (!released(s, gen)) {
-      if (state_.compare_exchange_weak(s, s | aborted_bit, std::memory_order_acq_rel, std::memory_order_acquire)) {
-        wake_all();
+      if (state_.compare_exchange_weak(s, s | aborted_bit, std::memory_order_acq_rel, std::memory_order_acquire))
         return true;
-      }
     }
     return false;
   }
@@ -131,34 +141,31 @@ class rendezvous {
       return o;
     };
     std::optional<outcome> o;
-    if (distribute::detail::spin_then_yield([&] { return (o = check()).has_value(); }, spin_)) return settle(*o);
-    {
-      std::unique_lock lk(mu_);
-      while (!(o = check())) {
-        if (!may_fail) {
-          cv_.wait(lk);
-        } else if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
-          if (!(o = check())) o = outcome::timed_out;
-          break;
-        }
+    const auto until = may_fail ? deadline : std::chrono::steady_clock::time_point::max();
+    if (distribute::detail::spin_then_yield([&] { return (o = check()).has_value(); }, spin_, until)) return settle(*o);
+    for (;;) {
+      // Read before checking: a change after the check bumps the word, and the sleep returns at once.
+      const std::uint32_t seen = wake_.current();
+      if ((o = check())) break;
+      if (std::chrono::steady_clock::now() >= until) {
+        o = outcome::timed_out;
+        break;
       }
+      wake_.wait_until(seen, until);
     }
     return settle(*o);
   }
 
-  void wake_all() {
-    // Taking the mutex orders this wake-up after any waiter's predicate check: no lost wake-ups.
-    { std::lock_guard lk(mu_); }
-    cv_.notify_all();
-  }
+  void wake_all() { wake_.wake_all(); }
 
 
   const std::uint64_t n_;
   bool spin_ = false;
   std::atomic<std::uint64_t> state_{0};
   std::atomic<int> departed_{0};
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::atomic<bool> has_cause_{false};
+  distribute::detail::wake_word wake_;
+  mutable std::mutex mu_;  // for the cause, while it is being recorded
   std::exception_ptr cause_;
   std::string cause_message_;
 };
