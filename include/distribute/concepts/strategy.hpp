@@ -36,6 +36,11 @@ concept strategy = requires(S& s, const S& cs, typename S::template mirrored_typ
   requires device<typename S::device_type>;
   requires replica<typename S::replica_type>;
   { cs.num_replicas_in_sync() } -> std::convertible_to<int>;
+  { cs.num_local_replicas() } -> std::convertible_to<int>;
+  { cs.worker_index() } -> std::convertible_to<int>;
+  { cs.num_workers() } -> std::convertible_to<int>;
+  { cs.is_chief() } -> std::convertible_to<bool>;
+  { cs.first_replica_id() } -> std::convertible_to<int>;
   cs.devices();
   s.run(detail::probe_step{});
   { cs.reduce(reduce_op::sum, s.run(detail::probe_step{})) } -> std::same_as<float>;

@@ -133,6 +133,15 @@ class strategy_base {
   template <class T>
   using mirrored_type = mirrored<T, Extent>;
 
+  // Where this process stands in the job: every strategy answers these, so that "the chief saves,
+  // the others wait" and logging code stay the same when the strategy changes. A single process is
+  // the whole job: worker 0 of 1, the chief, holding every replica.
+  static constexpr int worker_index() noexcept { return 0; }
+  static constexpr int num_workers() noexcept { return 1; }
+  static constexpr bool is_chief() noexcept { return true; }
+  int num_local_replicas() const noexcept { return self().num_replicas_in_sync(); }
+  static constexpr int first_replica_id() noexcept { return 0; }
+
   // Reduces one value per replica to one value, in replica order (deterministic). Arithmetic values
   // give a value; sequences of them reduce element-wise and give a std::vector. `mean` divides the
   // sum by the replica count.
