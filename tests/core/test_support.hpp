@@ -40,9 +40,17 @@ std::vector<T> values_for(int rank, std::size_t n, reduce_op op, std::uint32_t s
 // The reduction done serially, in rank order: what every replica must hold after an all-reduce.
 template <class T>
 std::vector<T> serial_reduce(reduce_op op, const std::vector<std::vector<T>>& inputs) {
-  std::vector<T> acc = inputs.at(0);
-  for (std::size_t r = 1; r < inputs.size(); ++r)
-    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = detail::combine(op, acc[i], inputs[r][i]);
+  // The documented grouping: inputs [lo, hi) split at the largest power of two below their count.
+  const auto tree = [&](auto&& self, std::size_t lo, std::size_t hi) -> std::vector<T> {
+    if (hi - lo == 1) return inputs.at(lo);
+    std::size_t half = 1;
+    while (half * 2 < hi - lo) half *= 2;
+    std::vector<T> left = self(self, lo, lo + half);
+    const std::vector<T> right = self(self, lo + half, hi);
+    for (std::size_t i = 0; i < left.size(); ++i) left[i] = detail::combine(op, left[i], right[i]);
+    return left;
+  };
+  std::vector<T> acc = tree(tree, 0, inputs.size());
   for (auto& x : acc) x = detail::finish(op, x, static_cast<int>(inputs.size()));
   return acc;
 }

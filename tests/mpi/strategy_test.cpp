@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <span>
 #include <string>
@@ -307,6 +308,50 @@ BOOST_AUTO_TEST_CASE(mirror_broadcast_and_verify_mirrored_cover_running_statisti
   (void)last.forward(r, batch(n - 1));
   for (const auto& bn : norms)
     BOOST_TEST(bn.running_mean() == last.running_mean(), boost::test_tools::tolerance(1e-12) << boost::test_tools::per_element());
+}
+
+// Workers of 2^k replicas each sum exactly what one process of all those replicas sums: every stage
+// combines in the same tree over replica order (comm/detail/reduce_kernel.hpp), whichever way a
+// worker's replicas take part (and above the window's small-buffer size as below it).
+BOOST_AUTO_TEST_CASE(workers_of_two_replicas_sum_the_bits_of_one_process) {
+  for (const auto how : both_local_reductions) {
+    auto make = [](dist::comm::local_reduction h) {
+      return std::make_unique<strategy_type>(
+          dist::multi_worker_options{.local_replicas = 2, .mpi = dist::test::test_mpi_options(), .local_reduction = h});
+    };
+    static const auto first = make(dist::comm::local_reduction::first_replica);
+    static const auto parallel = make(dist::comm::local_reduction::parallel);
+    auto& s = how == dist::comm::local_reduction::first_replica ? *first : *parallel;
+    const int n = s.num_replicas_in_sync();
+    for (const std::size_t size : {std::size_t{1000}, std::size_t{300000}}) {
+      auto input = [&](int replica) {
+        std::vector<float> v(size);
+        std::uint32_t x = 12345u + static_cast<std::uint32_t>(replica) * 7919u;
+        for (auto& e : v) {
+          x = x * 1664525u + 1013904223u;
+          e = static_cast<float>(x >> 8) * 1e-5f - 83.0f;  // values whose sums round
+        }
+        return v;
+      };
+      // The tree over replicas [lo, hi): split at the largest power of two below the count.
+      auto tree = [&](auto&& self, int lo, int hi) -> std::vector<float> {
+        if (hi - lo == 1) return input(lo);
+        int half = 1;
+        while (half * 2 < hi - lo) half *= 2;
+        auto left = self(self, lo, lo + half);
+        const auto right = self(self, lo + half, hi);
+        for (std::size_t i = 0; i < left.size(); ++i) left[i] += right[i];
+        return left;
+      };
+      const auto want = tree(tree, 0, n);
+      const auto same = s.run([&](dist::replica auto& r) {
+        auto v = input(r.replica_id());
+        r.all_reduce(dist::reduce_op::sum, v);
+        return static_cast<int>(std::memcmp(v.data(), want.data(), v.size() * sizeof(float)) == 0);
+      });
+      for (int ok : same) BOOST_TEST(ok == 1, name_of(how) << ", " << size << " floats: not the bits of one process");
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(distribute_shards_the_global_batch_over_workers) {

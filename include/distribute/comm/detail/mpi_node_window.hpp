@@ -64,8 +64,8 @@ struct window_failure {
 };
 
 // A worker's contribution to `len` elements at (buffer i, element at) of its lists of buffers: its one
-// list's, or its lists' combined in list order, written to `to` (which may be the first list's own
-// elements). `srcs` has room for a pointer per list.
+// list's, or its lists' combined (the tree over list order of reduce_kernel.hpp), written to `to`
+// (which may be the first list's own elements). `srcs` has room for a pointer per list.
 template <class T>
 void combine_lists(reduce_op op, std::span<const std::span<const std::span<T>>> lists, std::size_t i, std::size_t at,
                    std::size_t len, T* to, const void** srcs) {
@@ -196,15 +196,22 @@ class mpi_node_window {
       wait_all(deadline, fail);
       if (c == 0) compare_calls_or_fail(deadline, fail);
 
-      // D: reduce my segment, in worker order (this worker's contributions in local order), into
-      // every local list and my half.
+      // D: reduce my segment, in worker order, into every local list and my half. Every worker's
+      // contribution is its lists combined first (as the others published theirs), so the grouping is
+      // the same in every segment: the tree over workers of the trees over their lists
+      // (reduce_kernel.hpp).
       for_each_run_at(first, lo + seg(r), lo + seg(r + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
+        T* const out = mine + seg(r) + off;
         std::size_t k = 0;
         for (int q = 0; q < r; ++q) srcs_[k++] = in_half(q) + seg(r) + off;
-        gather(srcs_.data() + k, i, at);
-        k += R;
+        if (R == 1) {
+          gather(srcs_.data() + k, i, at);
+        } else {
+          combine_lists(sum_op, locals, i, at, len, out, srcs_.data() + P);
+          srcs_[k] = out;
+        }
+        ++k;
         for (int q = r + 1; q < P; ++q) srcs_[k++] = in_half(q) + seg(r) + off;
-        T* const out = mine + seg(r) + off;
         dsts_[0] = out;
         if (op == reduce_op::mean) {
           reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(k), 0, len, dsts_.data(), 1);
