@@ -132,6 +132,46 @@ BOOST_AUTO_TEST_CASE(workers_that_disagree_stop_the_job_with_each_call_named) {
   BOOST_TEST(r.seconds < 30.0);
 }
 
+// Worker 1's strategy.reduce meets worker 0's gradient all-reduce: the same wire-level collective
+// (all_reduce(sum) of 1 float32). The API labels tell them apart; each worker prints one line naming
+// both calls and their steps, and an exception left uncaught ends the job without a signal's backtrace.
+BOOST_AUTO_TEST_CASE(a_reduce_meeting_a_gradient_all_reduce_names_both_calls) {
+  for (const std::string extra : {"", " --no-shared-memory", " --uncaught"}) {
+    BOOST_TEST_CONTEXT("flags:" << extra) {
+      const auto r = run_job(2, "--scenario=api-mismatch --replicas=1 --timeout-ms=5000" + extra);
+      BOOST_TEST(r.exit_code != 0);
+      const std::string w0 = "worker 0 called all_reduce(sum) of 1 float32 from all_reduce_gradients in step 1";
+      const std::string w1 = "worker 1 called all_reduce(sum) of 1 float32 from strategy.reduce after step 1";
+      BOOST_TEST(has(r, w0));
+      BOOST_TEST(has(r, w1));
+      // One line per worker that saw it (the first to leave may end the job before the other prints):
+      // never the same failure twice from one worker.
+      auto count = [&](const std::string& text) {
+        std::size_t n = 0;
+        for (std::size_t at = r.output.find(text); at != std::string::npos; at = r.output.find(text, at + 1)) ++n;
+        return n;
+      };
+      BOOST_TEST(count(w1) >= 1u);
+      BOOST_TEST(count(w1) <= 2u);
+      BOOST_TEST(count("distribute: worker 0 of 2 failed:") <= 1u);
+      BOOST_TEST(count("distribute: worker 1 of 2 failed:") <= 1u);
+      BOOST_TEST(!has(r, "uncaught exception"), "the uncaught failure is not printed again");
+      BOOST_TEST(!has(r, "terminate called"));
+      BOOST_TEST(!has(r, "Process received signal"));
+      BOOST_TEST(r.seconds < 30.0);
+    }
+  }
+}
+
+// An exception outside any step unwinds worker 1's strategy: the worker leaves the job, and worker 0,
+// waiting in a step, stops at once rather than at its 60 s timeout.
+BOOST_AUTO_TEST_CASE(a_worker_whose_program_throws_outside_a_step_ends_the_job_at_once) {
+  const auto r = run_job(2, "--scenario=throw-outside --timeout-ms=60000");
+  BOOST_TEST(r.exit_code != 0);
+  BOOST_TEST(has(r, "worker 1 of 2 failed: an exception ended the program's use of the strategy"));
+  BOOST_TEST(r.seconds < 30.0, "the job stopped after " << r.seconds << " s");
+}
+
 BOOST_AUTO_TEST_CASE(without_fingerprints_a_size_mismatch_still_stops_the_job) {
   // Through shared memory every worker's call is compared in any build ...
   const auto r = run_job(2, "--scenario=mismatch --no-fingerprints --replicas=1 --timeout-ms=5000");

@@ -6,6 +6,10 @@
 //   --scenario=stall    the last worker stops taking part at step 3; the others must time out.
 //   --scenario=mismatch worker 1's replicas all-reduce one element more than the others'
 //                       (--no-fingerprints: without the fingerprint check).
+//   --scenario=throw-outside worker 1's program throws outside any step (its input is missing, say)
+//                       while worker 0 waits in a step's all-reduce.
+//   --scenario=api-mismatch after a step, worker 1 reports a loss with strategy.reduce while worker 0
+//                       runs another step: the same all-reduce of one float32, from different APIs.
 // Any scenario: --no-shared-memory makes the workers all-reduce over the ring of messages.
 //   --scenario=throw    a replica of worker 1 throws at step 2 (--linger: the process then sleeps).
 //   --scenario=single   a program started without a launcher is one worker.
@@ -24,6 +28,7 @@
 #include <fstream>
 #include <map>
 #include <stdexcept>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -160,6 +165,38 @@ int mismatch(strategy_type& s) {
   return 4;
 }
 
+// Worker 0 runs a second training step (its gradient all-reduce: one float) while worker 1, whose
+// input ran out, reports its loss (strategy.reduce: one float). Both must name both calls.
+struct one_weight {
+  using scalar_type = float;
+  std::vector<float> w{1.0f}, g{0.5f};
+  template <class F>
+  void for_each_parameter(F&& f) {
+    f(std::span<float>(w), std::span<float>(g));
+  }
+};
+
+int api_mismatch(strategy_type& s) {
+  auto models = s.mirror([](auto&) { return one_weight{}; });
+  s.run([](dist::replica auto& r, one_weight& m) { r.all_reduce_gradients(m); }, models);
+  if (s.worker_index() == 1) {
+    const auto losses = s.run([](dist::replica auto&) { return 1.0f; });
+    std::printf("loss %f\n", static_cast<double>(s.reduce(dist::reduce_op::sum, losses)));
+  } else {
+    s.run([](dist::replica auto& r, one_weight& m) { r.all_reduce_gradients(m); }, models);
+  }
+  return 4;
+}
+
+int throws_outside(strategy_type& s) {
+  if (s.worker_index() == 1) throw std::runtime_error("no input file");
+  s.run([](dist::replica auto& r) {
+    std::vector<float> g(1000, 1.0f);
+    r.all_reduce(dist::reduce_op::sum, g);
+  });
+  return 4;
+}
+
 int single(const arguments& args) {
   strategy_type s{options_from(args)};
   const bool ok = s.num_workers() == 1 && s.worker_index() == 0 && s.is_chief() && s.num_replicas_in_sync() == 2;
@@ -179,12 +216,14 @@ int run_scenario(int argc, char** argv) {
     if (name == "train") return train(s, args);
     if (name == "stall") return stall(s);
     if (name == "mismatch") return mismatch(s);
+    if (name == "api-mismatch") return api_mismatch(s);
+    if (name == "throw-outside") return throws_outside(s);
     if (name == "throw") return throws(s, args);
     std::fprintf(stderr, "unknown scenario %s\n", name.c_str());
     return 4;
-  } catch (const dist::collective_error& e) {
-    std::fprintf(stderr, "caught collective error: %s\n", e.what());
-    return 3;
+  } catch (const dist::collective_error&) {
+    if (args.contains("uncaught")) throw;  // to main's caller: std::terminate
+    return 3;  // the library printed it, once, as this worker left the job
   } catch (const std::exception& e) {
     std::fprintf(stderr, "caught: %s\n", e.what());
     return 4;

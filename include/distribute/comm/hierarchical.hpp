@@ -75,7 +75,10 @@ class hierarchical_group {
         worker_{cross_.rank()},
         published_(static_cast<std::size_t>(local_replicas)) {
     std::vector<int> counts(static_cast<std::size_t>(cross_.size()));
-    cross_.all_gather(std::span<const int>(&local_replicas, 1), std::span<int>(counts));
+    {
+      const collective_label label("strategy construction (replica counts)");
+      cross_.all_gather(std::span<const int>(&local_replicas, 1), std::span<int>(counts));
+    }
     first_.assign(counts.size() + 1, 0);
     for (std::size_t w = 0; w < counts.size(); ++w) {
       if (counts[w] < 1)

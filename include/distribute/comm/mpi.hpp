@@ -297,6 +297,7 @@ class mpi {
     active_call c{{static_cast<std::int64_t>(kind), type, static_cast<std::int64_t>(op), static_cast<std::int64_t>(count),
                    root, s.seq++},
                   std::chrono::steady_clock::now() + s.options.collectives.timeout};
+    c.call.set_origin(distribute::detail::current_origin);
     if (!s.failure.empty())
       throw collective_aborted("distribute: " + detail::describe_at(c.call) + " on worker " + std::to_string(s.rank) +
                                " cannot run: an earlier collective failed: " + s.failure);

@@ -18,6 +18,7 @@
 #include <distribute/comm/detail/reduce_kernel.hpp>
 #include <distribute/comm/detail/rendezvous.hpp>
 #include <distribute/collective_options.hpp>
+#include <distribute/collective_origin.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/errors.hpp>
 #include <distribute/reduce_op.hpp>
@@ -74,10 +75,14 @@ struct descriptor {
   std::size_t n_segs = 0;
   const void* in = nullptr;
   void* out = nullptr;
+  // Where it was issued (collective_origin.hpp): filled in when the rank posts it.
+  const char* api = nullptr;
+  std::int64_t step = -1;
+  bool in_step = false;
 };
 
 inline bool same_call(const descriptor& a, const descriptor& b) noexcept {
-  if (a.kind != b.kind) return false;
+  if (a.kind != b.kind || !distribute::detail::same_api(a.api, b.api)) return false;
   if (a.kind == collective_kind::barrier) return true;
   if (a.type != b.type || a.count != b.count || a.out_count != b.out_count || a.n_segs != b.n_segs) return false;
   if ((a.kind == collective_kind::all_reduce || a.kind == collective_kind::reduce_scatter) && a.op != b.op)
@@ -92,7 +97,7 @@ inline std::string describe(const descriptor& d) {
   std::string s = to_string(d.kind);
   const std::string t(distribute::to_string(d.type));
   switch (d.kind) {
-    case collective_kind::barrier: return s;
+    case collective_kind::barrier: return s + distribute::detail::describe_origin(d.api, d.step, d.in_step);
     case collective_kind::all_reduce:
     case collective_kind::reduce_scatter: s += "("; s += distribute::to_string(d.op); s += ")"; break;
     case collective_kind::broadcast: s += " from replica " + std::to_string(d.root); break;
@@ -107,7 +112,7 @@ inline std::string describe(const descriptor& d) {
   }
   if (d.kind == collective_kind::reduce_scatter || d.kind == collective_kind::all_gather)
     s += " into " + std::to_string(d.out_count);
-  return s;
+  return s + distribute::detail::describe_origin(d.api, d.step, d.in_step);
 }
 
 inline std::string list_replicas(const std::vector<int>& ranks) {
@@ -357,11 +362,15 @@ class shared_memory {
     const std::uint64_t seq = mine.seq.load(std::memory_order_relaxed);
     const std::size_t parity = seq & 1;
     mine.posted[parity] = d;
+    const collective_origin& origin = distribute::detail::current_origin;
+    mine.posted[parity].api = origin.api;
+    mine.posted[parity].step = origin.step;
+    mine.posted[parity].in_step = origin.in_step;
     mine.seq.store(seq + 1, std::memory_order_relaxed);
 
     const auto started = std::chrono::steady_clock::now();
     const auto outcome = g.rendezvous_.arrive_and_wait(started + g.options_.timeout, /*may_fail=*/true);
-    if (outcome != detail::rendezvous::outcome::completed) fail(outcome, d, seq, started);
+    if (outcome != detail::rendezvous::outcome::completed) fail(outcome, mine.posted[parity], seq, started);
 
     const slot_view view{&g, parity, mine};
     if (auto message = mismatch(view, seq)) {

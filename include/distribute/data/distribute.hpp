@@ -21,6 +21,21 @@
 //   automatic  file when the pipeline can be sharded by file and has enough files, else data
 // Then a prefetch of `prefetch` steps on `prefetch_threads` threads is appended (as tf.distribute
 // does); a map at the end of the dataset is fused with the split, so those threads run it too.
+//
+// Uneven input across workers: with several workers, the strategy's distributed dataset makes the
+// workers agree, before every step, on how many examples the step holds across the job and how many
+// workers have run out (one all-reduce of two integers, on the thread that iterates). A worker never
+// leaves the loop alone, so workers never pair the wrong collectives; `uneven_input` says what
+// happens when some workers run out before others:
+//   join          (default) the loop goes on until every worker is out; a worker that is out takes
+//                 part with empty batches (DDP's Join, tf.distribute's partial batches): no example
+//                 is dropped and every collective of the step still has every replica
+//   end_together  the loop ends on every worker at the first step some worker has no input for; the
+//                 other workers' remaining examples of that pass are dropped
+// Either way, every part's `global_size` (when it was split from a global batch) is the step's count
+// across the whole job, so a short step is weighted by its true count. Iterate the distributed
+// dataset on one thread per worker, between steps (not from inside `run`), like the strategy's other
+// collectives; it refers to the strategy, which must outlive it.
 
 #include <distribute/data/dataset.hpp>
 #include <distribute/data/detail/batching.hpp>
@@ -28,6 +43,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <span>
@@ -41,8 +57,12 @@ namespace distribute::data {
 
 enum class shard_policy { off, data, file, automatic };
 
+// What the workers do when some run out of input before others (see above).
+enum class uneven_input { join, end_together };
+
 struct distribute_options {
   shard_policy policy = shard_policy::automatic;
+  uneven_input uneven = uneven_input::join;
   std::size_t num_workers = 1;
   std::size_t worker_index = 0;
   std::size_t prefetch = 2;  // steps prepared ahead (at least 1)
@@ -113,6 +133,112 @@ inline void check_options(const distribute_options& o, std::size_t replicas) {
 
 }  // namespace detail
 
+namespace detail {
+
+// Before each step the workers exchange {examples this worker has for the step, 1 if it has none}
+// and receive the sums over the job (the strategy's all-reduce).
+using step_census = std::array<std::uint64_t, 2>;
+using census_function = std::function<step_census(step_census)>;
+
+template <class B>
+std::size_t global_size_of(const B& b) {
+  if constexpr (requires { b.global_size; }) return b.global_size;
+  else if constexpr (requires { b.first; }) return global_size_of(b.first);
+  else return 0;
+}
+
+template <class B>
+void set_global_size(B& b, std::size_t n) {
+  if constexpr (requires { b.global_size; }) {
+    if (b.global_size != 0) b.global_size = n;
+  } else if constexpr (requires { b.first; b.second; }) {
+    set_global_size(b.first, n);
+    set_global_size(b.second, n);
+  }
+}
+
+// A distributed dataset whose workers agree on every step (see "Uneven input across workers").
+template <class D>
+class agreed_steps_dataset : public dataset_base<agreed_steps_dataset<D>> {
+  static_assert(dataset<D>);
+
+ public:
+  using element_type = element_t<D>;  // per_replica<batch, Extent>
+
+ private:
+  using batch_type = std::remove_cvref_t<decltype(std::declval<element_type&>()[0])>;
+  using split = splitting<batch_type>;
+
+ public:
+  agreed_steps_dataset(D input, census_function census, uneven_input mode, std::size_t worker, std::size_t workers,
+                       bool same_steps)
+      : input_(std::move(input)), census_(std::move(census)), mode_{mode}, worker_{worker}, workers_{workers},
+        same_steps_{same_steps} {}
+
+  class cursor_type {
+   public:
+    cursor_type(cursor_t<D> in, const agreed_steps_dataset& owner)
+        : in_(std::move(in)), census_{owner.census_}, mode_{owner.mode_}, worker_{owner.worker_}, workers_{owner.workers_} {}
+
+    std::optional<element_type> next() {
+      if (ended_) return std::nullopt;
+      std::optional<element_type> mine;
+      if (!out_) {
+        mine = in_.next();
+        out_ = !mine.has_value();
+      }
+      std::uint64_t count = 0;
+      if (mine)
+        for (std::size_t r = 0; r < mine->size(); ++r) count += split::count((*mine)[r]);
+      const step_census job = census_(step_census{count, out_ ? 1u : 0u});
+      const std::uint64_t examples = job[0], workers_out = job[1];
+      if (workers_out == workers_ || (workers_out > 0 && mode_ == uneven_input::end_together)) {
+        ended_ = true;
+        return std::nullopt;
+      }
+      if (!mine) {
+        if (!shape_)
+          throw std::runtime_error("distribute::data: worker " + std::to_string(worker_) +
+                                   " has no input at all while other workers do, so it cannot join their steps with "
+                                   "empty batches of the right shape; give every worker input (shard_policy::data) "
+                                   "or use uneven_input::end_together");
+        const auto& shape = *shape_;
+        mine.emplace(make_replica_values<element_type>(shape.size(), [&](std::size_t r) {
+          return split::slice(shape[r], 0, 0, global_size_of(shape[r]));
+        }));
+      } else if (!shape_) {
+        shape_.emplace(make_replica_values<element_type>(mine->size(), [&](std::size_t r) {
+          return split::slice((*mine)[r], 0, 0, global_size_of((*mine)[r]));
+        }));
+      }
+      for (std::size_t r = 0; r < mine->size(); ++r) set_global_size((*mine)[r], static_cast<std::size_t>(examples));
+      return mine;
+    }
+
+   private:
+    cursor_t<D> in_;
+    census_function census_;
+    uneven_input mode_;
+    std::size_t worker_, workers_;
+    std::optional<element_type> shape_;  // empty parts of this worker's shapes, for steps it joins
+    bool out_ = false, ended_ = false;
+  };
+
+  cursor_type cursor(std::uint64_t epoch) const { return {input_.cursor(epoch), *this}; }
+  // Exact when every worker reads the same number of steps (sharding by data, or off); unknown when
+  // workers read their own files.
+  std::int64_t cardinality() const { return same_steps_ ? input_.cardinality() : unknown_cardinality; }
+
+ private:
+  D input_;
+  census_function census_;
+  uneven_input mode_;
+  std::size_t worker_, workers_;
+  bool same_steps_;
+};
+
+}  // namespace detail
+
 template <class D, std::size_t Extent>
 struct distributor {
   static_assert(dataset<D>, "distribute::data: strategy.distribute(ds) needs a data::dataset");
@@ -120,17 +246,22 @@ struct distributor {
                 "distribute::data: strategy.distribute(ds) re-batches GLOBAL batches: call .batch(global_batch_size) on "
                 "the dataset first (its elements must be data::batch, std::vector or a pair of them)");
 
-  static auto distribute(const D& ds, std::size_t replicas, const distribute_options& o) {
+  // `census`: the strategy's agreement between workers (detail::census_function), or nullptr for a
+  // strategy of one process.
+  template <class Census = std::nullptr_t>
+  static auto distribute(const D& ds, std::size_t replicas, const distribute_options& o, Census census = nullptr) {
     detail::check_options(o, replicas);
     if (Extent != std::dynamic_extent && replicas != Extent)
       throw std::invalid_argument("distribute::data: replica count does not match the strategy's extent");
     const std::size_t workers = o.num_workers, w = o.worker_index;
     std::optional<D> pipeline(ds);  // optional: a D holding a lambda cannot be assigned, only re-made
     std::size_t parts = workers * replicas, first = w * replicas;  // shard_policy::data
+    bool own_files = false;
     const auto by_file = [&](const auto& d) {  // generic, so that it is only instantiated for file_shardable D
       pipeline.emplace(d.shard_files(w, workers));
       parts = replicas;
       first = 0;
+      own_files = true;
     };
     if (workers > 1) {
       switch (o.policy) {
@@ -162,13 +293,20 @@ struct distributor {
                 pipeline.emplace(ds);
                 parts = workers * replicas;
                 first = w * replicas;
+                own_files = false;
               }
             }
           }
           break;
       }
     }
-    return pipeline->map(detail::split_global_batch<Extent>{replicas, parts, first}).prefetch(o.prefetch, o.prefetch_threads);
+    auto out = pipeline->map(detail::split_global_batch<Extent>{replicas, parts, first}).prefetch(o.prefetch, o.prefetch_threads);
+    if constexpr (std::is_same_v<Census, std::nullptr_t>) {
+      return out;
+    } else {
+      return detail::agreed_steps_dataset<decltype(out)>(std::move(out), detail::census_function(std::move(census)), o.uneven,
+                                                         w, workers, !own_files);
+    }
   }
 };
 
@@ -222,7 +360,8 @@ class replica_group_dataset : public dataset_base<replica_group_dataset<D, Exten
 
 template <class F, std::size_t Extent>
 struct function_distributor {
-  static auto distribute(const F& fn, std::size_t replicas, const distribute_options& o) {
+  template <class Census = std::nullptr_t>
+  static auto distribute(const F& fn, std::size_t replicas, const distribute_options& o, Census census = nullptr) {
     static_assert(std::invocable<const F&, const input_context&>,
                   "distribute::data: distribute_from_function(fn) calls fn(const data::input_context&)");
     using D = std::remove_cvref_t<std::invoke_result_t<const F&, const input_context&>>;
@@ -232,7 +371,14 @@ struct function_distributor {
                   "(batch it with ctx.per_replica_batch_size(global_batch_size))");
     detail::check_options(o, replicas);
     const input_context ctx{o.num_workers, o.worker_index, o.num_workers * replicas};
-    return replica_group_dataset<D, Extent>(std::invoke(fn, ctx), replicas).prefetch(o.prefetch, o.prefetch_threads);
+    auto out = replica_group_dataset<D, Extent>(std::invoke(fn, ctx), replicas).prefetch(o.prefetch, o.prefetch_threads);
+    if constexpr (std::is_same_v<Census, std::nullptr_t>) {
+      return out;
+    } else {
+      // Each worker's function makes its own pipeline: the workers may read different numbers of steps.
+      return detail::agreed_steps_dataset<decltype(out)>(std::move(out), detail::census_function(std::move(census)), o.uneven,
+                                                         o.worker_index, o.num_workers, false);
+    }
   }
 };
 

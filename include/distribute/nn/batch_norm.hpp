@@ -14,6 +14,7 @@
 // (momentum 0.1, unbiased variance, PyTorch's convention); eval mode normalises with the running
 // statistics and communicates nothing. gamma starts N(1, 0.02), beta at zero.
 
+#include <distribute/collective_origin.hpp>
 #include <distribute/comm/local.hpp>
 #include <distribute/nn/detail/batch_stats.hpp>
 #include <distribute/nn/detail/kernels.hpp>
@@ -143,7 +144,10 @@ class basic_batch_norm {
     std::vector<T> coef(3 * uc, T(0));
     if (forward_training_) {
       // Eval mode needs no statistics of dy: an affine map per channel (the means stay zero).
-      if constexpr (Sync && communicates<R>) r.all_reduce(reduce_op::sum, sums);
+      if constexpr (Sync && communicates<R>) {
+        const collective_label label("sync_batch_norm backward");
+        r.all_reduce(reduce_op::sum, sums);
+      }
     }
     const double m = total_count_;
     for (std::size_t c = 0; c < uc; ++c) {
@@ -188,7 +192,10 @@ class basic_batch_norm {
       mine[C + c] = m[c].mean;
       mine[2 * C + c] = m[c].m2;
     }
-    r.all_gather(mine, all);
+    {
+      const collective_label label("sync_batch_norm forward");
+      r.all_gather(mine, all);
+    }
     for (std::size_t c = 0; c < C; ++c) {
       moments acc{};
       for (int q = 0; q < r.num_replicas(); ++q) {

@@ -73,8 +73,10 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
     const auto n = st.devices.size();
     std::vector<std::optional<std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>>> results(
         std::is_void_v<R> ? 0 : n);
+    const std::int64_t step = st.steps++;
     auto job = [&](int rank) noexcept {
       const auto r = static_cast<std::size_t>(rank);
+      const detail::step_scope in_step(step, true);
       try {
         if constexpr (std::is_void_v<R>) {
           std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...);
@@ -132,6 +134,7 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
     detail::engine_slot primary_engine;
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
+    std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
   };
 

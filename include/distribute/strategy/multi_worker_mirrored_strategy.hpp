@@ -32,6 +32,7 @@
 #include <distribute/strategy/detail/worker_replica_context.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <concepts>
 #include <cstddef>
@@ -45,6 +46,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -54,6 +56,8 @@ namespace distribute {
 namespace data::detail {
 template <std::size_t Extent>
 struct split_global_batch;  // <distribute/data/distribute.hpp>
+template <class D>
+class agreed_steps_dataset;
 }  // namespace data::detail
 
 struct multi_worker_options {
@@ -92,6 +96,18 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   multi_worker_mirrored_strategy(int& argc, char**& argv, multi_worker_options options = {})
       : multi_worker_mirrored_strategy((comm::detail::mpi_runtime::instance(&argc, &argv), options)) {}
 
+  multi_worker_mirrored_strategy(multi_worker_mirrored_strategy&&) noexcept = default;
+  multi_worker_mirrored_strategy& operator=(multi_worker_mirrored_strategy&&) noexcept = default;
+  // A strategy destroyed by an exception on its way up (one that did not come from a collective,
+  // whose failure has already taken this worker out) leaves the job: the other workers may be in a
+  // collective waiting for this one, and would otherwise wait for their timeout (MPI_Finalize waits
+  // for them too). The job is then aborted as for any failure.
+  ~multi_worker_mirrored_strategy() {
+    if (state_ && std::uncaught_exceptions() > 0 && state_->group.num_workers() > 1 && state_->failure.empty())
+      leave_job(*state_, std::make_exception_ptr(std::runtime_error(
+                             "an exception ended the program's use of the strategy (the worker left the job)")));
+  }
+
   // --- the job ---------------------------------------------------------------------------------
   int num_replicas_in_sync() const noexcept { return state_->group.total_replicas(); }
   int num_local_replicas() const noexcept { return state_->group.local_replicas(); }
@@ -118,15 +134,17 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     state& st = *state_;
     const step_guard guard(st);
-    check_usable("run");
+    check_usable("strategy.run");
     (check_argument(args), ...);
     auto& local = st.group.local_group();
     local.reset();
     const auto n = st.devices.size();
     std::vector<std::optional<std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>>> results(
         std::is_void_v<R> ? 0 : n);
+    const std::int64_t step = st.steps++;
     auto job = [&](int rank) noexcept {
       const auto r = static_cast<std::size_t>(rank);
+      const detail::step_scope in_step(step, true);
       try {
         if constexpr (std::is_void_v<R>) {
           std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...);
@@ -174,7 +192,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     const reduce_op partial = op == reduce_op::mean ? reduce_op::sum : op;
     T acc = values[0];
     for (std::size_t i = 1; i < values.size(); ++i) acc = detail::combine(partial, acc, values[i]);
-    across(op, std::span<T>(&acc, 1), "reduce");
+    across(op, std::span<T>(&acc, 1), "strategy.reduce");
     return acc;
   }
   template <detail::arithmetic_sequence S, std::size_t E>
@@ -192,7 +210,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
       std::size_t j = 0;
       for (const auto& x : values[i]) { acc[j] = detail::combine(partial, acc[j], static_cast<T>(x)); ++j; }
     }
-    across(op, std::span<T>(acc), "reduce");
+    across(op, std::span<T>(acc), "strategy.reduce");
     return acc;
   }
 
@@ -200,24 +218,28 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   template <detail::arithmetic T, std::size_t E>
   std::vector<T> gather(const per_replica<T, E>& values, int axis = 0) const {
     const std::vector<T> mine = local_elements(values, axis);
-    check_usable("gather");
+    check_usable("strategy.gather");
     auto& g = state_->group;
     std::vector<T> out(static_cast<std::size_t>(num_replicas_in_sync()));
     std::vector<std::size_t> counts(static_cast<std::size_t>(num_workers()));
     for (int w = 0; w < num_workers(); ++w) counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(g.replicas_of(w));
-    guarded([&] { g.cross().all_gather(std::span<const T>(mine), std::span<T>(out), std::span<const std::size_t>(counts)); });
+    guarded([&] {
+      const detail::api_scope origin("strategy.gather", last_step());
+      g.cross().all_gather(std::span<const T>(mine), std::span<T>(out), std::span<const std::size_t>(counts));
+    });
     return out;
   }
   template <detail::arithmetic_sequence S, std::size_t E>
   auto gather(const per_replica<S, E>& values, int axis = 0) const {
     using T = std::ranges::range_value_t<S>;
     const std::vector<T> mine = local_elements(values, axis);
-    check_usable("gather");
+    check_usable("strategy.gather");
     auto& cross = state_->group.cross();
     std::vector<std::uint64_t> counts(static_cast<std::size_t>(num_workers()));
     const std::uint64_t own = mine.size();
     std::vector<T> out;
     guarded([&] {
+      const detail::api_scope origin("strategy.gather", last_step());
       cross.all_gather(std::span<const std::uint64_t>(&own, 1), std::span<std::uint64_t>(counts));
       const std::vector<std::size_t> sizes(counts.begin(), counts.end());
       std::size_t total = 0;
@@ -240,7 +262,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
                   "contiguous sequence of trivially copyable elements");
     auto& devices = state_->devices;
     auto copies = this->template make<mirrored<T>>([&](std::size_t r) { return std::invoke(factory, devices[r]); });
-    sync_from(copies, 0);
+    sync_from(copies, 0, "strategy.mirror");
     return copies;
   }
 
@@ -254,7 +276,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
       static_assert(std::is_copy_assignable_v<T>, "distribute: broadcast of mirrored<T> copy-assigns T between local replicas");
       value[0] = value[static_cast<std::size_t>(from - first_replica_id())];
     }
-    sync_from(value, owner);
+    sync_from(value, owner, "strategy.broadcast");
   }
 
   // Compares a digest of every copy on every worker with replica 0's and throws
@@ -266,13 +288,14 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
                   "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
                   "copyable elements, a model (for_each_parameter) or to have a member `std::uint64_t state_digest() const`");
     check_count(value.size(), "verify_mirrored");
-    check_usable("verify_mirrored");
+    check_usable("strategy.verify_mirrored");
     std::vector<std::uint64_t> mine;
     for (const auto& v : value) mine.push_back(detail::digest_of(v));
     std::vector<std::uint64_t> all(static_cast<std::size_t>(num_replicas_in_sync()));
     std::vector<std::size_t> counts(static_cast<std::size_t>(num_workers()));
     for (int w = 0; w < num_workers(); ++w) counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(state_->group.replicas_of(w));
     guarded([&] {
+      const detail::api_scope origin("strategy.verify_mirrored", last_step());
       state_->group.cross().all_gather(std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
                                        std::span<const std::size_t>(counts));
     });
@@ -283,6 +306,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
         for (const auto& v : value) detail::append_model_digests(v, parts);
         for (auto& c : counts) c *= 2;
         guarded([&] {
+          const detail::api_scope origin("strategy.verify_mirrored (which parts differ)", last_step());
           state_->group.cross().all_gather(std::span<const std::uint64_t>(parts), std::span<std::uint64_t>(all_parts),
                                            std::span<const std::size_t>(counts));
         });
@@ -312,13 +336,16 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
           throw std::invalid_argument("distribute::data: distribute needs a prefetch of at least 1 step on at least 1 thread");
         // Named through Ds so that it is looked up where <distribute/data.hpp> is included.
         using split = std::conditional_t<sizeof(Ds) != 0, data::detail::split_global_batch<extent>, void>;
-        return dataset
+        auto out = dataset
             .map(split{local, static_cast<std::size_t>(num_replicas_in_sync()), static_cast<std::size_t>(first_replica_id())})
             .prefetch(options.prefetch, options.prefetch_threads);
+        return data::detail::agreed_steps_dataset<decltype(out)>(std::move(out), census(), options.uneven,
+                                                                 static_cast<std::size_t>(worker_index()),
+                                                                 static_cast<std::size_t>(num_workers()), true);
       }
     }
     fill_worker(options);
-    return data::distributor<Ds, extent>::distribute(dataset, local, options);
+    return data::distributor<Ds, extent>::distribute(dataset, local, options, census());
   }
   template <class Ds, class Options = data::distribute_options>
   auto distribute(const Ds& dataset) const {
@@ -334,7 +361,8 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
                                   "of the global batch; with workers holding different numbers of replicas use distribute "
                                   "or scatter");
     fill_worker(options);
-    return data::function_distributor<F, extent>::distribute(fn, static_cast<std::size_t>(num_local_replicas()), options);
+    return data::function_distributor<F, extent>::distribute(fn, static_cast<std::size_t>(num_local_replicas()), options,
+                                                             census());
   }
   template <class F, class Options = data::distribute_options>
   auto distribute_from_function(const F& fn) const {
@@ -387,6 +415,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     detail::engine_slot primary_engine;
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
+    std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)
     std::string failure;  // why this worker left the job
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
   };
@@ -413,12 +442,16 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
 
   // With other workers in the job, a failure on this one leaves them waiting in a collective that
   // will not complete: this worker leaves the job, and the job is aborted.
-  void fail_job(const std::exception_ptr& failure) const {
-    state& st = *state_;
-    if (num_workers() == 1 || !st.failure.empty()) return;
+  void fail_job(const std::exception_ptr& failure) const { leave_job(*state_, failure); }
+  static void leave_job(state& st, const std::exception_ptr& failure) {
+    const int workers = st.group.num_workers();
+    if (workers == 1 || !st.failure.empty()) return;
     st.failure = what(failure);
-    st.group.cross().leave("distribute: worker " + std::to_string(worker_index()) + " of " +
-                           std::to_string(num_workers()) + " failed: " + st.failure);
+    const std::string_view cause = std::string_view(st.failure).starts_with("distribute: ")
+                                       ? std::string_view(st.failure).substr(12)
+                                       : std::string_view(st.failure);
+    st.group.cross().leave("distribute: worker " + std::to_string(st.group.worker_index()) + " of " +
+                           std::to_string(workers) + " failed: " + std::string(cause));
   }
 
   // Runs cross-worker work of the calling thread; a failure is a failure of the job.
@@ -447,13 +480,17 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
       for (auto& v : values) v = detail::finish(op, v, num_replicas_in_sync());
       return;
     }
-    guarded([&] { state_->group.cross().all_reduce(op, values, num_replicas_in_sync()); });
+    guarded([&] {
+      const detail::api_scope origin(what_op, last_step());
+      state_->group.cross().all_reduce(op, values, num_replicas_in_sync());
+    });
   }
 
   // Copies the first local copy of worker `owner` to every copy on every worker.
   template <class T, std::size_t E>
-  void sync_from(mirrored<T, E>& value, int owner) const {
-    check_usable("broadcast");
+  void sync_from(mirrored<T, E>& value, int owner, const char* api) const {
+    check_usable(api);
+    const detail::api_scope origin(api, last_step());
     if (num_workers() > 1) {
       static_assert(detail::broadcastable_state<T>,
                     "distribute: broadcast between workers needs T to be a model (for_each_parameter), stream its "
@@ -468,6 +505,29 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
       }
     }
   }
+
+  // The distributed datasets' agreement before each step: {examples, workers out of input} summed
+  // over the workers (data/distribute.hpp). The dataset keeps this, so it refers to the state, which
+  // stays where it is when the strategy is moved.
+  auto census() const {
+    return [st = state_.get()](std::array<std::uint64_t, 2> mine) {
+      if (st->group.num_workers() == 1) return mine;
+      if (!st->failure.empty())
+        throw collective_aborted("distribute: the input agreement on worker " + std::to_string(st->group.worker_index()) +
+                                 " cannot run: this worker left the job after a failure: " + st->failure);
+      const detail::api_scope origin("input agreement (strategy.distribute)", st->steps - 1);
+      try {
+        st->group.cross().all_reduce(reduce_op::sum, std::span<std::uint64_t>(mine));
+      } catch (...) {
+        leave_job(*st, std::current_exception());
+        throw;
+      }
+      return mine;
+    };
+  }
+
+  // The step the strategy's own collectives come after (-1 before the first).
+  std::int64_t last_step() const noexcept { return state_->steps - 1; }
 
   bool same_replicas_everywhere() const noexcept {
     for (int w = 1; w < num_workers(); ++w)

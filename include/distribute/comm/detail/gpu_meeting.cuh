@@ -73,6 +73,9 @@ class gpu_meeting {
     slot& mine = slots_[idx(local)];
     const std::uint64_t seq = mine.seq.load(std::memory_order_relaxed);
     mine.posted[seq & 1] = d;
+    mine.posted[seq & 1].api = distribute::detail::current_origin.api;
+    mine.posted[seq & 1].step = distribute::detail::current_origin.step;
+    mine.posted[seq & 1].in_step = distribute::detail::current_origin.in_step;
     mine.seq.store(seq + 1, std::memory_order_release);
     if (size_ == 1) {
       if (aborted()) fail_meeting(rendezvous::outcome::aborted, local, d, seq);

@@ -8,6 +8,7 @@
 // `replica_context::all_reduce_gradients` stays a thin forwarding member and the strategies layer does
 // not depend on the nn layer above it.
 
+#include <distribute/collective_origin.hpp>
 #include <distribute/comm/local.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
@@ -60,6 +61,7 @@ std::size_t all_reduce_gradients(C& comm, M& model, const gradient_reduction& op
     return 0;
   } else {
     using T = typename M::scalar_type;
+    const collective_label label("all_reduce_gradients");
     std::vector<std::span<T>> bucket;
     std::size_t bytes = 0, collectives = 0;
     auto flush = [&] {

@@ -1,17 +1,20 @@
 #pragma once
 // What a worker calls, as the MPI communicator describes it in errors and compares across workers.
 //
-// The fingerprint (kind, element type, op, count, root, sequence number) is cheap to exchange: one
-// ring all-gather of six integers before the collective. Workers that disagree all reach the same
+// The fingerprint (kind, element type, op, count, root, sequence number, and the API that issued it:
+// collective_origin.hpp) is cheap to exchange: one ring all-gather of about a hundred bytes before the
+// collective. Workers that disagree all reach the same
 // verdict from the same gathered fingerprints, so they all throw the same `collective_mismatch`
 // before any data moves, and the communicator stays usable.
 
+#include <distribute/collective_origin.hpp>
 #include <distribute/comm/shared_memory.hpp>  // collective_kind
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -48,18 +51,35 @@ struct mpi_call {
   std::int64_t count = 0;  // elements: the buffer (all_reduce, broadcast) or the input (all_gather, reduce_scatter)
   std::int64_t root = 0;   // broadcast
   std::int64_t seq = 0;    // collectives this communicator has run before this one
+  // Where it was issued: the API's label (cut to fit), and the step, which is reported, not compared.
+  char api[48]{};
+  std::int64_t step = -1;
+  std::int64_t in_step = 0;
 
-  friend bool operator==(const mpi_call&, const mpi_call&) = default;
+  // Stamps the calling thread's origin (collective_origin.hpp) on the call.
+  void set_origin(const collective_origin& o) noexcept {
+    std::memset(api, 0, sizeof api);
+    if (o.api) std::strncpy(api, o.api, sizeof api - 1);
+    step = o.step;
+    in_step = o.in_step ? 1 : 0;
+  }
+
+  friend bool operator==(const mpi_call& a, const mpi_call& b) noexcept {
+    return a.kind == b.kind && a.type == b.type && a.op == b.op && a.count == b.count && a.root == b.root && a.seq == b.seq &&
+           std::strncmp(a.api, b.api, sizeof a.api) == 0;
+  }
 };
 
 inline std::string describe(const mpi_call& c) {
   const auto kind = static_cast<collective_kind>(c.kind);
+  const std::string api(c.api, strnlen(c.api, sizeof c.api));
+  const std::string origin = distribute::detail::describe_origin(api.c_str(), c.step, c.in_step != 0);
   std::string s = to_string(kind);
-  if (kind == collective_kind::barrier) return s;
+  if (kind == collective_kind::barrier) return s + origin;
   if (kind == collective_kind::all_reduce || kind == collective_kind::reduce_scatter)
     s += "(" + std::string(distribute::to_string(static_cast<reduce_op>(c.op))) + ")";
   if (kind == collective_kind::broadcast) s += " from worker " + std::to_string(c.root);
-  return s + " of " + std::to_string(c.count) + " " + type_name(c.type);
+  return s + " of " + std::to_string(c.count) + " " + type_name(c.type) + origin;
 }
 
 inline std::string describe_at(const mpi_call& c) {

@@ -8,6 +8,11 @@
 // log or write something), and the job is then aborted: at once when the process exits, or after a
 // grace period if it does not, by MPI_Abort, which ends every process of the job and cannot wait
 // for the dead.
+//
+// What a failed worker prints: one line on stderr, the failure it saw, when it leaves the job (a
+// program need not print the exception again). An exception that no one catches ends the job through
+// MPI_Abort, after one line naming it (or none, when it is the failure already printed), instead of
+// std::abort, whose signal makes the MPI library print a backtrace of every thread.
 
 // Only the C API is used: skip the deprecated C++ bindings (and their warnings).
 #ifndef OMPI_SKIP_MPICXX
@@ -22,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -67,8 +73,8 @@ class mpi_runtime {
     std::call_once(fail_once_, [&] {
       message_ = message;
       failed_.store(true);
-      std::fprintf(stderr, "%s\n(distribute: the MPI job is aborted when this process exits, or in %lld ms)\n",
-                   message.c_str(), static_cast<long long>(grace.count()));
+      std::fprintf(stderr, "%s [the MPI job is aborted when this process exits, or in %lld ms]\n", message.c_str(),
+                   static_cast<long long>(grace.count()));
       std::fflush(stderr);
       std::thread([grace] {
         std::this_thread::sleep_for(grace);
@@ -106,6 +112,34 @@ class mpi_runtime {
     const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &thread_level_);
     if (rc != MPI_SUCCESS) throw std::runtime_error("distribute: MPI_Init_thread failed: " + mpi_error_string(rc));
     owned_ = true;
+    previous_terminate() = std::set_terminate(&on_terminate);
+  }
+
+  static std::terminate_handler& previous_terminate() {
+    static std::terminate_handler handler = nullptr;
+    return handler;
+  }
+
+  // An exception nobody caught: one line (unless it is the failure this worker already printed when
+  // it left the job), then the job ends through MPI_Abort rather than a signal.
+  [[noreturn]] static void on_terminate() {
+    if (const std::exception_ptr e = std::current_exception()) {
+      mpi_runtime& self = instance();
+      std::string what = "an exception not derived from std::exception";
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        what = ex.what();
+      } catch (...) {
+      }
+      const std::string printed = self.failure_message();
+      const std::string cause = what.starts_with("distribute: ") ? what.substr(12) : what;
+      if (printed.empty() || printed.find(cause) == std::string::npos)
+        std::fprintf(stderr, "distribute: uncaught exception: %s\n", what.c_str());
+      abort_now();
+    }
+    if (auto previous = previous_terminate()) previous();
+    std::abort();
   }
 
   bool owned_ = false;
