@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,7 @@ namespace cyclegan {
 
 struct settings {
   std::string strategy = "mirrored";
-  int replicas = 2;
+  int replicas = 2;               // of the process: under multi_worker, each worker's
   train_options train{};
   int epochs = 1;
   std::int64_t steps = 0;         // 0: epochs x steps per epoch
@@ -62,8 +63,10 @@ inline constexpr double max_lr = 1.0, max_lambda = 1e4;
 inline const char* usage = R"(usage: cyclegan_train [flags]
 
 strategy
-  --strategy one_device|mirrored   where the step runs (default mirrored)
-  --replicas N                     CPU replicas of the mirrored strategy (default 2)
+  --strategy one_device|mirrored|multi_worker   where the step runs (default mirrored); multi_worker:
+                                   one worker per process of `mpirun -np K` or `srun -n K` (this
+                                   build must have MPI); worker 0 prints, writes pictures and checkpoints
+  --replicas N                     CPU replicas of mirrored, or of each worker under multi_worker (default 2)
   --placement full|discriminator_only|conditional   selective mirroring (default full)
   --mirror-threshold N             conditional: mirror when the global batch is >= N (default 16)
 model
@@ -71,7 +74,7 @@ model
   --d-filters N --d-layers N       discriminator filters (64) and stride-2 layers (3) (default 16, 2)
   --norm instance|batch|sync_batch the discriminator's normalisation (default instance)
 training
-  --batch N                        per-replica batch; the global batch is N x replicas (default 4)
+  --batch N                        per-replica batch; the global batch is N x all replicas (default 4)
   --epochs N | --steps N           length of the run (default 1 epoch); the lr decays over the last half
   --decay-fraction F               share of the run with linear lr decay (default 0.5)
   --lr X                           Adam learning rate (default 2e-4), betas (0.5, 0.999)
@@ -103,7 +106,7 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
   using namespace ranges;
   auto& t = st.train;
   flags::parser p;
-  p.choice("--strategy", {"one_device", "mirrored"}, [&](const std::string& v) { st.strategy = v; })
+  p.choice("--strategy", {"one_device", "mirrored", "multi_worker"}, [&](const std::string& v) { st.strategy = v; })
       .integer("--replicas", st.replicas, 1, max_replicas)
       .choice("--placement", {"full", "discriminator_only", "conditional"}, [&](const std::string& v) { t.place = parse_placement(v); })
       .integer("--mirror-threshold", t.mirror_threshold, std::size_t{0}, max_count)
@@ -161,8 +164,8 @@ inline void validate(const settings& st) {
   using namespace ranges;
   using detail::check;
   const auto& t = st.train;
-  if (st.strategy != "one_device" && st.strategy != "mirrored")
-    throw std::invalid_argument("--strategy must be one_device or mirrored, not '" + st.strategy + "'");
+  if (st.strategy != "one_device" && st.strategy != "mirrored" && st.strategy != "multi_worker")
+    throw std::invalid_argument("--strategy must be one_device, mirrored or multi_worker, not '" + st.strategy + "'");
   check("--replicas", st.replicas, 1, max_replicas);
   check("--filters", t.gen.filters, std::int64_t{1}, max_filters);
   check("--blocks", t.gen.blocks, 0, max_blocks);
@@ -212,6 +215,13 @@ struct summary {
   std::optional<scores> quality;
   std::vector<std::filesystem::path> pictures;
   std::optional<std::filesystem::path> checkpoint;
+  bool chief = true;               // this process printed and wrote the files (worker 0)
+};
+
+// A multi-worker job failed: every worker that saw the failure has printed it (one line) and the job
+// is being aborted; the program only has to exit.
+struct job_failed : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // The classes other than the target that the translations were given, largest first.
@@ -244,6 +254,9 @@ template <distribute::strategy S>
 summary run_with(S& strategy, settings st) {
   namespace fs = std::filesystem;
   summary sum;
+  // Every worker trains; the chief alone prints and writes (the others run the same steps quietly).
+  sum.chief = strategy.is_chief();
+  if (!sum.chief) st.quiet = true;
   domains d = st.data_dir.empty() ? load_fashion_mnist(st.fmnist_dir) : load_folders(st.data_dir, st.channels, st.image_size);
   if (st.train_limit) {
     d.a.resize(std::min(d.a.size(), st.train_limit));
@@ -268,8 +281,8 @@ summary run_with(S& strategy, settings st) {
   std::optional<distribute::checkpoint::directory> ckdir;
   if (!st.checkpoint_dir.empty()) ckdir.emplace(st.checkpoint_dir);
   // What a run killed before its renames left behind: half-written checkpoints, CSVs and pictures.
-  if (ckdir && !st.evaluate) ckdir->remove_stale_temporaries();
-  if (!st.evaluate) distribute::checkpoint::remove_stale_temporaries(st.out_dir);
+  if (ckdir && !st.evaluate && sum.chief) ckdir->remove_stale_temporaries();
+  if (!st.evaluate && sum.chief) distribute::checkpoint::remove_stale_temporaries(st.out_dir);
 
   // The newest checkpoint that loads, with a note on stderr for each newer one that did not. If
   // checkpoints are there and none loads, this throws checkpoint::no_loadable_checkpoint naming each
@@ -277,7 +290,8 @@ summary run_with(S& strategy, settings st) {
   auto latest = [&] {
     std::vector<distribute::checkpoint::directory::skipped_file> skipped;
     auto found = ckdir->load_latest_with_path(&skipped);
-    for (const auto& s : skipped) std::fprintf(stderr, "cyclegan_train: skipped a checkpoint that does not load: %s\n", s.reason.c_str());
+    if (sum.chief)
+      for (const auto& s : skipped) std::fprintf(stderr, "cyclegan_train: skipped a checkpoint that does not load: %s\n", s.reason.c_str());
     if (found) {
       if (const auto step = found->second.template get<std::int64_t>("step"); step < 0)
         throw distribute::checkpoint::checkpoint_error("distribute: " + found->first.string() + ": the saved step " +
@@ -301,11 +315,23 @@ summary run_with(S& strategy, settings st) {
       std::printf("no checkpoint in %s: starting from step 0\n", st.checkpoint_dir.string().c_str());
     }
   }
+  // Every worker reads the checkpoint directory itself (a filesystem they all see): they must have
+  // found the same step, or their steps would pair the wrong data and collectives.
+  if (strategy.num_workers() > 1) {
+    const std::int64_t mine = st.evaluate ? sum.steps : tr.steps_done();
+    const auto at = strategy.values_from_function([&](int) { return mine; });
+    const auto lo = strategy.reduce(distribute::reduce_op::min, at), hi = strategy.reduce(distribute::reduce_op::max, at);
+    if (lo != hi)
+      throw std::runtime_error("the workers found different checkpoints in " + st.checkpoint_dir.string() + " (steps " +
+                               std::to_string(lo) + " to " + std::to_string(hi) + "); under multi_worker --checkpoint-dir must "
+                               "be on a filesystem every worker sees");
+  }
 
   const int samples = static_cast<int>(std::min<std::size_t>({static_cast<std::size_t>(st.samples), d.test_a.size(), d.test_b.size()}));
   const tensor sample_a = stack(d.test_a, 0, static_cast<std::size_t>(samples), d.channels);
   const tensor sample_b = stack(d.test_b, 0, static_cast<std::size_t>(samples), d.channels);
   auto write_grid = [&](const fs::path& file) {
+    if (!sum.chief) return;
     const auto t = tr.translate_samples(sample_a, sample_b);
     const auto per = static_cast<std::size_t>(d.channels * d.height * d.width);
     std::vector<std::span<const float>> tiles;
@@ -317,10 +343,10 @@ summary run_with(S& strategy, settings st) {
   };
 
   if (!st.evaluate) {
-    fs::create_directories(st.out_dir);
+    if (sum.chief) fs::create_directories(st.out_dir);
     const fs::path csv = st.out_dir / "losses.csv";
-    std::vector<csv_row> rows = tr.steps_done() > 0 ? read_csv(csv, tr.steps_done()) : std::vector<csv_row>{};
-    if (tr.steps_done() > 0 && !continuous(rows, tr.steps_done()))
+    std::vector<csv_row> rows = tr.steps_done() > 0 && sum.chief ? read_csv(csv, tr.steps_done()) : std::vector<csv_row>{};
+    if (sum.chief && tr.steps_done() > 0 && !continuous(rows, tr.steps_done()))
       std::fprintf(stderr, "cyclegan_train: %s does not hold every step up to %lld; its rows are kept as they are\n",
                    csv.string().c_str(), static_cast<long long>(tr.steps_done()));
     const std::int64_t stop = st.stop_at_step ? std::min(st.stop_at_step, st.train.total_steps) : st.train.total_steps;
@@ -342,7 +368,7 @@ summary run_with(S& strategy, settings st) {
     // exists, the CSV holds every row up to s, so a run resumed from any checkpoint keeps its whole
     // history (rows after the checkpoint are dropped on resume and written again).
     auto save_checkpoint = [&] {
-      if (!ckdir) return;
+      if (!ckdir || !sum.chief) return;
       write_csv(csv, rows);
       distribute::checkpoint::archive ar;
       tr.save(ar);
@@ -375,27 +401,29 @@ summary run_with(S& strategy, settings st) {
           char name[64];
           std::snprintf(name, sizeof name, "samples_step%06lld.png", static_cast<long long>(s));
           write_grid(st.out_dir / name);
-          bar.note("wrote " + (st.out_dir / name).string());
+          if (sum.chief) bar.note("wrote " + (st.out_dir / name).string());
         }
         if (ckdir && st.checkpoint_every && s % st.checkpoint_every == 0 && s < stop) {
           save_checkpoint();
-          bar.note("checkpoint " + sum.checkpoint->string());
+          if (sum.chief) bar.note("checkpoint " + sum.checkpoint->string());
         }
         if (s >= stop) break;
       }
     }
     if (ckdir) save_checkpoint();
-    else write_csv(csv, rows);
+    else if (sum.chief) write_csv(csv, rows);
     write_grid(st.out_dir / "samples_final.png");
-    plot_losses(rows).write_png(st.out_dir / "losses.png");
-    sum.pictures.push_back(st.out_dir / "losses.png");
+    if (sum.chief) {
+      plot_losses(rows).write_png(st.out_dir / "losses.png");
+      sum.pictures.push_back(st.out_dir / "losses.png");
+    }
     sum.images_per_s = sum.seconds > 0 ? static_cast<double>(sum.steps_run * global) / sum.seconds : 0;
     if (!st.quiet)
       std::printf("done: step %lld, %lld steps in %s (%.1f images/s), last losses D %.3f/%.3f G %.3f/%.3f cycle %.3f identity %.3f\n",
                   static_cast<long long>(tr.steps_done()), static_cast<long long>(sum.steps_run), clock_string(sum.seconds).c_str(),
                   sum.images_per_s, sum.last.d_a, sum.last.d_b, sum.last.gan_ab, sum.last.gan_ba, sum.last.cycle, sum.last.identity);
   } else {
-    fs::create_directories(st.out_dir);
+    if (sum.chief) fs::create_directories(st.out_dir);
     write_grid(st.out_dir / "samples_evaluate.png");
   }
   sum.steps = std::max(sum.steps, tr.steps_done());
@@ -426,7 +454,20 @@ inline summary run(const settings& st) {
     distribute::mirrored_strategy<distribute::cpu> s{distribute::cpu_replicas(st.replicas)};
     return run_with(s, st);
   }
-  throw std::invalid_argument("--strategy must be one_device or mirrored, not '" + st.strategy + "'");
+  if (st.strategy == "multi_worker") {
+#if __has_include(<mpi.h>)
+    distribute::multi_worker_mirrored_strategy<distribute::cpu, distribute::mpi> s{{.local_replicas = st.replicas}};
+    try {
+      return run_with(s, st);
+    } catch (const distribute::collective_error& e) {
+      if (s.num_workers() > 1) throw job_failed(e.what());  // printed by the worker that saw it
+      throw;
+    }
+#else
+    throw std::invalid_argument("--strategy multi_worker: this build of cyclegan_train has no MPI (configure with MPI found)");
+#endif
+  }
+  throw std::invalid_argument("--strategy must be one_device, mirrored or multi_worker, not '" + st.strategy + "'");
 }
 
 }  // namespace cyclegan

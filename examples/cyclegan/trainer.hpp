@@ -83,6 +83,8 @@ struct step_losses {
     d_a += o.d_a, d_b += o.d_b, gan_ab += o.gan_ab, gan_ba += o.gan_ba, cycle += o.cycle, identity += o.identity;
     return *this;
   }
+  std::vector<double> values() const { return {d_a, d_b, gan_ab, gan_ba, cycle, identity}; }
+  static step_losses from(const std::vector<double>& v) { return {v.at(0), v.at(1), v.at(2), v.at(3), v.at(4), v.at(5)}; }
   double generator_total() const { return gan_ab + gan_ba + cycle + identity; }
 };
 
@@ -167,11 +169,10 @@ class trainer {
       auto pa = scatter(a), pb = scatter(b);
       auto g = distribute::run_block(s_, distribute::make_block(distribute::every_replica, g_fn), pa, pb, g_ab_, g_ba_, d_a_, d_b_,
                                      og_ab_, og_ba_);
-      for (auto& part : g) {
-        out += part.losses;
-        fakes_a.insert(fakes_a.end(), part.fake_a.begin(), part.fake_a.end());
-        fakes_b.insert(fakes_b.end(), part.fake_b.begin(), part.fake_b.end());
-      }
+      // Every replica's losses and fakes, of every worker, in replica order.
+      out += sum_over_replicas(g, [](const generator_result& p) { return p.losses; });
+      fakes_a = s_.gather(each_replica(g, [](const generator_result& p) { return std::vector<float>(p.fake_a.begin(), p.fake_a.end()); }));
+      fakes_b = s_.gather(each_replica(g, [](const generator_result& p) { return std::vector<float>(p.fake_b.begin(), p.fake_b.end()); }));
     } else {
       // The generators once, on the primary, over the global batch; then every copy takes its update.
       auto g = distribute::run_block(s_, distribute::make_block(distribute::primary_only, g_fn), a, b, g_ab_, g_ba_, d_a_, d_b_,
@@ -193,7 +194,7 @@ class trainer {
       auto pa = scatter(a), pb = scatter(b), pfa = scatter(pooled_a), pfb = scatter(pooled_b);
       auto d = distribute::run_block(s_, distribute::make_block(distribute::every_replica, d_fn), pa, pb, pfa, pfb, d_a_, d_b_, od_a_,
                                      od_b_);
-      for (auto& part : d) out += part;
+      out += sum_over_replicas(d, [](const step_losses& p) { return p; });
     }
     if (o_.disc.norm == norm_kind::batch) share_running_statistics();
     ++step_;
@@ -285,6 +286,18 @@ class trainer {
   adam make_adam() const { return adam{{.lr = o_.lr, .beta1 = o_.beta1, .beta2 = o_.beta2}}; }
   std::size_t image_size() const { return static_cast<std::size_t>(channels_) * height_ * width_; }
 
+  // f(this worker's part of replica r) for each of its replicas, as the strategy's per-replica value.
+  template <class Parts, class F>
+  auto each_replica(const Parts& parts, F&& f) const {
+    const int first = s_.first_replica_id();
+    return s_.values_from_function([&](int id) { return f(parts[static_cast<std::size_t>(id - first)]); });
+  }
+  // The losses of every replica of every worker, summed in replica order.
+  template <class Parts, class F>
+  step_losses sum_over_replicas(const Parts& parts, F&& losses_of) const {
+    return step_losses::from(s_.reduce(distribute::reduce_op::sum, each_replica(parts, [&](const auto& p) { return losses_of(p).values(); })));
+  }
+
   // Plain batch norm's running statistics come from each replica's own share, so the copies of the
   // discriminators drift apart in them (not in their parameters). As PyTorch's DDP does with its
   // buffers, every replica takes the primary's after each step: the copies stay identical, as
@@ -307,8 +320,9 @@ class trainer {
   // The replicas' shares of a global batch, as NCHW tensors.
   auto scatter(const tensor& x) {
     auto parts = s_.scatter(std::span<const float>(x.data(), x.size()), image_size());
+    const int first = s_.first_replica_id();  // this worker's parts are replicas first, first + 1, ...
     return s_.values_from_function([&](int r) {
-      auto& v = parts[static_cast<std::size_t>(r)];
+      auto& v = parts[static_cast<std::size_t>(r - first)];
       const auto count = static_cast<std::int64_t>(v.size() / image_size());
       return tensor{dist::shape::nchw(count, channels_, height_, width_), std::move(v)};
     });
@@ -409,30 +423,26 @@ scores evaluate(S& s, Generators& g_ab, Generators& g_ba, Classifiers& clf, cons
       const std::int64_t count = std::min(chunk, total - first);
       std::vector<float> part(x.data() + first * image, x.data() + (first + count) * image);
       auto shares = s.scatter(part, static_cast<std::size_t>(image));
-      struct tally {
-        std::int64_t hits = 0, base = 0;
-        double l1 = 0;
-        std::array<std::int64_t, classes> where{};
-      };
+      // Each replica's tally: {hits, untranslated hits, L1 sum, count per class ...}, summed over
+      // every replica of every worker by the strategy.
       auto results = s.run([&](auto& r, std::vector<float>& v, generator& g, generator& back, classifier& c) {
-        tally t;
+        std::vector<double> t(3 + classes, 0.0);
         const auto k = static_cast<std::int64_t>(v.size()) / image;
         if (k == 0) return t;
         const tensor in{dist::shape::nchw(k, x.shape()[1], x.shape()[2], x.shape()[3]), v};
         const tensor fake = g.forward(r, in);
         const tensor rec = back.forward(r, fake);
         for (auto p : predict(r, c, fake)) {
-          t.hits += p == target;
-          ++t.where[static_cast<std::size_t>(p)];
+          t[0] += p == target;
+          ++t[3 + static_cast<std::size_t>(p)];
         }
-        for (auto p : predict(r, c, in)) t.base += p == target;
-        for (std::size_t i = 0; i < in.size(); ++i) t.l1 += std::abs(static_cast<double>(rec[i]) - in[i]);
+        for (auto p : predict(r, c, in)) t[1] += p == target;
+        for (std::size_t i = 0; i < in.size(); ++i) t[2] += std::abs(static_cast<double>(rec[i]) - in[i]);
         return t;
       }, shares, forward, backward, clf);
-      for (const auto& t : results) {
-        hits += t.hits, base_hits += t.base, l1_sum += t.l1;
-        for (std::size_t k = 0; k < classes; ++k) where[k] += static_cast<double>(t.where[k]) / static_cast<double>(total);
-      }
+      const std::vector<double> t = s.reduce(dist::reduce_op::sum, results);
+      hits += static_cast<std::int64_t>(t[0]), base_hits += static_cast<std::int64_t>(t[1]), l1_sum += t[2];
+      for (std::size_t k = 0; k < classes; ++k) where[k] += t[3 + k] / static_cast<double>(total);
     }
     rate = total ? static_cast<double>(hits) / static_cast<double>(total) : 0;
     base = total ? static_cast<double>(base_hits) / static_cast<double>(total) : 0;
