@@ -199,27 +199,27 @@ class mpi_node_window {
       // D: reduce my segment, in worker order, into every local list and my half. Every worker's
       // contribution is its lists combined first (as the others published theirs), so the grouping is
       // the same in every segment: the tree over workers of the trees over their lists
-      // (reduce_kernel.hpp).
+      // (reduce_kernel.hpp); this worker's own tree is combined chunk by chunk on the way.
       for_each_run_at(first, lo + seg(r), lo + seg(r + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
         T* const out = mine + seg(r) + off;
-        std::size_t k = 0;
-        for (int q = 0; q < r; ++q) srcs_[k++] = in_half(q) + seg(r) + off;
-        if (R == 1) {
-          gather(srcs_.data() + k, i, at);
-        } else {
-          combine_lists(sum_op, locals, i, at, len, out, srcs_.data() + P);
-          srcs_[k] = out;
-        }
-        ++k;
-        for (int q = r + 1; q < P; ++q) srcs_[k++] = in_half(q) + seg(r) + off;
+        for (int q = 0; q < P; ++q) srcs_[static_cast<std::size_t>(q)] = q == r ? nullptr : in_half(q) + seg(r) + off;
+        gather(srcs_.data() + P, i, at);  // this worker's lists
+        auto reduce = [&](int n_dst) {
+          if (R == 1) {
+            srcs_[static_cast<std::size_t>(r)] = srcs_[static_cast<std::size_t>(P)];
+            reduce_range<T>(sum_op, srcs_.data(), P, 0, len, dsts_.data(), n_dst);
+          } else {
+            reduce_nested_range<T>(sum_op, srcs_.data(), P, r, srcs_.data() + P, static_cast<int>(R), 0, len, dsts_.data(), n_dst);
+          }
+        };
         dsts_[0] = out;
         if (op == reduce_op::mean) {
-          reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(k), 0, len, dsts_.data(), 1);
+          reduce(1);
           for (std::size_t e = 0; e < len; ++e) out[e] = distribute::detail::finish(op, out[e], mean_over);
           for (std::size_t l = 0; l < R; ++l) copy_bytes(locals[l][i].data() + at, out, len * sizeof(T));
         } else {
           gather(dsts_.data() + 1, i, at);
-          reduce_range<T>(sum_op, srcs_.data(), static_cast<int>(k), 0, len, dsts_.data(), static_cast<int>(R) + 1);
+          reduce(static_cast<int>(R) + 1);
         }
       });
       publish();
