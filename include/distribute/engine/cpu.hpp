@@ -16,6 +16,7 @@
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/engine/detail/arena.hpp>
 #include <distribute/engine/detail/reference_conv.hpp>
+#include <distribute/engine/detail/serial.hpp>
 #include <distribute/engine/engine.hpp>
 
 // nvcc's front end cannot parse oneDNN's C++ API: in CUDA translation units the CPU engine computes
@@ -146,11 +147,7 @@ class engine<cpu> {
   // any thread count.
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
-    over_segments(segments, length, [&](std::int64_t s) {
-      double acc = 0;
-      for (std::int64_t i = 0; i < length; ++i) acc += static_cast<double>(f(s, i));
-      out[s] = acc;
-    });
+    over_segments(segments, length, [&](std::int64_t s) { out[s] = distribute::detail::index_order_sum(f, s, length); });
   }
   // Small results (statistics, loss values) where the host reads them: a copy on the CPU.
   template <class T>

@@ -5,10 +5,10 @@
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 // The moments and the step count t are the state; `save`/`load` round-trip them bit for bit.
 
-#include <distribute/engine/detail/serial.hpp>
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/detail/digest.hpp>
+#include <distribute/optim/detail/engine_steps.hpp>
 #include <distribute/optim/detail/state_io.hpp>
 
 #include <cmath>
@@ -29,7 +29,7 @@ struct adam_options {
 };
 
 template <class T = float>
-class adam {
+class adam : public detail::engine_steps<adam<T>, T> {
  public:
   using scalar_type = T;
 
@@ -40,21 +40,11 @@ class adam {
   void set_lr(double lr) noexcept { o_.lr = lr; }  // for schedules such as CycleGAN's linear decay
   std::int64_t steps() const noexcept { return steps_; }
 
-  // One update of every parameter of `model`, on the calling thread.
-  template <nn::parameterized M>
-    requires std::is_same_v<typename M::scalar_type, T>
-  void step(M& model) {
-    distribute::detail::serial_engine e;
-    step_on(e, model);
-  }
-  // The same update computed by replica `r`'s engine (on its share of the cores); the same bits.
-  template <class R, nn::parameterized M>
-    requires std::is_same_v<typename M::scalar_type, T> && requires(R& r) { r.engine(); }
-  void step(R& r, M& model) {
-    step_on(r.engine(), model);
-  }
+  // step(model) on the calling thread, step(r, model) on replica r's engine: detail/engine_steps.hpp.
+  using detail::engine_steps<adam<T>, T>::step;
 
  private:
+  friend class detail::engine_steps<adam<T>, T>;
   template <class E, class M>
   void step_on(E& e, M& model) {
     ++steps_;

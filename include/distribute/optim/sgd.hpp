@@ -2,10 +2,10 @@
 // Stochastic gradient descent with momentum (PyTorch's form): with weight decay wd added to the
 // gradient (g += wd * p), v = momentum * v + g, p -= lr * v. The velocity buffers are the state.
 
-#include <distribute/engine/detail/serial.hpp>
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/detail/digest.hpp>
+#include <distribute/optim/detail/engine_steps.hpp>
 #include <distribute/optim/detail/state_io.hpp>
 
 #include <cstdint>
@@ -23,7 +23,7 @@ struct sgd_options {
 };
 
 template <class T = float>
-class sgd {
+class sgd : public detail::engine_steps<sgd<T>, T> {
  public:
   using scalar_type = T;
 
@@ -34,21 +34,11 @@ class sgd {
   void set_lr(double lr) noexcept { o_.lr = lr; }
   std::int64_t steps() const noexcept { return steps_; }
 
-  // One update of every parameter of `model`, on the calling thread.
-  template <nn::parameterized M>
-    requires std::is_same_v<typename M::scalar_type, T>
-  void step(M& model) {
-    distribute::detail::serial_engine e;
-    step_on(e, model);
-  }
-  // The same update computed by replica `r`'s engine (on its share of the cores); the same bits.
-  template <class R, nn::parameterized M>
-    requires std::is_same_v<typename M::scalar_type, T> && requires(R& r) { r.engine(); }
-  void step(R& r, M& model) {
-    step_on(r.engine(), model);
-  }
+  // step(model) on the calling thread, step(r, model) on replica r's engine: detail/engine_steps.hpp.
+  using detail::engine_steps<sgd<T>, T>::step;
 
  private:
+  friend class detail::engine_steps<sgd<T>, T>;
   template <class E, class M>
   void step_on(E& e, M& model) {
     std::size_t index = 0;

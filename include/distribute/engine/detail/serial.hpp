@@ -9,6 +9,15 @@
 
 namespace distribute::detail {
 
+// The sum over i in [0, length) of f(s, i), in double and in index order: every engine's
+// segmented_sum adds this way, so their results are the same bits.
+template <class F>
+double index_order_sum(F& f, std::int64_t s, std::int64_t length) {
+  double acc = 0;
+  for (std::int64_t i = 0; i < length; ++i) acc += static_cast<double>(f(s, i));
+  return acc;
+}
+
 struct serial_engine {
   template <class F>
   void for_each(std::int64_t n, F f) const {
@@ -16,11 +25,7 @@ struct serial_engine {
   }
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) const {
-    for (std::int64_t s = 0; s < segments; ++s) {
-      double acc = 0;
-      for (std::int64_t i = 0; i < length; ++i) acc += static_cast<double>(f(s, i));
-      out[s] = acc;
-    }
+    for (std::int64_t s = 0; s < segments; ++s) out[s] = index_order_sum(f, s, length);
   }
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {

@@ -1,0 +1,31 @@
+#pragma once
+// The two ways an optimiser steps, shared by every optimiser: `opt.step(model)` on the calling
+// thread, and `opt.step(r, model)` on replica r's engine, with the same bits. The optimiser provides
+// `step_on(engine, model)` (and befriends this base).
+
+#include <distribute/engine/detail/serial.hpp>
+#include <distribute/nn/parameter.hpp>
+
+#include <type_traits>
+
+namespace distribute::optim::detail {
+
+template <class Derived, class T>
+class engine_steps {
+ public:
+  // One update of every parameter of `model`, on the calling thread.
+  template <nn::parameterized M>
+    requires std::is_same_v<typename M::scalar_type, T>
+  void step(M& model) {
+    distribute::detail::serial_engine e;
+    static_cast<Derived&>(*this).step_on(e, model);
+  }
+  // The same update computed by replica `r`'s engine (on its share of the cores); the same bits.
+  template <class R, nn::parameterized M>
+    requires std::is_same_v<typename M::scalar_type, T> && requires(R& r) { r.engine(); }
+  void step(R& r, M& model) {
+    static_cast<Derived&>(*this).step_on(r.engine(), model);
+  }
+};
+
+}  // namespace distribute::optim::detail
