@@ -457,18 +457,22 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   // Runs cross-worker work of the calling thread; a failure is a failure of the job.
   template <class F>
   void guarded(F&& f) const {
+    guarded(*state_, f);
+  }
+  template <class F>
+  static void guarded(state& st, F&& f) {
     try {
       f();
     } catch (...) {
-      fail_job(std::current_exception());
+      leave_job(st, std::current_exception());
       throw;
     }
   }
 
-  void check_usable(const char* op) const {
-    const state& st = *state_;
+  void check_usable(const char* op) const { check_usable(*state_, op); }
+  static void check_usable(const state& st, const char* op) {
     if (!st.failure.empty())
-      throw collective_aborted(std::string("distribute: ") + op + " on worker " + std::to_string(worker_index()) +
+      throw collective_aborted(std::string("distribute: ") + op + " on worker " + std::to_string(st.group.worker_index()) +
                                " cannot run: this worker left the job after a failure: " + st.failure);
   }
 
@@ -512,16 +516,9 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   auto census() const {
     return [st = state_.get()](std::array<std::uint64_t, 2> mine) {
       if (st->group.num_workers() == 1) return mine;
-      if (!st->failure.empty())
-        throw collective_aborted("distribute: the input agreement on worker " + std::to_string(st->group.worker_index()) +
-                                 " cannot run: this worker left the job after a failure: " + st->failure);
+      check_usable(*st, "the input agreement");
       const detail::api_scope origin("input agreement (strategy.distribute)", st->steps - 1);
-      try {
-        st->group.cross().all_reduce(reduce_op::sum, std::span<std::uint64_t>(mine));
-      } catch (...) {
-        leave_job(*st, std::current_exception());
-        throw;
-      }
+      guarded(*st, [&] { st->group.cross().all_reduce(reduce_op::sum, std::span<std::uint64_t>(mine)); });
       return mine;
     };
   }
