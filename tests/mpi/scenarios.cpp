@@ -223,6 +223,10 @@ int run_scenario(int argc, char** argv) {
     return 4;
   } catch (const dist::collective_error&) {
     if (args.contains("uncaught")) throw;  // to main's caller: std::terminate
+    // The stalled job's survivors time out within moments of each other, and the first to exit
+    // aborts the job: stay a little (well inside the abort grace), so that every survivor's line is
+    // printed and the test can read what each one named.
+    if (name == "stall") std::this_thread::sleep_for(std::chrono::milliseconds(500));
     return 3;  // the library printed it, once, as this worker left the job
   } catch (const std::exception& e) {
     std::fprintf(stderr, "caught: %s\n", e.what());
