@@ -3,6 +3,8 @@
 
 #include "nn_test_support.hpp"
 
+#include <distribute/tensor/eigen_tensor.hpp>
+
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>

@@ -1,12 +1,12 @@
 #pragma once
-// Zero-copy Eigen views of CPU tensors: a TensorMap of the whole tensor for element-wise and
-// reduction expressions, and row-major Matrix maps for GEMM. Views alias the tensor's storage; they
-// stay valid until the tensor is resized or destroyed.
+// Zero-copy Eigen views of CPU tensors: row-major Matrix and vector maps, for GEMM and for
+// element-wise and reduction expressions. Views alias the tensor's storage; they stay valid until the
+// tensor is resized or destroyed. Rank-R TensorMaps are in tensor/eigen_tensor.hpp: Eigen's Tensor
+// module adds ~45,000 preprocessed lines to every file that includes it, so it is opt-in.
 
 #include <distribute/tensor/tensor.hpp>
 
 #include <Eigen/Core>
-#include <unsupported/Eigen/CXX11/Tensor>
 
 #include <cstdint>
 #include <stdexcept>
@@ -30,26 +30,6 @@ template <class T>
 using vector_map = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>;
 template <class T>
 using const_vector_map = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>;
-
-// The whole tensor as a rank-R Eigen TensorMap (row-major, so that indices read like the shape).
-template <int R, class T>
-Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>> as_eigen_tensor(tensor<T, cpu>& t) {
-  if (t.shape().rank() != static_cast<std::size_t>(R))
-    throw std::invalid_argument("distribute: as_eigen_tensor<" + std::to_string(R) + "> of a rank-" +
-                                std::to_string(t.shape().rank()) + " tensor");
-  Eigen::array<Eigen::Index, R> dims;
-  for (int i = 0; i < R; ++i) dims[static_cast<std::size_t>(i)] = t.shape()[static_cast<std::size_t>(i)];
-  return Eigen::TensorMap<Eigen::Tensor<T, R, Eigen::RowMajor>>(t.data(), dims);
-}
-template <int R, class T>
-Eigen::TensorMap<Eigen::Tensor<const T, R, Eigen::RowMajor>> as_eigen_tensor(const tensor<T, cpu>& t) {
-  if (t.shape().rank() != static_cast<std::size_t>(R))
-    throw std::invalid_argument("distribute: as_eigen_tensor<" + std::to_string(R) + "> of a rank-" +
-                                std::to_string(t.shape().rank()) + " tensor");
-  Eigen::array<Eigen::Index, R> dims;
-  for (int i = 0; i < R; ++i) dims[static_cast<std::size_t>(i)] = t.shape()[static_cast<std::size_t>(i)];
-  return Eigen::TensorMap<Eigen::Tensor<const T, R, Eigen::RowMajor>>(t.data(), dims);
-}
 
 // `rows` x `cols` elements starting at `offset`, row-major: for NCHW, example n of a (N, C, H, W)
 // tensor is the [C, H*W] matrix at offset n*C*H*W.
