@@ -6,6 +6,7 @@
 #include <distribute/comm/detail/gradient_buckets.hpp>
 #include <distribute/concepts/communicator.hpp>
 #include <distribute/concepts/device.hpp>
+#include <distribute/detail/activity.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/engine/detail/engine_slot.hpp>
 #include <distribute/per_replica.hpp>
@@ -20,6 +21,10 @@
 #include <vector>
 
 namespace distribute {
+
+namespace comm {
+class local;
+}
 
 // A contiguous buffer of collective elements: std::vector<float>, std::span<double>, std::array, ...
 template <class B>
@@ -47,15 +52,24 @@ class replica_context {
   using communicator_type = C;
 
   // `slot`: where the strategy keeps this replica's compute engine; without one, the replica computes
-  // with the calling thread's default engine (every core).
-  replica_context(D device, C comm, detail::engine_slot* slot = nullptr)
-      : device_{std::move(device)}, comm_{std::move(comm)}, engine_{slot} {}
+  // with the calling thread's default engine (every core). `meter`: where the replica's time inside
+  // collectives adds up (the strategy's `timings()`); without one it is not measured.
+  replica_context(D device, C comm, detail::engine_slot* slot = nullptr, detail::collective_meter* meter = nullptr)
+      : device_{std::move(device)}, comm_{std::move(comm)}, engine_{slot} {
+    if constexpr (measured) meter_ = meter;
+  }
 
   // This replica's position among all replicas in sync, 0 .. num_replicas()-1.
   int replica_id() const noexcept { return comm_.rank(); }
   int num_replicas() const noexcept { return comm_.size(); }
   const D& device() const noexcept { return device_; }
   C& communicator() noexcept { return comm_; }
+  // Where this replica's time in collectives adds up, for code that calls `communicator()` directly
+  // (null when not measured).
+  detail::collective_meter* collective_meter() const noexcept {
+    if constexpr (measured) return meter_;
+    else return nullptr;
+  }
   // The compute engine the layers run on (engine/cpu.hpp for the CPU): this replica's, with its share
   // of the cores and its own scratch and cached primitives. Made on first use.
   template <class E = distribute::engine<D>>
@@ -80,10 +94,12 @@ class replica_context {
             (!std::is_const_v<detail::buffer_element_t<B>>)
   void all_reduce(reduce_op op, B&& first, More&&... more) {
     if constexpr (sizeof...(More) == 0) {
+      const detail::collective_stopwatch timed{collective_meter()};
       comm_.all_reduce(op, detail::as_span(first));
     } else {
       using T = detail::buffer_element_t<B>;
       const std::array<std::span<T>, 1 + sizeof...(More)> bufs{detail::as_span(first), detail::as_span(more)...};
+      const detail::collective_stopwatch timed{collective_meter()};
       comm_.all_reduce(op, std::span<const std::span<T>>(bufs));
     }
   }
@@ -94,11 +110,13 @@ class replica_context {
     std::vector<std::span<T>> bufs;
     bufs.reserve(std::ranges::size(buffers));
     for (auto&& b : buffers) bufs.push_back(detail::as_span(b));
+    const detail::collective_stopwatch timed{collective_meter()};
     comm_.all_reduce(op, std::span<const std::span<T>>(bufs));
   }
   // One value per replica in, the reduction out.
   template <element T>
   T all_reduce(reduce_op op, T value) {
+    const detail::collective_stopwatch timed{collective_meter()};
     comm_.all_reduce(op, std::span<T>(&value, 1));
     return value;
   }
@@ -107,12 +125,14 @@ class replica_context {
   template <element_buffer In, element_buffer Out>
   void all_gather(const In& in, Out&& out) {
     using T = std::remove_const_t<detail::buffer_element_t<In>>;
+    const detail::collective_stopwatch timed{collective_meter()};
     comm_.all_gather(std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out));
   }
   // One value per replica in, all of them out, in replica order.
   template <element T>
   std::vector<T> all_gather(T value) {
     std::vector<T> out(static_cast<std::size_t>(num_replicas()));
+    const detail::collective_stopwatch timed{collective_meter()};
     comm_.all_gather(std::span<const T>(&value, 1), std::span<T>(out));
     return out;
   }
@@ -121,21 +141,27 @@ class replica_context {
   template <element_buffer In, element_buffer Out>
   void reduce_scatter(reduce_op op, const In& in, Out&& out) {
     using T = std::remove_const_t<detail::buffer_element_t<In>>;
+    const detail::collective_stopwatch timed{collective_meter()};
     comm_.reduce_scatter(op, std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out));
   }
 
   // Every replica's `buf` becomes `root`'s.
   template <element_buffer B>
   void broadcast(B&& buf, int root = 0) {
+    const detail::collective_stopwatch timed{collective_meter()};
     comm_.broadcast(detail::as_span(buf), root);
   }
   template <element T>
   T broadcast(T value, int root = 0) {
+    const detail::collective_stopwatch timed{collective_meter()};
     comm_.broadcast(std::span<T>(&value, 1), root);
     return value;
   }
 
-  void barrier() { comm_.barrier(); }
+  void barrier() {
+    const detail::collective_stopwatch timed{collective_meter()};
+    comm_.barrier();
+  }
 
   // Point-to-point, where the communicator has it (concepts/communicator.hpp): `buf` to replica
   // `dst`, matched by `tag`; and the message replica `src` sent with `tag`, into `buf` (the same
@@ -144,11 +170,13 @@ class replica_context {
     requires point_to_point_communicator<C>
   void send(const B& buf, int dst, int tag) {
     using T = std::remove_const_t<detail::buffer_element_t<const B>>;
+    const detail::collective_stopwatch timed{collective_meter()};
     comm_.send(std::span<const T>(std::ranges::data(buf), std::ranges::size(buf)), dst, tag);
   }
   template <element_buffer B>
     requires point_to_point_communicator<C>
   void recv(B&& buf, int src, int tag) {
+    const detail::collective_stopwatch timed{collective_meter()};
     comm_.recv(detail::as_span(buf), src, tag);
   }
 
@@ -157,15 +185,22 @@ class replica_context {
   // collectives; under one device nothing happens and it returns 0.
   template <gradient_enumerable M>
   std::size_t all_reduce_gradients(M& model, const gradient_reduction& options = {}) {
+    const detail::collective_stopwatch timed{collective_meter()};
     return detail::all_reduce_gradients(comm_, model, options);
   }
 
  private:
   std::size_t index() const noexcept { return static_cast<std::size_t>(comm_.rank()); }
 
+  // The collectives of a group of one cost nothing and are not measured: the one-device replica
+  // stays its device and its engine pointer.
+  static constexpr bool measured = !std::is_same_v<C, comm::local>;
+  struct no_meter {};
+
   D device_;
   [[no_unique_address]] C comm_;
   detail::engine_slot* engine_ = nullptr;
+  [[no_unique_address]] std::conditional_t<measured, detail::collective_meter*, no_meter> meter_{};
 };
 
 }  // namespace distribute

@@ -12,12 +12,14 @@
 #include <memory>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dist = distribute;
@@ -106,6 +108,25 @@ BOOST_AUTO_TEST_CASE(replicas_are_numbered_across_workers) {
   std::vector<int> all(static_cast<std::size_t>(s.num_replicas_in_sync()));
   std::iota(all.begin(), all.end(), 0);
   BOOST_TEST(s.gather(s.values_from_function([](int id) { return id; })) == all, boost::test_tools::per_element());
+}
+
+// The last worker reaches the all-reduce 60 ms late: every other worker's replicas wait for it
+// there, so their mean collective time is above 40 ms; the late worker's shows as compute.
+BOOST_AUTO_TEST_CASE(timings_count_the_wait_for_a_late_worker_as_collective_time) {
+  auto& s = uneven();
+  const bool late = s.worker_index() == s.num_workers() - 1;
+  s.run([](strategy_type::replica_type& r) { r.barrier(); });  // every worker starts the step together
+  const auto before = s.timings();
+  s.run([&](strategy_type::replica_type& r) {
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    std::vector<float> g(4096, 1.0f);
+    r.all_reduce(dist::reduce_op::sum, g);
+  });
+  const dist::step_timings t = s.timings() - before;
+  BOOST_TEST(t.runs == 1);
+  if (late) BOOST_TEST(t.compute >= 0.060);
+  else BOOST_TEST(t.collective >= 0.040, "worker " << s.worker_index() << ": " << t.collective << " s in collectives");
+  BOOST_TEST(t.compute + t.collective <= t.wall + 1e-3);
 }
 
 BOOST_AUTO_TEST_CASE(replica_engines_share_the_cores_without_oversubscribing) {

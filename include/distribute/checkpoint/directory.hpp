@@ -87,6 +87,7 @@ class directory {
   }
 
   std::filesystem::path save(std::int64_t step, const archive& a) {
+    const distribute::detail::activity_scope<distribute::detail::activity::checkpoint> timed;  // with pruning
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw checkpoint_error("distribute: cannot create checkpoint directory " + dir_.string() + ": " + ec.message());
@@ -106,6 +107,7 @@ class directory {
   // when it is given, else reported on stderr, one warning line each. If there are checkpoint files
   // and none of them loads, throws no_loadable_checkpoint (after appending them to `skipped`).
   std::optional<std::pair<std::filesystem::path, archive>> load_latest_with_path(std::vector<skipped_file>* skipped = nullptr) const {
+    const distribute::detail::activity_scope<distribute::detail::activity::checkpoint> timed;
     std::vector<skipped_file> failed;
     for (const auto& [step, file] : steps()) {
       try {

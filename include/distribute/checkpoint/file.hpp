@@ -17,6 +17,7 @@
 #include <distribute/checkpoint/atomic_write.hpp>
 #include <distribute/checkpoint/detail/crc32.hpp>
 #include <distribute/checkpoint/error.hpp>
+#include <distribute/detail/activity.hpp>
 
 #include <atomic>
 #include <cerrno>
@@ -102,7 +103,11 @@ inline archive parse(std::span<const std::byte> bytes, std::string_view origin) 
   return a;
 }
 
-inline void save(const std::filesystem::path& file, const archive& a) { write_atomically(file, serialize(a)); }
+// Saving and loading count as the process's checkpoint time (step_timings.hpp).
+inline void save(const std::filesystem::path& file, const archive& a) {
+  const distribute::detail::activity_scope<distribute::detail::activity::checkpoint> timed;
+  write_atomically(file, serialize(a));
+}
 
 // The largest checkpoint file `load` reads unless told otherwise: a bound on what one file can make
 // it allocate (the file's bytes, then its sections), far above any model this library trains on a
@@ -112,6 +117,7 @@ inline constexpr std::uint64_t default_max_checkpoint_bytes = std::uint64_t{16} 
 // Reads and parses a checkpoint file. Only regular files are read (a FIFO or a device has no size to
 // check), and only up to `max_bytes`.
 inline archive load(const std::filesystem::path& file, std::uint64_t max_bytes = default_max_checkpoint_bytes) {
+  const distribute::detail::activity_scope<distribute::detail::activity::checkpoint> timed;
   std::error_code ec;
   const auto status = std::filesystem::status(file, ec);
   if (ec) throw checkpoint_error("distribute: cannot open checkpoint " + file.string() + ": " + ec.message());

@@ -13,6 +13,7 @@
 // iterating a tf.data dataset again does.
 
 #include <distribute/data/tensor.hpp>
+#include <distribute/detail/activity.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -75,7 +76,9 @@ class cursor_iterator {
 
   E& operator*() const { return *state_->current; }
   E* operator->() const { return &*state_->current; }
+  // The wait for the next element is the process's input wait (step_timings.hpp).
   cursor_iterator& operator++() {
+    const distribute::detail::activity_scope<distribute::detail::activity::input_wait> waiting;
     state_->current = state_->cursor.next();
     return *this;
   }

@@ -45,6 +45,7 @@
 #include <distribute/comm/detail/gradient_buckets.hpp>
 #include <distribute/concepts/communicator.hpp>
 #include <distribute/concepts/strategy.hpp>
+#include <distribute/detail/activity.hpp>
 #include <distribute/device/cpu.hpp>
 #include <distribute/nn/layer.hpp>
 #include <distribute/nn/gradients.hpp>
@@ -184,7 +185,12 @@ class pipeline {
         run_stage<decltype(index)::value>(r, p, input, target, loss, global_batch_size, result);
       });
     }
-    if (o_.copies > 1) reduce_over_copies(r, p);
+    if (o_.copies > 1) {
+      const detail::collective_stopwatch timed{r.collective_meter()};
+      reduce_over_copies(r, p);
+    }
+    // The time this stage waited for its neighbours is the replica's communication time (timings()).
+    detail::add_to_meter(r.collective_meter(), static_cast<std::int64_t>(result.wait_seconds * 1e9));
     result.step_seconds = seconds_since(started);
     return result;
   }

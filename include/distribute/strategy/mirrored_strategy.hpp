@@ -17,6 +17,8 @@
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
+#include <distribute/step_timings.hpp>
+#include <distribute/strategy/detail/step_clock.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 
 #include <atomic>
@@ -68,6 +70,7 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
     using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     state& st = *state_;
     const step_guard guard(st);
+    const detail::step_clock::step_scope timed{st.clock};
     (check_argument(args, st.devices.size()), ...);
     st.group.reset();
     const auto n = st.devices.size();
@@ -98,12 +101,17 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
     }
   }
 
+  // Where the time went since this strategy was made (step_timings.hpp): compute and collective time
+  // (averaged over the replicas), input wait, checkpoints. Between steps.
+  step_timings timings() const noexcept { return state_->clock.totals(); }
+
   // Calls `fn(primary, args...)` once, on the calling thread, as a group of one on the primary
   // device: per-replica and mirrored arguments are unwrapped to replica 0's element, collectives are
   // no-ops. For the parts of a step that run on the primary only; `broadcast` afterwards brings
   // mirrored state that it changed back into sync.
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    const detail::step_clock::step_scope timed{state_->clock};
     primary_replica_type r{state_->devices[0], comm::local{}, &state_->primary_engine};
     return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
   }
@@ -116,11 +124,12 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
         : devices(std::move(devs)),
           group(static_cast<int>(devices.size()), options),
           engines(devices.size()),
+          clock(devices.size()),
           pool(static_cast<int>(devices.size())) {
       set_engine_options({});
       replicas.reserve(devices.size());
       for (std::size_t r = 0; r < devices.size(); ++r)
-        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), &engines[r]);
+        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), &engines[r], clock.meter(r));
     }
     // Each replica's engine gets its share of the cores; the primary alone (run_on_primary) all of them.
     void set_engine_options(const engine_options& o) {
@@ -132,6 +141,7 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
     comm::shared_memory_group group;
     std::vector<detail::engine_slot> engines;  // one per replica; never resized (replicas point in)
     detail::engine_slot primary_engine;
+    detail::step_clock clock;  // one collective meter per replica (replicas point in)
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
     std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)

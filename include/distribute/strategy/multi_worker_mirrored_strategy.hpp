@@ -30,6 +30,8 @@
 #include <distribute/strategy/detail/state_broadcast.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 #include <distribute/strategy/detail/worker_replica_context.hpp>
+#include <distribute/strategy/detail/step_clock.hpp>
+#include <distribute/step_timings.hpp>
 
 #include <algorithm>
 #include <array>
@@ -134,6 +136,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     state& st = *state_;
     const step_guard guard(st);
+    const detail::step_clock::step_scope timed{st.clock};
     check_usable("strategy.run");
     (check_argument(args), ...);
     auto& local = st.group.local_group();
@@ -169,6 +172,10 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     }
   }
 
+  // Where this worker's time went since the strategy was made (step_timings.hpp): compute and
+  // collective time (averaged over this worker's replicas), input wait, checkpoints. Between steps.
+  step_timings timings() const noexcept { return state_->clock.totals(); }
+
   // How this worker's replicas' compute engines work (engine/engine.hpp). By default each replica's
   // engine uses its share of the cores (see state::set_engine_options). Between steps only.
   void set_engine_options(const engine_options& options) { state_->set_engine_options(options); }
@@ -178,6 +185,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   // mirrored state that it changed identical again.
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    const detail::step_clock::step_scope timed{state_->clock};
     primary_replica_type r{state_->devices[0], comm::local{}, &state_->primary_engine};
     return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
   }
@@ -385,12 +393,13 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
           devices(cpu_replicas(opts.local_replicas)),
           group(std::move(cross), opts.local_replicas, opts.mpi.collectives, opts.local_reduction),
           engines(devices.size()),
+          clock(devices.size()),
           pool(opts.local_replicas) {
       set_engine_options({});
       replicas.reserve(devices.size());
       for (std::size_t r = 0; r < devices.size(); ++r)
         replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), static_cast<int>(r), group.worker_index(),
-                              &engines[r]);
+                              &engines[r], clock.meter(r));
     }
     // Each replica's engine gets its share of the cores: of this worker's when its affinity mask
     // differs from the machine's (mpirun/srun binding), of the machine's among every replica of the
@@ -413,6 +422,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     comm::hierarchical_group<Engine> group;
     std::vector<detail::engine_slot> engines;  // one per local replica; never resized (replicas point in)
     detail::engine_slot primary_engine;
+    detail::step_clock clock;  // one collective meter per local replica (replicas point in)
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
     std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)

@@ -9,6 +9,8 @@
 #include <distribute/engine/detail/engine_slot.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
+#include <distribute/step_timings.hpp>
+#include <distribute/strategy/detail/step_clock.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 
 #include <array>
@@ -40,6 +42,7 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   // element. Returns per_replica<R, 1> (or nothing for a void fn).
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
+    const detail::step_clock::step_scope timed{clock_};
     replica_type r{devices_[0], comm::local{}, &engine_};
     using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     if constexpr (std::is_void_v<R>) {
@@ -50,9 +53,14 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
     }
   }
 
+  // Where the time went since this strategy was made (step_timings.hpp): compute, input wait,
+  // checkpoints; no collective time under one device.
+  step_timings timings() const noexcept { return clock_.totals(); }
+
   // The same as `run` here: there is only the primary.
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    const detail::step_clock::step_scope timed{clock_};
     replica_type r{devices_[0], comm::local{}, &engine_};
     return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
   }
@@ -63,6 +71,7 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
 
   std::array<D, 1> devices_{};
   detail::engine_slot engine_{};
+  detail::step_clock clock_{};
 };
 
 }  // namespace distribute
