@@ -25,4 +25,11 @@ void eigen_gemm(const gemm_geometry& g, const T* a, const T* b, T* c) {
   else cm.noalias() = am * bm;
 }
 
+// A program built with the precompiled unit (DISTRIBUTE_PRECOMPILED, src/precompiled.cpp) takes these
+// instantiations, and the Eigen kernels under them, from that unit instead of compiling them again.
+#if defined(DISTRIBUTE_PRECOMPILED)
+extern template void eigen_gemm<float>(const gemm_geometry&, const float*, const float*, float*);
+extern template void eigen_gemm<double>(const gemm_geometry&, const double*, const double*, double*);
+#endif
+
 }  // namespace distribute::detail

@@ -71,49 +71,63 @@ class reference_conv {
     return g.in_channels * g.kernel * g.kernel * g.out_height * g.out_width;
   }
 
-  static void forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf) {
-    const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
-    const cmap wm(w, g.out_channels, rows);
-    map col(colbuf, rows, plane);
-    for (std::int64_t n = 0; n < g.batch; ++n) {
-      im2col(x + n * g.in_channels * g.in_height * g.in_width, g, colbuf);
-      map yn(y + n * g.out_channels * plane, g.out_channels, plane);
-      yn.noalias() = wm * col;
-      if (bias) yn.colwise() += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(bias, g.out_channels);
-    }
-  }
-
-  static void backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf) {
-    const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
-    const std::int64_t in_size = g.in_channels * g.in_height * g.in_width;
-    const cmap wm(w, g.out_channels, rows);
-    map col(colbuf, rows, plane);
-    for (std::int64_t i = 0; i < g.batch * in_size; ++i) dx[i] = T(0);
-    for (std::int64_t n = 0; n < g.batch; ++n) {
-      col.noalias() = wm.transpose() * cmap(dy + n * g.out_channels * plane, g.out_channels, plane);
-      col2im_add(colbuf, g, dx + n * in_size);
-    }
-  }
-
-  static void backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf) {
-    const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
-    map dwm(dw, g.out_channels, rows);
-    map col(colbuf, rows, plane);
-    for (std::int64_t n = 0; n < g.batch; ++n) {
-      im2col(x + n * g.in_channels * g.in_height * g.in_width, g, colbuf);
-      const cmap dyn(dy + n * g.out_channels * plane, g.out_channels, plane);
-      dwm.noalias() += dyn * col.transpose();
-      // The bias gradient in index order: Eigen's vectorised sum starts where the data is aligned, so
-      // its bits would depend on where the batch happens to lie in memory.
-      if (db)
-        for (std::int64_t c = 0; c < g.out_channels; ++c) {
-          const T* row = dy + (n * g.out_channels + c) * plane;
-          T s = T(0);
-          for (std::int64_t i = 0; i < plane; ++i) s += row[i];
-          db[c] += s;
-        }
-    }
-  }
+  // Defined below the class, not inline: a program built with the precompiled unit
+  // (DISTRIBUTE_PRECOMPILED) takes the float and double instantiations from it.
+  static void forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf);
+  static void backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf);
+  static void backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf);
 };
+
+template <class T>
+void reference_conv<T>::forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf) {
+  const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
+  const cmap wm(w, g.out_channels, rows);
+  map col(colbuf, rows, plane);
+  for (std::int64_t n = 0; n < g.batch; ++n) {
+    im2col(x + n * g.in_channels * g.in_height * g.in_width, g, colbuf);
+    map yn(y + n * g.out_channels * plane, g.out_channels, plane);
+    yn.noalias() = wm * col;
+    if (bias) yn.colwise() += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(bias, g.out_channels);
+  }
+}
+
+template <class T>
+void reference_conv<T>::backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf) {
+  const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
+  const std::int64_t in_size = g.in_channels * g.in_height * g.in_width;
+  const cmap wm(w, g.out_channels, rows);
+  map col(colbuf, rows, plane);
+  for (std::int64_t i = 0; i < g.batch * in_size; ++i) dx[i] = T(0);
+  for (std::int64_t n = 0; n < g.batch; ++n) {
+    col.noalias() = wm.transpose() * cmap(dy + n * g.out_channels * plane, g.out_channels, plane);
+    col2im_add(colbuf, g, dx + n * in_size);
+  }
+}
+
+template <class T>
+void reference_conv<T>::backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf) {
+  const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
+  map dwm(dw, g.out_channels, rows);
+  map col(colbuf, rows, plane);
+  for (std::int64_t n = 0; n < g.batch; ++n) {
+    im2col(x + n * g.in_channels * g.in_height * g.in_width, g, colbuf);
+    const cmap dyn(dy + n * g.out_channels * plane, g.out_channels, plane);
+    dwm.noalias() += dyn * col.transpose();
+    // The bias gradient in index order: Eigen's vectorised sum starts where the data is aligned, so
+    // its bits would depend on where the batch happens to lie in memory.
+    if (db)
+      for (std::int64_t c = 0; c < g.out_channels; ++c) {
+        const T* row = dy + (n * g.out_channels + c) * plane;
+        T s = T(0);
+        for (std::int64_t i = 0; i < plane; ++i) s += row[i];
+        db[c] += s;
+      }
+  }
+}
+
+#if defined(DISTRIBUTE_PRECOMPILED)
+extern template class reference_conv<float>;
+extern template class reference_conv<double>;
+#endif
 
 }  // namespace distribute::detail
