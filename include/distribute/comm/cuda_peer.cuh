@@ -118,10 +118,13 @@ class cuda_peer {
     for (auto b : bufs) total += b.size();
     auto& st = staging();
     const auto guard = current();
-    st.begin(total * sizeof(T), bufs.size());
+    std::vector<detail::host_staging::buffer> where;
+    where.reserve(bufs.size());
+    for (auto b : bufs) where.push_back({b.data(), b.size_bytes()});
+    st.begin(where, stream(), "all_reduce");
     std::vector<detail::segment> segs;
     segs.reserve(bufs.size());
-    for (auto b : bufs) segs.push_back({st.stage(b.data(), b.size_bytes(), true, true, stream(), "all_reduce"), b.size()});
+    for (std::size_t i = 0; i < bufs.size(); ++i) segs.push_back({st.stage(i, true, true, stream()), bufs[i].size()});
     detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
                          .segs = segs.data(), .n_segs = segs.size()};
     collective(d, [&](std::uint64_t seq) {
@@ -152,9 +155,9 @@ class cuda_peer {
     detail::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
     auto& st = staging();
     const auto guard = current();
-    st.begin(in.size_bytes() + out.size_bytes());
-    const void* din = st.stage(in.data(), in.size_bytes(), true, false, stream(), "reduce_scatter");
-    void* dout = st.stage(out.data(), out.size_bytes(), false, true, stream(), "reduce_scatter");
+    st.begin({{in.data(), in.size_bytes()}, {out.data(), out.size_bytes()}}, stream(), "reduce_scatter");
+    const void* din = st.stage(0, true, false, stream());
+    void* dout = st.stage(1, false, true, stream());
     detail::descriptor d{.kind = detail::collective_kind::reduce_scatter, .type = dtype_of<T>, .op = op,
                          .count = in.size(), .out_count = out.size(), .in = din, .out = dout};
     collective(d, [&](std::uint64_t seq) {
@@ -173,9 +176,9 @@ class cuda_peer {
     detail::check_block_sizes("all_gather", out.size(), in.size(), size());
     auto& st = staging();
     const auto guard = current();
-    st.begin(in.size_bytes() + out.size_bytes());
-    const void* din = st.stage(in.data(), in.size_bytes(), true, false, stream(), "all_gather");
-    void* dout = st.stage(out.data(), out.size_bytes(), false, true, stream(), "all_gather");
+    st.begin({{in.data(), in.size_bytes()}, {out.data(), out.size_bytes()}}, stream(), "all_gather");
+    const void* din = st.stage(0, true, false, stream());
+    void* dout = st.stage(1, false, true, stream());
     detail::descriptor d{.kind = detail::collective_kind::all_gather, .type = dtype_of<T>, .count = in.size(),
                          .out_count = out.size(), .in = din, .out = dout};
     collective(d, [&](std::uint64_t seq) {
@@ -192,8 +195,8 @@ class cuda_peer {
     detail::check_root(root, size());
     auto& st = staging();
     const auto guard = current();
-    st.begin(buf.size_bytes());
-    detail::segment seg{st.stage(buf.data(), buf.size_bytes(), rank_ == root, rank_ != root, stream(), "broadcast"), buf.size()};
+    st.begin({{buf.data(), buf.size_bytes()}}, stream(), "broadcast");
+    detail::segment seg{st.stage(0, rank_ == root, rank_ != root, stream()), buf.size()};
     detail::descriptor d{.kind = detail::collective_kind::broadcast, .type = dtype_of<T>, .root = root,
                          .count = buf.size(), .segs = &seg, .n_segs = 1};
     collective(d, [&](std::uint64_t seq) {

@@ -13,8 +13,15 @@
 // rebuilt by `rebuild()`; one spanning processes cannot be, and says so.
 //
 // Buffers are spans of device memory on the replica's GPU, used in place, or of host memory, staged
-// through the device. Every collective has completed when it returns. `mean` is a sum followed by
-// one division, as in every other engine of this library.
+// through the device. Every collective has completed when it returns. `mean` has the bits of a sum
+// followed by one division, as in every other engine of this library (NCCL's ncclAvg where that is
+// exact, see detail::nccl_average_is_exact).
+//
+// A replica whose collective fails in any way after NCCL took it (an NCCL error, a timeout, a CUDA
+// error while waiting, a failed launch of what follows it) aborts its communicator before it throws,
+// so that no NCCL kernel of it is left waiting for partners. Processes learn of a failure in another
+// process through `watch_outside` (the multi-worker strategy's out-of-band notice over MPI), polled
+// while a replica waits for NCCL.
 //
 // Point-to-point: `send(buf, dst, tag)` and `recv(buf, src, tag)` between two ranks, with ncclSend /
 // ncclRecv on the replica's stream, time-bounded as the collectives are. NCCL's own send waits on
@@ -62,7 +69,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -112,17 +122,36 @@ constexpr ncclDataType_t nccl_type() noexcept {
   return ncclFloat32;
 }
 
-// `mean` is summed by NCCL and divided by us (ncclAvg scales before summing, which rounds
-// differently from the other engines).
-constexpr ncclRedOp_t nccl_op(reduce_op op) noexcept {
+// `mean`: NCCL's ncclAvg where it gives the same bits as a sum followed by one division (what every
+// other engine of this library computes), else NCCL's sum and our division. ncclAvg multiplies every
+// input by 1/n before summing (floating point): with n a power of two that scaling is exact and
+// commutes with each rounding of the sum, so the result is the sum divided by n, bit for bit, unless
+// scaled values fall below the normal range (float16's starts at 6e-5, too near gradients' values:
+// float16 keeps the division). Integers are always summed and divided (NCCL's average is for
+// unsigned integers only).
+template <class T>
+constexpr bool nccl_average_is_exact(int ranks) noexcept {
+  const bool power_of_two = ranks > 0 && (ranks & (ranks - 1)) == 0;
+  const dtype t = dtype_of<T>;
+  return power_of_two && (t == dtype::float32 || t == dtype::float64 || t == dtype::bfloat16);
+}
+
+template <class T>
+constexpr ncclRedOp_t nccl_op(reduce_op op, int ranks) noexcept {
   switch (op) {
-    case reduce_op::sum:
-    case reduce_op::mean: return ncclSum;
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::mean: return nccl_average_is_exact<T>(ranks) ? ncclAvg : ncclSum;
     case reduce_op::prod: return ncclProd;
     case reduce_op::min: return ncclMin;
     case reduce_op::max: return ncclMax;
   }
   return ncclSum;
+}
+
+// Whether a mean still needs our division after NCCL.
+template <class T>
+constexpr bool divide_after_nccl(reduce_op op, int ranks) noexcept {
+  return op == reduce_op::mean && ranks > 1 && !nccl_average_is_exact<T>(ranks);
 }
 
 inline ncclConfig_t nonblocking_config() {
@@ -176,6 +205,32 @@ class nccl_group {
   void abort_all_for_failure() noexcept {
     mark_broken();
     abort_all();
+  }
+
+  // Aborts local replica `local`'s communicator (from that replica's thread): an NCCL kernel of it
+  // still waiting for partners after a failure then ends.
+  void abort_replica(int local) noexcept {
+    mark_broken();
+    auto& c = comms_[static_cast<std::size_t>(local)];
+    if (c != nullptr) (void)ncclCommAbort(c);
+    c = nullptr;
+  }
+
+  // A failure outside this process: `watch()` returns what failed (a worker, and why), or nothing
+  // while all is well. Replicas waiting for NCCL call it (at most once a millisecond, from any of
+  // their threads: it must be thread-safe); once it reports, this process's replicas give up their
+  // collectives with collective_aborted naming that failure, at once instead of at their deadline.
+  void set_outside_watch(std::function<std::optional<std::string>()> watch) { outside_ = std::move(watch); }
+  void watch_outside() {
+    if (!outside_ || meeting_.aborted()) return;
+    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    if (now < next_outside_poll_.load(std::memory_order_relaxed)) return;
+    next_outside_poll_.store(now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::milliseconds(1)).count(),
+                             std::memory_order_relaxed);
+    if (auto why = outside_()) {
+      const collective_aborted error("distribute: " + *why);
+      meeting_.abort(std::make_exception_ptr(error), *why);
+    }
   }
 
   // Whether a failure aborted the communicators; collectives then fail until `rebuild()`.
@@ -319,6 +374,8 @@ class nccl_group {
   std::vector<std::vector<detail::nccl_pending_send>> issued_;
   std::vector<ncclComm_t> comms_;
   std::atomic<bool> broken_{false};
+  std::function<std::optional<std::string>()> outside_;
+  std::atomic<std::chrono::steady_clock::rep> next_outside_poll_{0};
 };
 
 // One GPU replica's endpoint of an `nccl_group`: rank() and size() count every replica in sync (of
@@ -356,10 +413,13 @@ class nccl {
     for (auto b : bufs) total += b.size();
     const auto guard = current();
     auto& st = staging();
-    st.begin(total * sizeof(T), bufs.size());
+    std::vector<detail::host_staging::buffer> where;
+    where.reserve(bufs.size());
+    for (auto b : bufs) where.push_back({b.data(), b.size_bytes()});
+    st.begin(where, stream(), "all_reduce");
     std::vector<detail::segment> segs;
     segs.reserve(bufs.size());
-    for (auto b : bufs) segs.push_back({st.stage(b.data(), b.size_bytes(), true, true, stream(), "all_reduce"), b.size()});
+    for (std::size_t i = 0; i < bufs.size(); ++i) segs.push_back({st.stage(i, true, true, stream()), bufs[i].size()});
     detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
                          .segs = segs.data(), .n_segs = segs.size()};
     collective(
@@ -367,11 +427,12 @@ class nccl {
         [&] {
           for (const auto& s : segs)
             if (s.size != 0)
-              detail::nccl_check(ncclAllReduce(s.data, s.data, s.size, detail::nccl_type<T>(), detail::nccl_op(op), comm(), stream()),
+              detail::nccl_check(ncclAllReduce(s.data, s.data, s.size, detail::nccl_type<T>(), detail::nccl_op<T>(op, size()), comm(),
+                                               stream()),
                                  "ncclAllReduce", comm());
         },
         [&] {
-          if (op == reduce_op::mean)
+          if (detail::divide_after_nccl<T>(op, size()))
             for (const auto& s : segs) detail::launch_divide(static_cast<T*>(s.data), s.size, size(), device().index(), stream());
         });
   }
@@ -381,20 +442,22 @@ class nccl {
     detail::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
     const auto guard = current();
     auto& st = staging();
-    st.begin(in.size_bytes() + out.size_bytes());
-    const void* din = st.stage(in.data(), in.size_bytes(), true, false, stream(), "reduce_scatter");
-    void* dout = st.stage(out.data(), out.size_bytes(), false, true, stream(), "reduce_scatter");
+    st.begin({{in.data(), in.size_bytes()}, {out.data(), out.size_bytes()}}, stream(), "reduce_scatter");
+    const void* din = st.stage(0, true, false, stream());
+    void* dout = st.stage(1, false, true, stream());
     detail::descriptor d{.kind = detail::collective_kind::reduce_scatter, .type = dtype_of<T>, .op = op,
                          .count = in.size(), .out_count = out.size(), .in = din, .out = dout};
     collective(
         d,
         [&] {
           if (!out.empty())
-            detail::nccl_check(ncclReduceScatter(din, dout, out.size(), detail::nccl_type<T>(), detail::nccl_op(op), comm(), stream()),
+            detail::nccl_check(ncclReduceScatter(din, dout, out.size(), detail::nccl_type<T>(), detail::nccl_op<T>(op, size()), comm(),
+                                                 stream()),
                                "ncclReduceScatter", comm());
         },
         [&] {
-          if (op == reduce_op::mean) detail::launch_divide(static_cast<T*>(dout), out.size(), size(), device().index(), stream());
+          if (detail::divide_after_nccl<T>(op, size()))
+            detail::launch_divide(static_cast<T*>(dout), out.size(), size(), device().index(), stream());
         });
   }
 
@@ -403,9 +466,9 @@ class nccl {
     detail::check_block_sizes("all_gather", out.size(), in.size(), size());
     const auto guard = current();
     auto& st = staging();
-    st.begin(in.size_bytes() + out.size_bytes());
-    const void* din = st.stage(in.data(), in.size_bytes(), true, false, stream(), "all_gather");
-    void* dout = st.stage(out.data(), out.size_bytes(), false, true, stream(), "all_gather");
+    st.begin({{in.data(), in.size_bytes()}, {out.data(), out.size_bytes()}}, stream(), "all_gather");
+    const void* din = st.stage(0, true, false, stream());
+    void* dout = st.stage(1, false, true, stream());
     detail::descriptor d{.kind = detail::collective_kind::all_gather, .type = dtype_of<T>, .count = in.size(),
                          .out_count = out.size(), .in = din, .out = dout};
     collective(
@@ -422,8 +485,8 @@ class nccl {
     detail::check_root(root, size());
     const auto guard = current();
     auto& st = staging();
-    st.begin(buf.size_bytes());
-    detail::segment seg{st.stage(buf.data(), buf.size_bytes(), rank() == root, rank() != root, stream(), "broadcast"), buf.size()};
+    st.begin({{buf.data(), buf.size_bytes()}}, stream(), "broadcast");
+    detail::segment seg{st.stage(0, rank() == root, rank() != root, stream()), buf.size()};
     detail::descriptor d{.kind = detail::collective_kind::broadcast, .type = dtype_of<T>, .root = root,
                          .count = buf.size(), .segs = &seg, .n_segs = 1};
     collective(
@@ -497,8 +560,8 @@ class nccl {
     const auto mine = detail::nccl_p2p_header::of<T>(tag, buf.size(), distribute::detail::current_origin);
     const std::string me = "replica " + std::to_string(rank()), from = "replica " + std::to_string(src);
     auto& st = staging();
-    st.begin(buf.size_bytes());
-    void* data = st.stage(buf.data(), buf.size_bytes(), false, true, stream(), "recv");
+    st.begin({{buf.data(), buf.size_bytes()}}, stream(), "recv");
+    void* data = st.stage(0, false, true, stream());
     void* header = g_->headers_[static_cast<std::size_t>(local_)].get();
     p2p(
         [&] {
@@ -572,9 +635,7 @@ class nccl {
   // A point-to-point failure aborts the communicator and fails this process's group, then this replica.
   template <class Error>
   [[noreturn]] void p2p_failure(const Error& error) {
-    g_->mark_broken();
-    (void)ncclCommAbort(comm());
-    g_->comms_[static_cast<std::size_t>(local_)] = nullptr;
+    abort_own();
     g_->meeting_.abort(std::make_exception_ptr(error), error.what());
     throw error;
   }
@@ -587,9 +648,7 @@ class nccl {
     const auto deadline = std::chrono::steady_clock::now() + meeting.options().timeout;
     auto give_up = [&](bool out_of_time) {
       if (out_of_time) p2p_failure(collective_timeout(timed_out()));
-      g_->mark_broken();
-      (void)ncclCommAbort(comm());
-      g_->comms_[static_cast<std::size_t>(local_)] = nullptr;
+      abort_own();
       throw collective_aborted("distribute: point-to-point on replica " + std::to_string(rank()) + " was abandoned because " +
                                meeting.abort_reason());
     };
@@ -607,29 +666,54 @@ class nccl {
       meeting.abort(std::current_exception(), e.what());
       throw;
     }
-    detail::wait_for_gpu([&] { return nccl_state("point-to-point") == ncclSuccess; }, &meeting, deadline, give_up);
-    detail::wait_for_gpu(
-        [&] {
-          nccl_state("point-to-point");
-          const cudaError_t q = cudaStreamQuery(stream());
-          if (q == cudaErrorNotReady) return false;
-          distribute::detail::cuda_check(q, "cudaStreamQuery", device().index());
-          return true;
-        },
-        &meeting, deadline, give_up);
+    after_issue([&] {
+      auto what = [] { return std::string("point-to-point"); };
+      detail::wait_for_gpu([&] { return nccl_state(what) == ncclSuccess; }, &meeting, deadline, give_up);
+      detail::wait_for_gpu([&] { return queued_work_done(what); }, &meeting, deadline, give_up);
+    });
     g_->issued_[static_cast<std::size_t>(local_)].clear();
   }
 
+  // Runs what follows a successful ncclGroupEnd. Whatever fails there while this replica's
+  // communicator is still alive (a CUDA error while waiting, a failed launch) may leave an NCCL kernel
+  // waiting for its partners: the communicator is aborted and the group told, then the error goes on.
+  template <class F>
+  void after_issue(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      if (comm() != nullptr) {
+        abort_own();
+        g_->meeting_.fail(local_, std::current_exception());
+      }
+      throw;
+    }
+  }
+
+  void abort_own() noexcept {
+    g_->mark_broken();
+    if (comm() != nullptr) (void)ncclCommAbort(comm());
+    g_->comms_[static_cast<std::size_t>(local_)] = nullptr;
+  }
+
+  // One poll of the wait for the stream: NCCL's state, another process's failure, then the stream.
+  template <class What>
+  bool queued_work_done(What&& what) {
+    nccl_state(what);
+    return distribute::detail::stream_idle(stream(), device().index());
+  }
+
   // The communicator's asynchronous state; an NCCL error aborts it and fails the group.
-  ncclResult_t nccl_state(const std::string& what) {
+  // `what()` names the operation, for the message.
+  template <class What>
+  ncclResult_t nccl_state(What&& what) {
+    g_->watch_outside();
     ncclResult_t state = ncclSuccess;
     const ncclResult_t q = ncclCommGetAsyncError(comm(), &state);
     if (q != ncclSuccess) state = q;
     if (state != ncclSuccess && state != ncclInProgress) {
-      const std::string msg = detail::nccl_message(state, what.c_str(), comm());
-      g_->mark_broken();
-      (void)ncclCommAbort(comm());
-      g_->comms_[static_cast<std::size_t>(local_)] = nullptr;
+      const std::string msg = detail::nccl_message(state, what().c_str(), comm());
+      abort_own();
       const nccl_error error(state, msg + " on replica " + std::to_string(rank()));
       g_->meeting_.abort(std::make_exception_ptr(error), error.what());
       throw error;
@@ -654,30 +738,14 @@ class nccl {
     const std::uint64_t seq = meeting.meet(local_, d);
     const auto deadline = std::chrono::steady_clock::now() + meeting.options().timeout;
     auto give_up = [&](bool timed_out) {
-      g_->mark_broken();
-      (void)ncclCommAbort(comm());
-      g_->comms_[static_cast<std::size_t>(local_)] = nullptr;
+      abort_own();
       if (!timed_out) meeting.fail_aborted(local_, d, seq);
       meeting.fail_waiting(local_, d, seq,
                            "did not complete within " + std::to_string(meeting.options().timeout.count()) +
                                " ms (a replica of another process may have failed, died, or called a different "
                                "collective); the NCCL communicator was aborted");
     };
-    auto nccl_state = [&] {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t q = ncclCommGetAsyncError(comm(), &state);
-      if (q != ncclSuccess) state = q;
-      if (state != ncclSuccess && state != ncclInProgress) {
-        const std::string msg = detail::nccl_message(state, detail::describe(d).c_str(), comm());
-        g_->mark_broken();
-        (void)ncclCommAbort(comm());
-        g_->comms_[static_cast<std::size_t>(local_)] = nullptr;
-        const nccl_error error(state, msg + " on replica " + std::to_string(rank()));
-        meeting.abort(std::make_exception_ptr(error), error.what());
-        throw error;
-      }
-      return state;
-    };
+    auto what = [&] { return detail::describe(d); };
     try {
       detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
       try {
@@ -692,17 +760,11 @@ class nccl {
       meeting.abort(std::current_exception(), e.what());
       throw;
     }
-    detail::wait_for_gpu([&] { return nccl_state() == ncclSuccess; }, &meeting, deadline, give_up);
-    then();
-    detail::wait_for_gpu(
-        [&] {
-          nccl_state();
-          const cudaError_t q = cudaStreamQuery(stream());
-          if (q == cudaErrorNotReady) return false;
-          distribute::detail::cuda_check(q, "cudaStreamQuery", device().index());
-          return true;
-        },
-        &meeting, deadline, give_up);
+    after_issue([&] {
+      detail::wait_for_gpu([&] { return nccl_state(what) == ncclSuccess; }, &meeting, deadline, give_up);
+      then();
+      detail::wait_for_gpu([&] { return queued_work_done(what); }, &meeting, deadline, give_up);
+    });
     g_->issued_[static_cast<std::size_t>(local_)].clear();
     // Only now: a copy into pageable host memory blocks the host until the stream reaches it, which
     // must not be behind an NCCL kernel that may never finish.

@@ -4,8 +4,9 @@
 // each replica its own stream; a `cuda` made by hand uses the device's default stream.
 //
 // Every CUDA call below goes through `cuda_check`, which turns an error code into a `cuda_error`
-// naming the call and the device. Asking how many GPUs there are never throws: a machine without a
-// GPU or without a driver has zero.
+// naming the call and the device. Asking how many GPUs there are says 0 on a machine without a GPU
+// or without an NVIDIA driver, and throws when a driver is there but unusable (one too old for this
+// CUDA runtime, for instance): a GPU run must not quietly test nothing.
 
 #include <distribute/concepts/device.hpp>
 #include <distribute/config.hpp>
@@ -14,10 +15,21 @@
 #  error "<distribute/device/cuda.cuh> needs nvcc and the CUDA toolkit (link distribute::cuda)"
 #endif
 
+#include <cuda.h>  // the types of the one driver entry point used (looked up through the runtime)
 #include <cuda_runtime.h>
 
+#if defined(__linux__)
+#  include <dlfcn.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace distribute {
@@ -48,21 +60,87 @@ inline void cuda_check(cudaError_t rc, const char* call, int ordinal = -1) {
   throw cuda_error(rc, msg);
 }
 
-// Makes `ordinal` the calling thread's current device for its lifetime, then restores the previous one:
-// the strategies' replica threads, and user threads, keep the device they had.
+// Whether the primary context of `ordinal` exists. Making a device current (cudaSetDevice, since CUDA
+// 12) creates its context, about half a gigabyte of device memory: a thread that merely restores the
+// device it "had" must not create one on a GPU it never used. Asked of the driver through the
+// runtime's entry-point lookup, so no program needs to link the driver library; if the lookup fails
+// the answer is "yes", which restores as before.
+inline bool primary_context_active(int ordinal) noexcept {
+  using get_state = CUresult (*)(CUdevice, unsigned int*, int*);
+  static const get_state fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return get_state{nullptr};
+    }
+    return reinterpret_cast<get_state>(f);
+  }();
+  if (fn == nullptr) return true;
+  unsigned int flags = 0;
+  int active = 1;
+  // Runtime ordinals and driver device handles coincide (both count the visible devices).
+  if (fn(static_cast<CUdevice>(ordinal), &flags, &active) != CUDA_SUCCESS) return true;
+  return active != 0;
+}
+
+// Makes `ordinal` the calling thread's current device for its lifetime. Afterwards the thread gets
+// back the device it had, if that device has a context; a thread that had none (a fresh thread
+// reports device 0 without having used it) keeps `ordinal`, so that no context is created on GPU 0
+// by a thread that never worked there.
 class device_guard {
  public:
   explicit device_guard(int ordinal) {
     cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != ordinal) cuda_check(cudaSetDevice(ordinal), "cudaSetDevice", ordinal);
+    if (previous_ != ordinal) {
+      cuda_check(cudaSetDevice(ordinal), "cudaSetDevice", ordinal);
+      restore_ = primary_context_active(previous_);
+    }
+  }
+  // For destructors and failure paths: errors are ignored.
+  device_guard(int ordinal, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (previous_ != ordinal) {
+      if (cudaSetDevice(ordinal) != cudaSuccess) (void)cudaGetLastError();
+      restore_ = primary_context_active(previous_);
+    }
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { (void)cudaSetDevice(previous_); }
+  ~device_guard() {
+    if (restore_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+  }
 
  private:
   int previous_ = 0;
+  bool restore_ = false;
 };
+
+// How a failed cudaGetDeviceCount is read: no device, or no NVIDIA driver installed at all (no
+// libcuda, or only the toolkit's stub of it), is a machine without a GPU; any other error (a driver
+// too old for this runtime, a broken installation) is a failure the caller must see.
+inline bool means_no_gpu(cudaError_t rc, bool driver_installed) noexcept {
+  if (rc == cudaErrorNoDevice || rc == cudaErrorStubLibrary) return true;
+  if (rc == cudaErrorInsufficientDriver) return !driver_installed;
+  return false;
+}
+
+// Whether the NVIDIA driver library is on this machine.
+inline bool driver_library_present() noexcept {
+#if defined(__linux__)
+  if (void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+    dlclose(h);
+    return true;
+  }
+  return false;
+#else
+  return true;
+#endif
+}
 
 }  // namespace detail
 
@@ -100,14 +178,21 @@ class cuda {
 
 static_assert(device<cuda>);
 
-// How many CUDA devices this process can use; 0 without a GPU or without a usable driver.
-inline int cuda_device_count() noexcept {
+// How many CUDA devices this process can use: 0 on a machine without a GPU or without an NVIDIA
+// driver. Throws a `cuda_error` when there is a driver that cannot be used, such as one older than
+// this CUDA runtime needs (CUDA 13 needs r580 or later), rather than passing for a machine without
+// a GPU.
+inline int cuda_device_count() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc == cudaSuccess) return n;
+  (void)cudaGetLastError();
+  if (detail::means_no_gpu(rc, detail::driver_library_present())) return 0;
+  std::string msg = std::string("distribute: cudaGetDeviceCount failed: ") + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+  if (rc == cudaErrorInsufficientDriver)
+    msg += "; the installed NVIDIA driver is older than this CUDA " + std::to_string(CUDART_VERSION / 1000) +
+           " runtime needs (update the driver, or build with an older toolkit)";
+  throw cuda_error(rc, msg);
 }
 
 // Every visible GPU, cuda:0 .. cuda:n-1.
@@ -129,14 +214,51 @@ inline std::vector<cuda> cuda_replicas(int n, int ordinal = 0) {
 
 namespace detail {
 
-// An owned CUDA stream on one device (non-blocking with respect to the legacy default stream).
+// The streams of this process, by device, kept for reuse instead of destroyed. A stream handle then
+// stays valid for the life of the process: device memory allocated in stream order (a tensor's) is
+// returned in the order of the stream it was made on, even by a tensor that outlives the strategy
+// that lent it the stream. Never destroyed, so that tensors freed during static destruction still
+// find it.
+class stream_pool {
+ public:
+  static stream_pool& instance() {
+    static stream_pool* pool = new stream_pool;
+    return *pool;
+  }
+  cudaStream_t take(int ordinal) {
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [o, s] : idle_)
+        if (o == ordinal && s != nullptr) return std::exchange(s, nullptr);
+    }
+    device_guard g(ordinal);
+    cudaStream_t s = nullptr;
+    cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", ordinal);
+    return s;
+  }
+  // `s` has finished its work.
+  void give_back(int ordinal, cudaStream_t s) {
+    std::lock_guard lock(mu_);
+    for (auto& [o, idle] : idle_)
+      if (idle == nullptr) {
+        o = ordinal;
+        idle = s;
+        return;
+      }
+    idle_.emplace_back(ordinal, s);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<int, cudaStream_t>> idle_;
+};
+
+// A CUDA stream of one device (non-blocking with respect to the legacy default stream), owned while
+// this object lives; drained and handed back to the process's pool afterwards.
 class owned_stream {
  public:
   owned_stream() = default;
-  explicit owned_stream(int ordinal) : ordinal_{ordinal} {
-    device_guard g(ordinal);
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", ordinal);
-  }
+  explicit owned_stream(int ordinal) : ordinal_{ordinal}, stream_{stream_pool::instance().take(ordinal)} {}
   owned_stream(owned_stream&& o) noexcept : ordinal_{o.ordinal_}, stream_{o.stream_} { o.stream_ = nullptr; }
   owned_stream& operator=(owned_stream&& o) noexcept {
     if (this != &o) {
@@ -154,17 +276,49 @@ class owned_stream {
  private:
   void reset() noexcept {
     if (stream_ == nullptr) return;
-    int previous = 0;
-    (void)cudaGetDevice(&previous);
-    (void)cudaSetDevice(ordinal_);
-    (void)cudaStreamSynchronize(stream_);
-    (void)cudaStreamDestroy(stream_);
-    (void)cudaSetDevice(previous);
+    {
+      device_guard g(ordinal_, std::nothrow);
+      if (cudaStreamSynchronize(stream_) != cudaSuccess) (void)cudaGetLastError();
+    }
+    try {
+      stream_pool::instance().give_back(ordinal_, stream_);
+    } catch (...) {
+      // Out of memory for the pool's list: the stream is leaked, never destroyed while in use.
+    }
     stream_ = nullptr;
   }
   int ordinal_ = 0;
   cudaStream_t stream_ = nullptr;
 };
+
+// Whether `stream`'s queued work has finished. A stream still busy leaves cudaErrorNotReady as the
+// thread's last error (it is not an error): cleared here, so that a later cudaGetLastError, ours
+// after a kernel launch or the program's own, does not report it. Other errors throw.
+inline bool stream_idle(cudaStream_t stream, int ordinal) {
+  const cudaError_t q = cudaStreamQuery(stream);
+  if (q == cudaErrorNotReady) {
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    return false;
+  }
+  cuda_check(q, "cudaStreamQuery", ordinal);
+  return true;
+}
+
+// Waits, at most until `deadline`, for `stream` to finish; returns whether it did. For failure
+// paths: errors count as finished (they are sticky, and the step is failing already).
+inline bool drain_until(cudaStream_t stream, int ordinal, std::chrono::steady_clock::time_point deadline) noexcept {
+  device_guard g(ordinal, std::nothrow);
+  for (auto pause = std::chrono::microseconds(20);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return true;
+    }
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+  }
+}
 
 // Where a buffer handed to a collective lives. Device (and managed) memory is used in place; anything
 // else is host memory, staged through the device.

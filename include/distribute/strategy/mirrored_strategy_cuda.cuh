@@ -32,6 +32,7 @@
 #endif
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -108,13 +109,7 @@ class mirrored_strategy<cuda> : public strategy_base<mirrored_strategy<cuda>, st
         meeting.depart(rank);
       } catch (...) {
         meeting.fail(rank, std::current_exception());
-        // Work the step queued may still read buffers the caller frees once run() throws.
-        int previous = 0;
-        (void)cudaGetDevice(&previous);
-        (void)cudaSetDevice(dev.index());
-        (void)cudaStreamSynchronize(dev.stream());
-        (void)cudaGetLastError();
-        (void)cudaSetDevice(previous);
+        st.drain_after_failure(rank);
       }
     };
     st.pool.run(job);
@@ -163,6 +158,20 @@ class mirrored_strategy<cuda> : public strategy_base<mirrored_strategy<cuda>, st
       if (nccl) return nccl->meeting();
 #endif
       return peer->meeting();
+    }
+
+    // Work the step queued may still read buffers the caller frees once run() throws: wait for it.
+    // An NCCL kernel of this replica may be waiting for partners that gave up, and would never end:
+    // the wait for it is bounded by the collective timeout, after which this replica's communicator
+    // is aborted (which ends such a kernel; the group is rebuilt at the next step) and the rest of
+    // the step's work is waited for.
+    void drain_after_failure(int rank) noexcept {
+      const cuda& dev = devices[static_cast<std::size_t>(rank)];
+#if DISTRIBUTE_HAS_NCCL
+      if (nccl && !detail::drain_until(dev.stream(), dev.index(), std::chrono::steady_clock::now() + meeting().options().timeout))
+        nccl->abort_replica(rank);
+#endif
+      (void)detail::drain_until(dev.stream(), dev.index(), std::chrono::steady_clock::time_point::max());
     }
 
     void prepare_step() {

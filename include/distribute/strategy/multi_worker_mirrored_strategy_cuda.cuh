@@ -14,11 +14,15 @@
 // `reduce` and `gather` combine every replica's value in replica order (bit-identical on every worker
 // and to a single process holding every replica).
 //
-// Failure semantics: within a worker, as mirrored_strategy<cuda>. Across workers, a worker that
-// fails or dies leaves the others' NCCL collectives without a partner: they give up at their
-// deadline (or at once, when the failing worker aborted its communicator) with collective_timeout or
-// nccl_error, never hang. With several workers, a failed step leaves the communicator unusable for
-// the whole job: this strategy then refuses further work, and the job restarts from a checkpoint.
+// Failure semantics: within a worker, as mirrored_strategy<cuda>. Across workers: NCCL does not tell
+// a rank that another process gave up (aborting a communicator is local), so a worker whose step
+// fails tells every other worker over MPI (an out-of-band notice, `detail::worker_failure_notice`)
+// and aborts its communicators. A worker waiting in an NCCL collective looks for that notice and
+// gives up at once with collective_aborted naming the failed worker and its error; one that was not
+// waiting refuses its next step the same way. A worker that dies without a word leaves the others to
+// their deadline (collective_timeout), never a hang. With several workers, a failed step leaves the
+// communicator unusable for the whole job: this strategy then refuses further work, and the job
+// restarts from a checkpoint.
 
 #include <distribute/collective_options.hpp>
 #include <distribute/comm/nccl.cuh>
@@ -44,6 +48,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -55,6 +60,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -120,6 +126,101 @@ inline std::vector<unsigned char> all_gather_bytes(MPI_Comm comm, const void* mi
   return out;
 }
 
+// The out-of-band failure notice between GPU workers. A worker whose step failed sends every other
+// worker a short message on a communicator of its own; each worker keeps one receive posted for it
+// and tests it while its replicas wait for NCCL. MPI is only called from the thread that runs the
+// strategy's steps (replica 0's: MPI may have been initialised for that thread alone).
+class worker_failure_notice {
+ public:
+  struct message {
+    int worker = -1;
+    char text[500]{};
+  };
+
+  worker_failure_notice() = default;
+  worker_failure_notice(const worker_failure_notice&) = delete;
+  worker_failure_notice& operator=(const worker_failure_notice&) = delete;
+  ~worker_failure_notice() { close(); }
+
+  // Collective over `world` (it duplicates it).
+  void open(MPI_Comm world) {
+    mpi_check(MPI_Comm_dup(world, &comm_), "MPI_Comm_dup");
+    mpi_check(MPI_Comm_size(comm_, &workers_), "MPI_Comm_size");
+    mpi_check(MPI_Irecv(&in_, static_cast<int>(sizeof in_), MPI_BYTE, MPI_ANY_SOURCE, 0, comm_, &recv_), "MPI_Irecv");
+  }
+
+  // Which thread may call MPI from now on.
+  void set_caller(std::thread::id id) noexcept { caller_.store(id, std::memory_order_relaxed); }
+
+  // "worker W failed: ..." once another worker has announced its failure; nothing before that, or on
+  // a thread other than the caller's.
+  std::optional<std::string> poll() {
+    if (std::this_thread::get_id() != caller_.load(std::memory_order_relaxed)) return seen();
+    if (!seen_.load(std::memory_order_acquire) && recv_ != MPI_REQUEST_NULL) {
+      int arrived = 0;
+      if (MPI_Test(&recv_, &arrived, MPI_STATUS_IGNORE) == MPI_SUCCESS && arrived) {
+        in_.text[sizeof in_.text - 1] = '\0';
+        reason_ = "worker " + std::to_string(in_.worker) + " failed: " + in_.text;
+        seen_.store(true, std::memory_order_release);
+      }
+    }
+    return seen();
+  }
+  bool received() const noexcept { return seen_.load(std::memory_order_acquire); }
+
+  // Tells every other worker, without waiting for them.
+  void announce(int me, const std::string& why) noexcept {
+    if (comm_ == MPI_COMM_NULL || workers_ < 2 || out_) return;
+    out_ = std::make_unique<message>();
+    out_->worker = me;
+    std::strncpy(out_->text, why.c_str(), sizeof out_->text - 1);
+    for (int w = 0; w < workers_; ++w) {
+      if (w == me) continue;
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (MPI_Isend(out_.get(), static_cast<int>(sizeof *out_), MPI_BYTE, w, 0, comm_, &r) == MPI_SUCCESS) sends_.push_back(r);
+    }
+  }
+
+  void close() noexcept {
+    if (comm_ == MPI_COMM_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (recv_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&recv_);
+      MPI_Wait(&recv_, MPI_STATUS_IGNORE);
+    }
+    bool sent = true;
+    for (auto& r : sends_) {
+      int done = 0;
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        MPI_Request_free(&r);
+        sent = false;
+      }
+    }
+    // A send MPI has not finished with keeps its buffer.
+    if (!sent) (void)out_.release();
+    MPI_Comm_free(&comm_);
+  }
+
+ private:
+  std::optional<std::string> seen() const {
+    if (!seen_.load(std::memory_order_acquire)) return std::nullopt;
+    return reason_;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int workers_ = 1;
+  MPI_Request recv_ = MPI_REQUEST_NULL;
+  message in_{};
+  std::unique_ptr<message> out_;
+  std::vector<MPI_Request> sends_;
+  std::atomic<std::thread::id> caller_{};
+  std::atomic<bool> seen_{false};
+  std::string reason_;  // written before seen_ is set, read after
+};
+
 template <class T>
 inline constexpr bool is_cuda_tensor_v = false;
 template <class E>
@@ -162,6 +263,14 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
   auto run(F&& fn, A&&... args) {
     using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     state& st = *st_;
+    st.notice.set_caller(std::this_thread::get_id());
+    // A worker that failed while this one was not waiting for it.
+    if (num_workers() > 1 && st.failure.empty()) {
+      if (auto why = st.notice.poll()) {
+        st.failure = *why;
+        st.group->abort_all_for_failure();
+      }
+    }
     check_usable("run");
     if (st.in_step.exchange(true))
       throw std::logic_error("distribute: multi_worker_mirrored_strategy<cuda, nccl>::run called while a step of the same "
@@ -190,12 +299,11 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
         meeting.depart(rank);
       } catch (...) {
         meeting.fail(rank, std::current_exception());
-        int previous = 0;
-        (void)cudaGetDevice(&previous);
-        (void)cudaSetDevice(dev.index());
-        (void)cudaStreamSynchronize(dev.stream());
-        (void)cudaGetLastError();
-        (void)cudaSetDevice(previous);
+        // As in mirrored_strategy<cuda>: an NCCL kernel waiting for partners that gave up is ended by
+        // aborting this replica's communicator once a collective's time has passed.
+        if (!detail::drain_until(dev.stream(), dev.index(), std::chrono::steady_clock::now() + meeting.options().timeout))
+          st.group->abort_replica(rank);
+        (void)detail::drain_until(dev.stream(), dev.index(), std::chrono::steady_clock::time_point::max());
       }
     };
     st.pool.run(job);
@@ -336,6 +444,7 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
     explicit state(multi_worker_cuda_options o)
         : options{std::move(o)}, pool(static_cast<int>(options.devices.empty() ? 1 : options.devices.size())) {}
     ~state() {
+      notice.close();
       if (mpi != MPI_COMM_NULL) {
         int finalized = 0;
         MPI_Finalized(&finalized);
@@ -344,6 +453,7 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
     }
     multi_worker_cuda_options options;
     MPI_Comm mpi = MPI_COMM_NULL;
+    detail::worker_failure_notice notice;  // before `group`, whose watch uses it
     int worker = 0, workers = 1;
     std::vector<int> first_of;  // first replica id of each worker, and the total at the end
     std::vector<detail::owned_stream> streams;
@@ -360,7 +470,14 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
     std::vector<int> ordinals = options.devices;
     MPI_Comm world = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
-    const int visible = cuda_device_count();
+    // An unusable driver is this worker's problem to report, like a missing GPU.
+    int visible = 0;
+    std::string problem;
+    try {
+      visible = cuda_device_count();
+    } catch (const std::exception& e) {
+      problem = std::string("cannot use its GPUs (") + e.what() + ")";
+    }
     // Every worker reaches every MPI call below: a worker that cannot start says why, and the others
     // learn of it from the vote instead of waiting in a collective it will never join.
     MPI_Comm node = MPI_COMM_NULL;
@@ -368,9 +485,8 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
     int local_rank = 0;
     MPI_Comm_rank(node, &local_rank);
     MPI_Comm_free(&node);
-    std::string problem;
-    if (visible == 0) problem = "found no CUDA device on this worker";
-    else if (ordinals.empty()) ordinals.push_back(local_rank % visible);
+    if (problem.empty() && visible == 0) problem = "found no CUDA device on this worker";
+    if (problem.empty() && ordinals.empty()) ordinals.push_back(local_rank % visible);
     for (std::size_t i = 0; i < ordinals.size() && problem.empty(); ++i) {
       const int d = ordinals[i];
       if (d < 0 || d >= visible)
@@ -409,6 +525,11 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
     for (std::size_t r = 0; r < ordinals.size(); ++r) st.devices.push_back(cuda{ordinals[r]}.on(st.streams[r].get()));
     st.group = std::make_unique<comm::nccl_group>(st.devices, id, st.first_of[static_cast<std::size_t>(st.worker)],
                                                   st.first_of.back(), st.options.collectives);
+    if (st.workers > 1) {
+      st.notice.open(world);
+      st.notice.set_caller(std::this_thread::get_id());
+      st.group->set_outside_watch([&notice = st.notice] { return notice.poll(); });
+    }
     for (int r = 0; r < local; ++r)
       st.replicas.emplace_back(st.devices[static_cast<std::size_t>(r)], st.group->endpoint(r), r, st.worker);
   }
@@ -457,6 +578,8 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
     } catch (...) {
       st.failure = "an exception not derived from std::exception";
     }
+    // Unless this failure is another worker's, tell the others before their NCCL waits run out.
+    if (!st.notice.received()) st.notice.announce(st.worker, st.failure);
     st.group->abort_all_for_failure();
   }
 

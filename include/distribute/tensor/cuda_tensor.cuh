@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -32,7 +33,28 @@ namespace distribute {
 
 namespace detail {
 
-// Device memory of one GPU, freed on that GPU.
+// Whether `ordinal` allocates in stream order (cudaMallocAsync); every GPU of the last decade does,
+// under Linux.
+inline bool stream_ordered_allocation(int ordinal) {
+  constexpr int cached = 64;
+  static std::atomic<signed char> known[cached]{};  // 0 unknown, 1 yes, -1 no
+  if (ordinal >= 0 && ordinal < cached) {
+    if (const auto k = known[ordinal].load(std::memory_order_relaxed); k != 0) return k > 0;
+  }
+  int supported = 0;
+  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, ordinal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    supported = 0;
+  }
+  if (ordinal >= 0 && ordinal < cached) known[ordinal].store(supported ? 1 : -1, std::memory_order_relaxed);
+  return supported != 0;
+}
+
+// Device memory of one GPU, freed on that GPU. Made with a stream, it is allocated and freed in that
+// stream's order (cudaMallocAsync / cudaFreeAsync, from the device's memory pool): neither call waits
+// for the device, where cudaFree waits for every stream of it. The stream must then live as long as
+// the memory: the strategies' streams do (detail::stream_pool), as does a device's default stream.
+// Made without one, it is plain cudaMalloc / cudaFree.
 class device_allocation {
  public:
   device_allocation() = default;
@@ -41,14 +63,32 @@ class device_allocation {
     device_guard g(ordinal);
     cuda_check(cudaMalloc(&ptr_, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str(), ordinal);
   }
+  device_allocation(int ordinal, std::size_t bytes, cudaStream_t stream) : ordinal_{ordinal}, bytes_{bytes} {
+    if (bytes == 0) return;
+    device_guard g(ordinal);
+    if (!stream_ordered_allocation(ordinal)) {
+      cuda_check(cudaMalloc(&ptr_, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str(), ordinal);
+      return;
+    }
+    cuda_check(cudaMallocAsync(&ptr_, bytes, stream), ("cudaMallocAsync of " + std::to_string(bytes) + " bytes").c_str(),
+               ordinal);
+    stream_ = stream;
+    ordered_ = true;
+  }
   device_allocation(device_allocation&& o) noexcept
-      : ordinal_{o.ordinal_}, bytes_{std::exchange(o.bytes_, 0)}, ptr_{std::exchange(o.ptr_, nullptr)} {}
+      : ordinal_{o.ordinal_},
+        bytes_{std::exchange(o.bytes_, 0)},
+        ptr_{std::exchange(o.ptr_, nullptr)},
+        stream_{o.stream_},
+        ordered_{o.ordered_} {}
   device_allocation& operator=(device_allocation&& o) noexcept {
     if (this != &o) {
       release();
       ordinal_ = o.ordinal_;
       bytes_ = std::exchange(o.bytes_, 0);
       ptr_ = std::exchange(o.ptr_, nullptr);
+      stream_ = o.stream_;
+      ordered_ = o.ordered_;
     }
     return *this;
   }
@@ -57,20 +97,23 @@ class device_allocation {
   void* get() const noexcept { return ptr_; }
   std::size_t bytes() const noexcept { return bytes_; }
   int ordinal() const noexcept { return ordinal_; }
+  // The stream the memory is ordered on (null for plain cudaMalloc memory, or the default stream).
+  cudaStream_t stream() const noexcept { return stream_; }
 
  private:
   void release() noexcept {
     if (ptr_ == nullptr) return;
-    int previous = 0;
-    (void)cudaGetDevice(&previous);
-    (void)cudaSetDevice(ordinal_);
-    (void)cudaFree(ptr_);
-    (void)cudaSetDevice(previous);
+    device_guard g(ordinal_, std::nothrow);
+    const cudaError_t rc = ordered_ ? cudaFreeAsync(ptr_, stream_) : cudaFree(ptr_);
+    if (rc != cudaSuccess) (void)cudaGetLastError();
     ptr_ = nullptr;
+    bytes_ = 0;
   }
   int ordinal_ = 0;
   std::size_t bytes_ = 0;
   void* ptr_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool ordered_ = false;
 };
 
 // Page-locked host memory: host<->device copies from it are DMA transfers that can run asynchronously.
@@ -217,8 +260,9 @@ class tensor<T, cuda> {
 
  private:
 
+  // In the order of the tensor's stream: neither allocating nor freeing waits for the device.
   static detail::device_allocation allocate(const cuda& device, const distribute::shape& s) {
-    return detail::device_allocation(device.index(), static_cast<std::size_t>(s.numel()) * sizeof(T));
+    return detail::device_allocation(device.index(), static_cast<std::size_t>(s.numel()) * sizeof(T), device.stream());
   }
 
   void check_host_size(std::size_t n, const char* op) const {
@@ -249,15 +293,19 @@ class tensor<T, cuda> {
 };
 
 // Double-buffered pinned host memory for moving input batches to a GPU. `upload` copies the host
-// batch into page-locked memory and queues the DMA transfer on the device's stream, then returns: the
-// transfer overlaps whatever the host does next (preparing the following batch). Work queued later on
-// the same stream sees the data. A buffer is reused only after its previous transfer has finished.
+// batch into page-locked memory and queues the DMA transfer on the staging's stream (the device's),
+// then returns: the transfer overlaps whatever the host does next (preparing the following batch).
+// The transfer is ordered against the destination tensor's own stream both ways: it starts after the
+// work already queued there (which may still read the previous batch), and work queued there later
+// sees the data. A buffer is reused only after its previous transfer has finished.
 template <class T>
 class pinned_staging {
  public:
   explicit pinned_staging(cuda device) : device_{device} {
     detail::device_guard g(device.index());
-    for (auto& e : done_) detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", device.index());
+    for (auto* events : {&done_, &ready_})
+      for (auto& e : *events)
+        detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", device.index());
   }
   pinned_staging(const pinned_staging&) = delete;
   pinned_staging& operator=(const pinned_staging&) = delete;
@@ -267,11 +315,14 @@ class pinned_staging {
       (void)cudaEventSynchronize(e);
       (void)cudaEventDestroy(e);
     }
+    for (auto e : ready_)
+      if (e != nullptr) (void)cudaEventDestroy(e);
   }
 
   const cuda& device() const noexcept { return device_; }
 
-  // Queues `host` -> `dst` (same element count). `dst` must be on this staging's device.
+  // Queues `host` -> `dst` (same element count). `dst` must be on this staging's device; it may be
+  // bound to another stream.
   void upload(std::span<const T> host, tensor<T, cuda>& dst) {
     if (host.size() != dst.size())
       throw std::invalid_argument("distribute: pinned upload of " + std::to_string(host.size()) +
@@ -286,9 +337,18 @@ class pinned_staging {
     if (buffers_[k].bytes() < bytes) buffers_[k] = detail::pinned_allocation(bytes);
     std::memcpy(buffers_[k].get(), host.data(), bytes);
     detail::device_guard g(device_.index());
-    detail::cuda_check(cudaMemcpyAsync(dst.data(), buffers_[k].get(), bytes, cudaMemcpyHostToDevice, device_.stream()),
+    const cudaStream_t mine = device_.stream(), theirs = dst.device().stream();
+    const bool other_stream = theirs != mine;
+    if (other_stream) {
+      // dst may still be read or written by work queued on its own stream.
+      detail::cuda_check(cudaEventRecord(ready_[k], theirs), "cudaEventRecord", device_.index());
+      detail::cuda_check(cudaStreamWaitEvent(mine, ready_[k], 0), "cudaStreamWaitEvent", device_.index());
+    }
+    detail::cuda_check(cudaMemcpyAsync(dst.data(), buffers_[k].get(), bytes, cudaMemcpyHostToDevice, mine),
                        "cudaMemcpyAsync (pinned to device)", device_.index());
-    detail::cuda_check(cudaEventRecord(done_[k], device_.stream()), "cudaEventRecord", device_.index());
+    detail::cuda_check(cudaEventRecord(done_[k], mine), "cudaEventRecord", device_.index());
+    if (other_stream)
+      detail::cuda_check(cudaStreamWaitEvent(theirs, done_[k], 0), "cudaStreamWaitEvent", device_.index());
   }
   // Waits until every queued upload has landed.
   void wait() const {
@@ -299,6 +359,7 @@ class pinned_staging {
   cuda device_;
   std::array<detail::pinned_allocation, 2> buffers_;
   std::array<cudaEvent_t, 2> done_{};
+  std::array<cudaEvent_t, 2> ready_{};  // the destination's stream reached the upload
   std::size_t next_ = 0;
 };
 

@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -49,21 +51,32 @@ __device__ __forceinline__ T combine_on_device(T a, T b) {
   else return a < b ? b : a;
 }
 
+template <class T, reduce_op Op>
+__device__ __forceinline__ void reduce_element(const peer_pointers<T>& p, int n_src, int n_dst, std::size_t i) {
+  T acc = p.src[0][i];
+  for (int r = 1; r < n_src; ++r) acc = combine_on_device<T, Op>(acc, p.src[r][i]);
+  if constexpr (Op == reduce_op::mean) acc = static_cast<T>(acc / static_cast<T>(n_src));
+  for (int d = 0; d < n_dst; ++d) p.dst[d][i] = acc;
+}
+
 // Element i of the result is src[0][i] combined with src[1][i], ..., src[n-1][i], in that order,
 // whichever thread computes it: the same bits on every replica and from run to run. Works in 16-byte
-// vectors when every pointer allows it. Sources and destinations may be the same buffers: a thread
-// reads all of its elements before writing them, and no other thread touches them.
+// vectors when every pointer has the same offset from a 16-byte boundary: the first `head` elements
+// (up to that boundary) and the tail are done one by one. Sources and destinations may be the same
+// buffers: a thread reads all of its elements before writing them, and no other thread touches them.
 template <class T, reduce_op Op>
-__global__ void reduce_kernel(peer_pointers<T> p, int n_src, int n_dst, std::size_t count, bool vectorised) {
+__global__ void reduce_kernel(peer_pointers<T> p, int n_src, int n_dst, std::size_t count, std::size_t head, bool vectorised) {
   constexpr int width = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
   struct alignas(16) pack { T v[width]; };
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::size_t packs = vectorised ? count / width : 0;
+  if (!vectorised) head = 0;
+  const std::size_t packs = vectorised ? (count - head) / width : 0;
+  for (std::size_t i = first; i < head; i += stride) reduce_element<T, Op>(p, n_src, n_dst, i);
   for (std::size_t i = first; i < packs; i += stride) {
-    pack acc = reinterpret_cast<const pack*>(p.src[0])[i];
+    pack acc = reinterpret_cast<const pack*>(p.src[0] + head)[i];
     for (int r = 1; r < n_src; ++r) {
-      const pack x = reinterpret_cast<const pack*>(p.src[r])[i];
+      const pack x = reinterpret_cast<const pack*>(p.src[r] + head)[i];
 #pragma unroll
       for (int j = 0; j < width; ++j) acc.v[j] = combine_on_device<T, Op>(acc.v[j], x.v[j]);
     }
@@ -72,14 +85,21 @@ __global__ void reduce_kernel(peer_pointers<T> p, int n_src, int n_dst, std::siz
 #pragma unroll
       for (int j = 0; j < width; ++j) acc.v[j] = static_cast<T>(acc.v[j] / n);
     }
-    for (int d = 0; d < n_dst; ++d) reinterpret_cast<pack*>(p.dst[d])[i] = acc;
+    for (int d = 0; d < n_dst; ++d) reinterpret_cast<pack*>(p.dst[d] + head)[i] = acc;
   }
-  for (std::size_t i = packs * width + first; i < count; i += stride) {
-    T acc = p.src[0][i];
-    for (int r = 1; r < n_src; ++r) acc = combine_on_device<T, Op>(acc, p.src[r][i]);
-    if constexpr (Op == reduce_op::mean) acc = static_cast<T>(acc / static_cast<T>(n_src));
-    for (int d = 0; d < n_dst; ++d) p.dst[d][i] = acc;
-  }
+  for (std::size_t i = head + packs * width + first; i < count; i += stride) reduce_element<T, Op>(p, n_src, n_dst, i);
+}
+
+// How many leading elements the vector loop of `reduce_kernel` leaves to scalar code: the distance to
+// the next 16-byte boundary, when every pointer is that far from one (and it is a whole number of
+// elements); otherwise the loop cannot be used (returns count + 1, "not vectorised").
+template <class T>
+std::size_t vector_head(const std::uintptr_t* addresses, int n, std::size_t count) {
+  const std::uintptr_t offset = addresses[0] % 16;
+  for (int i = 1; i < n; ++i)
+    if (addresses[i] % 16 != offset) return count + 1;
+  if (offset % sizeof(T) != 0) return count + 1;
+  return std::min<std::size_t>(count, (16 - offset) % 16 / sizeof(T));
 }
 
 // The final step of a mean done by an engine that only sums (NCCL): once, on the complete sum.
@@ -109,16 +129,20 @@ template <class T>
 void launch_reduce(reduce_op op, const peer_pointers<T>& p, int n_src, int n_dst, std::size_t count, int ordinal,
                    cudaStream_t stream) {
   if (count == 0) return;
-  bool vectorised = true;
-  for (int r = 0; r < n_src; ++r) vectorised = vectorised && reinterpret_cast<std::uintptr_t>(p.src[r]) % 16 == 0;
-  for (int d = 0; d < n_dst; ++d) vectorised = vectorised && reinterpret_cast<std::uintptr_t>(p.dst[d]) % 16 == 0;
-  const unsigned grid = grid_for(count / (vectorised ? std::max<std::size_t>(1, 16 / sizeof(T)) : 1), ordinal);
+  std::uintptr_t addresses[2 * max_peer_replicas];
+  int n = 0;
+  for (int r = 0; r < n_src; ++r) addresses[n++] = reinterpret_cast<std::uintptr_t>(p.src[r]);
+  for (int d = 0; d < n_dst; ++d) addresses[n++] = reinterpret_cast<std::uintptr_t>(p.dst[d]);
+  const std::size_t head = vector_head<T>(addresses, n, count);
+  const bool vectorised = head <= count;
+  const unsigned grid = grid_for(vectorised ? head + (count - head) / std::max<std::size_t>(1, 16 / sizeof(T)) : count, ordinal);
+  const std::size_t h = vectorised ? head : 0;
   switch (op) {
-    case reduce_op::sum: reduce_kernel<T, reduce_op::sum><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
-    case reduce_op::mean: reduce_kernel<T, reduce_op::mean><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
-    case reduce_op::min: reduce_kernel<T, reduce_op::min><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
-    case reduce_op::max: reduce_kernel<T, reduce_op::max><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
-    case reduce_op::prod: reduce_kernel<T, reduce_op::prod><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, vectorised); break;
+    case reduce_op::sum: reduce_kernel<T, reduce_op::sum><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
+    case reduce_op::mean: reduce_kernel<T, reduce_op::mean><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
+    case reduce_op::min: reduce_kernel<T, reduce_op::min><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
+    case reduce_op::max: reduce_kernel<T, reduce_op::max><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
+    case reduce_op::prod: reduce_kernel<T, reduce_op::prod><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
   }
   distribute::detail::cuda_check(cudaGetLastError(), "launching the cuda_peer reduction kernel", ordinal);
 }
@@ -142,51 +166,87 @@ inline void copy_device(void* dst, int dst_ordinal, const void* src, int src_ord
 }
 
 // Host buffers handed to a GPU collective go through device scratch memory: copied in before, out
-// after. Device buffers are used in place and must be on the replica's own GPU.
+// after. Device buffers are used in place and must be on the replica's own GPU; they take no scratch.
+// The scratch is allocated in the order of the replica's stream (no device-wide wait) and sized to
+// the host bytes of the collective; up to `retained_limit` of it is kept for the next collectives,
+// a larger need is met for one collective and handed back after it.
 class host_staging {
  public:
+  static constexpr std::size_t retained_limit = std::size_t{64} << 20;
+
+  struct buffer {
+    const void* data;
+    std::size_t bytes;
+  };
+
   explicit host_staging(int ordinal) : ordinal_{ordinal} {}
 
-  // Before staging the buffers of one collective: at most `bytes` in all, in at most `pieces` buffers
-  // (each starts on a 256-byte boundary, for the kernels' vector loads).
-  void begin(std::size_t bytes, std::size_t pieces = 2) {
-    const std::size_t need = bytes + 256 * pieces;
+  // Before staging the buffers of one collective: finds where each lives (a device buffer on another
+  // GPU is an std::invalid_argument naming `op`) and makes room, on `stream`, for those in host
+  // memory (each starts on a 256-byte boundary, for the kernels' vector loads).
+  void begin(std::span<const buffer> buffers, cudaStream_t stream, const char* op) {
     back_.clear();
+    on_device_.clear();
+    buffers_.assign(buffers.begin(), buffers.end());
     used_ = 0;
-    if (scratch_.bytes() < need) scratch_ = distribute::detail::device_allocation(ordinal_, std::max(need, scratch_.bytes() * 2));
-  }
-  // The device address to use for `p` (`bytes` long): `p` itself if it is on this GPU, else a piece
-  // of scratch memory, filled from `p` if `in` and copied back to `p` by `finish` if `out`.
-  void* stage(const void* p, std::size_t bytes, bool in, bool out, cudaStream_t stream, const char* op) {
-    if (bytes == 0) return const_cast<void*>(p);
-    const auto where = distribute::detail::locate(p);
-    if (where.on_device) {
-      if (where.ordinal != ordinal_)
-        throw std::invalid_argument(std::string("distribute: ") + op + " on cuda:" + std::to_string(ordinal_) +
-                                    " got a buffer in the memory of cuda:" + std::to_string(where.ordinal) +
-                                    " (each replica passes buffers on its own GPU, or host memory)");
-      return const_cast<void*>(p);
+    once_ = {};
+    std::size_t need = 0;
+    for (const auto& b : buffers) {
+      bool device = true;
+      if (b.bytes != 0) {
+        const auto where = distribute::detail::locate(b.data);
+        device = where.on_device;
+        if (device && where.ordinal != ordinal_)
+          throw std::invalid_argument(std::string("distribute: ") + op + " on cuda:" + std::to_string(ordinal_) +
+                                      " got a buffer in the memory of cuda:" + std::to_string(where.ordinal) +
+                                      " (each replica passes buffers on its own GPU, or host memory)");
+        if (!device) need += (b.bytes + 255) / 256 * 256;
+      }
+      on_device_.push_back(device);
     }
-    if (used_ + bytes > scratch_.bytes())
-      throw std::logic_error("distribute: host staging area sized too small for this collective");
-    void* d = static_cast<char*>(scratch_.get()) + used_;
-    used_ += (bytes + 255) / 256 * 256;
+    if (need == 0) return;
+    if (need > retained_limit) {
+      once_ = distribute::detail::device_allocation(ordinal_, need, stream);
+      return;
+    }
+    if (scratch_.bytes() < need)
+      scratch_ = distribute::detail::device_allocation(ordinal_, std::min(retained_limit, std::max(need, scratch_.bytes() * 2)),
+                                                       stream);
+  }
+  void begin(std::initializer_list<buffer> buffers, cudaStream_t stream, const char* op) {
+    begin(std::span<const buffer>(buffers.begin(), buffers.size()), stream, op);
+  }
+
+  // The device address to use for buffer `i` of `begin`: the buffer itself if it is on this GPU, else
+  // a piece of scratch memory, filled from it if `in` and copied back to it by `finish` if `out`.
+  void* stage(std::size_t i, bool in, bool out, cudaStream_t stream) {
+    const buffer& b = buffers_[i];
+    if (b.bytes == 0 || on_device_[i]) return const_cast<void*>(b.data);
+    auto& area = once_.get() != nullptr ? once_ : scratch_;
+    if (used_ + b.bytes > area.bytes()) throw std::logic_error("distribute: host staging area sized too small for this collective");
+    void* d = static_cast<char*>(area.get()) + used_;
+    used_ += (b.bytes + 255) / 256 * 256;
     if (in)
-      distribute::detail::cuda_check(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, stream),
+      distribute::detail::cuda_check(cudaMemcpyAsync(d, b.data, b.bytes, cudaMemcpyHostToDevice, stream),
                                      "cudaMemcpyAsync (staging host buffer)", ordinal_);
-    if (out) back_.push_back({const_cast<void*>(p), d, bytes});
+    if (out) back_.push_back({const_cast<void*>(b.data), d, b.bytes});
     return d;
   }
   // Queues the copies back to host buffers; returns whether there were any (the caller then
-  // synchronises the stream before the host reads them).
+  // synchronises the stream before the host reads them). Scratch beyond the retained limit is handed
+  // back in stream order, after those copies.
   bool finish(cudaStream_t stream) {
     for (const auto& b : back_)
       distribute::detail::cuda_check(cudaMemcpyAsync(b.host, b.dev, b.bytes, cudaMemcpyDeviceToHost, stream),
                                      "cudaMemcpyAsync (unstaging host buffer)", ordinal_);
     const bool any = !back_.empty();
     back_.clear();
+    once_ = {};
     return any;
   }
+
+  // Device memory this staging keeps between collectives.
+  std::size_t retained_bytes() const noexcept { return scratch_.bytes(); }
 
  private:
   struct copy_back {
@@ -196,7 +256,10 @@ class host_staging {
   };
   int ordinal_;
   distribute::detail::device_allocation scratch_;
+  distribute::detail::device_allocation once_;  // this collective's, when it needs more than the limit
   std::size_t used_ = 0;
+  std::vector<buffer> buffers_;
+  std::vector<bool> on_device_;
   std::vector<copy_back> back_;
 };
 

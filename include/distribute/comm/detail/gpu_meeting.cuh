@@ -8,7 +8,9 @@
 //
 // Posts live in one of two places by the parity of the collective's number: a rank can only post
 // collective k+2 once every rank has completed collective k+1, which no rank does before it has
-// finished reading the posts of collective k.
+// finished reading the posts of collective k. A post holds its own copy of the caller's segment list:
+// the others read it (to compare sizes, and cuda_peer to find the buffers) after a fast replica may
+// have returned from a collective that queued nothing, and freed its list.
 
 #include <distribute/collective_options.hpp>
 #include <distribute/comm/shared_memory.hpp>
@@ -73,6 +75,9 @@ class gpu_meeting {
     slot& mine = slots_[idx(local)];
     const std::uint64_t seq = mine.seq.load(std::memory_order_relaxed);
     mine.posted[seq & 1] = d;
+    auto& segs = mine.segs[seq & 1];
+    segs.assign(d.segs, d.segs + d.n_segs);
+    mine.posted[seq & 1].segs = segs.data();
     mine.posted[seq & 1].api = distribute::detail::current_origin.api;
     mine.posted[seq & 1].step = distribute::detail::current_origin.step;
     mine.posted[seq & 1].in_step = distribute::detail::current_origin.in_step;
@@ -114,6 +119,7 @@ class gpu_meeting {
  private:
   struct alignas(64) slot {
     descriptor posted[2];
+    std::vector<segment> segs[2];  // what posted[i].segs points at
     std::atomic<std::uint64_t> seq{0};
     std::atomic<bool> departed{false};
   };
