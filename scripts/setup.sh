@@ -20,6 +20,12 @@ packages=(
   python3-venv
 )
 
+# Where a CUDA toolkit is installed, clang 19 (Debian 12, about 50 MB) reads the GPU code as a second
+# compiler (the ctest gpu_syntax.clang; skipped without it). Not needed, and not installed, elsewhere.
+if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  packages+=(clang-19)
+fi
+
 missing=()
 for pkg in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)

@@ -1,4 +1,6 @@
-// The GPU test binary. Without a CUDA device it reports "skipped" (exit code 77) instead of running.
+// The GPU test binary. Without a CUDA device (or without an NVIDIA driver) it reports "skipped"
+// (exit code 77) instead of running, unless DISTRIBUTE_REQUIRE_GPU=1; a driver that cannot be used
+// is a failure.
 //
 // Suites here: `host` (what runs without a GPU: the replicas' host-side meeting, and the errors of a
 // machine without a device), `device` (the cuda device, its tensor and pinned staging) and `collectives` (every
@@ -24,11 +26,24 @@ namespace dist = distribute;
 namespace dt = distribute::test;
 
 int main(int argc, char* argv[]) {
-  const int gpus = dist::cuda_device_count();
+  // A driver that is there but unusable (one too old for this CUDA runtime) is a failure, never a
+  // skip: a GPU run must not quietly test nothing.
+  int gpus = 0;
+  try {
+    gpus = dist::cuda_device_count();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "distribute_gpu_tests: %s\n", e.what());
+    return 1;
+  }
   // The `host` suite (the replicas' host-side meeting, behaviour without a device) needs no GPU.
   bool host_only = false;
   for (int i = 1; i < argc; ++i) host_only = host_only || std::string_view(argv[i]) == "--run_test=host";
   if (gpus == 0 && !host_only) {
+    // On the machine that is meant to test the GPU code, no GPU is a failure.
+    if (const char* v = std::getenv("DISTRIBUTE_REQUIRE_GPU"); v != nullptr && std::string_view(v) == "1") {
+      std::fprintf(stderr, "distribute_gpu_tests: no CUDA device is visible, and DISTRIBUTE_REQUIRE_GPU=1\n");
+      return 1;
+    }
     std::fprintf(stderr, "distribute_gpu_tests: no CUDA device is visible; skipped\n");
     return 77;
   }

@@ -442,5 +442,38 @@ BOOST_AUTO_TEST_CASE(a_throwing_replica_leaves_a_single_worker_usable) {
   BOOST_TEST(v[0] == 2.0f);
 }
 
+// Last in the suite: with several workers a failed step ends the strategy's use on every worker.
+// NCCL does not tell a rank that another process gave up: the failing worker's notice over MPI
+// releases its partner's NCCL wait at once, long before the partner's own deadline.
+BOOST_AUTO_TEST_CASE(a_failing_worker_releases_its_partners_at_once) {
+  mw s{dist::multi_worker_cuda_options{.collectives = {.timeout = 120s}}};
+  if (s.num_workers() < 2) return;  // needs a partner (ctest's gpu.multi_worker_2_processes)
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  bool aborted = false, own = false;
+  try {
+    s.run([&](dist::replica auto& r) {
+      if (s.worker_index() == 1) throw std::runtime_error("worker 1 gave up on purpose");
+      dist::tensor<float, dist::cuda> t(dist::shape{1024}, r.device());
+      r.all_reduce(dist::reduce_op::sum, t.values());
+    });
+  } catch (const dist::collective_aborted& e) {
+    aborted = true;
+    what = e.what();
+  } catch (const std::runtime_error& e) {
+    own = true;
+    what = e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  if (s.worker_index() == 1) {
+    BOOST_TEST(own, what);
+  } else {
+    BOOST_TEST(aborted, what);
+    BOOST_TEST(dt::contains(what, "worker 1 failed: worker 1 gave up on purpose"), what);
+    BOOST_TEST((took < 30s), "released after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+  }
+  BOOST_CHECK_THROW(s.run([](auto&) {}), dist::collective_aborted);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 #endif
