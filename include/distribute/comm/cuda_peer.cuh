@@ -22,6 +22,7 @@
 #include <distribute/dtype.hpp>
 #include <distribute/errors.hpp>
 #include <distribute/reduce_op.hpp>
+#include <distribute/tensor/cuda_tensor.cuh>
 
 #include <cuda_runtime.h>
 
@@ -71,21 +72,14 @@ class cuda_peer_group {
     return devices;
   }
 
+  // Each replica's kernels read every other replica's buffers (tensors and staging come from the
+  // devices' memory pools, which peer access alone does not open).
   void enable_peer_access() {
-    for (const auto& a : devices_) {
-      for (const auto& b : devices_) {
-        if (a.index() == b.index()) continue;
-        int can = 0;
-        distribute::detail::cuda_check(cudaDeviceCanAccessPeer(&can, a.index(), b.index()), "cudaDeviceCanAccessPeer", a.index());
-        if (!can)
+    for (const auto& a : devices_)
+      for (const auto& b : devices_)
+        if (a.index() != b.index() && !distribute::detail::share_pool(a.index(), b.index()))
           throw std::invalid_argument("distribute: cuda_peer needs peer access between its GPUs, and " + a.name() +
                                       " cannot access the memory of " + b.name() + " (use the nccl communicator)");
-        distribute::detail::device_guard g(a.index());
-        const cudaError_t rc = cudaDeviceEnablePeerAccess(b.index(), 0);
-        if (rc == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
-        else distribute::detail::cuda_check(rc, "cudaDeviceEnablePeerAccess", a.index());
-      }
-    }
   }
 
   std::vector<cuda> devices_;

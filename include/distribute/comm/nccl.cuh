@@ -526,7 +526,7 @@ class nccl {
     const auto header = detail::nccl_p2p_header::of<T>(tag, buf.size(), distribute::detail::current_origin);
     detail::nccl_pending_send m{dst, detail::nccl_type<T>(), buf.size(),
                                 distribute::detail::device_allocation(device().index(),
-                                                                      detail::nccl_p2p_data_offset + buf.size_bytes())};
+                                                                      detail::nccl_p2p_data_offset + buf.size_bytes(), stream())};
     auto* base = static_cast<char*>(m.memory.get());
     // From pageable memory the copy has been taken when the call returns.
     distribute::detail::cuda_check(cudaMemcpyAsync(base, &header, sizeof header, cudaMemcpyHostToDevice, stream()),

@@ -27,6 +27,7 @@
 #include <distribute/strategy/detail/replica_pool.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 #include <distribute/strategy/mirrored_strategy.hpp>
+#include <distribute/tensor/cuda_tensor.cuh>
 #if DISTRIBUTE_HAS_NCCL
 #  include <distribute/comm/nccl.cuh>
 #endif
@@ -142,6 +143,10 @@ class mirrored_strategy<cuda> : public strategy_base<mirrored_strategy<cuda>, st
           engine{choose(devices, requested)},
           pool(static_cast<int>(devices.size())) {
       const int n = static_cast<int>(devices.size());
+      // Copies between the replicas' GPUs (broadcast of mirrored tensors) read pool memory of
+      // another GPU: opened where the GPUs can reach each other (elsewhere the driver stages them).
+      for (const auto& a : devices)
+        for (const auto& b : devices) (void)detail::share_pool(a.index(), b.index());
       if (engine == cuda_engine::cuda_peer) {
         peer = std::make_unique<comm::cuda_peer_group>(devices, options);
         for (int r = 0; r < n; ++r) replicas.emplace_back(devices[static_cast<std::size_t>(r)], comm::cuda_replica{peer->endpoint(r)});

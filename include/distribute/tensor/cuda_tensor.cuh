@@ -50,6 +50,32 @@ inline bool stream_ordered_allocation(int ordinal) {
   return supported != 0;
 }
 
+// Lets GPU `reader` use memory from the default pool of GPU `owner` (stream-ordered allocations, as
+// tensors make): peer access between devices does not extend to pool memory. Also enables peer
+// access. Returns false, changing nothing, where the two GPUs cannot access each other.
+inline bool share_pool(int reader, int owner) {
+  if (reader == owner) return true;
+  int can = 0;
+  cuda_check(cudaDeviceCanAccessPeer(&can, reader, owner), "cudaDeviceCanAccessPeer", reader);
+  if (!can) return false;
+  {
+    device_guard g(reader);
+    const cudaError_t rc = cudaDeviceEnablePeerAccess(owner, 0);
+    if (rc == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+    else cuda_check(rc, "cudaDeviceEnablePeerAccess", reader);
+  }
+  if (stream_ordered_allocation(owner)) {
+    cudaMemPool_t pool = nullptr;
+    cuda_check(cudaDeviceGetDefaultMemPool(&pool, owner), "cudaDeviceGetDefaultMemPool", owner);
+    cudaMemAccessDesc access{};
+    access.location.type = cudaMemLocationTypeDevice;
+    access.location.id = reader;
+    access.flags = cudaMemAccessFlagsProtReadWrite;
+    cuda_check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess", owner);
+  }
+  return true;
+}
+
 // Device memory of one GPU, freed on that GPU. Made with a stream, it is allocated and freed in that
 // stream's order (cudaMallocAsync / cudaFreeAsync, from the device's memory pool): neither call waits
 // for the device, where cudaFree waits for every stream of it. The stream must then live as long as
