@@ -12,6 +12,7 @@
 
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/detail/random.hpp>
+#include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cmath>
@@ -30,12 +31,7 @@ struct dropout_options {
 
 namespace detail {
 // 0.5, 1e-05: as a person would write the rate.
-inline std::string rate_text(double rate) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", rate);
-  return text;
-}
-inline std::string describe(const dropout_options& o) { return "{rate " + rate_text(o.rate) + "}"; }
+inline std::string describe(const dropout_options& o) { return "{rate " + short_number(o.rate) + "}"; }
 }  // namespace detail
 
 template <class T = float, device D = cpu>
@@ -98,9 +94,7 @@ class dropout {
 
  private:
   static dropout_options check(dropout_options o) {
-    if (!(o.rate >= 0 && o.rate < 1))
-      throw std::invalid_argument("distribute: dropout " + detail::describe(o) + ": rate is " + detail::rate_text(o.rate) +
-                                  " but must be in [0, 1)");
+    detail::option_check("dropout", detail::describe(o)).within_below("rate", o.rate, dropout_options{}.rate, 0, 1);
     return o;
   }
 

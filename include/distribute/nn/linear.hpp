@@ -11,6 +11,7 @@
 #include <distribute/engine/gemm_geometry.hpp>
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/detail/weight_and_bias.hpp>
+#include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cstdint>
@@ -105,10 +106,10 @@ class linear : public detail::optional_input_gradient<linear<T, D>>,
 
   static shape weight_shape(const linear_options& o) { return shape{o.out_features, o.in_features}; }
   static linear_options check(linear_options o) {
-    for (const auto& [name, value] : {std::pair{"in_features", o.in_features}, std::pair{"out_features", o.out_features}})
-      if (value < 1)
-        throw std::invalid_argument("distribute: linear " + detail::describe(o) + ": " + name + " is " +
-                                    std::to_string(value) + " but must be at least 1");
+    const detail::option_check c("linear", detail::describe(o));
+    const linear_options defaults;
+    c.at_least("in_features", o.in_features, defaults.in_features, 1);
+    c.at_least("out_features", o.out_features, defaults.out_features, 1);
     return o;
   }
 

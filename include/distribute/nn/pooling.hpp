@@ -5,6 +5,7 @@
 // No parameters; forward keeps only the input's shape. Means are summed in double, in window order.
 
 #include <distribute/nn/detail/kernels.hpp>
+#include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cstdint>
@@ -77,12 +78,10 @@ class avg_pool2d : public detail::stateless {
 
  private:
   static avg_pool2d_options check(avg_pool2d_options o) {
-    if (o.kernel < 1)
-      throw std::invalid_argument("distribute: avg_pool2d " + detail::describe(o) + ": kernel is " +
-                                  std::to_string(o.kernel) + " but must be at least 1");
-    if (o.stride < 0)
-      throw std::invalid_argument("distribute: avg_pool2d " + detail::describe(o) + ": stride is " +
-                                  std::to_string(o.stride) + " but must be at least 1 (or 0: the kernel size)");
+    const detail::option_check c("avg_pool2d", detail::describe(o));
+    const avg_pool2d_options defaults;
+    c.at_least("kernel", o.kernel, defaults.kernel, 1);
+    c.require(o.stride >= 0, "stride", o.stride, defaults.stride, "must be at least 1 (or 0: the kernel size)");
     return o;
   }
   detail::kernels::pool_geometry geometry(const shape& out) const {

@@ -39,6 +39,15 @@ class option_check {
     if (!(value >= lo && value <= hi))
       fail(name, short_number(value), value == fallback, "must be in [" + short_number(lo) + ", " + short_number(hi) + "]");
   }
+  // ... in [lo, hi).
+  void within_below(const char* name, double value, double fallback, double lo, double hi) const {
+    if (!(value >= lo && value < hi))
+      fail(name, short_number(value), value == fallback, "must be in [" + short_number(lo) + ", " + short_number(hi) + ")");
+  }
+  // Any other rule, said in `rule` ("must be at least 1 (or 0: the kernel size)").
+  void require(bool ok, const char* name, std::int64_t value, std::int64_t fallback, const std::string& rule) const {
+    if (!ok) fail(name, value, fallback, rule);
+  }
 
  private:
   [[noreturn]] void fail(const char* name, std::int64_t value, std::int64_t fallback, const std::string& rule) const {
