@@ -2,7 +2,7 @@
 // event file, the protobuf encoding against TensorBoard's own classes, PNG through a decoder, the
 // writer's files, errors and threads, and a round trip through TensorBoard's reader.
 
-#include <distribute/summary/writer.hpp>
+#include <distribute/summary.hpp>
 
 #if __has_include(<stb/stb_image.h>)
 #include <distribute/data/detail/stb.hpp>  // stb_image, to decode the PNGs
