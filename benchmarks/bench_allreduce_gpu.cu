@@ -1,17 +1,22 @@
-// Float all-reduce (sum) on one GPU, side by side in one run:
-//   - our NCCL path (a replica of mirrored_strategy<cuda> calling r.all_reduce on a device tensor,
-//     through the host-side meeting, the non-blocking communicator and the deadline polling) against
-//     raw ncclAllReduce + cudaStreamSynchronize on a communicator of the same single rank: what our
-//     error handling and bookkeeping cost;
-//   - the cuda_peer engine with 2 and 4 logical replicas sharing the GPU, against the device-to-device
-//     copy bound: an all-reduce of n in-place buffers of S bytes reads n*S and writes n*S bytes, which
-//     is n copies of S bytes, so the bound is the device copy's algbw divided by n, measured here and
-//     now with cudaMemcpyAsync.
-// Every figure is algbw = bytes per replica / seconds per operation (GB = 1e9 bytes), the median of
-// several repetitions, each long enough to read a steady clock reliably; a repetition is one
-// strategy.run whose replicas loop over the all-reduce, so the step's own cost is spread over the
-// iterations. The first all-reduce of each size is checked. Without a GPU the program says so and
-// exits 77.
+// Float all-reduce (sum) on the GPUs of one machine, side by side in one run. What each section
+// measures, and what it cannot:
+//   - NCCL with ONE rank: for one rank and an in-place buffer NCCL moves no data (it returns at
+//     once), so no bandwidth can be measured. What is measured is the time per call of our NCCL path
+//     (a replica of mirrored_strategy<cuda> calling r.all_reduce on a device tensor, through the
+//     host-side meeting, the communicator and the deadline polling) against raw ncclAllReduce +
+//     cudaStreamSynchronize: our layer's per-call overhead, in microseconds.
+//   - NCCL across every GPU, when there are two or more: ours (mirrored_strategy<cuda>, one replica
+//     per GPU) against raw ncclAllReduce on communicators from ncclCommInitAll, issued in one group
+//     call from one thread; algbw, and busbw = algbw * 2(n-1)/n as nccl-tests defines it.
+//   - cuda_peer with 2 and 4 logical replicas sharing one GPU, against the device-to-device copy
+//     bound: an all-reduce of n in-place buffers of S bytes reads n*S and writes n*S bytes, which is
+//     n copies of S bytes, so the bound is the device copy's algbw divided by n, measured here and now
+//     with cudaMemcpyAsync.
+// Figures are medians of several repetitions, each long enough to read a steady clock reliably; a
+// repetition is one strategy.run whose replicas loop over the all-reduce, so the step's own cost is
+// spread over the iterations. algbw = bytes per replica / seconds per operation (GB = 1e9 bytes).
+// The first all-reduce of each size is checked. Every JSON line says what it measured ("measures":
+// "per_call_overhead" or "bandwidth"). Without a GPU the program says so and exits 77.
 //
 //   bench_allreduce_gpu [--replicas 2,4] [--max-bytes 256M] [--quick] [--device 0]
 
@@ -149,7 +154,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_allreduce_gpu: %s\nusage: bench_allreduce_gpu [--replicas 2,4] [--max-bytes 256M] [--quick] [--device 0]\n", e.what());
     return 2;
   }
-  if (dist::cuda_device_count() <= o.device) {
+  int visible = 0;
+  try {
+    visible = dist::cuda_device_count();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_allreduce_gpu: %s\n", e.what());
+    return 1;
+  }
+  if (visible <= o.device) {
     std::fprintf(stderr, "bench_allreduce_gpu: no CUDA device %d is visible; nothing to measure\n", o.device);
     return 77;
   }
@@ -178,8 +190,8 @@ int main(int argc, char** argv) {
     }
     dist::mirrored_strategy<dist::cuda> ours{{dist::cuda{o.device}}, {}, dist::cuda_engine::nccl};
 
-    std::printf("\n# NCCL, one rank: ours (strategy replica) vs raw ncclAllReduce\n");
-    std::printf("%8s  %10s  %10s  %8s\n", "bytes", "ours", "raw", "ours/raw");
+    std::printf("\n# NCCL, one rank: time per call (one rank in place moves no data: this is per-call overhead, not bandwidth)\n");
+    std::printf("%8s  %10s  %10s  %12s\n", "bytes", "ours us", "raw us", "overhead us");
     for (const std::size_t bytes : sizes) {
       const std::size_t n = bytes / sizeof(float);
       dist::tensor<float, dist::cuda> raw_buf(dist::shape{static_cast<std::int64_t>(n)}, dist::cuda{o.device}.on(raw_stream.get()));
@@ -196,14 +208,67 @@ int main(int argc, char** argv) {
           for (long i = 0; i < iters; ++i) r.all_reduce(dist::reduce_op::sum, t.values());
         }, bufs);
       });
-      const double a = gbs(bytes, ours_s), b = gbs(bytes, raw_s);
-      std::printf("%8s  %10.2f  %10.2f  %7.3fx\n", human(bytes).c_str(), a, b, a / b);
-      std::printf("{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"nccl\",\"replicas\":1,\"bytes\":%zu,"
-                  "\"algbw_gbs\":%.4f,\"raw_nccl_algbw_gbs\":%.4f,\"ratio\":%.4f}\n",
-                  gpu.c_str(), bytes, a, b, a / b);
+      const double a = ours_s * 1e6, b = raw_s * 1e6;
+      std::printf("%8s  %10.2f  %10.2f  %12.2f\n", human(bytes).c_str(), a, b, a - b);
+      std::printf("{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"nccl\",\"replicas\":1,"
+                  "\"measures\":\"per_call_overhead\",\"bytes\":%zu,\"ours_us\":%.3f,\"raw_nccl_us\":%.3f,\"overhead_us\":%.3f}\n",
+                  gpu.c_str(), bytes, a, b, a - b);
       std::fflush(stdout);
     }
     check_nccl(ncclCommDestroy(raw), "ncclCommDestroy");
+
+    const int gpus = dist::cuda_device_count();
+    if (gpus < 2) {
+      std::printf("\n# NCCL bandwidth needs two or more GPUs; %d visible: not measured\n", gpus);
+    } else {
+      std::printf("\n# NCCL across %d GPUs: ours vs raw ncclAllReduce (busbw = algbw * 2(n-1)/n, as nccl-tests)\n", gpus);
+      std::printf("%8s  %10s  %10s  %10s  %10s  %8s\n", "bytes", "ours alg", "ours bus", "raw alg", "raw bus", "ours/raw");
+      std::vector<int> ordinals(static_cast<std::size_t>(gpus));
+      for (int g = 0; g < gpus; ++g) ordinals[static_cast<std::size_t>(g)] = g;
+      std::vector<ncclComm_t> comms(static_cast<std::size_t>(gpus));
+      check_nccl(ncclCommInitAll(comms.data(), gpus, ordinals.data()), "ncclCommInitAll");
+      std::vector<dist::detail::owned_stream> streams;
+      for (int g = 0; g < gpus; ++g) streams.emplace_back(g);
+      dist::mirrored_strategy<dist::cuda> all{dist::all_cuda_devices(), {}, dist::cuda_engine::nccl};
+      const double bus = 2.0 * (gpus - 1) / gpus;
+      for (const std::size_t bytes : sizes) {
+        const std::size_t n = bytes / sizeof(float);
+        std::vector<dist::tensor<float, dist::cuda>> raw_bufs;
+        for (int g = 0; g < gpus; ++g)
+          raw_bufs.emplace_back(dist::shape{static_cast<std::int64_t>(n)}, dist::cuda{g}.on(streams[static_cast<std::size_t>(g)].get()));
+        const double raw_s = seconds_per_op(o, [&](long iters) {
+          for (long i = 0; i < iters; ++i) {
+            check_nccl(ncclGroupStart(), "ncclGroupStart");
+            for (int g = 0; g < gpus; ++g) {
+              const auto k = static_cast<std::size_t>(g);
+              check_nccl(ncclAllReduce(raw_bufs[k].data(), raw_bufs[k].data(), n, ncclFloat32, ncclSum, comms[k], streams[k].get()),
+                         "ncclAllReduce");
+            }
+            check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+            for (int g = 0; g < gpus; ++g) {
+              const dist::detail::device_guard on(g);
+              dist::detail::cuda_check(cudaStreamSynchronize(streams[static_cast<std::size_t>(g)].get()), "cudaStreamSynchronize", g);
+            }
+          }
+        });
+        raw_bufs.clear();
+        auto bufs = all.mirror([&](auto& d) { return dist::tensor<float, dist::cuda>(dist::shape{static_cast<std::int64_t>(n)}, d); });
+        check_sum(all, bufs, "nccl across GPUs");
+        const double ours_s = seconds_per_op(o, [&](long iters) {
+          all.run([&](auto& r, dist::tensor<float, dist::cuda>& t) {
+            for (long i = 0; i < iters; ++i) r.all_reduce(dist::reduce_op::sum, t.values());
+          }, bufs);
+        });
+        const double a = gbs(bytes, ours_s), b = gbs(bytes, raw_s);
+        std::printf("%8s  %10.2f  %10.2f  %10.2f  %10.2f  %7.3fx\n", human(bytes).c_str(), a, a * bus, b, b * bus, a / b);
+        std::printf("{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"nccl\",\"replicas\":%d,"
+                    "\"measures\":\"bandwidth\",\"bytes\":%zu,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,\"raw_nccl_algbw_gbs\":%.4f,"
+                    "\"raw_nccl_busbw_gbs\":%.4f,\"ratio\":%.4f}\n",
+                    gpu.c_str(), gpus, bytes, a, a * bus, b, b * bus, a / b);
+        std::fflush(stdout);
+      }
+      for (auto c : comms) check_nccl(ncclCommDestroy(c), "ncclCommDestroy");
+    }
 
     std::printf("\n# cuda_peer, logical replicas on one GPU: ours vs the device-copy bound (copy algbw / replicas)\n");
     std::printf("%8s  %8s  %10s  %10s  %9s\n", "replicas", "bytes", "ours", "bound", "of bound");
@@ -229,7 +294,7 @@ int main(int argc, char** argv) {
         const double a = gbs(bytes, ours_s), bound = gbs(bytes, copy_s) / replicas;
         std::printf("%8d  %8s  %10.2f  %10.2f  %8.1f%%\n", replicas, human(bytes).c_str(), a, bound, 100 * a / bound);
         std::printf("{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"cuda_peer\",\"replicas\":%d,"
-                    "\"bytes\":%zu,\"algbw_gbs\":%.4f,\"bound_algbw_gbs\":%.4f}\n",
+                    "\"measures\":\"bandwidth\",\"bytes\":%zu,\"algbw_gbs\":%.4f,\"bound_algbw_gbs\":%.4f}\n",
                     gpu.c_str(), replicas, bytes, a, bound);
         std::fflush(stdout);
       }
