@@ -17,6 +17,7 @@
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
+#include <distribute/strategy/detail/run_loop.hpp>
 #include <distribute/step_timings.hpp>
 #include <distribute/strategy/detail/step_clock.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
@@ -67,38 +68,13 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
   // per_replica<R> (or nothing for a void fn) once every replica has finished.
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
-    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     state& st = *state_;
     const step_guard guard(st);
     const detail::step_clock::step_scope timed{st.clock};
     (check_argument(args, st.devices.size()), ...);
     st.group.reset();
-    const auto n = st.devices.size();
-    std::vector<std::optional<std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>>> results(
-        std::is_void_v<R> ? 0 : n);
-    const std::int64_t step = st.steps++;
-    auto job = [&](int rank) noexcept {
-      const auto r = static_cast<std::size_t>(rank);
-      const detail::step_scope in_step(step, true);
-      try {
-        if constexpr (std::is_void_v<R>) {
-          std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...);
-        } else {
-          results[r].emplace(std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...));
-        }
-        st.group.depart(rank);
-      } catch (...) {
-        st.group.fail(rank, std::current_exception());
-      }
-    };
-    st.pool.run(job);
-    if (auto failure = st.group.first_failure()) std::rethrow_exception(failure);
-    if constexpr (!std::is_void_v<R>) {
-      std::vector<std::decay_t<R>> values;
-      values.reserve(n);
-      for (auto& v : results) values.push_back(std::move(*v));
-      return per_replica<std::decay_t<R>>(std::move(values));
-    }
+    detail::no_replica_hooks hooks;
+    return detail::run_replicas(st.pool, st.replicas, st.group, st.steps++, hooks, fn, args...);
   }
 
   // Where the time went since this strategy was made (step_timings.hpp): compute and collective time

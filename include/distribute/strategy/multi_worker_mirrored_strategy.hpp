@@ -30,6 +30,7 @@
 #include <distribute/strategy/detail/state_broadcast.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 #include <distribute/strategy/detail/worker_replica_context.hpp>
+#include <distribute/strategy/detail/run_loop.hpp>
 #include <distribute/strategy/detail/step_clock.hpp>
 #include <distribute/step_timings.hpp>
 
@@ -133,7 +134,6 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   // Returns this worker's per_replica<R> (or nothing for a void fn).
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
-    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     state& st = *state_;
     const step_guard guard(st);
     const detail::step_clock::step_scope timed{st.clock};
@@ -141,35 +141,8 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     (check_argument(args), ...);
     auto& local = st.group.local_group();
     local.reset();
-    const auto n = st.devices.size();
-    std::vector<std::optional<std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>>> results(
-        std::is_void_v<R> ? 0 : n);
-    const std::int64_t step = st.steps++;
-    auto job = [&](int rank) noexcept {
-      const auto r = static_cast<std::size_t>(rank);
-      const detail::step_scope in_step(step, true);
-      try {
-        if constexpr (std::is_void_v<R>) {
-          std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...);
-        } else {
-          results[r].emplace(std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...));
-        }
-        local.depart(rank);
-      } catch (...) {
-        local.fail(rank, std::current_exception());
-      }
-    };
-    st.pool.run(job);
-    if (auto failure = local.first_failure()) {
-      fail_job(failure);
-      std::rethrow_exception(failure);
-    }
-    if constexpr (!std::is_void_v<R>) {
-      std::vector<std::decay_t<R>> values;
-      values.reserve(n);
-      for (auto& v : results) values.push_back(std::move(*v));
-      return per_replica<std::decay_t<R>>(std::move(values));
-    }
+    failure_hooks hooks{{}, *this};
+    return detail::run_replicas(st.pool, st.replicas, local, st.steps++, hooks, fn, args...);
   }
 
   // Where this worker's time went since the strategy was made (step_timings.hpp): compute and
@@ -453,6 +426,11 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   // With other workers in the job, a failure on this one leaves them waiting in a collective that
   // will not complete: this worker leaves the job, and the job is aborted.
   void fail_job(const std::exception_ptr& failure) const { leave_job(*state_, failure); }
+  // The step loop's hooks (detail/run_loop.hpp): CPU replicas need none; a failed step fails the job.
+  struct failure_hooks : detail::no_replica_hooks {
+    const multi_worker_mirrored_strategy& strategy;
+    void step_failed(const std::exception_ptr& e) const { strategy.fail_job(e); }
+  };
   static void leave_job(state& st, const std::exception_ptr& failure) {
     const int workers = st.group.num_workers();
     if (workers == 1 || !st.failure.empty()) return;
