@@ -38,9 +38,16 @@ for file in "$@"; do
     echo "#include \"$file\"" >"$source"
     sides=(--cuda-host-only)
   fi
-  if ! out=$("$clang" "${common[@]}" "${sides[@]}" "$source" 2>&1); then
+  out=$("$clang" "${common[@]}" "${sides[@]}" "$source" 2>&1)
+  status=$?
+  if [[ $status -ne 0 && $out == *"frontend command failed with exit code 1"[3-9][0-9]* ]]; then
+    # clang itself crashed (a signal), which says nothing about the code: once more.
+    out=$("$clang" "${common[@]}" "${sides[@]}" "$source" 2>&1)
+    status=$?
+  fi
+  if [[ $status -ne 0 ]]; then
     echo "clang_syntax: $file does not parse:"
-    echo "$out" | grep -E "error|note: in instantiation" | head -40
+    echo "$out" | grep -E "error|note: in instantiation|frontend command failed" | head -40
     failed=$((failed + 1))
   fi
   checked=$((checked + 1))
