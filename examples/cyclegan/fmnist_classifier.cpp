@@ -2,6 +2,7 @@
 // (cyclegan_train --classifier), mirrored over CPU replicas, and saves it as a checkpoint.
 #include "classifier_training.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -18,11 +19,18 @@ int main(int argc, char** argv) {
     const auto train = cyclegan::all_examples(data::fashion_mnist(data::split::train, st.dir), o.train_limit);
     const auto test = cyclegan::all_examples(data::fashion_mnist(data::split::test, st.dir));
     distribute::mirrored_strategy<distribute::cpu> strategy{distribute::cpu_replicas(st.replicas)};
-    std::printf("training the classifier on %zu images, %d epoch(s), %d replica(s), global batch %d\n", train.size(), o.epochs,
-                st.replicas, o.batch * st.replicas);
-    auto net = cyclegan::train_classifier(strategy, train, o);
+    std::printf("training the classifier on %zu images, %d epoch(s), %d replica(s), global batch %d, lr %g decaying linearly\n",
+                train.size(), o.epochs, st.replicas, o.batch * st.replicas, o.lr);
+    const auto started = std::chrono::steady_clock::now();
+    auto net = cyclegan::train_classifier(strategy, train, o, [&](const cyclegan::classifier_epoch& e, cyclegan::classifier& c) {
+      std::printf("epoch %d/%d: %.1f s, loss %.4f, training accuracy %.2f%%", e.epoch, o.epochs, e.seconds, e.loss, 100 * e.accuracy);
+      if (st.eval_each_epoch) std::printf(", test accuracy %.2f%%", 100 * cyclegan::score_classifier(c, test).overall);
+      std::printf("\n");
+      std::fflush(stdout);
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     const auto acc = cyclegan::score_classifier(net, test);
-    std::printf("test accuracy %.2f%% (sneaker %.1f%%, ankle boot %.1f%%)\n", 100 * acc.overall,
+    std::printf("trained in %.0f s; test accuracy %.2f%% (sneaker %.1f%%, ankle boot %.1f%%)\n", seconds, 100 * acc.overall,
                 100 * acc.per_class[cyclegan::sneaker], 100 * acc.per_class[cyclegan::ankle_boot]);
     distribute::checkpoint::archive ar;
     ar.put_model("classifier", net);

@@ -381,28 +381,37 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(classifier)
 
-BOOST_AUTO_TEST_CASE(cross_entropy_gradient_matches_finite_differences) {
-  tensor logits{dist::shape::nchw(2, classes, 1, 1)};
-  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(std::sin(1.7 * static_cast<double>(i)));
-  const std::vector<std::int32_t> labels{3, 9};
-  const auto l = softmax_cross_entropy(logits, labels, 4);  // this part holds 2 of a global batch of 4
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    tensor up = logits, down = logits;
-    up[i] += 1e-2f;
-    down[i] -= 1e-2f;
-    const double numeric = (softmax_cross_entropy(up, labels, 4).value - softmax_cross_entropy(down, labels, 4).value) / 2e-2;
-    BOOST_TEST(std::abs(numeric - l.grad[i]) < 1e-3);
-  }
+BOOST_AUTO_TEST_CASE(learning_rate_is_constant_then_decays_linearly_to_zero) {
+  classifier_options o;
+  o.lr = 1e-3;
+  BOOST_TEST(classifier_lr(o, 0, 100) == 1e-3);  // decay over the whole run (the default)
+  BOOST_TEST(std::abs(classifier_lr(o, 50, 100) - 5e-4) < 1e-12);
+  BOOST_TEST(std::abs(classifier_lr(o, 99, 100) - 1e-5) < 1e-12);
+  o.decay_fraction = 0.25;
+  BOOST_TEST(classifier_lr(o, 75, 100) == 1e-3);  // constant for the first 75 steps
+  BOOST_TEST(std::abs(classifier_lr(o, 76, 100) - 24.0 / 25 * 1e-3) < 1e-12);
+  o.decay_fraction = 0;
+  BOOST_TEST(classifier_lr(o, 99, 100) == 1e-3);  // no decay
 }
 
+// 2 epochs over 3,000 images: the training loss falls by more than 10% (measured: 0.78 to 0.47) and
+// the test accuracy passes 75% (measured: 82.9%; chance is 10%, a network that does not learn stays
+// near it). Scoring is in evaluation mode (dropout off, batch norm's running statistics), so it gives
+// the same answer twice, and the model round-trips through a checkpoint with those statistics.
 BOOST_AUTO_TEST_CASE(learns_and_round_trips_through_a_checkpoint) {
   require_data();
   const auto train = all_examples(dist::data::fashion_mnist(dist::data::split::train, fmnist_dir), 3000);
   auto test = all_examples(dist::data::fashion_mnist(dist::data::split::test, fmnist_dir), 1000);
   dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(2)};
-  auto net = train_classifier(s, train, {.batch = 16, .epochs = 1, .quiet = true});
+  std::vector<classifier_epoch> epochs;
+  auto net = train_classifier(s, train, {.batch = 16, .epochs = 2, .quiet = true},
+                              [&](const classifier_epoch& e, cyclegan::classifier&) { epochs.push_back(e); });
+  BOOST_TEST_REQUIRE(epochs.size() == 2u);
+  BOOST_TEST(epochs[1].loss < 0.9 * epochs[0].loss);
   const auto acc = score_classifier(net, test);
-  BOOST_TEST(acc.overall > 0.6);  // 3,000 images, one epoch: about 75%; chance is 10%
+  BOOST_TEST_MESSAGE("losses " << epochs[0].loss << ", " << epochs[1].loss << "; test accuracy " << acc.overall);
+  BOOST_TEST(acc.overall > 0.75);
+  BOOST_TEST(score_classifier(net, test).overall == acc.overall);
 
   const fs::path file = scratch("classifier.dck");
   dist::checkpoint::archive ar;
