@@ -24,6 +24,7 @@
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/strategy/detail/cuda_replica_comm.cuh>
+#include <distribute/strategy/detail/cuda_replica_hooks.cuh>
 #include <distribute/strategy/detail/replica_pool.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 #include <distribute/strategy/mirrored_strategy.hpp>
@@ -87,40 +88,14 @@ class mirrored_strategy<cuda> : public strategy_base<mirrored_strategy<cuda>, st
 
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
-    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     state& st = *state_;
     const step_guard guard(st);
     (check_argument(args, st.devices.size()), ...);
     st.prepare_step();
     auto& meeting = st.meeting();
-    const auto n = st.devices.size();
-    std::vector<std::optional<std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>>> results(
-        std::is_void_v<R> ? 0 : n);
-    auto job = [&](int rank) noexcept {
-      const auto r = static_cast<std::size_t>(rank);
-      const cuda& dev = st.devices[r];
-      try {
-        const detail::device_guard current(dev.index());
-        if constexpr (std::is_void_v<R>) {
-          std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...);
-        } else {
-          results[r].emplace(std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...));
-        }
-        dev.synchronize();
-        meeting.depart(rank);
-      } catch (...) {
-        meeting.fail(rank, std::current_exception());
-        st.drain_after_failure(rank);
-      }
-    };
-    st.pool.run(job);
-    if (auto failure = meeting.first_failure()) std::rethrow_exception(failure);
-    if constexpr (!std::is_void_v<R>) {
-      std::vector<std::decay_t<R>> values;
-      values.reserve(n);
-      for (auto& v : results) values.push_back(std::move(*v));
-      return per_replica<std::decay_t<R>>(std::move(values));
-    }
+    detail::cuda_replica_hooks hooks{st.devices, meeting.options().timeout, [&st](int rank) noexcept { st.abort_replica(rank); },
+                                     [](const std::exception_ptr&) {}};
+    return detail::run_replicas(st.pool, st.replicas, meeting, st.steps++, hooks, fn, args...);
   }
 
   // Calls `fn(primary, args...)` once, on the calling thread, on the primary device as a group of
@@ -165,18 +140,13 @@ class mirrored_strategy<cuda> : public strategy_base<mirrored_strategy<cuda>, st
       return peer->meeting();
     }
 
-    // Work the step queued may still read buffers the caller frees once run() throws: wait for it.
-    // An NCCL kernel of this replica may be waiting for partners that gave up, and would never end:
-    // the wait for it is bounded by the collective timeout, after which this replica's communicator
-    // is aborted (which ends such a kernel; the group is rebuilt at the next step) and the rest of
-    // the step's work is waited for.
-    void drain_after_failure(int rank) noexcept {
-      const cuda& dev = devices[static_cast<std::size_t>(rank)];
+    // Ends an NCCL kernel of replica `rank` that waits for partners that gave up (the step loop's
+    // hooks call it once a failed replica's work has not finished within the collective timeout);
+    // the group is rebuilt at the next step. The peer engine has no communicator to abort.
+    void abort_replica([[maybe_unused]] int rank) noexcept {
 #if DISTRIBUTE_HAS_NCCL
-      if (nccl && !detail::drain_until(dev.stream(), dev.index(), std::chrono::steady_clock::now() + meeting().options().timeout))
-        nccl->abort_replica(rank);
+      if (nccl) nccl->abort_replica(rank);
 #endif
-      (void)detail::drain_until(dev.stream(), dev.index(), std::chrono::steady_clock::time_point::max());
     }
 
     void prepare_step() {
@@ -219,6 +189,7 @@ class mirrored_strategy<cuda> : public strategy_base<mirrored_strategy<cuda>, st
 #endif
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
+    std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
   };
 

@@ -33,6 +33,7 @@
 #include <distribute/errors.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/strategy/detail/cuda_replica_comm.cuh>
+#include <distribute/strategy/detail/cuda_replica_hooks.cuh>
 #include <distribute/strategy/detail/multi_worker_base.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
@@ -261,7 +262,6 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
 
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
-    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
     state& st = *st_;
     st.notice.set_caller(std::this_thread::get_id());
     // A worker that failed while this one was not waiting for it.
@@ -282,41 +282,10 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
     (check_argument(args), ...);
     auto& meeting = st.group->meeting();
     meeting.reset();
-    const auto n = st.devices.size();
-    std::vector<std::optional<std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>>> results(
-        std::is_void_v<R> ? 0 : n);
-    auto job = [&](int rank) noexcept {
-      const auto r = static_cast<std::size_t>(rank);
-      const cuda& dev = st.devices[r];
-      try {
-        const detail::device_guard current(dev.index());
-        if constexpr (std::is_void_v<R>) {
-          std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...);
-        } else {
-          results[r].emplace(std::invoke(fn, st.replicas[r], detail::unwrap_for(args, r)...));
-        }
-        dev.synchronize();
-        meeting.depart(rank);
-      } catch (...) {
-        meeting.fail(rank, std::current_exception());
-        // As in mirrored_strategy<cuda>: an NCCL kernel waiting for partners that gave up is ended by
-        // aborting this replica's communicator once a collective's time has passed.
-        if (!detail::drain_until(dev.stream(), dev.index(), std::chrono::steady_clock::now() + meeting.options().timeout))
-          st.group->abort_replica(rank);
-        (void)detail::drain_until(dev.stream(), dev.index(), std::chrono::steady_clock::time_point::max());
-      }
-    };
-    st.pool.run(job);
-    if (auto failure = meeting.first_failure()) {
-      leave_job(failure);
-      std::rethrow_exception(failure);
-    }
-    if constexpr (!std::is_void_v<R>) {
-      std::vector<std::decay_t<R>> values;
-      values.reserve(n);
-      for (auto& v : results) values.push_back(std::move(*v));
-      return per_replica<std::decay_t<R>>(std::move(values));
-    }
+    detail::cuda_replica_hooks hooks{st.devices, meeting.options().timeout,
+                                     [&st](int rank) noexcept { st.group->abort_replica(rank); },
+                                     [this](const std::exception_ptr& failure) { leave_job(failure); }};
+    return detail::run_replicas(st.pool, st.replicas, meeting, st.steps++, hooks, fn, args...);
   }
 
   template <class F, class... A>
@@ -461,6 +430,7 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
     std::unique_ptr<comm::nccl_group> group;
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
+    std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)
     std::string failure;
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
   };
