@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The demo: CycleGAN translating Fashion-MNIST sneakers <-> ankle boots, mirrored over 2 CPU
-# replicas. Builds the example, trains the small classifier that scores translations (once; it is
-# kept in the output folder), trains the CycleGAN (about 4 minutes on a 2-core machine in all, build included),
-# scores it, and prints where the pictures are. Running it again continues from the last checkpoint.
+# replicas. Builds the example, trains the classifier that scores translations (5 epochs, about 93%
+# test accuracy; once: it is kept in the output folder), trains the CycleGAN (2 epochs), scores it
+# (the share of translated test images the classifier places in the target class, about 96% and
+# 93%), and prints where the pictures are. About 6 minutes on a quiet 2-core machine in all, build
+# included. Running it again continues from the last checkpoint.
 #
 #   scripts/demo.sh                      the default run
 #   scripts/demo.sh --epochs 6           longer (extra arguments go to cyclegan_train; see --help)
@@ -24,8 +26,8 @@ bin=$build/examples/cyclegan
 mkdir -p "$out"
 classifier=$out/fmnist_classifier.dck
 if [[ ! -f "$classifier" ]]; then
-  echo "demo.sh: training the Fashion-MNIST classifier that scores the translations (about a minute)"
-  "$bin/fmnist_classifier" --epochs 2 --replicas 2 --out "$classifier"
+  echo "demo.sh: training the Fashion-MNIST classifier that scores the translations (about 2 minutes)"
+  "$bin/fmnist_classifier" --epochs 5 --replicas 2 --out "$classifier"
 fi
 
 echo "demo.sh: training the CycleGAN, mirrored over 2 CPU replicas"
