@@ -218,6 +218,7 @@ struct summary {
   std::int64_t steps_run = 0;      // steps run by this call
   double seconds = 0;              // training time of this call (steps only)
   double images_per_s = 0;         // global-batch images per second over this call
+  distribute::step_timings time{}; // where the training loop's time went (compute, collectives, input, checkpoints)
   step_losses last{};
   bool finite = true;              // every loss of every step was finite
   std::optional<scores> quality;
@@ -385,6 +386,11 @@ summary run_with(S& strategy, settings st) {
     const auto pipeline = make_pipeline(d, static_cast<std::size_t>(global), st.train.seed);
     progress_bar bar(st.train.total_steps, tr.steps_done(), st.quiet);
     double window_images = 0, window_seconds = 0;
+    // Where the time goes, measured by the strategy: each step's part (from the end of one step to
+    // the end of the next: the input wait, the step, and the last step's pictures and checkpoint),
+    // and a window that decays like the images/s.
+    const distribute::step_timings loop_start = strategy.timings();
+    distribute::step_timings last_timings = loop_start, window_time{};
     // The CSV first, then the checkpoint, each written atomically: whenever a checkpoint of step s
     // exists, the CSV holds every row up to s, so a run resumed from any checkpoint keeps its whole
     // history (rows after the checkpoint are dropped on resume and written again).
@@ -408,6 +414,9 @@ summary run_with(S& strategy, settings st) {
         const auto t0 = std::chrono::steady_clock::now();
         const step_losses l = tr.step(a, b);
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const distribute::step_timings now = strategy.timings(), part = now - last_timings;
+        last_timings = now;
+        window_time = decayed(window_time, 0.9) + part;
         sum.seconds += dt;
         ++sum.steps_run;
         window_images = 0.9 * window_images + static_cast<double>(global);
@@ -419,9 +428,12 @@ summary run_with(S& strategy, settings st) {
         // The CSV's columns, as curves.
         for (const auto& [tag, v] : std::initializer_list<std::pair<const char*, double>>{
                  {"loss/d_a", l.d_a}, {"loss/d_b", l.d_b}, {"loss/gan_ab", l.gan_ab}, {"loss/gan_ba", l.gan_ba}, {"loss/cycle", l.cycle},
-                 {"loss/identity", l.identity}, {"train/lr", lr}, {"train/images_per_s", window_images / window_seconds}})
+                 {"loss/identity", l.identity}, {"train/lr", lr}, {"train/images_per_s", window_images / window_seconds},
+                 {"time/compute_ms", 1e3 * part.compute}, {"time/collective_ms", 1e3 * part.collective},
+                 {"time/input_wait_ms", 1e3 * part.input_wait}, {"time/checkpoint_ms", 1e3 * part.checkpoint},
+                 {"time/other_ms", 1e3 * part.other()}})
           board.scalar(tag, v, s);
-        bar.update(s, static_cast<int>(epoch), epochs, window_images / window_seconds, l);
+        bar.update(s, static_cast<int>(epoch), epochs, window_images / window_seconds, l, window_time);
         if (st.verify_every && s % st.verify_every == 0) tr.verify_mirrored();
         if (st.sample_every && s % st.sample_every == 0) {
           char name[64];
@@ -439,6 +451,7 @@ summary run_with(S& strategy, settings st) {
     }
     if (ckdir) save_checkpoint();
     else if (sum.chief) write_csv(csv, rows);
+    sum.time = strategy.timings() - loop_start;
     write_grid(st.out_dir / "samples_final.png", tr.steps_done());
     if (sum.chief) {
       plot_losses(rows).write_png(st.out_dir / "losses.png");
@@ -449,6 +462,7 @@ summary run_with(S& strategy, settings st) {
       std::printf("done: step %lld, %lld steps in %s (%.1f images/s), last losses D %.3f/%.3f G %.3f/%.3f cycle %.3f identity %.3f\n",
                   static_cast<long long>(tr.steps_done()), static_cast<long long>(sum.steps_run), clock_string(sum.seconds).c_str(),
                   sum.images_per_s, sum.last.d_a, sum.last.d_b, sum.last.gan_ab, sum.last.gan_ba, sum.last.cycle, sum.last.identity);
+    if (!st.quiet && sum.steps_run > 0) std::printf("time: %s\n", time_breakdown(sum.time).c_str());
   } else {
     if (sum.chief) fs::create_directories(st.out_dir);
     write_grid(st.out_dir / "samples_evaluate.png", sum.steps);

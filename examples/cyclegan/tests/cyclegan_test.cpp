@@ -125,6 +125,12 @@ void check_tensorboard_file(const fs::path& dir, const summary& sum, std::int64_
   std::size_t grids = 0;
   for (std::size_t at = 0; (at = out.find("tb images " + hex("samples") + " ", at)) != std::string::npos; ++at) ++grids;
   BOOST_TEST(grids == static_cast<std::size_t>(steps / 2));  // the final grid is the last step's, written once
+  // The step-time breakdown, one value per step and part.
+  for (const char* part : {"time/compute_ms", "time/collective_ms", "time/input_wait_ms", "time/checkpoint_ms", "time/other_ms"}) {
+    std::size_t values = 0;
+    for (std::size_t at = 0; (at = out.find("tb scalars " + hex(part) + " ", at)) != std::string::npos; ++at) ++values;
+    BOOST_TEST(values == static_cast<std::size_t>(steps), part);
+  }
 #endif
 }
 
@@ -207,9 +213,19 @@ BOOST_AUTO_TEST_CASE(each_placement_trains_and_draws) {
       st.verify_every = 1;  // the mirrored copies must stay identical after every step
       const bool board = st.strategy == "one_device";  // one run also writes a TensorBoard file
       if (board) st.tensorboard_dir = st.out_dir / "tensorboard";
+      if (board) st.checkpoint_dir = st.out_dir / "checkpoints";  // and a checkpoint at the end
       const summary sum = run(st);
       BOOST_TEST(sum.finite);
       BOOST_TEST(sum.steps == 4);
+      // Where the loop's time went, from the strategy: compute in every step, collectives only
+      // between replicas (the conditional placement runs this small batch on the primary alone),
+      // and the parts within the loop's wall time.
+      BOOST_TEST(sum.time.runs >= 4);
+      BOOST_TEST(sum.time.compute > 0.0);
+      if (st.strategy == "one_device" || m.place == placement::conditional) BOOST_TEST(sum.time.collective == 0.0);
+      else BOOST_TEST(sum.time.collective > 0.0);
+      BOOST_TEST(sum.time.compute + sum.time.collective + sum.time.input_wait + sum.time.checkpoint <= sum.time.wall + 1e-3);
+      if (!st.checkpoint_dir.empty()) BOOST_TEST(sum.time.checkpoint > 0.0);
       for (const char* f : {"samples_step000002.png", "samples_final.png", "losses.png", "losses.csv"}) {
         BOOST_TEST(fs::file_size(st.out_dir / f) > 100u, f);
       }
