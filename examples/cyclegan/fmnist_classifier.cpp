@@ -19,8 +19,10 @@ int main(int argc, char** argv) {
     const auto train = cyclegan::all_examples(data::fashion_mnist(data::split::train, st.dir), o.train_limit);
     const auto test = cyclegan::all_examples(data::fashion_mnist(data::split::test, st.dir));
     distribute::mirrored_strategy<distribute::cpu> strategy{distribute::cpu_replicas(st.replicas)};
-    std::printf("training the classifier on %zu images, %d epoch(s), %d replica(s), global batch %d, lr %g decaying linearly\n",
-                train.size(), o.epochs, st.replicas, o.batch * st.replicas, o.lr);
+    std::printf("training the classifier on %zu images, %d epoch(s), %d replica(s), global batch %d, lr %g "
+                "(falling linearly to zero over the last %g%% of the steps)\n",
+                train.size(), o.epochs, st.replicas, o.batch * st.replicas, o.lr, 100 * o.decay_fraction);
+    std::fflush(stdout);  // before the progress lines on stderr
     const auto started = std::chrono::steady_clock::now();
     auto net = cyclegan::train_classifier(strategy, train, o, [&](const cyclegan::classifier_epoch& e, cyclegan::classifier& c) {
       std::printf("epoch %d/%d: %.1f s, loss %.4f, training accuracy %.2f%%", e.epoch, o.epochs, e.seconds, e.loss, 100 * e.accuracy);
