@@ -69,9 +69,9 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
     state& st = *state_;
-    const step_guard guard(st);
+    const detail::exclusive_step exclusive(st.in_step, "mirrored_strategy");
     const detail::step_clock::step_scope timed{st.clock};
-    (check_argument(args, st.devices.size()), ...);
+    (detail::check_run_argument(args, st.devices.size()), ...);
     st.group.reset();
     detail::no_replica_hooks hooks;
     return detail::run_replicas(st.pool, st.replicas, st.group, st.steps++, hooks, fn, args...);
@@ -123,26 +123,6 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
     std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
   };
-
-  // A step of this strategy cannot start inside another (the replica threads are busy with it).
-  struct step_guard {
-    explicit step_guard(state& s) : st{s} {
-      if (st.in_step.exchange(true))
-        throw std::logic_error("distribute: mirrored_strategy::run called while a step of the same strategy is running "
-                               "(from inside a replica, or from two threads at once)");
-    }
-    ~step_guard() { st.in_step.store(false); }
-    state& st;
-  };
-
-  template <class A>
-  static void check_argument(const A& a, std::size_t n) {
-    if constexpr (replica_indexed<A>) {
-      if (a.size() != n)
-        throw std::invalid_argument("distribute: run got a per-replica argument for " + std::to_string(a.size()) +
-                                    " replicas; this strategy has " + std::to_string(n));
-    }
-  }
 
   static std::vector<D> check_devices(std::vector<D> devices) {
     if (devices.empty()) throw std::invalid_argument("distribute: mirrored_strategy needs at least one device");

@@ -89,8 +89,8 @@ class mirrored_strategy<cuda> : public strategy_base<mirrored_strategy<cuda>, st
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
     state& st = *state_;
-    const step_guard guard(st);
-    (check_argument(args, st.devices.size()), ...);
+    const detail::exclusive_step exclusive(st.in_step, "mirrored_strategy<cuda>");
+    (detail::check_run_argument(args, st.devices.size()), ...);
     st.prepare_step();
     auto& meeting = st.meeting();
     detail::cuda_replica_hooks hooks{st.devices, meeting.options().timeout, [&st](int rank) noexcept { st.abort_replica(rank); },
@@ -192,25 +192,6 @@ class mirrored_strategy<cuda> : public strategy_base<mirrored_strategy<cuda>, st
     std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
   };
-
-  struct step_guard {
-    explicit step_guard(state& s) : st{s} {
-      if (st.in_step.exchange(true))
-        throw std::logic_error("distribute: mirrored_strategy<cuda>::run called while a step of the same strategy is "
-                               "running (from inside a replica, or from two threads at once)");
-    }
-    ~step_guard() { st.in_step.store(false); }
-    state& st;
-  };
-
-  template <class A>
-  static void check_argument(const A& a, std::size_t n) {
-    if constexpr (replica_indexed<A>) {
-      if (a.size() != n)
-        throw std::invalid_argument("distribute: run got a per-replica argument for " + std::to_string(a.size()) +
-                                    " replicas; this strategy has " + std::to_string(n));
-    }
-  }
 
   static std::vector<cuda> check_devices(std::vector<cuda> devices) {
     if (devices.empty()) throw std::invalid_argument("distribute: mirrored_strategy<cuda> needs at least one device");

@@ -135,7 +135,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
     state& st = *state_;
-    const step_guard guard(st);
+    const detail::exclusive_step exclusive(st.in_step, "multi_worker_mirrored_strategy");
     const detail::step_clock::step_scope timed{st.clock};
     check_usable("strategy.run");
     (check_argument(args), ...);
@@ -401,16 +401,6 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)
     std::string failure;  // why this worker left the job
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
-  };
-
-  struct step_guard {
-    explicit step_guard(state& s) : st{s} {
-      if (st.in_step.exchange(true))
-        throw std::logic_error("distribute: multi_worker_mirrored_strategy::run called while a step of the same strategy "
-                               "is running (from inside a replica, or from two threads at once)");
-    }
-    ~step_guard() { st.in_step.store(false); }
-    state& st;
   };
 
   static std::string what(const std::exception_ptr& e) {

@@ -272,13 +272,7 @@ class multi_worker_mirrored_strategy<cuda, comm::nccl>
       }
     }
     check_usable("run");
-    if (st.in_step.exchange(true))
-      throw std::logic_error("distribute: multi_worker_mirrored_strategy<cuda, nccl>::run called while a step of the same "
-                             "strategy is running");
-    struct release {
-      std::atomic<bool>& flag;
-      ~release() { flag.store(false); }
-    } guard{st.in_step};
+    const detail::exclusive_step exclusive(st.in_step, "multi_worker_mirrored_strategy<cuda, nccl>");
     (check_argument(args), ...);
     auto& meeting = st.group->meeting();
     meeting.reset();

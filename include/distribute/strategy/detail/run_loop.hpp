@@ -13,16 +13,46 @@
 #include <distribute/per_replica.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace distribute::detail {
+
+// Held for the length of a step: a step of a strategy cannot start inside another (its replica
+// threads are busy with it), from inside a replica or from two threads at once.
+class exclusive_step {
+ public:
+  exclusive_step(std::atomic<bool>& in_step, const char* strategy) : in_step_{in_step} {
+    if (in_step_.exchange(true))
+      throw std::logic_error(std::string("distribute: ") + strategy + "::run called while a step of the same strategy is "
+                             "running (from inside a replica, or from two threads at once)");
+  }
+  ~exclusive_step() { in_step_.store(false); }
+  exclusive_step(const exclusive_step&) = delete;
+  exclusive_step& operator=(const exclusive_step&) = delete;
+
+ private:
+  std::atomic<bool>& in_step_;
+};
+
+// A per-replica or mirrored argument of `run` must hold one element per replica of the strategy.
+template <class A>
+void check_run_argument(const A& a, std::size_t replicas) {
+  if constexpr (replica_indexed<A>) {
+    if (a.size() != replicas)
+      throw std::invalid_argument("distribute: run got a per-replica argument for " + std::to_string(a.size()) +
+                                  " replicas; this strategy has " + std::to_string(replicas));
+  }
+}
 
 // The hooks of a device that needs none (CPU replicas).
 struct no_replica_hooks {
