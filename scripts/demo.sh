@@ -3,8 +3,9 @@
 # replicas. Builds the example, trains the classifier that scores translations (5 epochs, about 93%
 # test accuracy; once: it is kept in the output folder), trains the CycleGAN (2 epochs), scores it
 # (the share of translated test images the classifier places in the target class, about 96% and
-# 93%), and prints where the pictures are. About 6 minutes on a quiet 2-core machine in all, build
-# included. Running it again continues from the last checkpoint.
+# 93%), and prints where the pictures are. Under 10 minutes on a 2-core machine in all, build
+# included (9:13 from a fresh clone with other jobs holding about one of the cores). Running it again
+# continues from the last checkpoint.
 #
 #   scripts/demo.sh                      the default run
 #   scripts/demo.sh --epochs 6           longer (extra arguments go to cyclegan_train; see --help)
