@@ -9,7 +9,8 @@
 #   find_package       builds and runs the consumer against PREFIX/full, asking for COMPONENTS
 #                      (comma-separated) and the version in VERSION (major.minor); with the component
 #                      mpi it builds and runs consumer_mpi instead (under MPIEXEC [MPIEXEC_PREFLAGS]
-#                      -n 2 when MPIEXEC is given). HIDE (comma-separated package names) hides those
+#                      -n 2 when MPIEXEC is given); with the component precompiled it builds and
+#                      runs consumer_precompiled (the fast path's unit compiled in the consumer). HIDE (comma-separated package names) hides those
 #                      packages from the consumer, as on a machine that lacks them.
 #   add_subdirectory   builds and runs the consumer with the source tree vendored.
 #   version            find_package(distribute <version>) against PREFIX/full: the version in VERSION
@@ -210,13 +211,17 @@ if(MODE STREQUAL "components")
       OUTPUT "cuda: it needs the CUDA toolkit, which is not found here")
     string(APPEND checked "; cuda found, and not without the CUDA toolkit")
   endif()
+  # The fast path needs Eigen on the consumer's machine, and says so.
+  probe(precompiled_missing_here TREE core ARGS "CONFIG REQUIRED COMPONENTS precompiled" HIDE Eigen3 EXPECT error
+    OUTPUT "precompiled: it compiles the CPU engine's Eigen code, and Eigen3 is not found here")
+  string(APPEND checked "; precompiled not without Eigen")
   message(STATUS "consumer test (${MODE}): ${checked}")
   return()
 endif()
 
 if(MODE STREQUAL "unknown_component")
   probe(unknown_required TREE full ARGS "CONFIG REQUIRED COMPONENTS mpi nonesuch" EXPECT error
-    OUTPUT "distribute has no component named nonesuch; its components are: mpi, cuda")
+    OUTPUT "distribute has no component named nonesuch; its components are: mpi, cuda, precompiled")
   probe(unknown_optional TREE full ARGS "CONFIG OPTIONAL_COMPONENTS nonesuch" EXPECT ok
     OUTPUT "probe: distribute_FOUND=no" "distribute has no component named nonesuch")
   return()
@@ -251,6 +256,8 @@ endif()
 set(programs consumer)
 if("mpi" IN_LIST COMPONENTS)
   set(programs consumer_mpi)
+elseif("precompiled" IN_LIST COMPONENTS)
+  set(programs consumer_precompiled)
 endif()
 step("build ${programs}" ${CMAKE_COMMAND} --build ${consumer_build} --config ${CONFIG} --target ${programs})
 
@@ -268,8 +275,8 @@ function(built_program name out)
 endfunction()
 
 built_program(${programs} program)
-if(programs STREQUAL "consumer")
-  step("run consumer" ${program})
+if(NOT programs STREQUAL "consumer_mpi")
+  step("run ${programs}" ${program})
 else()
   if(MPIEXEC)
     separate_arguments(preflags UNIX_COMMAND "${MPIEXEC_PREFLAGS}")
