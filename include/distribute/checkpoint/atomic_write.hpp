@@ -24,7 +24,6 @@
 #include <vector>
 
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 namespace distribute::checkpoint {
@@ -130,7 +129,8 @@ inline std::vector<std::filesystem::path> remove_stale_temporaries(const std::fi
     const ::pid_t owner = detail::temporary_owner(entry.path().filename().string());
     if (owner == 0) continue;
     if (owner == ::getpid()) continue;                      // this process's own, in flight
-    if (::kill(owner, 0) == 0 || errno == EPERM) continue;  // alive (EPERM: another user's)
+    // Alive: the process exists (getpgid fails with ESRCH only for a process that does not).
+    if (::getpgid(owner) >= 0 || errno != ESRCH) continue;
     if (std::filesystem::remove(entry.path(), fe)) removed.push_back(entry.path());
   }
   return removed;

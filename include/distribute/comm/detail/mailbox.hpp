@@ -11,7 +11,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -50,11 +49,11 @@ struct mailbox {
 
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<p2p_message> queue;
+  std::vector<p2p_message> queue;
   waiting wait;                   // `src` < 0: nobody waits
 
   // The first queued message from `src` with `tag`, or end().
-  std::deque<p2p_message>::iterator find(int src, int tag) {
+  std::vector<p2p_message>::iterator find(int src, int tag) {
     for (auto it = queue.begin(); it != queue.end(); ++it)
       if (it->src == src && it->call.tag == tag) return it;
     return queue.end();
