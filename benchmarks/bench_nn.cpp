@@ -14,6 +14,8 @@
 #include <distribute/distribute.hpp>
 #include <distribute/nn.hpp>
 
+#include <Eigen/Core>
+
 #include "bench_common.hpp"
 
 #include <chrono>

@@ -9,6 +9,8 @@
 #ifndef DISTRIBUTE_PRECOMPILED
 #  define DISTRIBUTE_PRECOMPILED 1
 #endif
+// This file holds the definitions the fast path's programs only see declared.
+#define DISTRIBUTE_PRECOMPILED_UNIT 1
 
 #include <distribute/engine/cpu.hpp>
 

@@ -1,7 +1,7 @@
 #pragma once
-// Tensors, layers, losses and optimisers in one include (needs Eigen 3.3 or later).
+// Tensors, layers, losses and optimisers in one include (needs Eigen 3.3 or later). Eigen views of
+// tensors are opt-in: <distribute/tensor/eigen.hpp> (Matrix maps), <distribute/tensor/eigen_tensor.hpp>.
 
-#include <distribute/tensor/eigen.hpp>
 #include <distribute/tensor/shape.hpp>
 #include <distribute/tensor/tensor.hpp>
 

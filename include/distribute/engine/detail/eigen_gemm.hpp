@@ -7,6 +7,24 @@
 
 #include <distribute/engine/gemm_geometry.hpp>
 
+// A program built on the fast path (DISTRIBUTE_PRECOMPILED, src/precompiled.cpp) sees only the
+// declaration: the float and double instantiations, and the Eigen kernels under them, come from the
+// precompiled unit, so its files do not parse Eigen at all.
+#if defined(DISTRIBUTE_PRECOMPILED) && !defined(DISTRIBUTE_PRECOMPILED_UNIT)
+
+namespace distribute::detail {
+
+// c = op(a) op(b) for `g`, overwriting c (g.accumulate is the caller's business). float and double.
+template <class T>
+void eigen_gemm(const gemm_geometry& g, const T* a, const T* b, T* c);
+
+extern template void eigen_gemm<float>(const gemm_geometry&, const float*, const float*, float*);
+extern template void eigen_gemm<double>(const gemm_geometry&, const double*, const double*, double*);
+
+}  // namespace distribute::detail
+
+#else
+
 #include <Eigen/Core>
 
 namespace distribute::detail {
@@ -25,11 +43,6 @@ void eigen_gemm(const gemm_geometry& g, const T* a, const T* b, T* c) {
   else cm.noalias() = am * bm;
 }
 
-// A program built with the precompiled unit (DISTRIBUTE_PRECOMPILED, src/precompiled.cpp) takes these
-// instantiations, and the Eigen kernels under them, from that unit instead of compiling them again.
-#if defined(DISTRIBUTE_PRECOMPILED)
-extern template void eigen_gemm<float>(const gemm_geometry&, const float*, const float*, float*);
-extern template void eigen_gemm<double>(const gemm_geometry&, const double*, const double*, double*);
-#endif
-
 }  // namespace distribute::detail
+
+#endif

@@ -5,7 +5,12 @@
 
 #include <distribute/engine/conv_geometry.hpp>
 
-#include <Eigen/Core>
+// On the fast path (DISTRIBUTE_PRECOMPILED) the members are only declared: their float and double
+// instantiations come from the precompiled unit, and Eigen is not parsed.
+#if !defined(DISTRIBUTE_PRECOMPILED) || defined(DISTRIBUTE_PRECOMPILED_UNIT)
+#  define DISTRIBUTE_REFERENCE_CONV_DEFINED 1
+#  include <Eigen/Core>
+#endif
 
 #include <cstdint>
 #include <vector>
@@ -61,10 +66,6 @@ void col2im_add(const T* col, const conv_geometry& g, T* dst) {
 
 template <class T>
 class reference_conv {
-  using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using cmap = Eigen::Map<const matrix>;
-  using map = Eigen::Map<matrix>;
-
  public:
   // `col` is scratch of at least col_size(g) elements.
   static std::int64_t col_size(const conv_geometry& g) noexcept {
@@ -78,9 +79,15 @@ class reference_conv {
   static void backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf);
 };
 
+#if defined(DISTRIBUTE_REFERENCE_CONV_DEFINED)
+template <class T>
+using reference_matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
 template <class T>
 void reference_conv<T>::forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf) {
   const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
+  using cmap = Eigen::Map<const reference_matrix<T>>;
+  using map = Eigen::Map<reference_matrix<T>>;
   const cmap wm(w, g.out_channels, rows);
   map col(colbuf, rows, plane);
   for (std::int64_t n = 0; n < g.batch; ++n) {
@@ -95,6 +102,8 @@ template <class T>
 void reference_conv<T>::backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf) {
   const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
   const std::int64_t in_size = g.in_channels * g.in_height * g.in_width;
+  using cmap = Eigen::Map<const reference_matrix<T>>;
+  using map = Eigen::Map<reference_matrix<T>>;
   const cmap wm(w, g.out_channels, rows);
   map col(colbuf, rows, plane);
   for (std::int64_t i = 0; i < g.batch * in_size; ++i) dx[i] = T(0);
@@ -107,6 +116,8 @@ void reference_conv<T>::backward_data(const conv_geometry& g, const T* dy, const
 template <class T>
 void reference_conv<T>::backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf) {
   const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
+  using cmap = Eigen::Map<const reference_matrix<T>>;
+  using map = Eigen::Map<reference_matrix<T>>;
   map dwm(dw, g.out_channels, rows);
   map col(colbuf, rows, plane);
   for (std::int64_t n = 0; n < g.batch; ++n) {
@@ -124,6 +135,8 @@ void reference_conv<T>::backward_weights(const conv_geometry& g, const T* x, con
       }
   }
 }
+
+#endif  // DISTRIBUTE_REFERENCE_CONV_DEFINED
 
 #if defined(DISTRIBUTE_PRECOMPILED)
 extern template class reference_conv<float>;
