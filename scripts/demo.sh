@@ -4,8 +4,8 @@
 # test accuracy; once: it is kept in the output folder), trains the CycleGAN (2 epochs), scores it
 # (the share of translated test images the classifier places in the target class, about 96% and
 # 93%), and prints where the pictures are. Under 10 minutes on a 2-core machine in all, build
-# included (9:13 from a fresh clone with other jobs holding about one of the cores). Running it again
-# continues from the last checkpoint.
+# included (6:35 from a fresh clone at load average 3). Running it again continues from the last
+# checkpoint.
 #
 #   scripts/demo.sh                      the default run
 #   scripts/demo.sh --epochs 6           longer (extra arguments go to cyclegan_train; see --help)
