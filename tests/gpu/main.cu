@@ -16,6 +16,8 @@
 
 #include "gpu_test_support.cuh"
 
+#include <distribute/data/to_tensor.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -195,6 +197,18 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_and_keep_their_device) {
   empty = t;  // a default-constructed tensor takes the source's device
   BOOST_TEST((empty.device() == t.device()));
   BOOST_TEST((empty.to_host() == host));
+}
+
+// An input batch (NHWC bytes) to an NCHW tensor on the GPU in one call: the same values as on the CPU.
+BOOST_AUTO_TEST_CASE(batches_become_tensors_on_the_gpu) {
+  const dist::cuda d{0};
+  dist::data::tensor<std::uint8_t> images;
+  images.shape = {2, 2, 3, 2};  // [n, h, w, c]
+  for (int i = 0; i < 24; ++i) images.values.push_back(static_cast<std::uint8_t>(i * 10));
+  const auto on_gpu = dist::data::to_tensor<float, dist::cuda>(images, dist::data::pixels::symmetric, d);
+  const auto on_cpu = dist::data::to_tensor<float>(images, dist::data::pixels::symmetric);
+  BOOST_TEST((on_gpu.shape() == dist::shape::nchw(2, 2, 2, 3)));
+  BOOST_TEST((on_gpu.to_host() == on_cpu));
 }
 
 BOOST_AUTO_TEST_CASE(pinned_staging_overlaps_and_lands_every_batch) {
