@@ -25,7 +25,9 @@ cmake --build "$build" -j "$jobs" --target cyclegan_demo  # cyclegan_train and f
 bin=$build/examples/cyclegan
 
 mkdir -p "$out"
-classifier=$out/fmnist_classifier.dck
+# The scorer's file names its architecture: the file of the earlier, smaller classifier (kept in an
+# output folder of an older demo) does not load into this one, so it is not reused.
+classifier=$out/fmnist_classifier_bn3.dck
 if [[ ! -f "$classifier" ]]; then
   echo "demo.sh: training the Fashion-MNIST classifier that scores the translations (about 2 minutes)"
   "$bin/fmnist_classifier" --epochs 5 --replicas 2 --out "$classifier"
