@@ -10,6 +10,7 @@
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/step_timings.hpp>
+#include <distribute/strategy/detail/run_loop.hpp>
 #include <distribute/strategy/detail/step_clock.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 
@@ -44,13 +45,7 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   auto run(F&& fn, A&&... args) {
     const detail::step_clock::step_scope timed{clock_};
     replica_type r{devices_[0], comm::local{}, &engine_};
-    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
-    if constexpr (std::is_void_v<R>) {
-      std::invoke(fn, r, detail::unwrap_for(args, 0)...);
-    } else {
-      return per_replica<std::decay_t<R>, 1>(
-          std::array<std::decay_t<R>, 1>{std::invoke(fn, r, detail::unwrap_for(args, 0)...)});
-    }
+    return detail::run_one(r, fn, args...);
   }
 
   // Where the time went since this strategy was made (step_timings.hpp): compute, input wait,

@@ -8,6 +8,7 @@
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/strategy/detail/cuda_replica_comm.cuh>
+#include <distribute/strategy/detail/run_loop.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 #include <distribute/strategy/one_device_strategy.hpp>
 
@@ -39,13 +40,7 @@ class one_device_strategy<cuda> : public strategy_base<one_device_strategy<cuda>
   auto run(F&& fn, A&&... args) {
     const detail::device_guard current(devices_[0].index());
     replica_type r{devices_[0], comm::cuda_solo{devices_[0].stream()}};
-    using R = std::invoke_result_t<F&, replica_type&, decltype(detail::unwrap_for(args, 0))...>;
-    if constexpr (std::is_void_v<R>) {
-      std::invoke(fn, r, detail::unwrap_for(args, 0)...);
-    } else {
-      return per_replica<std::decay_t<R>, 1>(
-          std::array<std::decay_t<R>, 1>{std::invoke(fn, r, detail::unwrap_for(args, 0)...)});
-    }
+    return detail::run_one(r, fn, args...);
   }
 
   template <class F, class... A>

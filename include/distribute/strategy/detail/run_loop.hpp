@@ -13,6 +13,7 @@
 #include <distribute/per_replica.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -103,6 +104,19 @@ auto run_replicas(replica_pool& pool, std::vector<Replica>& replicas, Group& gro
     values.reserve(n);
     for (auto& v : results) values.push_back(std::move(*v));
     return per_replica<std::decay_t<R>>(std::move(values));
+  }
+}
+
+// The step of a strategy of one replica (one device, CPU or GPU): `fn(replica, args...)` on the
+// calling thread, with the only element of per-replica and mirrored arguments; its result as
+// per_replica<R, 1>, held in place (nothing for a void fn).
+template <class Replica, class F, class... A>
+auto run_one(Replica& replica, F& fn, A&... args) {
+  using R = std::invoke_result_t<F&, Replica&, decltype(unwrap_for(args, 0))...>;
+  if constexpr (std::is_void_v<R>) {
+    std::invoke(fn, replica, unwrap_for(args, 0)...);
+  } else {
+    return per_replica<std::decay_t<R>, 1>(std::array<std::decay_t<R>, 1>{std::invoke(fn, replica, unwrap_for(args, 0)...)});
   }
 }
 
