@@ -1,7 +1,8 @@
-// The GPU strategies under the core semantic checks (tests/core/strategy_test.cpp and
-// failure_test.cpp): run, reduce, gather, scatter, mirror and broadcast of device state, data-parallel
-// equivalence; a throwing replica, a collective never joined, mismatched collectives, each a clear
-// error and never a hang, with the strategy usable afterwards.
+// The GPU strategies under the core semantic checks (tests/core/strategy_test.cpp): run, reduce,
+// gather, scatter, mirror and broadcast of device state, data-parallel equivalence; and the failure
+// cases every device shares (tests/core/failure_cases.hpp: a throwing replica, a collective never
+// joined, mismatched collectives, each a clear error and never a hang, with the strategy usable
+// afterwards), plus the GPU's own (a CUDA error in a replica, NCCL point-to-point).
 
 #include "gpu_test_support.cuh"
 
@@ -59,37 +60,6 @@ std::vector<double> train_linear(S& s, int steps) {
   s.verify_mirrored(w);
   return w[0].to_vector();
 }
-
-// After any failure, the next step must run normally.
-template <class S>
-void check_usable(S& s) {
-  auto sums = s.run([](auto& r) {
-    dist::tensor<float, dist::cuda> v(dist::shape{1000}, r.device());
-    std::vector<float> ones(1000, 1.0f);
-    v.copy_from_host(ones);
-    r.all_reduce(dist::reduce_op::sum, v.values());
-    r.barrier();
-    return v.to_vector()[999];
-  });
-  for (float v : sums) BOOST_TEST(v == static_cast<float>(s.num_replicas_in_sync()));
-}
-
-template <class E, class S, class F>
-std::string expect_throw(S& s, F&& step) {
-  try {
-    s.run(step);
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    BOOST_FAIL("expected another exception type, got: " << e.what());
-  }
-  BOOST_FAIL("no exception thrown");
-  return {};
-}
-
-struct replica_failure : std::runtime_error {
-  explicit replica_failure(int id) : std::runtime_error("replica " + std::to_string(id) + " gave up") {}
-};
 
 }  // namespace
 
@@ -207,105 +177,43 @@ BOOST_AUTO_TEST_CASE(reductions_are_bit_identical_run_to_run) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-BOOST_AUTO_TEST_SUITE(failure)
+// The failure semantics every strategy shares (tests/core/failure_cases.hpp), for GPU replicas: on
+// the cuda_peer kernels (logical replicas on cuda:0), and on NCCL (one replica per GPU, so the cases
+// that need more replicas than this machine has GPUs say so and pass).
+namespace distribute::test {
 
-BOOST_AUTO_TEST_CASE_TEMPLATE(a_throwing_replica_reaches_the_caller, M, dt::mirrored_gpu_strategies) {
-  auto s = M::make({.timeout = 60s});
-  const int bad = M::replicas - 1;
-  std::vector<std::string> released(static_cast<std::size_t>(M::replicas));
-  const auto start = std::chrono::steady_clock::now();
-  BOOST_CHECK_THROW(s.run([&](auto& r) {
-                      if (r.replica_id() == bad) throw replica_failure(bad);
-                      try {
-                        std::vector<float> v(100, 1.0f);
-                        r.all_reduce(dist::reduce_op::sum, v);
-                      } catch (const dist::collective_aborted& e) {
-                        released[static_cast<std::size_t>(r.replica_id())] = e.what();
-                        throw;
-                      }
-                    }),
-                    replica_failure);
-  BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
-  for (int i = 0; i < bad; ++i)
-    BOOST_TEST(dt::contains(released[static_cast<std::size_t>(i)], "failed: replica " + std::to_string(bad) + " gave up"),
-               released[static_cast<std::size_t>(i)]);
-  check_usable(s);
-}
-
-BOOST_AUTO_TEST_CASE(a_replica_that_skips_a_collective_is_reported_at_once) {
-  auto s = dt::peer_n<3>::make({.timeout = 60s});
-  const auto start = std::chrono::steady_clock::now();
-  const auto message = expect_throw<dist::collective_timeout>(s, [](auto& r) {
-    std::vector<float> v(16, 1.0f);
-    r.all_reduce(dist::reduce_op::sum, v);
-    if (r.replica_id() != 2) r.all_reduce(dist::reduce_op::sum, v);
-  });
-  BOOST_TEST((std::chrono::steady_clock::now() - start < 10s));
-  BOOST_TEST(dt::contains(message, "replica 2 finished the step without joining it"), message);
-  BOOST_TEST(dt::contains(message, "collective #2"), message);
-  check_usable(s);
-}
-
-BOOST_AUTO_TEST_CASE(a_collective_never_joined_times_out) {
-  const auto timeout = 300ms;
-  auto s = dt::peer_n<2>::make({.timeout = timeout});
-  const auto start = std::chrono::steady_clock::now();
-  const auto message = expect_throw<dist::collective_timeout>(s, [&](auto& r) {
-    if (r.replica_id() == 1) {
-      std::this_thread::sleep_for(3 * timeout);
-      return;
-    }
-    r.all_reduce(dist::reduce_op::sum, 1.0f);
-  });
-  const auto elapsed = std::chrono::steady_clock::now() - start;
-  BOOST_TEST((elapsed >= timeout));
-  BOOST_TEST((elapsed < timeout * 3 + 5s));
-  BOOST_TEST(dt::contains(message, "timed out after 300 ms"), message);
-  BOOST_TEST(dt::contains(message, "replica 1 never joined it"), message);
-  check_usable(s);
-}
-
-BOOST_AUTO_TEST_CASE(mismatched_sizes_and_ops_name_the_replicas) {
-  auto s = dt::peer_n<3>::make();
-  auto message = expect_throw<dist::collective_mismatch>(s, [](auto& r) {
-    dist::tensor<float, dist::cuda> v(dist::shape{r.replica_id() == 1 ? 1000 : 1024}, r.device());
-    r.all_reduce(dist::reduce_op::sum, v.values());
-  });
-  BOOST_TEST(dt::contains(message, "replicas 0, 2 called all_reduce(sum) of 1024 float32"), message);
-  BOOST_TEST(dt::contains(message, "replica 1 called all_reduce(sum) of 1000 float32"), message);
-  check_usable(s);
-  message = expect_throw<dist::collective_mismatch>(s, [](auto& r) {
-    std::vector<__half> v(8);
-    r.all_reduce(r.replica_id() == 0 ? dist::reduce_op::sum : dist::reduce_op::max, v);
-  });
-  BOOST_TEST(dt::contains(message, "all_reduce(sum) of 8 float16"), message);
-  BOOST_TEST(dt::contains(message, "all_reduce(max) of 8 float16"), message);
-  check_usable(s);
-}
+struct gpu_peer {
+  static mirrored_strategy<cuda> make(int replicas, collective_options o = {}) {
+    mirrored_strategy<cuda> s{cuda_replicas(replicas), o, cuda_engine::cuda_peer};
+    BOOST_REQUIRE(s.engine() == cuda_engine::cuda_peer);
+    return s;
+  }
+  static int max_replicas() noexcept { return 8; }
+  static one_device_strategy<cuda> one_device() { return one_device_strategy<cuda>{cuda{0}}; }
+};
 
 #if DISTRIBUTE_HAS_NCCL
-// Every GPU through NCCL: the host-side meeting catches a missing or mismatched replica before
-// anything is queued for NCCL, and the communicators keep working.
-BOOST_TEST_DECORATOR(*boost::unit_test::precondition(dt::at_least_two_gpus))
-BOOST_AUTO_TEST_CASE(nccl_replicas_time_out_and_mismatch_without_hanging) {
-  dist::mirrored_strategy<dist::cuda> s{dist::all_cuda_devices(), {.timeout = 300ms}};
-  auto message = expect_throw<dist::collective_timeout>(s, [](auto& r) {
-    if (r.replica_id() == 1) {
-      std::this_thread::sleep_for(1s);
-      return;
-    }
-    r.barrier();
-  });
-  BOOST_TEST(dt::contains(message, "replica 1 never joined it"), message);
-  check_usable(s);
-  message = expect_throw<dist::collective_mismatch>(s, [](auto& r) {
-    std::vector<float> v(r.replica_id() == 0 ? 10 : 11);
-    r.all_reduce(dist::reduce_op::sum, v);
-  });
-  BOOST_TEST(dt::contains(message, "replica 0 called all_reduce(sum) of 10 float32"), message);
-  check_usable(s);
-}
+struct gpu_nccl {
+  static mirrored_strategy<cuda> make(int replicas, collective_options o = {}) {
+    auto devices = all_cuda_devices();
+    devices.resize(static_cast<std::size_t>(replicas));
+    return mirrored_strategy<cuda>{devices, o, cuda_engine::nccl};
+  }
+  static int max_replicas() { return cuda_device_count(); }
+  static one_device_strategy<cuda> one_device() { return one_device_strategy<cuda>{cuda{0}}; }
+};
+using failure_makers = boost::mpl::list<gpu_peer, gpu_nccl>;
+#else
+using failure_makers = boost::mpl::list<gpu_peer>;
 #endif
+
+}  // namespace distribute::test
+
+#include "../core/failure_cases.hpp"
+
+BOOST_AUTO_TEST_SUITE(failure)
+
+using distribute::test::failure_cases::check_usable;
 
 #if DISTRIBUTE_HAS_NCCL
 // Point-to-point over NCCL between two GPUs' replica threads: both send before receiving, host and
@@ -349,12 +257,6 @@ BOOST_AUTO_TEST_CASE(nccl_point_to_point_between_two_gpus) {
   BOOST_TEST(errors[1] == "");
 }
 #endif
-
-BOOST_AUTO_TEST_CASE(nested_run_is_refused) {
-  auto s = dt::peer_n<2>::make();
-  BOOST_CHECK_THROW(s.run([&](auto&) { s.run([](auto&) {}); }), std::logic_error);
-  check_usable(s);
-}
 
 BOOST_AUTO_TEST_CASE(a_cuda_error_in_a_replica_is_a_clear_exception) {
   auto s = dt::peer_n<2>::make({.timeout = 60s});

@@ -28,6 +28,7 @@
 #include <distribute/collective_options.hpp>
 #include <distribute/comm/detail/check.hpp>
 #include <distribute/comm/detail/copy_bytes.hpp>
+#include <distribute/comm/detail/job_layout.hpp>
 #include <distribute/comm/shared_memory.hpp>
 #include <distribute/detail/hardware.hpp>
 #include <distribute/dtype.hpp>
@@ -79,19 +80,8 @@ class hierarchical_group {
       : cross_{std::move(cross)},
         local_{check_count(local_replicas), cross_.size() > 1 ? local_options(options) : options},
         worker_{cross_.rank()},
+        layout_{detail::job_layout::gather(cross_, local_replicas)},
         published_(static_cast<std::size_t>(local_replicas)) {
-    std::vector<int> counts(static_cast<std::size_t>(cross_.size()));
-    {
-      const collective_label label("strategy construction (replica counts)");
-      cross_.all_gather(std::span<const int>(&local_replicas, 1), std::span<int>(counts));
-    }
-    first_.assign(counts.size() + 1, 0);
-    for (std::size_t w = 0; w < counts.size(); ++w) {
-      if (counts[w] < 1)
-        throw std::invalid_argument("distribute: worker " + std::to_string(w) + " has " + std::to_string(counts[w]) +
-                                    " replicas; every worker needs at least one");
-      first_[w + 1] = first_[w] + counts[w];
-    }
     if constexpr (detail::reduces_several_lists<Cross, float>) {
       if (how == local_reduction::automatic) {
         // All workers are on this machine when the engine shares memory: too few cores either for
@@ -115,15 +105,15 @@ class hierarchical_group {
   inline hierarchical<Cross> endpoint(int local_rank);
 
   int worker_index() const noexcept { return worker_; }
-  int num_workers() const noexcept { return static_cast<int>(first_.size()) - 1; }
+  int num_workers() const noexcept { return layout_.num_workers(); }
   int local_replicas() const noexcept { return local_.size(); }
-  int total_replicas() const noexcept { return first_.back(); }
+  int total_replicas() const noexcept { return layout_.total_replicas(); }
+  // Where the job's replicas are (detail/job_layout.hpp).
+  const detail::job_layout& layout() const noexcept { return layout_; }
   // The first replica of worker `w` and how many it holds.
-  int first_replica(int w) const noexcept { return first_[static_cast<std::size_t>(w)]; }
-  int replicas_of(int w) const noexcept { return first_[static_cast<std::size_t>(w) + 1] - first_[static_cast<std::size_t>(w)]; }
-  int worker_of(int replica) const noexcept {
-    return static_cast<int>(std::upper_bound(first_.begin(), first_.end(), replica) - first_.begin()) - 1;
-  }
+  int first_replica(int w) const noexcept { return layout_.first_replica(w); }
+  int replicas_of(int w) const noexcept { return layout_.replicas_of(w); }
+  int worker_of(int replica) const noexcept { return layout_.worker_of(replica); }
 
   Cross& cross() noexcept { return cross_; }
   shared_memory_group& local_group() noexcept { return local_; }
@@ -147,7 +137,7 @@ class hierarchical_group {
   Cross cross_;
   shared_memory_group local_;
   int worker_;
-  std::vector<int> first_;
+  detail::job_layout layout_;
   std::vector<const void*> published_;  // what local replica 0 publishes for the fan-out
   bool first_replica_reduces_ = false;
 };

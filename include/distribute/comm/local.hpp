@@ -1,6 +1,10 @@
 #pragma once
 // The communicator of a group of one. Every collective is the identity (or a copy from input to
 // output), written inline so that the optimiser removes it: `one_device_strategy` pays nothing.
+//
+// `group_of_one<Copy>` is that communicator for any device: `Copy` moves the elements of
+// all_gather and reduce_scatter from input to output (a host copy here; the GPU's group of one,
+// comm::cuda_solo, copies in its stream order because its buffers may be device memory).
 
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
@@ -8,11 +12,16 @@
 
 #include <algorithm>
 #include <span>
+#include <utility>
 
 namespace distribute::comm {
 
-class local {
+template <class Copy>
+class group_of_one {
  public:
+  constexpr group_of_one() = default;
+  constexpr explicit group_of_one(Copy copy) : copy_{std::move(copy)} {}
+
   constexpr int rank() const noexcept { return 0; }
   constexpr int size() const noexcept { return 1; }
 
@@ -40,9 +49,21 @@ class local {
 
  private:
   template <class T>
-  static void copy_unless_same(std::span<const T> in, std::span<T> out) noexcept {
-    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
+  void copy_unless_same(std::span<const T> in, std::span<T> out) {
+    if (!in.empty() && in.data() != out.data()) copy_(in, out);
+  }
+  [[no_unique_address]] Copy copy_{};
+};
+
+namespace detail {
+struct host_copy {
+  template <class T>
+  void operator()(std::span<const T> in, std::span<T> out) const noexcept {
+    std::copy(in.begin(), in.end(), out.begin());
   }
 };
+}  // namespace detail
+
+class local : public group_of_one<detail::host_copy> {};
 
 }  // namespace distribute::comm

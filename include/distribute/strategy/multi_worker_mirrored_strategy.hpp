@@ -1,20 +1,33 @@
 #pragma once
-// Many processes (workers), each with one or more CPU replicas on threads of its own, started by an
-// MPI launcher (mpirun -np K, srun). A program started without a launcher is one worker and behaves
+// Many processes (workers), each with one or more replicas on threads of its own, started by an MPI
+// launcher (mpirun -np K, srun). A program started without a launcher is one worker and behaves
 // like mirrored_strategy.
+//
+//   multi_worker_mirrored_strategy<> s{argc, argv, {.local_replicas = 2}};    CPU replicas, MPI
+//   multi_worker_mirrored_strategy<cuda, comm::nccl> s{argc, argv};            a GPU per worker, NCCL
+//                                           (strategy/multi_worker_mirrored_strategy_cuda.cuh)
+//
+// One template for every device: the worker group (strategy/detail/worker_group.hpp) is its only
+// device-specific part: how a worker's replicas are made and joined (shared memory in the worker and
+// MPI between workers for CPU replicas; one NCCL communicator across the job's GPUs), and what a
+// replica's thread does around a step. What crosses workers on the host (`reduce`, `gather`,
+// `mirror` and `broadcast` of host state, `verify_mirrored`, the input agreement) goes over MPI for
+// every device.
 //
 // Replicas are numbered across the job (worker w holds replicas first(w) ...), and
 // `num_replicas_in_sync()` counts them all. Per-replica and mirrored values hold this worker's
-// replicas; what crosses workers goes through the collectives: `run`'s collectives are hierarchical
-// (comm/hierarchical.hpp), `reduce` and `gather` combine every worker's replicas and give every
-// worker the same result, `mirror` and `broadcast` copy the chief's (worker 0's) state to every
-// worker, `scatter` and `distribute` give this worker its replicas' shares of a global batch.
+// replicas; what crosses workers goes through the collectives: `run`'s collectives span the job,
+// `reduce` and `gather` combine every worker's replicas and give every worker the same result,
+// `mirror` and `broadcast` copy the chief's (worker 0's) state to every worker, `scatter` and
+// `distribute` give this worker its replicas' shares of a global batch.
 //
 // Failure semantics: one worker cannot leave a step that the others are in. When a step fails on
 // any replica of a job with several workers (an exception, a timeout, a mismatch), `run` rethrows
-// the first failure, the strategy refuses further work, and the job is aborted when this process
-// exits (or after `abort_grace`): the other workers stop within their collective timeout at most.
-// Checkpoints written by the chief are how a job continues (docs/multi_worker.md).
+// the first failure and the strategy refuses further work. CPU workers: the job is aborted when this
+// process exits (or after `abort_grace`), and the other workers stop within their collective timeout
+// at most. GPU workers: the failing worker tells the others over MPI and aborts its NCCL
+// communicators, and a worker waiting in NCCL gives up at once. Checkpoints written by the chief are
+// how a job continues (docs/multi_worker.md).
 
 #include <distribute/collective_options.hpp>
 #include <distribute/comm/hierarchical.hpp>
@@ -30,6 +43,8 @@
 #include <distribute/strategy/detail/state_broadcast.hpp>
 #include <distribute/strategy/detail/strategy_base.hpp>
 #include <distribute/strategy/detail/worker_replica_context.hpp>
+#include <distribute/strategy/detail/worker_group.hpp>
+#include <distribute/strategy/detail/device_policy.hpp>
 #include <distribute/strategy/detail/run_loop.hpp>
 #include <distribute/strategy/detail/step_clock.hpp>
 #include <distribute/step_timings.hpp>
@@ -63,41 +78,34 @@ template <class D>
 class agreed_steps_dataset;
 }  // namespace data::detail
 
-struct multi_worker_options {
-  // CPU replicas of this worker (threads of this process). Workers may differ.
-  int local_replicas = 1;
-  // Timeout, fingerprint checks, shared memory and the grace before a failed job is aborted.
-  comm::mpi_options mpi{};
-  // How a worker's replicas take part in an all-reduce across workers (comm/hierarchical.hpp):
-  // by default, with every worker on one machine, the first replica does it alone in one pass when
-  // the replicas outnumber the hardware threads (the worker's own, or the machine's).
-  comm::local_reduction local_reduction = comm::local_reduction::automatic;
-};
-
 template <device D = cpu, class Engine = comm::mpi>
 class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_worker_mirrored_strategy<D, Engine>> {
-  static_assert(D::kind == device_kind::cpu && std::is_same_v<Engine, comm::mpi>,
-                "distribute: multi_worker_mirrored_strategy runs CPU replicas in processes joined by MPI: "
-                "multi_worker_mirrored_strategy<cpu, mpi>");
+  static_assert(requires { sizeof(detail::worker_group<D, Engine>); },
+                "distribute: multi_worker_mirrored_strategy runs CPU replicas joined by MPI (<cpu, comm::mpi>) or GPUs "
+                "joined by NCCL (<cuda, comm::nccl>, in <distribute/strategy/multi_worker_mirrored_strategy_cuda.cuh>)");
+  using group_type = detail::worker_group<D, Engine>;
+  using policy = detail::device_policy<D>;
 
  public:
   static constexpr std::size_t extent = std::dynamic_extent;
   using device_type = D;
-  using communicator_type = comm::hierarchical<Engine>;
+  using options_type = typename group_type::options_type;
+  using communicator_type = typename group_type::communicator;
   using replica_type = detail::worker_replica_context<D, communicator_type>;
-  using primary_replica_type = replica_context<D, comm::local>;
+  using primary_replica_type = replica_context<D, typename policy::solo_communicator>;
   template <class T>
   using per_replica_type = per_replica<T>;
   template <class T>
   using mirrored_type = mirrored<T>;
 
-  // One replica per worker, MPI initialised without the program's arguments (if not already).
-  multi_worker_mirrored_strategy() : multi_worker_mirrored_strategy(multi_worker_options{}) {}
-  explicit multi_worker_mirrored_strategy(multi_worker_options options)
-      : state_{std::make_unique<state>(Engine(options.mpi), options)} {}
+  // One replica per worker (CPU), one GPU per worker (cuda: the node-local rank's), MPI initialised
+  // without the program's arguments (if not already).
+  multi_worker_mirrored_strategy() : multi_worker_mirrored_strategy(options_type{}) {}
+  explicit multi_worker_mirrored_strategy(options_type options)
+      : state_{std::make_unique<state>(std::move(options), nullptr, nullptr)} {}
   // Initialises MPI with the program's arguments (the launcher may pass some), if not already.
-  multi_worker_mirrored_strategy(int& argc, char**& argv, multi_worker_options options = {})
-      : multi_worker_mirrored_strategy((comm::detail::mpi_runtime::instance(&argc, &argv), options)) {}
+  multi_worker_mirrored_strategy(int& argc, char**& argv, options_type options = {})
+      : state_{std::make_unique<state>(std::move(options), &argc, &argv)} {}
 
   multi_worker_mirrored_strategy(multi_worker_mirrored_strategy&&) noexcept = default;
   multi_worker_mirrored_strategy& operator=(multi_worker_mirrored_strategy&&) noexcept = default;
@@ -120,12 +128,12 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   bool is_chief() const noexcept { return worker_index() == 0; }
   // The replica id of this worker's first replica; its replicas are first .. first + local - 1.
   int first_replica_id() const noexcept { return state_->group.first_replica(worker_index()); }
-  // This worker's devices (cpu:0 ..).
-  std::span<const D> devices() const noexcept { return state_->devices; }
-  // The cross-worker communicator, for the program's own collectives between steps (called by
-  // every worker, never inside `run`).
-  Engine& communicator() const noexcept { return state_->group.cross(); }
-  const multi_worker_options& options() const noexcept { return state_->options; }
+  // This worker's devices (cpu:0 ..; GPUs bound to their replicas' streams).
+  std::span<const D> devices() const noexcept { return state_->group.devices(); }
+  // The workers' MPI communicator, for the program's own collectives between steps (called by every
+  // worker, never inside `run`).
+  comm::mpi& communicator() const noexcept { return state_->group.cross(); }
+  const options_type& options() const noexcept { return state_->group.options(); }
 
   // --- steps -----------------------------------------------------------------------------------
 
@@ -135,14 +143,16 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
     state& st = *state_;
-    const detail::exclusive_step exclusive(st.in_step, "multi_worker_mirrored_strategy");
-    const detail::step_clock::step_scope timed{st.clock};
+    // A worker that failed while this one was not waiting for it.
+    if (st.failure.empty() && num_workers() > 1)
+      if (auto why = st.group.partner_failure()) st.failure = *why;
     check_usable("strategy.run");
+    const detail::exclusive_step exclusive(st.in_step, group_type::strategy_name);
+    const detail::step_clock::step_scope timed{st.clock};
     (check_argument(args), ...);
-    auto& local = st.group.local_group();
-    local.reset();
-    failure_hooks hooks{{}, *this};
-    return detail::run_replicas(st.pool, st.replicas, local, st.steps++, hooks, fn, args...);
+    st.group.prepare_step();
+    auto hooks = st.group.hooks([this](const std::exception_ptr& e) { fail_job(e); });
+    return detail::run_replicas(st.pool, st.replicas, st.group.meeting(), st.steps++, hooks, fn, args...);
   }
 
   // Where this worker's time went since the strategy was made (step_timings.hpp): compute and
@@ -159,7 +169,9 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
     const detail::step_clock::step_scope timed{state_->clock};
-    primary_replica_type r{state_->devices[0], comm::local{}, &state_->primary_engine};
+    const D& device = state_->group.devices()[0];
+    [[maybe_unused]] const auto entered = policy::enter(device);
+    primary_replica_type r{device, policy::solo(device), &state_->primary_engine};
     return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
   }
 
@@ -237,27 +249,38 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   auto mirror(F&& factory) {
     static_assert(std::invocable<F&, D&>, "distribute: mirror(factory) calls factory(device&) once per replica");
     using T = std::decay_t<std::invoke_result_t<F&, D&>>;
-    static_assert(detail::broadcastable_state<T>,
+    static_assert(detail::broadcastable_state<T> || group_type::template broadcasts_in_step<T>,
                   "distribute: multi_worker_mirrored_strategy::mirror sends the chief's copy to the other workers; T must "
                   "be a model (for_each_parameter), stream its state (save/load), be trivially copyable, or be a "
                   "contiguous sequence of trivially copyable elements");
-    auto& devices = state_->devices;
+    auto& devices = state_->group.devices();
     auto copies = this->template make<mirrored<T>>([&](std::size_t r) { return std::invoke(factory, devices[r]); });
-    sync_from(copies, 0, "strategy.mirror");
+    if constexpr (group_type::template broadcasts_in_step<T>) {
+      broadcast(copies, 0);
+    } else {
+      sync_from(copies, 0, "strategy.mirror");
+    }
     return copies;
   }
 
-  // Makes every copy on every worker equal to replica `from`'s (a replica id of the job).
+  // Makes every copy on every worker equal to replica `from`'s (a replica id of the job). Device
+  // state (GPU tensors of one shape everywhere) goes through the replicas' own broadcast in a step;
+  // host state over MPI.
   template <class T, std::size_t E>
   void broadcast(mirrored<T, E>& value, int from = 0) const {
     check_broadcast(value.size(), from);
-    const auto& g = state_->group;
-    const int owner = g.worker_of(from);
-    if (owner == worker_index() && from != first_replica_id()) {
-      static_assert(std::is_copy_assignable_v<T>, "distribute: broadcast of mirrored<T> copy-assigns T between local replicas");
-      value[0] = value[static_cast<std::size_t>(from - first_replica_id())];
+    if constexpr (group_type::template broadcasts_in_step<T>) {
+      // A step of its own: every replica joins. The strategy's state is shared, so this is a const
+      // operation on the strategy as the concept has it.
+      const_cast<multi_worker_mirrored_strategy&>(*this).run([from](auto& r, T& t) { r.broadcast(t.values(), from); }, value);
+    } else {
+      const int owner = state_->group.worker_of(from);
+      if (owner == worker_index() && from != first_replica_id()) {
+        static_assert(std::is_copy_assignable_v<T>, "distribute: broadcast of mirrored<T> copy-assigns T between local replicas");
+        value[0] = value[static_cast<std::size_t>(from - first_replica_id())];
+      }
+      sync_from(value, owner, "strategy.broadcast");
     }
-    sync_from(value, owner, "strategy.broadcast");
   }
 
   // Compares a digest of every copy on every worker with replica 0's and throws
@@ -361,38 +384,25 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   using base::local_elements;
 
   struct state {
-    state(Engine cross, const multi_worker_options& opts)
-        : options{opts},
-          devices(cpu_replicas(opts.local_replicas)),
-          group(std::move(cross), opts.local_replicas, opts.mpi.collectives, opts.local_reduction),
-          engines(devices.size()),
-          clock(devices.size()),
-          pool(opts.local_replicas) {
+    state(options_type options, int* argc, char*** argv)
+        : group(std::move(options), argc, argv),
+          engines(group.devices().size()),
+          clock(group.devices().size()),
+          pool(static_cast<int>(group.devices().size())) {
       set_engine_options({});
+      const auto& devices = group.devices();
       replicas.reserve(devices.size());
       for (std::size_t r = 0; r < devices.size(); ++r)
         replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), static_cast<int>(r), group.worker_index(),
                               &engines[r], clock.meter(r));
     }
-    // Each replica's engine gets its share of the cores: of this worker's when its affinity mask
-    // differs from the machine's (mpirun/srun binding), of the machine's among every replica of the
-    // job when all workers share this machine and nothing binds them; the primary alone, the worker's.
+    // Each replica's engine gets its share of the cores (the worker group says how many).
     void set_engine_options(const engine_options& o) {
-      const int mine = static_cast<int>(std::max(1u, detail::usable_hardware_threads()));
-      const int machine = static_cast<int>(std::thread::hardware_concurrency());
-      int share = std::max(1, mine / static_cast<int>(devices.size()));
-      int primary = mine;
-      if (group.cross().uses_shared_memory() && machine > 0 && mine >= machine) {
-        const int workers = group.num_workers();
-        share = std::max(1, std::min(share, machine / group.total_replicas()));
-        primary = std::max(1, machine / workers);
-      }
+      const auto [share, primary] = group.core_shares();
       for (auto& e : engines) e.reset(o, share);
       primary_engine.reset(o, primary);
     }
-    multi_worker_options options;
-    std::vector<D> devices;
-    comm::hierarchical_group<Engine> group;
+    group_type group;  // this worker's devices and replicas' communicators, and the job around them
     std::vector<detail::engine_slot> engines;  // one per local replica; never resized (replicas point in)
     detail::engine_slot primary_engine;
     detail::step_clock clock;  // one collective meter per local replica (replicas point in)
@@ -414,13 +424,8 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   }
 
   // With other workers in the job, a failure on this one leaves them waiting in a collective that
-  // will not complete: this worker leaves the job, and the job is aborted.
+  // will not complete: this worker leaves the job (the worker group says how the others learn of it).
   void fail_job(const std::exception_ptr& failure) const { leave_job(*state_, failure); }
-  // The step loop's hooks (detail/run_loop.hpp): CPU replicas need none; a failed step fails the job.
-  struct failure_hooks : detail::no_replica_hooks {
-    const multi_worker_mirrored_strategy& strategy;
-    void step_failed(const std::exception_ptr& e) const { strategy.fail_job(e); }
-  };
   static void leave_job(state& st, const std::exception_ptr& failure) {
     const int workers = st.group.num_workers();
     if (workers == 1 || !st.failure.empty()) return;
@@ -428,8 +433,9 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     const std::string_view cause = std::string_view(st.failure).starts_with("distribute: ")
                                        ? std::string_view(st.failure).substr(12)
                                        : std::string_view(st.failure);
-    st.group.cross().leave("distribute: worker " + std::to_string(st.group.worker_index()) + " of " +
-                           std::to_string(workers) + " failed: " + std::string(cause));
+    st.group.leave("distribute: worker " + std::to_string(st.group.worker_index()) + " of " + std::to_string(workers) +
+                       " failed: " + std::string(cause),
+                   st.failure);
   }
 
   // Runs cross-worker work of the calling thread; a failure is a failure of the job.
@@ -504,11 +510,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   // The step the strategy's own collectives come after (-1 before the first).
   std::int64_t last_step() const noexcept { return state_->steps - 1; }
 
-  bool same_replicas_everywhere() const noexcept {
-    for (int w = 1; w < num_workers(); ++w)
-      if (state_->group.replicas_of(w) != state_->group.replicas_of(0)) return false;
-    return true;
-  }
+  bool same_replicas_everywhere() const noexcept { return state_->group.layout().even(); }
 
   template <class Options>
   void fill_worker(Options& options) const {

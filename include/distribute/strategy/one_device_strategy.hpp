@@ -1,11 +1,14 @@
 #pragma once
 // One replica on one device. `run` is a direct call, every collective of the replica is an inline
-// no-op of the `local` communicator, and per-replica values live in place (no allocation): a step
-// written for any strategy costs here what it would cost written by hand.
+// no-op of the device's group of one (comm::local on the CPU), and per-replica values live in place
+// (no allocation): a step written for any strategy costs here what it would cost written by hand.
+// One template for every device; the device policy (strategy/detail/device_policy.hpp) makes a GPU
+// current around the step (one_device_strategy_cuda.cuh).
 
 #include <distribute/comm/local.hpp>
 #include <distribute/concepts/device.hpp>
 #include <distribute/device/cpu.hpp>
+#include <distribute/strategy/detail/device_policy.hpp>
 #include <distribute/engine/detail/engine_slot.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
@@ -24,12 +27,17 @@ namespace distribute {
 
 template <device D = cpu>
 class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
+  static_assert(requires { sizeof(detail::device_policy<D>); },
+                "distribute: one_device_strategy<cuda> needs #include <distribute/strategy/one_device_strategy_cuda.cuh>");
+  using policy = detail::device_policy<D>;
+
  public:
   using device_type = D;
-  using replica_type = replica_context<D, comm::local>;
+  using replica_type = replica_context<D, typename policy::solo_communicator>;
 
-  one_device_strategy() = default;
-  explicit one_device_strategy(D device) : devices_{std::move(device)} {}
+  // cpu:0, cuda:0.
+  one_device_strategy() : one_device_strategy(policy::default_device()) {}
+  explicit one_device_strategy(D device) : devices_{policy::checked(std::move(device), "one_device_strategy")} {}
 
   static constexpr int num_replicas_in_sync() noexcept { return 1; }
   std::span<const D, 1> devices() const noexcept { return devices_; }
@@ -44,7 +52,8 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   template <class F, class... A>
   auto run(F&& fn, A&&... args) {
     const detail::step_clock::step_scope timed{clock_};
-    replica_type r{devices_[0], comm::local{}, &engine_};
+    [[maybe_unused]] const auto entered = policy::enter(devices_[0]);
+    replica_type r{devices_[0], policy::solo(devices_[0]), &engine_};
     return detail::run_one(r, fn, args...);
   }
 
@@ -56,7 +65,8 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
     const detail::step_clock::step_scope timed{clock_};
-    replica_type r{devices_[0], comm::local{}, &engine_};
+    [[maybe_unused]] const auto entered = policy::enter(devices_[0]);
+    replica_type r{devices_[0], policy::solo(devices_[0]), &engine_};
     return std::invoke(fn, r, detail::unwrap_for(args, 0)...);
   }
 
@@ -64,7 +74,7 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   friend class strategy_base<one_device_strategy<D>, 1>;
   std::array<D, 1>& devices_for_factory() noexcept { return devices_; }
 
-  std::array<D, 1> devices_{};
+  std::array<D, 1> devices_;
   detail::engine_slot engine_{};
   detail::step_clock clock_{};
 };

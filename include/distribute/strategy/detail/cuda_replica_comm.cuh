@@ -1,10 +1,9 @@
 #pragma once
 // The communicators the GPU strategies hand their replicas.
 //
-// `cuda_solo`: a group of one on a GPU (one_device_strategy<cuda>, run_on_primary). Reductions are
-// no-ops that compile away, as with comm::local; the copies of all_gather and reduce_scatter go
-// through cudaMemcpy, because the buffers may be device memory, which comm::local would dereference
-// on the host.
+// `cuda_solo`: a group of one on a GPU (one_device_strategy<cuda>, run_on_primary): comm::local's
+// group_of_one, whose reductions are no-ops that compile away, with the copies of all_gather and
+// reduce_scatter through cudaMemcpy in the stream's order, because the buffers may be device memory.
 //
 // `cuda_replica`: one replica of mirrored_strategy<cuda>, on whichever engine the strategy chose when
 // it was built (NCCL for one replica per GPU, cuda_peer for logical replicas sharing a GPU). One type
@@ -12,6 +11,7 @@
 
 #include <distribute/comm/cuda_peer.cuh>
 #include <distribute/comm/detail/check.hpp>
+#include <distribute/comm/local.hpp>
 #include <distribute/config.hpp>
 #include <distribute/device/cuda.cuh>
 #include <distribute/dtype.hpp>
@@ -27,44 +27,24 @@
 
 namespace distribute::comm {
 
-class cuda_solo {
+namespace detail {
+// Copies between any pair of host and device memory (the runtime tells them apart by address), in
+// the order of the replica's stream, and waits for them.
+struct stream_copy {
+  cudaStream_t stream = nullptr;
+  template <class T>
+  void operator()(std::span<const T> in, std::span<T> out) const {
+    distribute::detail::cuda_check(cudaMemcpyAsync(out.data(), in.data(), in.size_bytes(), cudaMemcpyDefault, stream),
+                                   "cudaMemcpyAsync");
+    distribute::detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+};
+}  // namespace detail
+
+class cuda_solo : public group_of_one<detail::stream_copy> {
  public:
   cuda_solo() = default;
-  explicit cuda_solo(cudaStream_t stream) : stream_{stream} {}
-
-  constexpr int rank() const noexcept { return 0; }
-  constexpr int size() const noexcept { return 1; }
-
-  template <element T>
-  void all_reduce(reduce_op, std::span<T>) noexcept {}
-  template <element T>
-  void all_reduce(reduce_op, std::span<const std::span<T>>) noexcept {}
-  template <element T>
-  void reduce_scatter(reduce_op, std::span<const T> in, std::span<T> out) {
-    detail::check_block_sizes("reduce_scatter", in.size(), out.size(), 1);
-    copy(in, out);
-  }
-  template <element T>
-  void all_gather(std::span<const T> in, std::span<T> out) {
-    detail::check_block_sizes("all_gather", out.size(), in.size(), 1);
-    copy(in, out);
-  }
-  template <element T>
-  void broadcast(std::span<T>, int root) {
-    detail::check_root(root, 1);
-  }
-  void barrier() noexcept {}
-
- private:
-  template <class T>
-  void copy(std::span<const T> in, std::span<T> out) {
-    if (in.empty() || in.data() == out.data()) return;
-    // Any pair of host and device memory: the runtime tells them apart by address.
-    distribute::detail::cuda_check(cudaMemcpyAsync(out.data(), in.data(), in.size_bytes(), cudaMemcpyDefault, stream_),
-                                   "cudaMemcpyAsync");
-    distribute::detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  }
-  cudaStream_t stream_ = nullptr;
+  explicit cuda_solo(cudaStream_t stream) : group_of_one{detail::stream_copy{stream}} {}
 };
 
 class cuda_replica {
