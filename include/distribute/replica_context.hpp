@@ -74,8 +74,9 @@ class replica_context {
   // of the cores and its own scratch and cached primitives. Made on first use.
   template <class E = distribute::engine<D>>
   E& engine() const {
-    if (engine_) return engine_->template get<D>();
-    return E::thread_default();
+    if (engine_) return engine_->template get<D>(device_);
+    if constexpr (requires { E::thread_default(device_); }) return E::thread_default(device_);
+    else return E::thread_default();
   }
 
   // This replica's element of a per-replica or mirrored value.

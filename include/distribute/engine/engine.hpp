@@ -42,6 +42,11 @@ struct engine_options {
   // Use the portable reference (im2col + Eigen GEMM) even where a faster library is built in: the
   // cross-check of tests, and a way to rule the library out when results look wrong.
   bool reference = false;
+  // GPU engines: whether float convolutions and matrix products may use TF32 tensor cores (a 10-bit
+  // mantissa in the products, float accumulation: about 1e-3 relative, several times faster). Off,
+  // they compute in float32 throughout and match the CPU engine to float rounding. The CPU engine
+  // ignores it.
+  bool tf32 = false;
 };
 
 template <device D>

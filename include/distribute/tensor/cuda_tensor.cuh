@@ -16,6 +16,8 @@
 #include <distribute/tensor/tensor.hpp>
 
 #include <cuda_runtime.h>
+#include <thrust/fill.h>
+#include <thrust/system/cuda/execution_policy.h>
 
 #include <array>
 #include <atomic>
@@ -262,6 +264,25 @@ class tensor<T, cuda> {
     detail::device_guard g(device_.index());
     detail::cuda_check(cudaMemsetAsync(data(), 0, bytes(), device_.stream()), "cudaMemsetAsync", device_.index());
   }
+  // Every element `v`, in the order of the tensor's stream.
+  void fill(T v) {
+    if (empty()) return;
+    if (v == T(0)) return fill_zero();
+    detail::device_guard g(device_.index());
+    thrust::fill_n(thrust::cuda::par_nosync.on(device_.stream()), data(), size(), v);
+    detail::cuda_check(cudaPeekAtLastError(), "thrust::fill_n", device_.index());
+  }
+  // The same values under another shape of as many elements.
+  tensor reshaped(distribute::shape s) const& {
+    tensor out{*this};
+    out.reshape(s);
+    return out;
+  }
+  tensor reshaped(distribute::shape s) && {
+    reshape(s);
+    return std::move(*this);
+  }
+
   // Keeps the storage when the element count is unchanged; otherwise reallocates (contents undefined).
   void resize(distribute::shape s) {
     if (s.numel() != shape_.numel()) storage_ = allocate(device_, s);

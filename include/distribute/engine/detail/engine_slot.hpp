@@ -9,6 +9,7 @@
 #include <distribute/engine/engine.hpp>
 
 #include <memory>
+#include <type_traits>
 
 namespace distribute::detail {
 
@@ -17,9 +18,15 @@ struct engine_slot {
   int share = 0;  // threads when options.threads is 0; 0: every core
   std::shared_ptr<void> instance;
 
+  // The engine of a replica on `device` (a GPU engine works on the device's stream).
   template <device D>
-  engine<D>& get() {
-    if (!instance) instance = std::make_shared<engine<D>>(options, share);
+  engine<D>& get(const D& device) {
+    if (!instance) {
+      if constexpr (std::is_constructible_v<engine<D>, engine_options, int, D>)
+        instance = std::make_shared<engine<D>>(options, share, device);
+      else
+        instance = std::make_shared<engine<D>>(options, share);
+    }
     return *static_cast<engine<D>*>(instance.get());
   }
   void reset(engine_options o, int s) {

@@ -1,0 +1,278 @@
+#pragma once
+// The GPU engine: what the layers call for their arithmetic when their replica is on a `cuda`
+// device (engine/engine.hpp says what an engine offers). The layers are the CPU's, unchanged:
+//
+//   convolutions     cuDNN's graph API (engine/detail/cudnn_conv.cuh), plans cached per shape
+//   matrix products  cuBLAS (linear layers)
+//   element-wise     the layers' functors (nn/detail/kernels.hpp) through Thrust, on the replica's
+//   and plane sums   stream (engine/detail/thrust_for_each.hpp): the same arithmetic as the CPU's
+//
+// Every call is queued on the replica's stream (the one its `cuda` device is bound to) and returns
+// without waiting, except `to_host`, which waits for the values it copies. The engine is made by the
+// replica's strategy on first use and used by that replica's thread only.
+//
+// TF32: float convolutions and matrix products use TF32 tensor cores only when
+// `engine_options::tf32` says so (off by default: float results then match the CPU engine's to float
+// rounding; on, to about 1e-3 relative, several times faster on Hopper).
+//
+// Determinism: a fixed configuration gives the same bits run to run (cuDNN plans are chosen once per
+// shape and kept; Thrust's reductions and cuBLAS's products are deterministic for fixed sizes). The
+// plane sums are not in index order, so they match the CPU engine's to rounding, not in every bit.
+
+#include <distribute/config.hpp>
+#include <distribute/device/cuda.cuh>
+#include <distribute/engine/conv_geometry.hpp>
+#include <distribute/engine/detail/thrust_for_each.hpp>
+#include <distribute/engine/engine.hpp>
+#include <distribute/engine/gemm_geometry.hpp>
+#if defined(DISTRIBUTE_HAS_CUDNN) && DISTRIBUTE_HAS_CUDNN
+#  include <distribute/engine/detail/cudnn_conv.cuh>
+#  define DISTRIBUTE_CUDA_ENGINE_HAS_CUDNN 1
+#else
+#  define DISTRIBUTE_CUDA_ENGINE_HAS_CUDNN 0
+#endif
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <thrust/execution_policy.h>
+#include <thrust/system/cuda/execution_policy.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+namespace distribute {
+
+namespace detail {
+
+inline void cublas_check(cublasStatus_t rc, const char* call, int ordinal) {
+  if (rc == CUBLAS_STATUS_SUCCESS) return;
+  throw cuda_error(cudaErrorUnknown, std::string("distribute: ") + call + " on cuda:" + std::to_string(ordinal) +
+                                         " failed: " + cublasGetStatusName(rc) + " (" + cublasGetStatusString(rc) + ")");
+}
+
+// A cuBLAS handle bound to one stream, destroyed with its engine.
+class cublas_handle {
+ public:
+  cublas_handle(int ordinal, cudaStream_t stream, bool tf32) : ordinal_{ordinal} {
+    const device_guard current(ordinal);
+    cublas_check(cublasCreate(&h_), "cublasCreate", ordinal);
+    cublas_check(cublasSetStream(h_, stream), "cublasSetStream", ordinal);
+    cublas_check(cublasSetMathMode(h_, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH), "cublasSetMathMode",
+                 ordinal);
+  }
+  cublas_handle(const cublas_handle&) = delete;
+  cublas_handle& operator=(const cublas_handle&) = delete;
+  ~cublas_handle() {
+    if (h_ != nullptr) {
+      const device_guard current(ordinal_);
+      (void)cublasDestroy(h_);
+    }
+  }
+  cublasHandle_t get() const noexcept { return h_; }
+
+ private:
+  int ordinal_;
+  cublasHandle_t h_ = nullptr;
+};
+
+// p[i] = v (a kernel's functor: a namespace-scope type, which the generated launch code can name).
+template <class T>
+struct fill_with {
+  T* p;
+  T v;
+  DISTRIBUTE_HOST_DEVICE void operator()(std::int64_t i) const { p[i] = v; }
+};
+
+}  // namespace detail
+
+template <>
+class engine<cuda> {
+ public:
+  using device_type = cuda;
+  // Whether convolutions can run in this build (cuDNN and its frontend headers found).
+  static constexpr bool has_cudnn = DISTRIBUTE_CUDA_ENGINE_HAS_CUDNN;
+
+  // `device`: the replica's GPU and stream. `share` (host threads) means nothing to a GPU engine; it
+  // is taken so that every engine is made alike.
+  explicit engine(engine_options options = {}, int /*share*/ = 0, cuda device = cuda{0})
+      : options_{options}, device_{device} {}
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  // Host threads the engine uses: one, the replica's.
+  int threads() const noexcept { return 1; }
+  const engine_options& options() const noexcept { return options_; }
+  const cuda& device() const noexcept { return device_; }
+  cudaStream_t stream() const noexcept { return device_.stream(); }
+  std::string name() const {
+    return std::string(has_cudnn ? "cuDNN" : "no cuDNN (convolutions unavailable)") + " + cuBLAS + Thrust on " +
+           device_.name() + (options_.tf32 ? ", TF32" : ", float32");
+  }
+
+  // --- convolutions (conv_geometry.hpp); x, y: NCHW; w: [out, in, k, k]; device memory ------------
+
+  // y = conv(x, w) + bias; `bias` may be null.
+  template <class T>
+  void conv_forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y) {
+    convolutions<T>("conv_forward", g).forward(g, x, w, bias, y);
+  }
+  // dx = the data gradient of the convolution for dy (overwritten).
+  template <class T>
+  void conv_backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx) {
+    convolutions<T>("conv_backward_data", g).backward_data(g, dy, w, dx);
+  }
+  // dw += the weight gradient for (x, dy); db += the sum of dy per output channel (db may be null).
+  template <class T>
+  void conv_backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db) {
+    convolutions<T>("conv_backward_weights", g).backward_weights(g, x, dy, dw, db);
+  }
+
+  // --- dense matrix products (gemm_geometry.hpp); row-major; device memory -----------------------
+
+  // c = op(a) op(b), or c += op(a) op(b) when g.accumulate. cuBLAS is column-major: a row-major c is
+  // a column-major c^T, so it computes c^T = op(b)^T op(a)^T with the operands' roles swapped.
+  template <class T>
+  void gemm(const gemm_geometry& g, const T* a, const T* b, T* c) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "distribute: the GPU engine's gemm is float or double");
+    g.check();
+    if (g.m == 0 || g.n == 0) return;
+    const T alpha = 1, beta = g.accumulate ? T(1) : T(0);
+    if (g.k == 0) {
+      if (!g.accumulate) fill(c, g.c_size(), T(0));
+      return;
+    }
+    const int m = checked_int(g.m, g), n = checked_int(g.n, g), k = checked_int(g.k, g);
+    const cublasOperation_t op_b = g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_a = g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int ldb = g.transpose_b ? k : n;
+    const int lda = g.transpose_a ? m : k;
+    if constexpr (std::is_same_v<T, float>) {
+      detail::cublas_check(cublasSgemm(blas(), op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, n), "cublasSgemm",
+                           device_.index());
+    } else {
+      detail::cublas_check(cublasDgemm(blas(), op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, n), "cublasDgemm",
+                           device_.index());
+    }
+  }
+
+  // --- element-wise work and sums ----------------------------------------------------------------
+
+  // f(i) for every i in [0, n), on the replica's stream.
+  template <class F>
+  void for_each(std::int64_t n, F f) {
+    detail::for_each_index(policy(), n, f);
+    check_launch("for_each");
+  }
+  // f(s, i) for every segment s in [0, segments) and i in [0, length).
+  template <class F>
+  void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) {
+    detail::for_each_plane_index(policy(), segments, length, f);
+    check_launch("for_each_in_segments");
+  }
+  // out[s] = the sum over i of f(s, i), in double; `out` in device memory.
+  template <class F>
+  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
+    detail::plane_sums(policy(), segments, length, f, out);
+    check_launch("segmented_sum");
+  }
+  // Small results (statistics, loss values) copied from device memory to the host, waiting for them.
+  template <class T>
+  void to_host(const T* src, std::size_t n, T* dst) const {
+    if (n == 0) return;
+    const detail::device_guard current(device_.index());
+    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (to host)",
+                       device_.index());
+    detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", device_.index());
+  }
+
+  // The engine of the calling thread for `device` (code outside any strategy): one per thread and
+  // device ordinal, on the device's default stream.
+  static engine& thread_default(const cuda& device = cuda{0}) {
+    thread_local std::map<int, std::unique_ptr<engine>> engines;
+    auto& e = engines[device.index()];
+    if (!e) e = std::make_unique<engine>(engine_options{}, 0, cuda{device.index()});
+    return *e;
+  }
+
+  // Cached convolution plans, for tests and logs.
+  std::size_t cached_plans() const noexcept {
+#if DISTRIBUTE_CUDA_ENGINE_HAS_CUDNN
+    return cudnn_ ? cudnn_->cached_plans() : 0;
+#else
+    return 0;
+#endif
+  }
+
+ private:
+  // Where Thrust runs: the replica's stream, without a synchronisation after each algorithm.
+  using policy_type = decltype(thrust::cuda::par_nosync.on(cudaStream_t{}));
+  policy_type policy() const { return thrust::cuda::par_nosync.on(stream()); }
+
+  void check_launch(const char* what) const {
+    const cudaError_t rc = cudaPeekAtLastError();
+    if (rc != cudaSuccess && rc != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      detail::cuda_check(rc, what, device_.index());
+    }
+  }
+
+  template <class T>
+  void fill(T* p, std::int64_t n, T v) {
+    detail::for_each_index(policy(), n, detail::fill_with<T>{p, v});
+    check_launch("fill");
+  }
+
+  static int checked_int(std::int64_t v, const gemm_geometry& g) {
+    if (v > INT32_MAX) throw std::length_error("distribute: a matrix product beyond cuBLAS's 32-bit sizes " + g.to_string());
+    return static_cast<int>(v);
+  }
+
+  cublasHandle_t blas() {
+    if (!blas_) blas_ = std::make_unique<detail::cublas_handle>(device_.index(), stream(), options_.tf32);
+    return blas_->get();
+  }
+
+#if DISTRIBUTE_CUDA_ENGINE_HAS_CUDNN
+  template <class T>
+  detail::cudnn_convolutions& convolutions(const char* pass, const conv_geometry& g) {
+    static_assert(std::is_same_v<T, float>, "distribute: the GPU engine's convolutions are float32");
+    (void)pass;
+    g.check();
+    if (!cudnn_) cudnn_ = std::make_unique<detail::cudnn_convolutions>(device_.index(), stream(), options_.tf32);
+    return *cudnn_;
+  }
+  std::unique_ptr<detail::cudnn_convolutions> cudnn_;
+#else
+  // Without cuDNN a convolution cannot run on the GPU: a clear error rather than a slow fallback.
+  struct no_convolutions {
+    template <class... A>
+    void forward(A&&...) {}
+    template <class... A>
+    void backward_data(A&&...) {}
+    template <class... A>
+    void backward_weights(A&&...) {}
+  };
+  template <class T>
+  no_convolutions convolutions(const char* pass, const conv_geometry& g) {
+    throw std::runtime_error(std::string("distribute: ") + pass + " " + g.to_string() + " on " + device_.name() +
+                             ": this build has no cuDNN (the GPU engine's convolutions need cuDNN and the cudnn-frontend "
+                             "headers; scripts/setup.sh fetches them where CUDA is installed)");
+  }
+#endif
+
+  engine_options options_;
+  cuda device_;
+  std::unique_ptr<detail::cublas_handle> blas_;
+};
+
+static_assert(compute_engine<engine<cuda>>);
+
+}  // namespace distribute
