@@ -1,0 +1,464 @@
+#pragma once
+// Convolutions on a GPU with cuDNN, through NVIDIA's cudnn-frontend graph API: the three passes the
+// GPU engine (engine/cuda.cuh) computes for convolution and transposed-convolution layers. One
+// object per replica engine, holding a cuDNN handle bound to the replica's stream, the plans it has
+// built and one workspace. Every call is queued on that stream and returns without waiting.
+//
+// This is the only header that includes the frontend, which costs every translation unit that
+// includes it over a minute of compile time (on a 2-core machine; half of what it would be with the
+// frontend's JSON support, which the CMake target leaves out). The class exists where the build has
+// cuDNN, nvrtc and the frontend's headers: DISTRIBUTE_HAS_CUDNN (config.hpp), which CMake's
+// distribute::cuda defines where it found all three (scripts/setup.sh fetches the headers where CUDA
+// is installed). Elsewhere this header declares nothing.
+//
+// The graphs (float32 in and out, float32 compute, logical NCHW tensors with explicit contiguous
+// strides; weights [out, in, k, k]):
+//   forward           conv_fprop(x, w) -> y; with a bias, a pointwise ADD of the bias tensor
+//                     [1, C, 1, 1] fused into the same graph. cuDNN runs such a graph with its
+//                     runtime-fusion engines, which do not cover every float32 case (with TF32 not
+//                     allowed, none may be left): where no engine takes the fused graph, the plan is
+//                     the convolution alone and a kernel adds the bias after it. Decided once, when
+//                     the plan is built; the values are the same either way.
+//   backward data     conv_dgrad(dy, w) -> dx, overwriting dx.
+//   backward weights  conv_wgrad(dy, x) into scratch memory, then a kernel adds it to dw (dw +=).
+//                     cuDNN's weight gradient overwrites its output (the frontend fixes the
+//                     operation's beta at 0); fusing an ADD of the old dw into the graph would need a
+//                     runtime-fusion engine for a float32 weight gradient with an epilogue, which
+//                     cuDNN does not promise, and would read and write dw in one graph, which the
+//                     graph API does not promise to allow either. The bias gradient (db += the sum of
+//                     dy per output channel) is a kernel too: one block per channel in a fixed order,
+//                     so the bits are the same from run to run, with the += in the same pass; a cuDNN
+//                     reduction graph would need a second graph or kernel for the add.
+//
+// Plans are cached in the object, one per (geometry, pass, bias or not, pointer alignment, TF32):
+// a graph is built once (validate, build_operation_graph, create_execution_plans with heuristics
+// mode A and then the fallback list, the engine filters below, check_support, build_plans: the first
+// engine in heuristics order whose plan builds) and afterwards only executed, with a variant pack of
+// the call's device pointers. Pointers that are not all 16-byte aligned (a tensor inside a larger
+// buffer) get a plan of their own, built for 4-byte alignment.
+//
+// Engine filters. TF32 is chosen by the engine's options, never by default: with `tf32` false,
+// engines with the TENSOR_CORE or DOWN_CONVERT_INPUTS numerical notes are removed (on Ampere and
+// later those compute float32 convolutions in TF32, a 10-bit mantissa), so the results match the
+// CPU engine to float rounding; with `tf32` true they are allowed, which is several times faster
+// and about 1e-3 relative. Engines with the NONDETERMINISTIC note are always removed: a fixed
+// configuration gives the same bits from run to run.
+//
+// Workspace: one device buffer per object, grown when a plan needs more, allocated and freed in the
+// order of the replica's stream (cudaMallocAsync / cudaFreeAsync), so growing it waits for nothing.
+//
+// Errors: every cuDNN, frontend or CUDA failure is an exception naming the pass, the geometry and
+// the device, with cuDNN's message: "distribute: cuDNN conv forward [2x3x16x16 -> 8x16x16, kernel 3,
+// stride 1, padding 1] on cuda:0 failed: ...". A geometry that is invalid, or whose output extents
+// are not floor((H + 2p - k) / s) + 1 (the only ones cuDNN computes), is an std::invalid_argument.
+
+#include <distribute/config.hpp>
+
+#if !DISTRIBUTE_HAS_CUDA
+#  error "<distribute/engine/detail/cudnn_conv.cuh> needs nvcc and the CUDA toolkit (link distribute::cuda)"
+#endif
+
+#if DISTRIBUTE_HAS_CUDNN
+
+#include <distribute/device/cuda.cuh>
+#include <distribute/engine/conv_geometry.hpp>
+#include <distribute/tensor/cuda_tensor.cuh>
+
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace distribute::detail {
+
+namespace cudnn_conv_kernels {
+
+constexpr int threads = 256;
+
+inline unsigned int blocks_for(std::int64_t n) {
+  return static_cast<unsigned int>(std::clamp<std::int64_t>((n + threads - 1) / threads, 1, 4096));
+}
+
+// y[i] += bias[channel of i], over NCHW y of `channels` planes of `plane` elements.
+template <class T>
+__global__ void add_channel_bias(T* y, const T* bias, std::int64_t n, std::int64_t plane, std::int64_t channels) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] += bias[(i / plane) % channels];
+}
+
+// to[i] += from[i].
+template <class T>
+__global__ void accumulate(T* to, const T* from, std::int64_t n) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    to[i] += from[i];
+}
+
+// db[c] += the sum of dy's channel c over the batch and the plane: block c, each thread summing a
+// fixed stride of the elements, then a tree over the threads. The order never changes, so neither
+// do the bits.
+template <class T>
+__global__ void __launch_bounds__(threads)
+    add_channel_sums(T* db, const T* dy, std::int64_t batch, std::int64_t channels, std::int64_t plane) {
+  __shared__ T partial[threads];
+  const std::int64_t c = blockIdx.x;
+  T s = T(0);
+  for (std::int64_t n = 0; n < batch; ++n) {
+    const T* row = dy + (n * channels + c) * plane;
+    for (std::int64_t i = threadIdx.x; i < plane; i += threads) s += row[i];
+  }
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = threads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[c] += partial[0];
+}
+
+}  // namespace cudnn_conv_kernels
+
+class cudnn_convolutions {
+ public:
+  // One per replica engine: `ordinal` the GPU, `stream` the replica's stream; tf32: whether float
+  // convolutions may use TF32 tensor cores (chosen explicitly by the engine's options).
+  cudnn_convolutions(int ordinal, cudaStream_t stream, bool tf32) : ordinal_{ordinal}, stream_{stream}, tf32_{tf32} {
+    device_guard guard(ordinal_);
+    if (const cudnnStatus_t rc = cudnnCreate(&handle_); rc != CUDNN_STATUS_SUCCESS) {
+      handle_ = nullptr;
+      throw std::runtime_error("distribute: cudnnCreate on cuda:" + std::to_string(ordinal_) +
+                               " failed: " + cudnnGetErrorString(rc));
+    }
+    if (const cudnnStatus_t rc = cudnnSetStream(handle_, stream_); rc != CUDNN_STATUS_SUCCESS) {
+      (void)cudnnDestroy(handle_);
+      handle_ = nullptr;
+      throw std::runtime_error("distribute: cudnnSetStream on cuda:" + std::to_string(ordinal_) +
+                               " failed: " + cudnnGetErrorString(rc));
+    }
+  }
+  cudnn_convolutions(const cudnn_convolutions&) = delete;
+  cudnn_convolutions& operator=(const cudnn_convolutions&) = delete;
+  ~cudnn_convolutions() {
+    device_guard guard(ordinal_, std::nothrow);
+    plans_.clear();
+    workspace_ = device_allocation{};  // freed in the stream's order, after the work that used it
+    if (handle_ != nullptr) (void)cudnnDestroy(handle_);
+  }
+
+  // y = conv(x, w) + bias; `bias` may be null.
+  void forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y) {
+    check_geometry(pass::forward, g);
+    if (g.batch == 0) return;
+    device_guard guard(ordinal_);
+    const plan& p = plan_for(pass::forward, g, bias != nullptr, aligned({x, w, bias, y}));
+    std::unordered_map<std::int64_t, void*> pack{
+        {uid_x, const_cast<float*>(x)}, {uid_w, const_cast<float*>(w)}, {uid_y, y}};
+    if (bias != nullptr && p.fused_bias) pack.emplace(uid_bias, const_cast<float*>(bias));
+    execute(pass::forward, g, p, pack, 0);
+    if (bias != nullptr && !p.fused_bias) {
+      const std::int64_t n = g.output_size();
+      cudnn_conv_kernels::add_channel_bias<float>
+          <<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(
+              y, bias, n, g.out_height * g.out_width, g.out_channels);
+      check_launch(pass::forward, g, "the bias kernel");
+    }
+  }
+
+  // dx = the data gradient of the convolution for dy (overwritten).
+  void backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx) {
+    check_geometry(pass::backward_data, g);
+    if (g.batch == 0) return;
+    device_guard guard(ordinal_);
+    const plan& p = plan_for(pass::backward_data, g, false, aligned({dy, w, dx}));
+    std::unordered_map<std::int64_t, void*> pack{
+        {uid_y, const_cast<float*>(dy)}, {uid_w, const_cast<float*>(w)}, {uid_x, dx}};
+    execute(pass::backward_data, g, p, pack, 0);
+  }
+
+  // dw += the weight gradient for (x, dy); db += the sum of dy per output channel (db may be null).
+  void backward_weights(const conv_geometry& g, const float* x, const float* dy, float* dw, float* db) {
+    check_geometry(pass::backward_weights, g);
+    if (g.batch == 0) return;
+    device_guard guard(ordinal_);
+    // The gradient is written to scratch behind cuDNN's workspace, then added to dw.
+    const plan& p = plan_for(pass::backward_weights, g, false, aligned({x, dy}));
+    const std::int64_t n = g.weight_size();
+    float* scratch = nullptr;
+    std::unordered_map<std::int64_t, void*> pack{{uid_x, const_cast<float*>(x)}, {uid_y, const_cast<float*>(dy)}};
+    execute(pass::backward_weights, g, p, pack, static_cast<std::size_t>(n) * sizeof(float), &scratch);
+    cudnn_conv_kernels::accumulate<float>
+        <<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(dw, scratch, n);
+    check_launch(pass::backward_weights, g, "the kernel adding the weight gradient");
+    if (db != nullptr) {
+      cudnn_conv_kernels::add_channel_sums<float>
+          <<<static_cast<unsigned int>(g.out_channels), cudnn_conv_kernels::threads, 0, stream_>>>(
+              db, dy, g.batch, g.out_channels, g.out_height * g.out_width);
+      check_launch(pass::backward_weights, g, "the bias gradient kernel");
+    }
+  }
+
+  // Plans built so far (one per geometry, pass and variant): for tests.
+  std::size_t cached_plans() const noexcept { return plans_.size(); }
+  // Bytes of the workspace (cuDNN's, and the weight-gradient scratch) held now.
+  std::size_t workspace_bytes() const noexcept { return workspace_.bytes(); }
+
+ private:
+  enum class pass { forward, backward_data, backward_weights };
+  static const char* name(pass p) noexcept {
+    switch (p) {
+      case pass::forward: return "forward";
+      case pass::backward_data: return "backward data";
+      default: return "backward weights";
+    }
+  }
+
+  // Tensor ids in the variant pack: x (or dx), w (or dw), y (or dy), the bias.
+  static constexpr std::int64_t uid_x = 1, uid_w = 2, uid_y = 3, uid_bias = 4;
+  static constexpr std::size_t scratch_alignment = 256;
+
+  struct plan {
+    std::unique_ptr<cudnn_frontend::graph::Graph> graph;
+    std::int64_t workspace = 0;  // bytes cuDNN needs
+    bool fused_bias = false;     // the graph adds the bias (forward with a bias)
+    std::string unfused_because;  // why not, where it was asked for
+  };
+  using plan_key = std::array<std::int64_t, 14>;
+
+  // --- errors -------------------------------------------------------------------------------------
+
+  std::string prefix(pass p, const conv_geometry& g) const {
+    return std::string("distribute: cuDNN conv ") + name(p) + " " + g.to_string() +
+           " on cuda:" + std::to_string(ordinal_) + " failed: ";
+  }
+  [[noreturn]] void fail(pass p, const conv_geometry& g, const std::string& what) const {
+    throw std::runtime_error(prefix(p, g) + what);
+  }
+  void check_geometry(pass p, const conv_geometry& g) const {
+    try {
+      g.check();
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument(prefix(p, g) + "the geometry is invalid");
+    }
+    const std::int64_t h = (g.in_height + 2 * g.pad - g.kernel) / g.stride + 1;
+    const std::int64_t w = (g.in_width + 2 * g.pad - g.kernel) / g.stride + 1;
+    if (g.out_height != h || g.out_width != w)
+      throw std::invalid_argument(prefix(p, g) + "its output is " + std::to_string(g.out_height) + "x" +
+                                  std::to_string(g.out_width) + ", but this input, kernel, stride and padding give " +
+                                  std::to_string(h) + "x" + std::to_string(w) + " (floor((H + 2p - k) / s) + 1)");
+  }
+  // A frontend step: its error, or an exception it throws, becomes ours.
+  template <class F>
+  void step(pass p, const conv_geometry& g, const char* what, F&& f) const {
+    bool failed = false;
+    std::string message;
+    try {
+      cudnn_frontend::error_t status = f();
+      failed = status.is_bad();
+      if (failed) message = status.get_message();
+    } catch (const std::exception& e) {
+      failed = true;
+      message = e.what();
+    }
+    if (failed) fail(p, g, std::string(what) + ": " + message);
+  }
+  void check_launch(pass p, const conv_geometry& g, const char* kernel) const {
+    const cudaError_t rc = cudaPeekAtLastError();
+    if (rc == cudaSuccess || rc == cudaErrorNotReady) return;
+    (void)cudaGetLastError();
+    throw cuda_error(
+        rc, prefix(p, g) + "launching " + kernel + ": " + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")");
+  }
+
+  // --- plans --------------------------------------------------------------------------------------
+
+  static bool aligned(std::initializer_list<const float*> pointers) noexcept {
+    for (const float* q : pointers)
+      if (reinterpret_cast<std::uintptr_t>(q) % 16 != 0) return false;
+    return true;
+  }
+
+  const plan& plan_for(pass p, const conv_geometry& g, bool bias, bool aligned16) {
+    const plan_key key{g.batch,      g.in_channels, g.in_height, g.in_width,          g.out_channels,
+                       g.kernel,     g.stride,      g.pad,       g.out_height,         g.out_width,
+                       int(p),       int(bias),     int(aligned16), int(tf32_)};
+    if (const auto it = plans_.find(key); it != plans_.end()) return *it->second;
+    std::unique_ptr<plan> made;
+    if (p == pass::forward && bias) {
+      // The fused graph where cuDNN has an engine for it; the convolution alone and the bias kernel
+      // otherwise (see the top of this file).
+      try {
+        made = build(p, g, true, aligned16);
+      } catch (const std::runtime_error& e) {
+        made = build(p, g, false, aligned16);
+        made->unfused_because = e.what();
+      }
+    } else {
+      made = build(p, g, false, aligned16);
+    }
+    return *plans_.emplace(key, std::move(made)).first->second;
+  }
+
+  std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16) const {
+    namespace fe = cudnn_frontend;
+    using tensor = fe::graph::Tensor_attributes;
+    auto result = std::make_unique<plan>();
+    result->graph = std::make_unique<fe::graph::Graph>();
+    fe::graph::Graph& graph = *result->graph;
+    graph.set_io_data_type(fe::DataType_t::FLOAT)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    const std::int64_t alignment = aligned16 ? 16 : static_cast<std::int64_t>(sizeof(float));
+    // A logical NCHW tensor, contiguous.
+    const auto describe = [&](tensor& t, const char* label, std::int64_t uid, std::int64_t n, std::int64_t c,
+                              std::int64_t h, std::int64_t w) -> tensor& {
+      return t.set_name(label)
+          .set_uid(uid)
+          .set_dim({n, c, h, w})
+          .set_stride({c * h * w, h * w, w, 1})
+          .set_data_type(fe::DataType_t::FLOAT)
+          .set_alignment(alignment);
+    };
+    const auto input = [&](const char* label, std::int64_t uid, std::int64_t n, std::int64_t c, std::int64_t h,
+                           std::int64_t w) {
+      tensor t;
+      return graph.tensor(describe(t, label, uid, n, c, h, w));
+    };
+    const auto output = [&](const std::shared_ptr<tensor>& t, const char* label, std::int64_t uid, std::int64_t n,
+                            std::int64_t c, std::int64_t h,
+                            std::int64_t w) { describe(t->set_output(true), label, uid, n, c, h, w); };
+    const std::vector<std::int64_t> padding{g.pad, g.pad}, stride{g.stride, g.stride}, dilation{1, 1};
+
+    try {
+      switch (p) {
+        case pass::forward: {
+          const auto x = input("x", uid_x, g.batch, g.in_channels, g.in_height, g.in_width);
+          const auto w = input("w", uid_w, g.out_channels, g.in_channels, g.kernel, g.kernel);
+          auto y = graph.conv_fprop(x, w,
+                                    fe::graph::Conv_fprop_attributes()
+                                        .set_name("conv")
+                                        .set_padding(padding)
+                                        .set_stride(stride)
+                                        .set_dilation(dilation)
+                                        .set_compute_data_type(fe::DataType_t::FLOAT));
+          if (fuse_bias) {
+            const auto b = input("bias", uid_bias, 1, g.out_channels, 1, 1);
+            // Virtual: the convolution's result inside the graph, laid out like the output.
+            y->set_data_type(fe::DataType_t::FLOAT)
+                .set_dim({g.batch, g.out_channels, g.out_height, g.out_width})
+                .set_stride({g.out_channels * g.out_height * g.out_width, g.out_height * g.out_width, g.out_width, 1});
+            y = graph.pointwise(y, b,
+                                fe::graph::Pointwise_attributes()
+                                    .set_name("bias")
+                                    .set_mode(fe::PointwiseMode_t::ADD)
+                                    .set_compute_data_type(fe::DataType_t::FLOAT));
+            result->fused_bias = true;
+          }
+          output(y, "y", uid_y, g.batch, g.out_channels, g.out_height, g.out_width);
+          break;
+        }
+        case pass::backward_data: {
+          const auto dy = input("dy", uid_y, g.batch, g.out_channels, g.out_height, g.out_width);
+          const auto w = input("w", uid_w, g.out_channels, g.in_channels, g.kernel, g.kernel);
+          const auto dx = graph.conv_dgrad(dy, w,
+                                           fe::graph::Conv_dgrad_attributes()
+                                               .set_name("dgrad")
+                                               .set_padding(padding)
+                                               .set_stride(stride)
+                                               .set_dilation(dilation)
+                                               .set_compute_data_type(fe::DataType_t::FLOAT));
+          output(dx, "dx", uid_x, g.batch, g.in_channels, g.in_height, g.in_width);
+          break;
+        }
+        case pass::backward_weights: {
+          const auto dy = input("dy", uid_y, g.batch, g.out_channels, g.out_height, g.out_width);
+          const auto x = input("x", uid_x, g.batch, g.in_channels, g.in_height, g.in_width);
+          const auto dw = graph.conv_wgrad(dy, x,
+                                           fe::graph::Conv_wgrad_attributes()
+                                               .set_name("wgrad")
+                                               .set_padding(padding)
+                                               .set_stride(stride)
+                                               .set_dilation(dilation)
+                                               .set_compute_data_type(fe::DataType_t::FLOAT));
+          output(dw, "dw", uid_w, g.out_channels, g.in_channels, g.kernel, g.kernel);
+          break;
+        }
+      }
+    } catch (const std::exception& e) {
+      fail(p, g, std::string("describing the graph: ") + e.what());
+    }
+
+    step(p, g, "validate", [&] { return graph.validate(); });
+    step(p, g, "build_operation_graph", [&] { return graph.build_operation_graph(handle_); });
+    step(p, g, "create_execution_plans", [&] {
+      return graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+    });
+    // No TF32 unless asked for; never an engine whose sums depend on timing (see the top of this file).
+    try {
+      if (!tf32_)
+        graph.deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+      graph.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
+    } catch (const std::exception& e) {
+      fail(p, g, std::string("deselect_numeric_notes: ") + e.what());
+    }
+    step(p, g, "check_support", [&] { return graph.check_support(); });
+    step(p, g, "build_plans", [&] { return graph.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE); });
+    step(p, g, "get_workspace_size", [&] { return graph.get_workspace_size(result->workspace); });
+    return result;
+  }
+
+  // --- execution ----------------------------------------------------------------------------------
+
+  static std::size_t scratch_offset(std::int64_t cudnn_bytes) noexcept {
+    const auto b = static_cast<std::size_t>(cudnn_bytes);
+    return (b + scratch_alignment - 1) / scratch_alignment * scratch_alignment;
+  }
+
+  // Runs plan `p` on the stream with `pack`, in a workspace of cuDNN's bytes plus `scratch_bytes` of
+  // scratch behind them (returned in `*scratch`, which the pack gets as the weight gradient).
+  void execute(pass ps, const conv_geometry& g, const plan& p, std::unordered_map<std::int64_t, void*>& pack,
+               std::size_t scratch_bytes, float** scratch = nullptr) {
+    const std::size_t offset = scratch_offset(p.workspace);
+    const std::size_t need = scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(p.workspace);
+    if (need > workspace_.bytes()) {
+      try {
+        workspace_ = device_allocation(ordinal_, need, stream_);
+      } catch (const std::exception& e) {
+        fail(ps, g, std::string("allocating its workspace: ") + e.what());
+      }
+    }
+    char* base = static_cast<char*>(workspace_.get());
+    if (scratch != nullptr) {
+      *scratch = reinterpret_cast<float*>(base + offset);
+      pack.emplace(uid_w, *scratch);
+    }
+    step(ps, g, p.unfused_because.empty() ? "execute" : "execute (the bias unfused)", [&] {
+      return p.graph->execute(handle_, pack, p.workspace > 0 ? static_cast<void*>(base) : nullptr);
+    });
+  }
+
+  int ordinal_;
+  cudaStream_t stream_;
+  bool tf32_;
+  cudnnHandle_t handle_ = nullptr;
+  device_allocation workspace_;
+  std::map<plan_key, std::unique_ptr<plan>> plans_;
+};
+
+}  // namespace distribute::detail
+
+#endif  // DISTRIBUTE_HAS_CUDNN
