@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages this project builds and tests with (the README lists them), and the
-# Python virtual environment with TensorBoard that the summary tests read event files with.
+# Installs the Debian packages this project builds and tests with (the README lists them), the
+# Python virtual environment with TensorBoard that the summary tests read event files with, and,
+# where a CUDA toolkit is installed, the cudnn-frontend headers the GPU engine's convolutions use.
 # Idempotent: when everything is installed it only says so.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -103,5 +104,80 @@ install_tensorboard_reader() {
   exec 9>&-
 }
 
+# The GPU engine computes convolutions with cuDNN through NVIDIA's cudnn-frontend, a header-only C++
+# library that no Debian package has: its headers (about 3 MB; MIT and Apache-2.0, the licences are
+# copied with them) are taken from the PyPI wheel nvidia-cudnn-frontend at the version pinned here,
+# into build/cudnn-frontend/include, where CMake looks for them (DISTRIBUTE_CUDNN_FRONTEND_INCLUDE_DIR).
+# Only where a CUDA toolkit is installed.
+# A failed download does not fail the setup: the build then has no cuDNN convolutions (the GPU
+# engine says so when asked for one), and the reason is left in build/cudnn-frontend.unavailable.
+cudnn_frontend_version=1.32.0
+install_cudnn_frontend() {
+  if ! command -v nvcc >/dev/null 2>&1 && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+    return
+  fi
+  local dir=$root/build/cudnn-frontend
+  local note=$dir.unavailable log=$dir.log
+  if [[ -f $dir/include/cudnn_frontend.h && $(cat "$dir/installed-version" 2>/dev/null) == "$cudnn_frontend_version" ]]; then
+    echo "setup.sh: the cudnn-frontend $cudnn_frontend_version headers are installed (build/cudnn-frontend)"
+    return
+  fi
+  mkdir -p "$root/build"
+  exec 9>"$dir.lock"
+  flock 9
+  if [[ -f $dir/include/cudnn_frontend.h && $(cat "$dir/installed-version" 2>/dev/null) == "$cudnn_frontend_version" ]]; then
+    exec 9>&-
+    return
+  fi
+  echo "setup.sh: fetching the cudnn-frontend $cudnn_frontend_version headers into build/cudnn-frontend"
+  rm -rf "$dir" "$note"
+  local work reason="" pip=()
+  work=$(mktemp -d)
+  # pip itself, or one in a throwaway virtual environment where the system Python has none.
+  if python3 -m pip --version >/dev/null 2>&1; then
+    pip=(python3 -m pip)
+  elif python3 -m venv "$work/venv" >"$log" 2>&1; then
+    pip=("$work/venv/bin/python" -m pip)
+  else
+    reason="neither pip nor python3 -m venv is available"
+  fi
+  if [[ -z $reason ]] && ! "${pip[@]}" download --quiet --disable-pip-version-check --no-input --no-deps \
+      --only-binary :all: --retries 2 --timeout 30 -d "$work/wheel" "nvidia-cudnn-frontend==$cudnn_frontend_version" \
+      >>"$log" 2>&1; then
+    reason="pip could not download nvidia-cudnn-frontend==$cudnn_frontend_version (is PyPI reachable?)"
+  fi
+  # Only the headers (the wheel's include/) and the licences; the wheel's Python package is not used.
+  if [[ -z $reason ]] && ! python3 - "$work/wheel" "$dir" >>"$log" 2>&1 <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+out = sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    names = [n for n in z.namelist() if not n.endswith("/") and (
+        n.startswith("include/") or (".dist-info/licenses/" in n))]
+    if "include/cudnn_frontend.h" not in names:
+        sys.exit(f"{os.path.basename(wheel)} has no include/cudnn_frontend.h")
+    for n in names:
+        target = os.path.join(out, n if n.startswith("include/") else "licenses/" + os.path.basename(n))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with z.open(n) as src, open(target, "wb") as dst:
+            dst.write(src.read())
+PY
+  then
+    reason="the nvidia-cudnn-frontend wheel could not be unpacked"
+  fi
+  rm -rf "$work"
+  if [[ -n $reason ]]; then
+    rm -rf "$dir"
+    { echo "$reason"; tail -n 5 "$log"; } >"$note"
+    echo "setup.sh: warning: the cudnn-frontend headers are not installed: $reason; see $log." >&2
+    echo "setup.sh: warning: the GPU engine will be built without cuDNN convolutions." >&2
+  else
+    echo "$cudnn_frontend_version" >"$dir/installed-version"
+    echo "setup.sh: installed the cudnn-frontend $cudnn_frontend_version headers ($(du -sh "$dir" | cut -f1) in build/cudnn-frontend)"
+  fi
+  exec 9>&-
+}
+
 install_packages
 install_tensorboard_reader
+install_cudnn_frontend

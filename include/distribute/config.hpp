@@ -20,6 +20,15 @@
 #  define DISTRIBUTE_HAS_NCCL 0
 #endif
 
+// cuDNN through the cudnn-frontend headers (the GPU engine's convolutions): set by the build, not
+// probed, because a program that sees the headers must also link cuDNN and nvrtc. CMake's
+// distribute::cuda defines DISTRIBUTE_HAS_CUDNN=1 where it found all three; otherwise, and never
+// without nvcc, it is 0.
+#if !defined(DISTRIBUTE_HAS_CUDNN) || !DISTRIBUTE_HAS_CUDA
+#  undef DISTRIBUTE_HAS_CUDNN
+#  define DISTRIBUTE_HAS_CUDNN 0
+#endif
+
 // Shared math (reductions, statistics merges) is written once in plain headers and compiled both by
 // g++ for the host and by nvcc for the device.
 #if defined(__CUDACC__)
