@@ -26,6 +26,8 @@ done <"$flags_file"
 # clang 19 knows.
 common=(-x cuda -std=c++20 --cuda-path="$cuda" --cuda-gpu-arch=sm_90 -nocudalib -Xclang -target-sdk-version=12.5 -fsyntax-only
         -Wno-unknown-cuda-version -Wno-deprecated-declarations -isystem "$shim" "${flags[@]}")
+# CUDA 13 keeps Thrust and CUB under include/cccl, which nvcc searches by itself.
+[[ -d $cuda/include/cccl ]] && common+=(-isystem "$cuda/include/cccl")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0 checked=0

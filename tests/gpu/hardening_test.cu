@@ -128,7 +128,9 @@ BOOST_AUTO_TEST_CASE(posted_buffers_are_the_meetings_own_copy) {
   dist::comm::detail::gpu_meeting m(2, {});
   int a = 0, b = 0;
   std::vector<std::uint64_t> seqs(2);
+  bool copied[2] = {false, false};
   std::vector<std::thread> threads;
+  // Boost.Test's assertions are not thread-safe: the replica threads record, the test thread checks.
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
       // The caller's list dies, and its memory is reused, as soon as its collective returns.
@@ -136,13 +138,14 @@ BOOST_AUTO_TEST_CASE(posted_buffers_are_the_meetings_own_copy) {
       const descriptor d{.kind = collective_kind::all_reduce, .type = dist::dtype::float32, .count = 8, .segs = segs->data(),
                          .n_segs = 2};
       seqs[static_cast<std::size_t>(r)] = m.meet(r, d);
-      BOOST_TEST(m.posted(r, seqs[static_cast<std::size_t>(r)]).segs != segs->data());
+      copied[r] = m.posted(r, seqs[static_cast<std::size_t>(r)]).segs != segs->data();
       segs->assign(2, segment{nullptr, 99});
       segs.reset();
       m.meet_again();
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < 2; ++r) {
+    BOOST_TEST(copied[r]);
     const auto& p = m.posted(r, seqs[static_cast<std::size_t>(r)]);
     BOOST_TEST(p.n_segs == 2u);
     BOOST_TEST(p.segs[0].data == static_cast<void*>(r == 0 ? &a : &b));

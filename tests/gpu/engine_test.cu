@@ -1,0 +1,617 @@
+// The GPU compute engine, in one file because it is the one that includes the cudnn-frontend.
+//
+// Suite `layers`: the engine (engine/cuda.cuh) under the CPU layers: every layer, loss and optimiser
+// the example CycleGAN uses, its whole generator and discriminator, and SyncBatchNorm across two GPU
+// replicas, run on a GPU replica and on the CPU from the same seed and input; outputs, input
+// gradients and every parameter gradient agree within 1e-3 of the CPU value relative to the largest
+// magnitude in that tensor (float32 on both sides, TF32 off; the GPU sums in another order). Also its
+// matrix products against the CPU engine's and its passes on the replica's stream.
+//
+// Suite `cudnn`: the engine's cuDNN convolutions (engine/detail/cudnn_conv.cuh) against the CPU
+// engine's reference (im2col + Eigen): every convolution the CycleGAN example runs, at small
+// sizes, in its three passes (forward with and without a bias, the data gradient, the weight and
+// bias gradients added to non-zero values), in float32 (within 1e-4 relative) and with TF32 allowed
+// (within 1e-2 relative: TF32 keeps 10 bits of mantissa in the products). Relative to each value,
+// with a floor of a tenth of the largest magnitude, so that values that cancel to near zero are
+// judged on the scale of their tensor. Also: the plan cache, pointers off a 16-byte boundary, an empty
+// batch, and the errors of a geometry cuDNN cannot compute.
+//
+// It includes the cudnn-frontend (through the engine), and compiles in over a minute and a half on a
+// 2-core machine. Without cuDNN in the build, the suite holds one
+// case, reported as skipped.
+
+#include "gpu_test_support.cuh"
+
+#include <distribute/config.hpp>
+#include <distribute/engine/conv_geometry.hpp>
+#include <distribute/engine/cpu.hpp>
+#include <distribute/engine/cuda.cuh>
+#include <distribute/nn.hpp>
+#include <distribute/optim/adam.hpp>
+#if DISTRIBUTE_HAS_CUDNN
+#  include <distribute/engine/detail/cudnn_conv.cuh>
+#endif
+
+#include "../../examples/cyclegan/models.hpp"
+
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace dist = distribute;
+namespace dt = distribute::test;
+namespace nn = distribute::nn;
+
+BOOST_AUTO_TEST_SUITE(cudnn)
+
+#if DISTRIBUTE_HAS_CUDNN
+
+namespace {
+
+// The example's convolutions, batch 2 (the engine's view: a transposed convolution is the adjoint of
+// the convolution whose input is its output).
+struct named_geometry {
+  const char* name;
+  dist::conv_geometry g;
+};
+
+std::vector<named_geometry> cyclegan_geometries() {
+  using G = dist::conv_geometry;
+  return {
+      // Generator: c7s1 after a reflection pad of 3 (so no zero padding), in and out.
+      {"generator c7s1 3->8 (16x16 padded to 22x22)", G::of(2, 3, 22, 22, 8, 7, 1, 0)},
+      {"generator c7s1 8->3 (16x16 padded to 22x22)", G::of(2, 8, 22, 22, 3, 7, 1, 0)},
+      // Downsampling: 3x3, stride 2, zero padding 1.
+      {"generator d 8->16 3x3 stride 2", G::of(2, 8, 16, 16, 16, 3, 2, 1)},
+      {"generator d 3->4 3x3 stride 2, 28x28", G::of(2, 3, 28, 28, 4, 3, 2, 1)},
+      // Residual blocks: 3x3, stride 1, after a reflection pad of 1.
+      {"generator residual 16->16 3x3 (8x8 padded to 10x10)", G::of(2, 16, 10, 10, 16, 3, 1, 0)},
+      // Upsampling: a transposed 3x3, stride 2, padding 1, output padding 1, 16 -> 8 channels,
+      // 8x8 -> 16x16; as the engine sees it, a convolution 8 x 16x16 -> 16 x 8x8.
+      {"generator u 16->8 transposed 3x3 stride 2", G{2, 8, 16, 16, 16, 3, 2, 1, 8, 8}},
+      // Discriminator: 4x4 stride 2 padding 1, and the last 4x4 stride 1 padding 1 to one channel.
+      {"discriminator 3->8 4x4 stride 2", G::of(2, 3, 32, 32, 8, 4, 2, 1)},
+      {"discriminator 8->16 4x4 stride 2", G::of(2, 8, 16, 16, 16, 4, 2, 1)},
+      {"discriminator 16->1 4x4 stride 1", G::of(2, 16, 8, 8, 1, 4, 1, 1)},
+  };
+}
+
+std::vector<float> random_values(std::int64_t n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = u(gen);
+  return v;
+}
+
+using device_tensor = dist::tensor<float, dist::cuda>;
+
+device_tensor upload(const std::vector<float>& v, const dist::cuda& d) {
+  return device_tensor::from_host(dist::shape{static_cast<std::int64_t>(v.size())}, v, d);
+}
+
+// The largest error of `got` against `want`, relative to each value with a floor of a tenth of the
+// largest magnitude in `want`; where it is, in words, when it exceeds `tolerance`.
+std::string compare(const std::vector<float>& got, const std::vector<float>& want, double tolerance) {
+  if (got.size() != want.size())
+    return "sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+  double largest = 0;
+  for (const float w : want) largest = std::max(largest, std::abs(static_cast<double>(w)));
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double scale = std::max(std::abs(static_cast<double>(want[i])), 0.1 * largest);
+    const double err =
+        scale > 0 ? std::abs(static_cast<double>(got[i]) - want[i]) / scale : std::abs(static_cast<double>(got[i]));
+    if (!(err <= worst)) {  // NaN counts as worst
+      worst = std::isnan(err) ? INFINITY : err;
+      at = i;
+    }
+  }
+  if (worst <= tolerance) return "";
+  std::ostringstream s;
+  s << "relative error " << worst << " > " << tolerance << " at element " << at << " of " << want.size() << ": "
+    << got[at] << " instead of " << want[at];
+  return s.str();
+}
+
+// Every pass of `g` on the GPU against the CPU reference.
+void check_against_reference(const named_geometry& ng, bool tf32, double tolerance) {
+  const dist::conv_geometry& g = ng.g;
+  dist::detail::owned_stream stream(0);
+  const dist::cuda d = dist::cuda{0}.on(stream.get());
+  dist::detail::cudnn_convolutions gpu(0, stream.get(), tf32);
+  dist::engine<dist::cpu> cpu{dist::engine_options{.reference = true}};
+
+  const auto x = random_values(g.input_size(), 1);
+  const auto w = random_values(g.weight_size(), 2);
+  const auto bias = random_values(g.out_channels, 3);
+  const auto dy = random_values(g.output_size(), 4);
+  const auto dw0 = random_values(g.weight_size(), 5);
+  const auto db0 = random_values(g.out_channels, 6);
+  const auto dx_garbage = random_values(g.input_size(), 7);  // backward data overwrites
+
+  const auto dx_ = upload(x, d), dw_ = upload(w, d), dbias = upload(bias, d), ddy = upload(dy, d);
+  const std::string where = std::string(ng.name) + " " + g.to_string() + (tf32 ? " (TF32)" : " (float32)");
+
+  for (const bool with_bias : {false, true}) {
+    std::vector<float> want(static_cast<std::size_t>(g.output_size()));
+    cpu.conv_forward(g, x.data(), w.data(), with_bias ? bias.data() : nullptr, want.data());
+    device_tensor y(dist::shape{g.output_size()}, d);
+    gpu.forward(g, dx_.data(), dw_.data(), with_bias ? dbias.data() : nullptr, y.data());
+    const std::string err = compare(y.to_vector(), want, tolerance);
+    BOOST_TEST(err.empty(), where << ": forward" << (with_bias ? " with a bias: " : ": ") << err);
+  }
+  {
+    std::vector<float> want(static_cast<std::size_t>(g.input_size()));
+    cpu.conv_backward_data(g, dy.data(), w.data(), want.data());
+    auto dx = upload(dx_garbage, d);
+    gpu.backward_data(g, ddy.data(), dw_.data(), dx.data());
+    const std::string err = compare(dx.to_vector(), want, tolerance);
+    BOOST_TEST(err.empty(), where << ": backward data: " << err);
+  }
+  for (const bool with_db : {true, false}) {
+    std::vector<float> want_dw = dw0, want_db = db0;
+    cpu.conv_backward_weights(g, x.data(), dy.data(), want_dw.data(), with_db ? want_db.data() : nullptr);
+    auto dw = upload(dw0, d), db = upload(db0, d);
+    gpu.backward_weights(g, dx_.data(), ddy.data(), dw.data(), with_db ? db.data() : nullptr);
+    const std::string err_w = compare(dw.to_vector(), want_dw, tolerance);
+    BOOST_TEST(err_w.empty(), where << ": backward weights (dw +=)" << (with_db ? ": " : " without db: ") << err_w);
+    const std::string err_b = compare(db.to_vector(), want_db, tolerance);
+    BOOST_TEST(err_b.empty(), where << ": backward weights (db " << (with_db ? "+=): " : "untouched): ") << err_b);
+  }
+  // forward, forward with a bias, backward data, backward weights.
+  BOOST_TEST(gpu.cached_plans() == 4u, where);
+  BOOST_TEST((cudaGetLastError() == cudaSuccess));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_pass_of_the_cyclegan_convolutions_matches_the_cpu_in_float32) {
+  for (const auto& ng : cyclegan_geometries()) check_against_reference(ng, /*tf32=*/false, 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(every_pass_of_the_cyclegan_convolutions_matches_the_cpu_with_tf32) {
+  for (const auto& ng : cyclegan_geometries()) check_against_reference(ng, /*tf32=*/true, 1e-2);
+}
+
+BOOST_AUTO_TEST_CASE(plans_are_built_once_per_geometry_and_pass) {
+  dist::detail::owned_stream stream(0);
+  const dist::cuda d = dist::cuda{0}.on(stream.get());
+  dist::detail::cudnn_convolutions gpu(0, stream.get(), false);
+  const auto g = dist::conv_geometry::of(2, 8, 16, 16, 16, 3, 2, 1);
+  const auto x = upload(random_values(g.input_size(), 1), d), w = upload(random_values(g.weight_size(), 2), d);
+  device_tensor y(dist::shape{g.output_size()}, d);
+  BOOST_TEST(gpu.cached_plans() == 0u);
+  gpu.forward(g, x.data(), w.data(), nullptr, y.data());
+  BOOST_TEST(gpu.cached_plans() == 1u);
+  const auto first = y.to_vector();
+  const std::size_t workspace = gpu.workspace_bytes();
+  gpu.forward(g, x.data(), w.data(), nullptr, y.data());  // the same geometry and pass: the cached plan
+  BOOST_TEST(gpu.cached_plans() == 1u);
+  BOOST_TEST(gpu.workspace_bytes() == workspace);
+  BOOST_TEST(y.to_vector() == first);  // the same plan, the same bits
+  const auto other = dist::conv_geometry::of(1, 8, 16, 16, 16, 3, 2, 1);  // another batch: another plan
+  gpu.forward(other, x.data(), w.data(), nullptr, y.data());
+  BOOST_TEST(gpu.cached_plans() == 2u);
+  device_tensor dx(dist::shape{g.input_size()}, d);
+  gpu.backward_data(g, y.data(), w.data(), dx.data());  // another pass
+  BOOST_TEST(gpu.cached_plans() == 3u);
+  gpu.backward_data(g, y.data(), w.data(), dx.data());
+  BOOST_TEST(gpu.cached_plans() == 3u);
+}
+
+// Tensors inside a larger buffer (4 bytes past a 16-byte boundary) get plans built for that
+// alignment, with the same values.
+BOOST_AUTO_TEST_CASE(pointers_off_a_16_byte_boundary_get_plans_of_their_own) {
+  dist::detail::owned_stream stream(0);
+  const dist::cuda d = dist::cuda{0}.on(stream.get());
+  dist::detail::cudnn_convolutions gpu(0, stream.get(), false);
+  dist::engine<dist::cpu> cpu{dist::engine_options{.reference = true}};
+  const auto g = dist::conv_geometry::of(2, 3, 12, 12, 5, 3, 1, 1);
+  const auto x = random_values(g.input_size(), 11), w = random_values(g.weight_size(), 12), bias = random_values(5, 13);
+  const auto dy = random_values(g.output_size(), 14), dw0 = random_values(g.weight_size(), 15);
+  // Each on the device one element into its buffer.
+  const auto shifted = [&](const std::vector<float>& v) {
+    std::vector<float> s(v.size() + 1, 0.0f);
+    std::copy(v.begin(), v.end(), s.begin() + 1);
+    return upload(s, d);
+  };
+  const auto sx = shifted(x), sw = shifted(w), sb = shifted(bias), sdy = shifted(dy);
+  auto sy = shifted(std::vector<float>(static_cast<std::size_t>(g.output_size()))), sdw = shifted(dw0);
+  gpu.forward(g, sx.data() + 1, sw.data() + 1, sb.data() + 1, sy.data() + 1);
+  gpu.backward_weights(g, sx.data() + 1, sdy.data() + 1, sdw.data() + 1, nullptr);
+  BOOST_TEST(gpu.cached_plans() == 2u);
+
+  std::vector<float> want_y(static_cast<std::size_t>(g.output_size())), want_dw = dw0;
+  cpu.conv_forward(g, x.data(), w.data(), bias.data(), want_y.data());
+  cpu.conv_backward_weights(g, x.data(), dy.data(), want_dw.data(), static_cast<float*>(nullptr));
+  const auto y = sy.to_vector(), dw = sdw.to_vector();
+  BOOST_TEST(y[0] == 0.0f);  // the element before the tensor is untouched
+  BOOST_TEST(dw[0] == 0.0f);
+  const std::string err_y = compare(std::vector<float>(y.begin() + 1, y.end()), want_y, 1e-4);
+  BOOST_TEST(err_y.empty(), "forward: " << err_y);
+  const std::string err_w = compare(std::vector<float>(dw.begin() + 1, dw.end()), want_dw, 1e-4);
+  BOOST_TEST(err_w.empty(), "backward weights: " << err_w);
+
+  // The aligned tensors of the same geometry have plans of their own.
+  const auto ax = upload(x, d), aw = upload(w, d);
+  device_tensor ay(dist::shape{g.output_size()}, d);
+  gpu.forward(g, ax.data(), aw.data(), nullptr, ay.data());
+  BOOST_TEST(gpu.cached_plans() == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(an_empty_batch_changes_nothing) {
+  dist::detail::owned_stream stream(0);
+  const dist::cuda d = dist::cuda{0}.on(stream.get());
+  dist::detail::cudnn_convolutions gpu(0, stream.get(), false);
+  const auto g = dist::conv_geometry::of(0, 3, 8, 8, 4, 3, 1, 1);
+  const auto w = upload(random_values(g.weight_size(), 1), d);
+  const auto dw0 = random_values(g.weight_size(), 2);
+  auto dw = upload(dw0, d), db = upload(std::vector<float>(4, 1.0f), d);
+  gpu.forward(g, nullptr, w.data(), nullptr, nullptr);
+  gpu.backward_data(g, nullptr, w.data(), nullptr);
+  gpu.backward_weights(g, nullptr, nullptr, dw.data(), db.data());
+  BOOST_TEST(dw.to_vector() == dw0);
+  BOOST_TEST(db.to_vector() == std::vector<float>(4, 1.0f));
+  BOOST_TEST(gpu.cached_plans() == 0u);
+}
+
+// A geometry cuDNN cannot compute is an std::invalid_argument naming the pass and the geometry,
+// before anything reaches cuDNN.
+BOOST_AUTO_TEST_CASE(a_bad_geometry_is_a_clear_error) {
+  dist::detail::owned_stream stream(0);
+  const dist::cuda d = dist::cuda{0}.on(stream.get());
+  dist::detail::cudnn_convolutions gpu(0, stream.get(), false);
+  device_tensor buffer(dist::shape{4096}, d);
+  float* p = buffer.data();
+
+  // Output extents that do not follow from the input's: cuDNN computes floor((16 + 2 - 3) / 2) + 1 = 8.
+  dist::conv_geometry wrong = dist::conv_geometry::of(1, 2, 16, 16, 2, 3, 2, 1);
+  wrong.out_height = wrong.out_width = 9;
+  try {
+    gpu.forward(wrong, p, p, nullptr, p);
+    BOOST_FAIL("no exception");
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    BOOST_TEST(dt::contains(what, "distribute: cuDNN conv forward " + wrong.to_string() + " on cuda:0 failed: "), what);
+    BOOST_TEST(dt::contains(what, "its output is 9x9, but this input, kernel, stride and padding give 8x8"), what);
+  }
+  // An invalid geometry (a kernel larger than the padded input).
+  dist::conv_geometry invalid{1, 2, 4, 4, 2, 7, 1, 0, 1, 1};
+  try {
+    gpu.backward_weights(invalid, p, p, p, nullptr);
+    BOOST_FAIL("no exception");
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    BOOST_TEST(
+        dt::contains(what, "distribute: cuDNN conv backward weights " + invalid.to_string() + " on cuda:0 failed: "),
+        what);
+  }
+  BOOST_TEST(gpu.cached_plans() == 0u);
+  // Nothing was left behind: the object still works.
+  const auto g = dist::conv_geometry::of(1, 2, 16, 16, 2, 3, 2, 1);
+  gpu.backward_data(g, p, p + 1024, p + 2048);
+  d.synchronize();
+  BOOST_TEST(gpu.cached_plans() == 1u);
+}
+
+#else  // !DISTRIBUTE_HAS_CUDNN
+
+namespace {
+boost::test_tools::assertion_result built_with_cudnn(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result r(false);
+  r.message() << "this build has no cuDNN convolutions (cuDNN, nvrtc or the cudnn-frontend headers were not found)";
+  return r;
+}
+}  // namespace
+
+BOOST_TEST_DECORATOR(*boost::unit_test::precondition(built_with_cudnn))
+BOOST_AUTO_TEST_CASE(skipped_without_cudnn) {}
+
+#endif  // DISTRIBUTE_HAS_CUDNN
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- the engine under the layers --------------------------------------------------------------------
+using dist::shape;
+
+namespace {
+
+constexpr double tolerance = 1e-3;
+
+std::vector<float> random_values(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(gen);
+  return v;
+}
+
+std::vector<float> on_host(const dist::tensor<float, dist::cpu>& t) { return {t.values().begin(), t.values().end()}; }
+std::vector<float> on_host(const dist::tensor<float, dist::cuda>& t) { return t.to_vector(); }
+// A span the layers hand out (a parameter's value or gradient), wherever it lives.
+std::vector<float> on_host(std::span<const float> s) {
+  std::vector<float> out(s.size());
+  if (!s.empty())
+    dist::detail::cuda_check(cudaMemcpy(out.data(), s.data(), s.size_bytes(), cudaMemcpyDefault), "cudaMemcpy (test)");
+  return out;
+}
+
+// Each element of `gpu` within `tol` of `cpu`'s, relative to cpu's largest magnitude.
+void check_close(const std::vector<float>& cpu, const std::vector<float>& gpu, const std::string& what, double tol = tolerance) {
+  BOOST_TEST_REQUIRE(cpu.size() == gpu.size(), what << ": " << cpu.size() << " vs " << gpu.size() << " elements");
+  double scale = 0;
+  for (float v : cpu) scale = std::max(scale, std::abs(static_cast<double>(v)));
+  if (scale == 0) scale = 1;
+  std::size_t worst = 0;
+  double worst_err = 0;
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    const double err = std::abs(static_cast<double>(cpu[i]) - static_cast<double>(gpu[i])) / scale;
+    if (!(err <= worst_err)) {  // also catches NaN
+      worst_err = err;
+      worst = i;
+    }
+  }
+  BOOST_TEST(worst_err <= tol, what << ": element " << worst << " is " << gpu[worst] << " on the GPU, " << cpu[worst]
+                                    << " on the CPU (relative error " << worst_err << ")");
+}
+
+// Every parameter gradient (and value) of a model, in enumeration order.
+template <class M>
+std::vector<std::vector<float>> gradients_of(M& m) {
+  std::vector<std::vector<float>> out;
+  m.for_each_parameter([&](auto, auto grad) { out.push_back(on_host(std::span<const float>(grad.data(), grad.size()))); });
+  return out;
+}
+template <class M>
+std::vector<std::vector<float>> values_of(M& m) {
+  std::vector<std::vector<float>> out;
+  m.for_each_parameter([&](auto value, auto) { out.push_back(on_host(std::span<const float>(value.data(), value.size()))); });
+  return out;
+}
+
+// One forward and backward pass of `make(device)` on the CPU and on cuda:0 from the same input and
+// output gradient; everything compared. `train`: the mode of the layers (batch norm's statistics).
+template <class Make>
+void compare_model(Make make, const shape& in, const std::string& name, bool train = true) {
+  auto cpu_model = make(dist::cpu{});
+  auto x_values = random_values(static_cast<std::size_t>(in.numel()), 7);
+  const dist::tensor<float, dist::cpu> x{in, x_values};
+  auto r = nn::local();
+  cpu_model.set_training(train);
+  const auto y = cpu_model.forward(r, x);
+  const auto dy_values = random_values(y.size(), 11);
+  const dist::tensor<float, dist::cpu> dy{y.shape(), dy_values};
+  cpu_model.zero_grad();
+  const auto dx = cpu_model.backward(r, dy);
+
+  dist::one_device_strategy<dist::cuda> s;
+  auto gpu_model = make(s.device());
+  check_close(values_of(cpu_model).front(), values_of(gpu_model).front(), name + ": first parameter's initial value", 0.0);
+  gpu_model.set_training(train);
+  std::vector<float> gy, gdx;
+  s.run([&](dist::replica auto& rg) {
+    const auto xg = dist::tensor<float, dist::cuda>::from_host(in, std::span<const float>(x_values), rg.device());
+    const auto yg = gpu_model.forward(rg, xg);
+    gy = on_host(yg);
+    const auto dyg = dist::tensor<float, dist::cuda>::from_host(yg.shape(), std::span<const float>(dy_values), rg.device());
+    gpu_model.zero_grad();
+    gdx = on_host(gpu_model.backward(rg, dyg));
+  });
+  check_close(on_host(y), gy, name + ": output");
+  check_close(on_host(dx), gdx, name + ": input gradient");
+  const auto cg = gradients_of(cpu_model), gg = gradients_of(gpu_model);
+  BOOST_TEST_REQUIRE(cg.size() == gg.size());
+  for (std::size_t p = 0; p < cg.size(); ++p) check_close(cg[p], gg[p], name + ": gradient of parameter " + std::to_string(p));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(layers)
+
+BOOST_AUTO_TEST_CASE(the_engine_is_the_replicas) {
+  static_assert(dist::compute_engine<dist::engine<dist::cuda>>);
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  s.set_engine_options({.tf32 = true});
+  const auto seen = s.run([](dist::replica auto& r) {
+    auto& e = r.engine();
+    return std::tuple{e.stream() == r.device().stream(), e.options().tf32, &e == &r.engine()};
+  });
+  for (const auto& [same_stream, tf32, kept] : seen) {
+    BOOST_TEST(same_stream);
+    BOOST_TEST(tf32);
+    BOOST_TEST(kept);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(matrix_products_match_the_cpu_engine) {
+  dist::engine<dist::cpu> cpu_engine;
+  dist::engine<dist::cuda> gpu_engine{{}, 0, dist::cuda{0}};
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const bool acc : {false, true}) {
+        const dist::gemm_geometry g{.m = 37, .n = 29, .k = 53, .transpose_a = ta, .transpose_b = tb, .accumulate = acc};
+        const auto a = random_values(static_cast<std::size_t>(g.a_size()), 1), b = random_values(static_cast<std::size_t>(g.b_size()), 2);
+        auto c = random_values(static_cast<std::size_t>(g.c_size()), 3);
+        auto da = dist::tensor<float, dist::cuda>::from_host(shape{g.a_size()}, std::span<const float>(a));
+        auto db = dist::tensor<float, dist::cuda>::from_host(shape{g.b_size()}, std::span<const float>(b));
+        auto dc = dist::tensor<float, dist::cuda>::from_host(shape{g.c_size()}, std::span<const float>(c));
+        cpu_engine.gemm(g, a.data(), b.data(), c.data());
+        gpu_engine.gemm(g, da.data(), db.data(), dc.data());
+        check_close(c, dc.to_vector(), "gemm " + g.to_string());
+      }
+}
+
+BOOST_AUTO_TEST_CASE(plane_sums_and_element_wise_passes_on_the_stream) {
+  dist::engine<dist::cuda> e{{}, 0, dist::cuda{0}};
+  const std::int64_t planes = 7, plane = 1000;
+  const auto x = random_values(static_cast<std::size_t>(planes * plane), 5);
+  const auto dx = dist::tensor<float, dist::cuda>::from_host(shape{planes * plane}, std::span<const float>(x));
+  dist::tensor<double, dist::cuda> sums{shape{planes}};
+  e.segmented_sum(planes, plane, nn::detail::kernels::value_of<float>{dx.data(), plane}, sums.data());
+  std::vector<double> got(static_cast<std::size_t>(planes));
+  e.to_host(sums.data(), got.size(), got.data());
+  for (std::int64_t s = 0; s < planes; ++s) {
+    double want = 0;
+    for (std::int64_t i = 0; i < plane; ++i) want += x[static_cast<std::size_t>(s * plane + i)];
+    BOOST_TEST(got[static_cast<std::size_t>(s)] == want, boost::test_tools::tolerance(1e-9));
+  }
+  dist::tensor<float, dist::cuda> y{shape{planes * plane}};
+  e.for_each(planes * plane, nn::detail::kernels::relu_forward<float>{dx.data(), y.data()});
+  const auto yh = y.to_vector();
+  for (std::size_t i = 0; i < x.size(); ++i) BOOST_TEST_REQUIRE(yh[i] == std::max(x[i], 0.0f));
+}
+
+BOOST_AUTO_TEST_CASE(convolutions_without_cudnn_say_so) {
+  if constexpr (dist::engine<dist::cuda>::has_cudnn) {
+    BOOST_TEST_MESSAGE("this build has cuDNN");
+    BOOST_TEST(true);
+  } else {
+    dist::engine<dist::cuda> e{{}, 0, dist::cuda{0}};
+    const auto g = dist::conv_geometry::of(1, 1, 4, 4, 1, 3, 1, 1);
+    BOOST_CHECK_EXCEPTION(e.conv_forward<float>(g, nullptr, nullptr, nullptr, nullptr), std::runtime_error,
+                          [](const std::runtime_error& err) { return dt::contains(err.what(), "no cuDNN"); });
+  }
+}
+
+BOOST_AUTO_TEST_CASE(single_layers_match_the_cpu) {
+  const shape img = shape::nchw(2, 3, 12, 12);
+  compare_model([](auto d) { return nn::relu<float, decltype(d)>{}; }, img, "relu");
+  compare_model([](auto d) { return nn::leaky_relu<float, decltype(d)>{0.2f}; }, img, "leaky_relu");
+  compare_model([](auto d) { return nn::tanh<float, decltype(d)>{}; }, img, "tanh");
+  compare_model([](auto d) { return nn::instance_norm<float, decltype(d)>{{.channels = 3}, 5, d}; }, img, "instance_norm");
+  compare_model([](auto d) { return nn::batch_norm<float, decltype(d)>{{.channels = 3}, 5, d}; }, img, "batch_norm (training)");
+  compare_model([](auto d) { return nn::avg_pool2d<float, decltype(d)>{{.kernel = 2, .stride = 2}}; }, img, "avg_pool2d");
+  compare_model([](auto d) { return nn::linear<float, decltype(d)>{{.in_features = 40, .out_features = 9}, 3, d}; },
+                shape{6, 40}, "linear");
+}
+
+BOOST_AUTO_TEST_CASE(convolutions_of_the_example_match_the_cpu, *boost::unit_test::precondition([](auto) {
+  return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+})) {
+  const shape img = shape::nchw(2, 3, 16, 16);
+  using nn::padding_mode;
+  auto conv = [](nn::conv2d_options o) {
+    return [o](auto d) { return nn::conv2d<float, decltype(d)>{o, 9, d}; };
+  };
+  compare_model(conv({.in_channels = 3, .out_channels = 4, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect}),
+                img, "conv2d 7x7 reflect");
+  compare_model(conv({.in_channels = 3, .out_channels = 8, .kernel = 3, .stride = 2, .padding = 1, .bias = false}), img,
+                "conv2d 3x3 stride 2");
+  compare_model(conv({.in_channels = 3, .out_channels = 3, .kernel = 3, .stride = 1, .padding = 1, .pad_mode = padding_mode::reflect}),
+                img, "conv2d 3x3 reflect");
+  compare_model(conv({.in_channels = 3, .out_channels = 8, .kernel = 4, .stride = 2, .padding = 1}), img, "conv2d 4x4 stride 2");
+  compare_model(conv({.in_channels = 3, .out_channels = 1, .kernel = 4, .stride = 1, .padding = 1}), img, "conv2d 4x4 stride 1");
+  compare_model(
+      [](auto d) {
+        return nn::conv_transpose2d<float, decltype(d)>{
+            {.in_channels = 3, .out_channels = 5, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = true}, 9, d};
+      },
+      img, "conv_transpose2d 3x3 stride 2");
+}
+
+BOOST_AUTO_TEST_CASE(the_cyclegan_networks_match_the_cpu, *boost::unit_test::precondition([](auto) {
+  return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+})) {
+  const cyclegan::generator_options g{.channels = 1, .filters = 4, .blocks = 2};
+  compare_model([&](auto d) { return cyclegan::make_generator(g, 21, d); }, shape::nchw(2, 1, 28, 28), "generator");
+  for (const auto norm : {cyclegan::norm_kind::instance, cyclegan::norm_kind::batch}) {
+    const cyclegan::discriminator_options o{.channels = 1, .filters = 4, .layers = 2, .norm = norm};
+    compare_model([&](auto d) { return cyclegan::make_discriminator(o, 22, d); }, shape::nchw(2, 1, 28, 28),
+                  std::string("discriminator (") + (norm == cyclegan::norm_kind::instance ? "instance" : "batch") + " norm)");
+  }
+}
+
+// SyncBatchNorm over two GPU replicas (logical, on cuda:0: the statistics cross the replicas through
+// their communicator) equals batch norm over the whole batch on the CPU.
+BOOST_AUTO_TEST_CASE(sync_batch_norm_across_gpu_replicas_is_batch_norm_of_the_whole_batch) {
+  const shape whole = shape::nchw(4, 3, 6, 6), half = shape::nchw(2, 3, 6, 6);
+  const auto x = random_values(static_cast<std::size_t>(whole.numel()), 41), dy = random_values(static_cast<std::size_t>(whole.numel()), 42);
+  nn::batch_norm<float, dist::cpu> bn{{.channels = 3}, 5};
+  auto r = nn::local();
+  const auto y = bn.forward(r, dist::tensor<float, dist::cpu>{whole, x});
+  bn.zero_grad();
+  const auto dx = bn.backward(r, dist::tensor<float, dist::cpu>{whole, dy});
+  const auto grads = gradients_of(bn);
+
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  auto sbn = s.mirror([](auto& d) { return nn::sync_batch_norm<float, dist::cuda>{{.channels = 3}, 5, d}; });
+  const auto per = static_cast<std::size_t>(half.numel());
+  auto outs = s.run([&](dist::replica auto& rg, nn::sync_batch_norm<float, dist::cuda>& layer) {
+    const auto off = static_cast<std::ptrdiff_t>(per) * rg.replica_id();
+    const auto xg = dist::tensor<float, dist::cuda>::from_host(half, std::span<const float>(x.data() + off, per), rg.device());
+    const auto dyg = dist::tensor<float, dist::cuda>::from_host(half, std::span<const float>(dy.data() + off, per), rg.device());
+    auto yg = on_host(layer.forward(rg, xg));
+    layer.zero_grad();
+    auto dxg = on_host(layer.backward(rg, dyg));
+    layer.for_each_parameter([&](auto, auto grad) { rg.all_reduce(dist::reduce_op::sum, grad); });
+    return std::pair{std::move(yg), std::move(dxg)};
+  }, sbn);
+  std::vector<float> gy, gdx;
+  for (const auto& [yr, dxr] : outs) {
+    gy.insert(gy.end(), yr.begin(), yr.end());
+    gdx.insert(gdx.end(), dxr.begin(), dxr.end());
+  }
+  check_close(on_host(y), gy, "sync_batch_norm output");
+  check_close(on_host(dx), gdx, "sync_batch_norm input gradient");
+  const auto gg = gradients_of(sbn[0]);
+  for (std::size_t p = 0; p < grads.size(); ++p) check_close(grads[p], gg[p], "sync_batch_norm gradient " + std::to_string(p));
+}
+
+BOOST_AUTO_TEST_CASE(losses_match_the_cpu) {
+  const shape s = shape::nchw(3, 1, 7, 7);
+  const auto p = random_values(static_cast<std::size_t>(s.numel()), 1, 3.0f), t = random_values(static_cast<std::size_t>(s.numel()), 2);
+  const dist::tensor<float, dist::cpu> pc{s, p}, tc{s, t};
+  auto r = nn::local();
+  const auto mse = nn::mse(r, pc, tc, 6), l1 = nn::l1(r, pc, tc, 6), bce = nn::bce_with_logits(r, pc, tc, 6);
+  dist::one_device_strategy<dist::cuda> gpu;
+  gpu.run([&](dist::replica auto& rg) {
+    const auto pg = dist::tensor<float, dist::cuda>::from_host(s, std::span<const float>(p), rg.device());
+    const auto tg = dist::tensor<float, dist::cuda>::from_host(s, std::span<const float>(t), rg.device());
+    const auto gm = nn::mse(rg, pg, tg, 6), gl = nn::l1(rg, pg, tg, 6), gb = nn::bce_with_logits(rg, pg, tg, 6);
+    BOOST_TEST(gm.value == mse.value, boost::test_tools::tolerance(1e-5f));
+    BOOST_TEST(gl.value == l1.value, boost::test_tools::tolerance(1e-5f));
+    BOOST_TEST(gb.value == bce.value, boost::test_tools::tolerance(1e-5f));
+    check_close(on_host(mse.grad), on_host(gm.grad), "mse gradient");
+    check_close(on_host(l1.grad), on_host(gl.grad), "l1 gradient");
+    check_close(on_host(bce.grad), on_host(gb.grad), "bce_with_logits gradient");
+  });
+}
+
+BOOST_AUTO_TEST_CASE(adam_steps_match_the_cpu) {
+  auto make = [](auto d) { return nn::linear<float, decltype(d)>{{.in_features = 13, .out_features = 5}, 4, d}; };
+  auto cpu_model = make(dist::cpu{});
+  dist::optim::adam<float> cpu_opt{{.lr = 1e-2}};
+  dist::one_device_strategy<dist::cuda> gpu;
+  auto gpu_model = make(gpu.device());
+  dist::optim::adam<float> gpu_opt{{.lr = 1e-2}};
+  const shape in{4, 13};
+  auto r = nn::local();
+  for (int step = 0; step < 3; ++step) {
+    const auto x = random_values(static_cast<std::size_t>(in.numel()), 30 + static_cast<std::uint32_t>(step));
+    const dist::tensor<float, dist::cpu> xc{in, x};
+    cpu_model.zero_grad();
+    const auto y = cpu_model.forward(r, xc);
+    (void)cpu_model.backward(r, y);
+    cpu_opt.step(r, cpu_model);
+    gpu.run([&](dist::replica auto& rg) {
+      const auto xg = dist::tensor<float, dist::cuda>::from_host(in, std::span<const float>(x), rg.device());
+      gpu_model.zero_grad();
+      const auto yg = gpu_model.forward(rg, xg);
+      (void)gpu_model.backward(rg, yg);
+      gpu_opt.step(rg, gpu_model);
+    });
+  }
+  const auto cv = values_of(cpu_model), gv = values_of(gpu_model);
+  for (std::size_t p = 0; p < cv.size(); ++p) check_close(cv[p], gv[p], "parameter " + std::to_string(p) + " after 3 Adam steps");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
