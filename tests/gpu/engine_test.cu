@@ -43,6 +43,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dist = distribute;
@@ -564,6 +565,24 @@ BOOST_AUTO_TEST_CASE(sync_batch_norm_across_gpu_replicas_is_batch_norm_of_the_wh
   check_close(on_host(dx), gdx, "sync_batch_norm input gradient");
   const auto gg = gradients_of(sbn[0]);
   for (std::size_t p = 0; p < grads.size(); ++p) check_close(grads[p], gg[p], "sync_batch_norm gradient " + std::to_string(p));
+}
+
+// A GPU model's digest (verify_mirrored, nn::parameter_digest) reads its parameters through the host:
+// equal copies agree, a GPU model and a CPU model from one seed have the same digest, and a changed
+// copy is caught.
+BOOST_AUTO_TEST_CASE(a_gpu_models_digest_reads_its_parameters_through_the_host) {
+  const cyclegan::discriminator_options o{.channels = 1, .filters = 4, .layers = 2};
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  auto m = s.mirror([&](auto& d) { return cyclegan::make_discriminator(o, 3, d); });
+  s.verify_mirrored(m);
+  auto cpu_model = cyclegan::make_discriminator(o, 3);
+  BOOST_TEST(nn::parameter_digest(m[0]) == nn::parameter_digest(cpu_model));
+  bool first = true;
+  m[1].for_each_parameter([&](auto value, auto) {
+    if (!std::exchange(first, false)) return;
+    dist::detail::cuda_check(cudaMemset(value.data(), 0, value.size_bytes()), "cudaMemset (test)");
+  });
+  BOOST_CHECK_THROW(s.verify_mirrored(m), dist::mirrored_divergence);
 }
 
 BOOST_AUTO_TEST_CASE(losses_match_the_cpu) {

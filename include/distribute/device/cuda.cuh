@@ -9,6 +9,7 @@
 // CUDA runtime, for instance): a GPU run must not quietly test nothing.
 
 #include <distribute/concepts/device.hpp>
+#include <distribute/detail/digest.hpp>
 #include <distribute/config.hpp>
 
 #if !DISTRIBUTE_HAS_CUDA
@@ -319,6 +320,16 @@ inline bool drain_until(cudaStream_t stream, int ordinal, std::chrono::steady_cl
     std::this_thread::sleep_for(pause);
   }
 }
+
+// Model digests (detail/digest.hpp) read a GPU model's parameters through the host.
+template <>
+struct device_to_host<cuda> {
+  template <class T>
+  static void copy(const T* src, std::size_t n, T* dst) {
+    if (n == 0) return;
+    cuda_check(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyDefault), "cudaMemcpy (digest of device parameters)");
+  }
+};
 
 // Where a buffer handed to a collective lives. Device (and managed) memory is used in place; anything
 // else is host memory, staged through the device.

@@ -28,9 +28,7 @@ inline constexpr double init_stddev = 0.02;
 // `strategy.verify_mirrored`) covers their buffers too: distribute::detail::digest_model.
 template <parameterized M>
 std::uint64_t parameter_digest(M& model) {
-  std::uint64_t h = distribute::detail::fnv1a_basis;
-  model.for_each_parameter([&](auto value, auto) { h = distribute::detail::fnv1a(value.data(), value.size_bytes(), h); });
-  return h;
+  return distribute::detail::digest_model(model).parameters;
 }
 
 // Initial values are drawn on the host from the seed and copied to the device, so a model starts from
