@@ -2,7 +2,9 @@
 // What a checkpoint holds: named binary sections, in the order they were put. Typed helpers turn the
 // usual training state into sections and back: plain values (step, epoch, seeds), vectors, models
 // (every parameter and, where a layer has them, its running statistics), optimisers (through their
-// save/load), and standard random engines (through their text form).
+// save/load), and standard random engines (through their text form). A model on a GPU is read and
+// written through the host, so the section is the same bytes whichever device wrote it: a model
+// trained on a GPU loads into the same model on a CPU, and back.
 //
 // Loading never leaves an object half-written: the section is checked against the object first
 // (counts, sizes, element width), and only then copied in. Values are in this machine's byte order;
@@ -10,6 +12,7 @@
 
 #include <distribute/checkpoint/error.hpp>
 #include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/detail/digest.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -154,9 +157,16 @@ class archive {
     w.pod(static_cast<std::uint32_t>(sizeof(T)));
     const auto params = parameters_of(model);
     w.pod(static_cast<std::uint64_t>(params.size()));
+    std::vector<T> staged;  // a device model's parameter, read through the host
     for (auto p : params) {
       w.pod(static_cast<std::uint64_t>(p.size()));
-      w.raw(p.data(), p.size_bytes());
+      if constexpr (distribute::detail::host_parameters<M>) {
+        w.raw(p.data(), p.size_bytes());
+      } else {
+        staged.resize(p.size());
+        distribute::detail::copy_parameter_values<M>(p.data(), p.size(), staged.data());
+        w.raw(staged.data(), p.size_bytes());
+      }
     }
     const auto bufs = buffers_of(model);
     w.pod(static_cast<std::uint64_t>(bufs.size()));
@@ -180,8 +190,16 @@ class archive {
     read_spans(r, params, param_bytes, "parameter");
     read_spans(r, bufs, buf_bytes, "buffer");
     if (r.left() != 0) r.fail("has " + std::to_string(r.left()) + " bytes after the model's state");
-    for (std::size_t i = 0; i < params.size(); ++i)
-      if (!params[i].empty()) std::memcpy(params[i].data(), param_bytes[i].data(), param_bytes[i].size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].empty()) continue;
+      if constexpr (distribute::detail::host_parameters<M>) {
+        std::memcpy(params[i].data(), param_bytes[i].data(), param_bytes[i].size());
+      } else {  // a device model: the bytes may be unaligned for T, so they go through an aligned copy
+        std::vector<T> staged(params[i].size());
+        std::memcpy(staged.data(), param_bytes[i].data(), param_bytes[i].size());
+        distribute::detail::copy_parameter_values<M>(staged.data(), staged.size(), params[i].data());
+      }
+    }
     for (std::size_t i = 0; i < bufs.size(); ++i)
       if (!bufs[i].empty()) std::memcpy(bufs[i].data(), buf_bytes[i].data(), buf_bytes[i].size());
   }

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -24,8 +25,7 @@ inline std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = fn
 // which part differs: its parameters' values (`for_each_parameter`) and its buffers
 // (`for_each_buffer`: batch norm's running statistics and any other state that is not trained but
 // must stay identical), each in enumeration order. Buffers are host memory; the parameters of a
-// model whose `device_type` is not a CPU are copied to the host first (device_to_host<D>, which the
-// device's header defines: device/cuda.cuh).
+// model on another device are read through the host (copy_parameter_values below).
 struct model_digest {
   std::uint64_t parameters = fnv1a_basis;
   std::uint64_t buffers = fnv1a_basis;
@@ -33,24 +33,50 @@ struct model_digest {
   std::uint64_t state() const noexcept { return fnv1a(&buffers, sizeof buffers, parameters); }
 };
 
-// Copies n elements from the memory of device D to the host (specialised per device).
+// Copies n elements between memory of device D and any other memory the process can address (the
+// host, or another device of the same kind), in either direction; returns once they are there.
+// Specialised by each device's header (device/cuda.cuh).
 template <class D>
-struct device_to_host;
+struct device_memory;
+
+// Whether a model's parameters are host memory: a model without a device, or on a CPU.
+template <class M>
+concept host_parameters = !requires { M::device_type::kind; } || (M::device_type::kind == device_kind::cpu);
+
+// Copies n of model M's parameter values, where either side may be memory of M's device.
+template <class M, class T>
+void copy_parameter_values(const T* src, std::size_t n, T* dst) {
+  if (n == 0) return;
+  if constexpr (host_parameters<M>) {
+    std::memcpy(dst, src, n * sizeof(T));
+  } else {
+    device_memory<typename M::device_type>::copy(src, n, dst);
+  }
+}
+
+// A model's parameter values, wherever they live, one host vector per parameter in enumeration order.
+template <class M>
+auto parameter_values(M& model) {
+  std::vector<std::vector<typename M::scalar_type>> out;
+  model.for_each_parameter([&](auto value, auto) {
+    out.emplace_back(value.size());
+    copy_parameter_values<M>(value.data(), value.size(), out.back().data());
+  });
+  return out;
+}
 
 template <class M>
 model_digest digest_model(M& model) {
   model_digest d;
   model.for_each_parameter([&](auto value, auto) {
-    if constexpr (requires { M::device_type::kind; }) {
-      if constexpr (M::device_type::kind != device_kind::cpu) {
-        using T = std::remove_cv_t<typename decltype(value)::element_type>;
-        std::vector<T> host(value.size());
-        device_to_host<typename M::device_type>::copy(value.data(), value.size(), host.data());
-        d.parameters = fnv1a(host.data(), value.size_bytes(), d.parameters);
-        return;
-      }
+    if constexpr (host_parameters<M>) {
+      d.parameters = fnv1a(value.data(), value.size_bytes(), d.parameters);
+    } else {
+      using T = std::remove_cv_t<typename decltype(value)::element_type>;
+      std::vector<T> host(value.size());
+      copy_parameter_values<M>(value.data(), value.size(), host.data());
+      d.parameters = fnv1a(host.data(), value.size_bytes(), d.parameters);
     }
-    d.parameters = fnv1a(value.data(), value.size_bytes(), d.parameters);
   });
   if constexpr (requires { model.for_each_buffer([](std::span<double>) {}); })
     model.for_each_buffer([&](std::span<double> b) { d.buffers = fnv1a(b.data(), b.size_bytes(), d.buffers); });

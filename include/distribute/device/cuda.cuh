@@ -321,13 +321,15 @@ inline bool drain_until(cudaStream_t stream, int ordinal, std::chrono::steady_cl
   }
 }
 
-// Model digests (detail/digest.hpp) read a GPU model's parameters through the host.
+// A GPU model's parameters read or written through the host (digests, checkpoints, broadcasts
+// between workers), or copied from one GPU to another (broadcast between replicas): unified
+// addressing tells the direction. Synchronous, on the legacy stream, so callers use it between steps.
 template <>
-struct device_to_host<cuda> {
+struct device_memory<cuda> {
   template <class T>
   static void copy(const T* src, std::size_t n, T* dst) {
     if (n == 0) return;
-    cuda_check(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyDefault), "cudaMemcpy (digest of device parameters)");
+    cuda_check(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyDefault), "cudaMemcpy (a model's parameters)");
   }
 };
 

@@ -276,8 +276,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     } else {
       const int owner = state_->group.worker_of(from);
       if (owner == worker_index() && from != first_replica_id()) {
-        static_assert(std::is_copy_assignable_v<T>, "distribute: broadcast of mirrored<T> copy-assigns T between local replicas");
-        value[0] = value[static_cast<std::size_t>(from - first_replica_id())];
+        detail::assign_state(value[0], value[static_cast<std::size_t>(from - first_replica_id())]);
       }
       sync_from(value, owner, "strategy.broadcast");
     }
@@ -303,7 +302,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
       state_->group.cross().all_gather(std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
                                        std::span<const std::size_t>(counts));
     });
-    if constexpr (detail::host_model<T>) {
+    if constexpr (gradient_enumerable<T>) {
       // Every worker holds the same digests: all take this second gather, or none does.
       if (const auto differ = detail::replicas_differing(all); !differ.empty()) {
         std::vector<std::uint64_t> parts, all_parts(2 * all.size());
@@ -487,7 +486,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     }
     for (std::size_t r = 1; r < value.size(); ++r) {
       if constexpr (std::is_copy_assignable_v<T>) {
-        value[r] = value[0];
+        detail::assign_state(value[r], value[0]);
       } else {
         if (num_workers() > 1) guarded([&] { detail::broadcast_state(state_->group.cross(), value[r], owner); });
       }

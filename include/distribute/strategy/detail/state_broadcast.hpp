@@ -9,6 +9,7 @@
 //   - a contiguous sequence of trivially copyable elements: its size, then its elements.
 
 #include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/detail/digest.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -50,12 +51,16 @@ void broadcast_state(Cross& cross, T& value, int root) {
   const bool is_root = cross.rank() == root;
   if constexpr (gradient_enumerable<T>) {
     using S = typename T::scalar_type;
+    // Packed on the host (a GPU model's parameters are copied down and back up).
     std::vector<S> packed;
-    value.for_each_parameter([&](std::span<S> v, std::span<S>) { packed.insert(packed.end(), v.begin(), v.end()); });
+    value.for_each_parameter([&](std::span<S> v, std::span<S>) {
+      packed.resize(packed.size() + v.size());
+      copy_parameter_values<T>(v.data(), v.size(), packed.data() + packed.size() - v.size());
+    });
     cross.broadcast(std::span<S>(packed), root);
     std::size_t at = 0;
     value.for_each_parameter([&](std::span<S> v, std::span<S>) {
-      if (!v.empty()) std::memcpy(v.data(), packed.data() + at, v.size_bytes());
+      copy_parameter_values<T>(packed.data() + at, v.size(), v.data());
       at += v.size();
     });
     if constexpr (with_buffers<T>) {

@@ -47,11 +47,6 @@ concept arithmetic = std::is_arithmetic_v<T> || element<T>;
 template <class T>
 concept arithmetic_sequence = std::ranges::sized_range<const T> && arithmetic<std::ranges::range_value_t<T>>;
 
-// A model (`for_each_parameter`, optionally `for_each_buffer`) whose values are host memory: its
-// parameters and its buffers can be digested, apart (detail::digest_model).
-template <class T>
-concept host_model = gradient_enumerable<T> && !requires { requires T::device_type::kind == device_kind::cuda; };
-
 // A value whose state can be digested to compare mirrored copies: arithmetic values and contiguous
 // sequences of them, any type with a member `state_digest()` returning std::uint64_t (which then
 // decides what its state is), or a model on the host (its parameters and its buffers).
@@ -60,18 +55,52 @@ concept digestible = std::is_trivially_copyable_v<T> ||
                      (std::ranges::contiguous_range<const T> &&
                       std::is_trivially_copyable_v<std::ranges::range_value_t<T>>) ||
                      requires(const T& t) { { t.state_digest() } -> std::convertible_to<std::uint64_t>; } ||
-                     host_model<T>;
+                     gradient_enumerable<T>;
 
 template <digestible T>
 std::uint64_t digest_of(const T& value) {
   if constexpr (requires { { value.state_digest() } -> std::convertible_to<std::uint64_t>; }) {
     return value.state_digest();
-  } else if constexpr (host_model<T>) {
+  } else if constexpr (gradient_enumerable<T>) {
     return digest_model(const_cast<T&>(value)).state();  // enumeration is non-const, reading is not
   } else if constexpr (std::is_trivially_copyable_v<T>) {
     return fnv1a(&value, sizeof(T));
   } else {
     return fnv1a(std::ranges::data(value), std::ranges::size(value) * sizeof(std::ranges::range_value_t<T>));
+  }
+}
+
+// Makes `to` hold `from`'s state, for broadcasts between the replicas of one process. A value is
+// copy-assigned, except a model whose parameters live on a device: copy assignment would also copy
+// the layers' device (the source replica's GPU and stream), so its parameters are copied into the
+// destination's own memory and its buffers (host memory) assigned, and every layer stays where it is.
+template <class T>
+void assign_state(T& to, T& from) {
+  if constexpr (gradient_enumerable<T> && !host_parameters<T>) {
+    using S = typename T::scalar_type;
+    std::vector<std::span<S>> source;
+    from.for_each_parameter([&](std::span<S> v, std::span<S>) { source.push_back(v); });
+    std::size_t i = 0;
+    to.for_each_parameter([&](std::span<S> v, std::span<S>) {
+      if (i >= source.size() || source[i].size() != v.size())
+        throw std::invalid_argument("distribute: broadcast between copies of a model whose parameters differ in count or size");
+      copy_parameter_values<T>(source[i].data(), v.size(), v.data());
+      ++i;
+    });
+    if constexpr (requires { from.for_each_buffer([](std::span<double>) {}); }) {
+      std::vector<std::span<double>> buffers;
+      from.for_each_buffer([&](std::span<double> b) { buffers.push_back(b); });
+      std::size_t k = 0;
+      to.for_each_buffer([&](std::span<double> b) {
+        if (k >= buffers.size() || buffers[k].size() != b.size())
+          throw std::invalid_argument("distribute: broadcast between copies of a model whose buffers differ in count or size");
+        std::copy(buffers[k].begin(), buffers[k].end(), b.begin());
+        ++k;
+      });
+    }
+  } else {
+    static_assert(std::is_copy_assignable_v<T>, "distribute: broadcast of mirrored<T> between local replicas copy-assigns T; T must be copy-assignable");
+    to = from;
   }
 }
 
@@ -86,7 +115,7 @@ inline std::string replicas_differing(std::span<const std::uint64_t> digests, st
 
 // A model's parameters' and buffers' digests, appended to `out` (two per copy, for
 // `which_parts_differ`).
-template <host_model T>
+template <gradient_enumerable T>
 void append_model_digests(const T& value, std::vector<std::uint64_t>& out) {
   const auto d = digest_model(const_cast<T&>(value));
   out.push_back(d.parameters);
@@ -234,14 +263,12 @@ class strategy_base {
   // Makes every copy equal to replica `from`'s, after an update that ran on one replica only.
   template <class T, std::size_t E>
   void broadcast(mirrored<T, E>& value, int from = 0) const {
-    static_assert(std::is_copy_assignable_v<T>,
-                  "distribute: broadcast of mirrored<T> between CPU replicas copy-assigns T; T must be copy-assignable");
     check_count(value.size(), "broadcast");
     if (from < 0 || static_cast<std::size_t>(from) >= value.size())
       throw std::invalid_argument("distribute: broadcast from replica " + std::to_string(from) + " of " +
                                   std::to_string(value.size()));
     for (std::size_t r = 0; r < value.size(); ++r)
-      if (r != static_cast<std::size_t>(from)) value[r] = value[static_cast<std::size_t>(from)];
+      if (r != static_cast<std::size_t>(from)) detail::assign_state(value[r], value[static_cast<std::size_t>(from)]);
   }
 
   // Re-batches a dataset of GLOBAL batches into per-replica batches (per_replica<Batch>), shards it
@@ -288,7 +315,7 @@ class strategy_base {
     const std::string differ = detail::replicas_differing(digests);
     if (differ.empty()) return;
     std::string parts;
-    if constexpr (detail::host_model<T>) {
+    if constexpr (gradient_enumerable<T>) {
       std::vector<std::uint64_t> both;
       for (const auto& v : value) detail::append_model_digests(v, both);
       parts = detail::which_parts_differ(both);
