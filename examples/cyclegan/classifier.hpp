@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace cyclegan {
@@ -22,37 +23,51 @@ struct classifier_shape {
   double dropout = 0.1;
 };
 
-inline auto make_classifier(std::uint64_t seed, const classifier_shape& sh = {}) {
-  using nn::conv2d;
+// On any device: the weights are drawn on the host from `seed` whatever the device.
+template <class D = dist::cpu>
+auto make_classifier(std::uint64_t seed, const classifier_shape& sh = {}, const D& device = {}) {
+  using conv2d = nn::conv2d<float, D>;
+  using batch_norm = nn::batch_norm<float, D>;
+  using relu = nn::relu<float, D>;
+  using avg_pool2d = nn::avg_pool2d<float, D>;
+  using linear = nn::linear<float, D>;
   return nn::sequential{
-      conv2d<float>{{.in_channels = 1, .out_channels = sh.conv1, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 1)},
-      nn::batch_norm<float>{{.channels = sh.conv1}, sub(seed, 2)},
-      nn::relu<float>{},
-      nn::avg_pool2d<float>{{.kernel = 2}},
-      conv2d<float>{{.in_channels = sh.conv1, .out_channels = sh.conv2, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 3)},
-      nn::batch_norm<float>{{.channels = sh.conv2}, sub(seed, 4)},
-      nn::relu<float>{},
-      nn::avg_pool2d<float>{{.kernel = 2}},
-      conv2d<float>{{.in_channels = sh.conv2, .out_channels = sh.conv3, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 8)},
-      nn::batch_norm<float>{{.channels = sh.conv3}, sub(seed, 9)},
-      nn::relu<float>{},
-      nn::flatten<float>{},
-      nn::linear<float>{{.in_features = sh.conv3 * 7 * 7, .out_features = sh.hidden}, sub(seed, 5)},
-      nn::relu<float>{},
-      nn::dropout<float>{{.rate = sh.dropout}, sub(seed, 6)},
-      nn::linear<float>{{.in_features = sh.hidden, .out_features = classes}, sub(seed, 7)}};
+      conv2d{{.in_channels = 1, .out_channels = sh.conv1, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 1), device},
+      batch_norm{{.channels = sh.conv1}, sub(seed, 2), device},
+      relu{},
+      avg_pool2d{{.kernel = 2}},
+      conv2d{{.in_channels = sh.conv1, .out_channels = sh.conv2, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 3), device},
+      batch_norm{{.channels = sh.conv2}, sub(seed, 4), device},
+      relu{},
+      avg_pool2d{{.kernel = 2}},
+      conv2d{{.in_channels = sh.conv2, .out_channels = sh.conv3, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 8), device},
+      batch_norm{{.channels = sh.conv3}, sub(seed, 9), device},
+      relu{},
+      nn::flatten<float, D>{},
+      linear{{.in_features = sh.conv3 * 7 * 7, .out_features = sh.hidden}, sub(seed, 5), device},
+      relu{},
+      nn::dropout<float, D>{{.rate = sh.dropout}, sub(seed, 6)},
+      linear{{.in_features = sh.hidden, .out_features = classes}, sub(seed, 7), device}};
 }
-using classifier = decltype(make_classifier(0));
+template <class D = dist::cpu>
+using classifier_on = decltype(make_classifier<D>(0));
+using classifier = classifier_on<dist::cpu>;
 
 // The predicted class of every example of `x` ([n, 1, 28, 28], values in [-1, 1]), in evaluation
-// mode (batch norm's running statistics, no dropout).
-template <class R>
-std::vector<std::int32_t> predict(R& r, classifier& c, const tensor& x) {
+// mode (batch norm's running statistics, no dropout). On any device: the logits come to the host.
+template <class R, class C, class T>
+std::vector<std::int32_t> predict(R& r, C& c, const T& x) {
   c.set_training(false);
-  const tensor logits = c.forward(r, x);
+  const auto logits = c.forward(r, x);
+  std::vector<float> z_all;
+  if constexpr (std::is_same_v<T, tensor>) {
+    z_all.assign(logits.begin(), logits.end());
+  } else {
+    z_all = logits.to_vector();
+  }
   std::vector<std::int32_t> out(static_cast<std::size_t>(x.shape()[0]));
   for (std::size_t e = 0; e < out.size(); ++e) {
-    const float* z = logits.data() + e * classes;
+    const float* z = z_all.data() + e * classes;
     out[e] = static_cast<std::int32_t>(std::max_element(z, z + classes) - z);
   }
   return out;

@@ -25,7 +25,8 @@ namespace cyclegan {
 
 struct settings {
   std::string strategy = "mirrored";
-  int replicas = 2;               // of the process: under multi_worker, each worker's
+  std::string device = "cpu";     // cpu or cuda
+  int replicas = 0;               // of the process (under multi_worker, each worker's); 0: the device's default
   train_options train{};
   int epochs = 1;
   std::int64_t steps = 0;         // 0: epochs x steps per epoch
@@ -70,7 +71,13 @@ strategy
   --strategy one_device|mirrored|multi_worker   where the step runs (default mirrored); multi_worker:
                                    one worker per process of `mpirun -np K` or `srun -n K` (this
                                    build must have MPI); worker 0 prints, writes pictures and checkpoints
-  --replicas N                     CPU replicas of mirrored, or of each worker under multi_worker (default 2)
+  --device cpu|cuda                where the replicas compute (default cpu); cuda: one_device on cuda:0,
+                                   mirrored over --replicas replicas dealt round-robin over the visible
+                                   GPUs (one per GPU: NCCL; more replicas than GPUs: logical replicas
+                                   sharing a GPU), multi_worker with one GPU per worker, the node-local
+                                   rank's (NCCL; this build needs MPI)
+  --replicas N                     replicas of mirrored, or of each worker under multi_worker (default:
+                                   2 CPU replicas; every visible GPU under mirrored --device cuda)
   --placement full|discriminator_only|conditional   selective mirroring (default full)
   --mirror-threshold N             conditional: mirror when the global batch is >= N (default 16)
 model
@@ -114,6 +121,7 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
   auto& t = st.train;
   flags::parser p;
   p.choice("--strategy", {"one_device", "mirrored", "multi_worker"}, [&](const std::string& v) { st.strategy = v; })
+      .choice("--device", {"cpu", "cuda"}, [&](const std::string& v) { st.device = v; })
       .integer("--replicas", st.replicas, 1, max_replicas)
       .choice("--placement", {"full", "discriminator_only", "conditional"}, [&](const std::string& v) { t.place = parse_placement(v); })
       .integer("--mirror-threshold", t.mirror_threshold, std::size_t{0}, max_count)
@@ -174,7 +182,8 @@ inline void validate(const settings& st) {
   const auto& t = st.train;
   if (st.strategy != "one_device" && st.strategy != "mirrored" && st.strategy != "multi_worker")
     throw std::invalid_argument("--strategy must be one_device, mirrored or multi_worker, not '" + st.strategy + "'");
-  check("--replicas", st.replicas, 1, max_replicas);
+  if (st.device != "cpu" && st.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda, not '" + st.device + "'");
+  check("--replicas", st.replicas, 0, max_replicas);  // 0: the default
   check("--filters", t.gen.filters, std::int64_t{1}, max_filters);
   check("--blocks", t.gen.blocks, 0, max_blocks);
   check("--d-filters", t.disc.filters, std::int64_t{1}, max_filters);
@@ -258,6 +267,10 @@ inline void print_scores(const scores& q, const domains& d) {
               d.name_a.c_str(), 100 * q.b_to_a, d.name_a.c_str(), 100 * q.baseline_b, q.cycle_l1_b,
               elsewhere(q.classes_ba, sneaker).c_str());
 }
+
+// --replicas on a CPU: 2 unless given.
+inline int cpu_replicas(const settings& st) { return st.replicas > 0 ? st.replicas : 2; }
+inline const char* device_word(const settings& st) { return st.device == "cuda" ? "GPU" : "CPU"; }
 
 template <distribute::strategy S>
 summary run_with(S& strategy, settings st) {
@@ -367,8 +380,8 @@ summary run_with(S& strategy, settings st) {
                    csv.string().c_str(), static_cast<long long>(tr.steps_done()));
     const std::int64_t stop = st.stop_at_step ? std::min(st.stop_at_step, st.train.total_steps) : st.train.total_steps;
     if (!st.quiet)
-      std::printf("training %s -> %s on %d %s replica(s), placement %s, global batch %lld, %lld steps (%lld per epoch)\n",
-                  d.name_a.c_str(), d.name_b.c_str(), strategy.num_replicas_in_sync(), st.strategy.c_str(),
+      std::printf("training %s -> %s on %d %s replica(s) (%s), placement %s, global batch %lld, %lld steps (%lld per epoch)\n",
+                  d.name_a.c_str(), d.name_b.c_str(), strategy.num_replicas_in_sync(), st.strategy.c_str(), device_word(st),
                   name_of(st.train.place), static_cast<long long>(global), static_cast<long long>(st.train.total_steps),
                   static_cast<long long>(per_epoch));
     if (!st.quiet)
@@ -379,7 +392,7 @@ summary run_with(S& strategy, settings st) {
     std::fflush(stdout);  // before the progress bar on stderr
     // What ran, beside the curves (TensorBoard's Text tab).
     std::string run_line = d.name_a + " -> " + d.name_b + " on " + std::to_string(strategy.num_replicas_in_sync()) + " " + st.strategy +
-                           " replica(s), placement " + name_of(st.train.place) + ", global batch " + std::to_string(global) + ", " +
+                           " replica(s) (" + device_word(st) + "), placement " + name_of(st.train.place) + ", global batch " + std::to_string(global) + ", " +
                            std::to_string(st.train.total_steps) + " steps";
     if (tr.steps_done() > 0) run_line += ", resumed at step " + std::to_string(tr.steps_done());
     board.text("run", run_line, tr.steps_done());
@@ -471,8 +484,8 @@ summary run_with(S& strategy, settings st) {
 
   if (!st.classifier.empty()) {
     const auto ar = distribute::checkpoint::load(st.classifier);
-    auto clf = strategy.mirror([&](auto&) {
-      auto c = make_classifier(0);
+    auto clf = strategy.mirror([&](auto& device) {
+      auto c = make_classifier(0, {}, device);
       ar.get_model("classifier", c);
       return c;
     });
@@ -489,19 +502,30 @@ summary run_with(S& strategy, settings st) {
   return sum;
 }
 
+// The run on GPU replicas: defined by cuda_run.cu, in builds with CUDA (DISTRIBUTE_CYCLEGAN_CUDA).
+summary run_on_cuda(const settings& st);
+
 inline summary run(const settings& st) {
   validate(st);
+  if (st.device == "cuda") {
+#if defined(DISTRIBUTE_CYCLEGAN_CUDA)
+    return run_on_cuda(st);
+#else
+    throw std::invalid_argument("--device cuda: this build of cyclegan_train has no CUDA (configure it where nvcc and the CUDA "
+                                "toolkit are found)");
+#endif
+  }
   if (st.strategy == "one_device") {
     distribute::one_device_strategy<distribute::cpu> s;
     return run_with(s, st);
   }
   if (st.strategy == "mirrored") {
-    distribute::mirrored_strategy<distribute::cpu> s{distribute::cpu_replicas(st.replicas)};
+    distribute::mirrored_strategy<distribute::cpu> s{distribute::cpu_replicas(cpu_replicas(st))};
     return run_with(s, st);
   }
   if (st.strategy == "multi_worker") {
 #if __has_include(<mpi.h>)
-    distribute::multi_worker_mirrored_strategy<distribute::cpu, distribute::mpi> s{{.local_replicas = st.replicas}};
+    distribute::multi_worker_mirrored_strategy<distribute::cpu, distribute::mpi> s{{.local_replicas = cpu_replicas(st)}};
     try {
       return run_with(s, st);
     } catch (const distribute::collective_error& e) {

@@ -19,6 +19,11 @@
 // are the same in all three placements and under one device, up to float rounding of the gradient
 // sums (the `placement` test checks 1e-4 relative after 3 steps). With plain batch norm they are not:
 // each replica normalises its share with its own statistics.
+//
+// The device is the strategy's: on GPU replicas the networks, their optimisers' state and every
+// tensor of the step live on the replica's GPU. What crosses to the host is what the host needs: the
+// global batch comes from the input pipeline as host images and each replica uploads its share; the
+// fakes come down for the image pool, the losses as numbers, the pictures' translations as images.
 
 #include "classifier.hpp"
 #include "data.hpp"
@@ -89,40 +94,79 @@ struct step_losses {
 };
 
 // k t and t += u, computed by the replica's engine.
-template <class R>
-tensor scaled(R& r, tensor t, double k) {
+template <class R, class T>
+T scaled(R& r, T t, double k) {
   r.engine().for_each(static_cast<std::int64_t>(t.size()), nn::detail::kernels::scale<float>{t.data(), t.data(), static_cast<float>(k)});
   return t;
 }
-template <class R>
-void add_to(R& r, tensor& t, const tensor& u) {
+template <class R, class T>
+void add_to(R& r, T& t, const T& u) {
   r.engine().for_each(static_cast<std::int64_t>(t.size()), nn::detail::kernels::add_to<float>{t.data(), u.data()});
 }
-inline tensor filled_like(const tensor& t, float v) {
-  tensor out{t.shape()};
+template <class T>
+T filled_like(const T& t, float v) {
+  T out{t.shape(), t.device()};
   out.fill(v);
   return out;
 }
 
-// What a generator block hands on: its losses and the fakes for the discriminators.
+// A host tensor on replica r's device: the tensor itself on a CPU replica, an upload on a GPU one.
+template <class R>
+decltype(auto) on_replica(R& r, const tensor& host) {
+  using D = typename R::device_type;
+  if constexpr (std::is_same_v<D, dist::cpu>) {
+    return (host);
+  } else {
+    return dist::tensor<float, D>::from_host(host, r.device());
+  }
+}
+// A replica's tensor on the host (a copy down from a GPU).
+template <class T>
+tensor on_host(const T& t) {
+  if constexpr (std::is_same_v<T, tensor>) {
+    return t;
+  } else {
+    return t.to_host();
+  }
+}
+template <class T>
+std::vector<float> host_values(const T& t) {
+  if constexpr (std::is_same_v<T, tensor>) {
+    return std::vector<float>(t.begin(), t.end());
+  } else {
+    return t.to_vector();
+  }
+}
+
+// What a generator block hands on: its losses and the fakes for the discriminators, on the replica's
+// device.
+template <class D>
 struct generator_result {
   step_losses losses;
-  tensor fake_a, fake_b;
+  dist::tensor<float, D> fake_a, fake_b;
 };
 
 template <distribute::strategy S>
 class trainer {
  public:
+  // The strategy's device, and the networks and tensors on it.
+  using device_type = typename S::device_type;
+  using device_tensor = dist::tensor<float, device_type>;
+  using generator_type = generator_on<device_type>;
+  using discriminator_type = discriminator_on<device_type>;
+
+  // The networks are initialised on the host from the same seeds on every device, so a GPU run
+  // starts from exactly the CPU run's weights.
   trainer(S& s, const train_options& o, int channels, int height, int width)
       : s_{s},
         o_{o},
         channels_{channels},
         height_{height},
         width_{width},
-        g_ab_{s.mirror([&](auto&) { return make_generator(o.gen, o.seed * 16 + 1); })},
-        g_ba_{s.mirror([&](auto&) { return make_generator(o.gen, o.seed * 16 + 2); })},
-        d_a_{s.mirror([&](auto&) { return make_discriminator(o.disc, o.seed * 16 + 3); })},
-        d_b_{s.mirror([&](auto&) { return make_discriminator(o.disc, o.seed * 16 + 4); })},
+        g_ab_{s.mirror([&](auto& d) { return make_generator(o.gen, o.seed * 16 + 1, d); })},
+        g_ba_{s.mirror([&](auto& d) { return make_generator(o.gen, o.seed * 16 + 2, d); })},
+        d_a_{s.mirror([&](auto& d) { return make_discriminator(o.disc, o.seed * 16 + 3, d); })},
+        d_b_{s.mirror([&](auto& d) { return make_discriminator(o.disc, o.seed * 16 + 4, d); })},
         og_ab_{s.mirror([&](auto&) { return make_adam(); })},
         og_ba_{s.mirror([&](auto&) { return make_adam(); })},
         od_a_{s.mirror([&](auto&) { return make_adam(); })},
@@ -159,10 +203,15 @@ class trainer {
     const bool mirror = o_.place == placement::full ||
                         (o_.place == placement::conditional && static_cast<std::size_t>(global_batch()) >= o_.mirror_threshold);
     const std::int64_t n = global_batch();
-    auto g_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, generator& gab, generator& gba, discriminator& da,
-                          discriminator& db, adam& oab, adam& oba) { return generator_step(r, ra, rb, gab, gba, da, db, oab, oba, n); };
-    auto d_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, const tensor& fa, const tensor& fb, discriminator& da,
-                          discriminator& db, adam& oa, adam& ob) { return discriminator_step(r, ra, rb, fa, fb, da, db, oa, ob, n); };
+    // Each replica takes its share of the images as host tensors and puts them on its device.
+    auto g_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, generator_type& gab, generator_type& gba,
+                          discriminator_type& da, discriminator_type& db, adam& oab, adam& oba) {
+      return generator_step(r, on_replica(r, ra), on_replica(r, rb), gab, gba, da, db, oab, oba, n);
+    };
+    auto d_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, const tensor& fa, const tensor& fb, discriminator_type& da,
+                          discriminator_type& db, adam& oa, adam& ob) {
+      return discriminator_step(r, on_replica(r, ra), on_replica(r, rb), on_replica(r, fa), on_replica(r, fb), da, db, oa, ob, n);
+    };
     std::vector<float> fakes_a, fakes_b;
     if (mirror) {
       // Every block on every replica, over the replicas' shares.
@@ -170,17 +219,17 @@ class trainer {
       auto g = distribute::run_block(s_, distribute::make_block(distribute::every_replica, g_fn), pa, pb, g_ab_, g_ba_, d_a_, d_b_,
                                      og_ab_, og_ba_);
       // Every replica's losses and fakes, of every worker, in replica order.
-      out += sum_over_replicas(g, [](const generator_result& p) { return p.losses; });
-      fakes_a = s_.gather(each_replica(g, [](const generator_result& p) { return std::vector<float>(p.fake_a.begin(), p.fake_a.end()); }));
-      fakes_b = s_.gather(each_replica(g, [](const generator_result& p) { return std::vector<float>(p.fake_b.begin(), p.fake_b.end()); }));
+      out += sum_over_replicas(g, [](const result& p) { return p.losses; });
+      fakes_a = s_.gather(each_replica(g, [](const result& p) { return host_values(p.fake_a); }));
+      fakes_b = s_.gather(each_replica(g, [](const result& p) { return host_values(p.fake_b); }));
     } else {
       // The generators once, on the primary, over the global batch; then every copy takes its update.
       auto g = distribute::run_block(s_, distribute::make_block(distribute::primary_only, g_fn), a, b, g_ab_, g_ba_, d_a_, d_b_,
                                      og_ab_, og_ba_);
       distribute::resync(s_, g_ab_, g_ba_, og_ab_, og_ba_);
       out += g.losses;
-      fakes_a.assign(g.fake_a.begin(), g.fake_a.end());
-      fakes_b.assign(g.fake_b.begin(), g.fake_b.end());
+      fakes_a = host_values(g.fake_a);
+      fakes_b = host_values(g.fake_b);
     }
     // The pools see the global batch of fakes on the primary, in order, whatever the placement.
     const tensor pooled_a{a.shape(), pool_a_.query(fakes_a)};
@@ -201,18 +250,17 @@ class trainer {
     return out;
   }
 
-  // A -> B -> A and B -> A -> B of a few images, on the primary: for the picture grids.
+  // A -> B -> A and B -> A -> B of a few images, on the primary: for the picture grids (host tensors).
   struct translations {
     tensor fake_b, rec_a, fake_a, rec_b;
   };
   translations translate_samples(const tensor& a, const tensor& b) {
-    return s_.run_on_primary([](auto& r, generator& gab, generator& gba, const tensor& x, const tensor& y) {
-      translations t;
-      t.fake_b = gab.forward(r, x);
-      t.rec_a = gba.forward(r, t.fake_b);
-      t.fake_a = gba.forward(r, y);
-      t.rec_b = gab.forward(r, t.fake_a);
-      return t;
+    return s_.run_on_primary([](auto& r, generator_type& gab, generator_type& gba, const tensor& ha, const tensor& hb) {
+      const auto& x = on_replica(r, ha);
+      const auto& y = on_replica(r, hb);
+      const device_tensor fake_b = gab.forward(r, x), rec_a = gba.forward(r, fake_b);
+      const device_tensor fake_a = gba.forward(r, y), rec_b = gab.forward(r, fake_a);
+      return translations{on_host(fake_b), on_host(rec_a), on_host(fake_a), on_host(rec_b)};
     }, g_ab_, g_ba_, a, b);
   }
 
@@ -275,14 +323,16 @@ class trainer {
     s_.verify_mirrored(od_b_);
   }
 
-  using generators = typename S::template mirrored_type<generator>;
-  using discriminators = typename S::template mirrored_type<discriminator>;
+  using generators = typename S::template mirrored_type<generator_type>;
+  using discriminators = typename S::template mirrored_type<discriminator_type>;
   generators& g_ab() noexcept { return g_ab_; }
   generators& g_ba() noexcept { return g_ba_; }
   discriminators& d_a() noexcept { return d_a_; }
   discriminators& d_b() noexcept { return d_b_; }
 
  private:
+  using result = generator_result<device_type>;
+
   adam make_adam() const { return adam{{.lr = o_.lr, .beta1 = o_.beta1, .beta2 = o_.beta2}}; }
   std::size_t image_size() const { return static_cast<std::size_t>(channels_) * height_ * width_; }
 
@@ -304,7 +354,7 @@ class trainer {
   // verify_mirrored checks, and no result changes (training mode normalises with the batch's
   // statistics; the checkpoint holds the primary's).
   void share_running_statistics() {
-    s_.run([](auto& r, discriminator& da, discriminator& db) {
+    s_.run([](auto& r, discriminator_type& da, discriminator_type& db) {
       std::vector<double> all;
       for (auto* d : {&da, &db}) d->for_each_buffer([&](std::span<double> b) { all.insert(all.end(), b.begin(), b.end()); });
       r.broadcast(std::span<double>(all), 0);
@@ -332,9 +382,9 @@ class trainer {
   // identity, then A -> B -> A and B -> A -> B, each path's backward right after its forward (a
   // layer keeps the state of its last forward only), then the summed gradients and the update.
   template <class R>
-  generator_result generator_step(R& r, const tensor& a, const tensor& b, generator& gab, generator& gba, discriminator& da,
-                                  discriminator& db, adam& oab, adam& oba, std::int64_t n) {
-    generator_result out;
+  result generator_step(R& r, const device_tensor& a, const device_tensor& b, generator_type& gab, generator_type& gba,
+                        discriminator_type& da, discriminator_type& db, adam& oab, adam& oba, std::int64_t n) {
+    result out;
     gab.zero_grad();
     gba.zero_grad();
     const double w_cyc = o_.lambda_cycle, w_idt = o_.lambda_cycle * o_.lambda_identity;
@@ -345,11 +395,11 @@ class trainer {
       gba.backward(r, scaled(r, idt_a.grad, w_idt), nn::no_input_gradient);
       out.losses.identity = w_idt * (idt_a.value + idt_b.value);
     }
-    auto path = [&](const tensor& real, generator& g, generator& back, discriminator& d, double& gan_loss) {
-      tensor fake = g.forward(r, real);
+    auto path = [&](const device_tensor& real, generator_type& g, generator_type& back, discriminator_type& d, double& gan_loss) {
+      device_tensor fake = g.forward(r, real);
       const auto cyc = nn::l1(r, back.forward(r, fake), real, n);
-      tensor dfake = back.backward(r, scaled(r, cyc.grad, w_cyc));
-      const tensor score = d.forward(r, fake);
+      device_tensor dfake = back.backward(r, scaled(r, cyc.grad, w_cyc));
+      const device_tensor score = d.forward(r, fake);
       const auto adv = nn::mse(r, score, filled_like(score, 1.0f), n);
       add_to(r, dfake, d.backward(r, adv.grad));
       g.backward(r, dfake, nn::no_input_gradient);  // real is data
@@ -368,15 +418,16 @@ class trainer {
 
   // The discriminators' half: LSGAN, 0.5 (mse(D(real), 1) + mse(D(fake), 0)).
   template <class R>
-  step_losses discriminator_step(R& r, const tensor& real_a, const tensor& real_b, const tensor& fake_a, const tensor& fake_b,
-                                 discriminator& da, discriminator& db, adam& oa, adam& ob, std::int64_t n) {
+  step_losses discriminator_step(R& r, const device_tensor& real_a, const device_tensor& real_b, const device_tensor& fake_a,
+                                 const device_tensor& fake_b, discriminator_type& da, discriminator_type& db, adam& oa, adam& ob,
+                                 std::int64_t n) {
     step_losses out;
-    auto one = [&](discriminator& d, const tensor& real, const tensor& fake) {
+    auto one = [&](discriminator_type& d, const device_tensor& real, const device_tensor& fake) {
       d.zero_grad();
-      const tensor sr = d.forward(r, real);
+      const device_tensor sr = d.forward(r, real);
       const auto lr = nn::mse(r, sr, filled_like(sr, 1.0f), n);
       d.backward(r, scaled(r, lr.grad, 0.5), nn::no_input_gradient);  // images are data here
-      const tensor sf = d.forward(r, fake);
+      const device_tensor sf = d.forward(r, fake);
       const auto lf = nn::mse(r, sf, filled_like(sf, 0.0f), n);
       d.backward(r, scaled(r, lf.grad, 0.5), nn::no_input_gradient);
       r.all_reduce_gradients(d);
@@ -425,19 +476,20 @@ scores evaluate(S& s, Generators& g_ab, Generators& g_ba, Classifiers& clf, cons
       auto shares = s.scatter(part, static_cast<std::size_t>(image));
       // Each replica's tally: {hits, untranslated hits, L1 sum, count per class ...}, summed over
       // every replica of every worker by the strategy.
-      auto results = s.run([&](auto& r, std::vector<float>& v, generator& g, generator& back, classifier& c) {
+      auto results = s.run([&](auto& r, std::vector<float>& v, auto& g, auto& back, auto& c) {
         std::vector<double> t(3 + classes, 0.0);
         const auto k = static_cast<std::int64_t>(v.size()) / image;
         if (k == 0) return t;
-        const tensor in{dist::shape::nchw(k, x.shape()[1], x.shape()[2], x.shape()[3]), v};
-        const tensor fake = g.forward(r, in);
-        const tensor rec = back.forward(r, fake);
+        const tensor host_in{dist::shape::nchw(k, x.shape()[1], x.shape()[2], x.shape()[3]), v};
+        const auto& in = on_replica(r, host_in);
+        const auto fake = g.forward(r, in);
+        const tensor rec = on_host(back.forward(r, fake));
         for (auto p : predict(r, c, fake)) {
           t[0] += p == target;
           ++t[3 + static_cast<std::size_t>(p)];
         }
         for (auto p : predict(r, c, in)) t[1] += p == target;
-        for (std::size_t i = 0; i < in.size(); ++i) t[2] += std::abs(static_cast<double>(rec[i]) - in[i]);
+        for (std::size_t i = 0; i < host_in.size(); ++i) t[2] += std::abs(static_cast<double>(rec[i]) - host_in[i]);
         return t;
       }, shares, forward, backward, clf);
       const std::vector<double> t = s.reduce(dist::reduce_op::sum, results);

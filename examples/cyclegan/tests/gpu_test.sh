@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# cyclegan_train --device cuda against the CPU, on a small model (the `gpu` label):
+#   1. 20 steps on one GPU track 20 steps on the CPU from the same seed: the first step's losses
+#      within 1e-3 relative (the same weights, the same data, float32 throughout, TF32 off), every
+#      step's within 5e-2 (a GAN amplifies rounding differences of the sums step by step);
+#   2. mirrored over 2 logical replicas on one GPU (cuda_peer) equals one_device on the GPU with the
+#      same global batch: every step's losses within 1e-3 relative;
+#   3. the selective placement discriminator_only on those replicas, within 1e-3 of full;
+#   4. checkpoints cross devices: 10 GPU steps, resumed on the CPU for 10 more, track 20 GPU steps
+#      (5e-2), and a CPU checkpoint resumes on the GPU the same way.
+#
+#   gpu_test.sh CYCLEGAN_TRAIN WORK_DIR
+# Exits 77 (skipped) when no GPU is visible or Fashion-MNIST is not installed; any other failure of
+# the GPU run (a driver error) fails the test.
+set -euo pipefail
+train=$1 work=$2
+fmnist=/usr/share/datasets/fashion-mnist
+if [[ ! -e $fmnist/train-images-idx3-ubyte.gz && ! -e $fmnist/train-images-idx3-ubyte ]]; then
+  echo "Fashion-MNIST not found in $fmnist (apt-get install dataset-fashion-mnist): skipped"
+  exit 77
+fi
+rm -rf "$work"
+mkdir -p "$work"
+fail() { echo "FAIL: $*"; exit 1; }
+common=(--steps 20 --batch 2 --train-limit 400 --filters 8 --blocks 1 --d-filters 8 --d-layers 2 --sample-every 0
+        --checkpoint-every 10 --seed 5 --quiet)
+
+# One GPU step first: no device is a skip, anything else a failure.
+if ! "$train" "${common[@]}" --steps 1 --device cuda --strategy one_device --out "$work/probe" 2> "$work/probe.err"; then
+  cat "$work/probe.err"
+  grep -q "no CUDA device is visible" "$work/probe.err" && { echo "no GPU: skipped"; exit 77; }
+  grep -q "this build of cyclegan_train has no CUDA" "$work/probe.err" && { echo "built without CUDA: skipped"; exit 77; }
+  fail "cyclegan_train --device cuda failed"
+fi
+
+# close A B FIRST_TOL TOL STEPS: losses.csv of runs A and B agree in the six loss columns (4..9).
+close() {
+  awk -F, -v first="$3" -v tol="$4" -v steps="$5" '
+    FNR == 1 { next }
+    NR == FNR { for (i = 4; i <= 9; ++i) a[$1, i] = $i; next }
+    {
+      for (i = 4; i <= 9; ++i) {
+        d = a[$1, i] - $i; if (d < 0) d = -d
+        m = $i < 0 ? -$i : $i; if (m < 1e-3) m = 1e-3
+        t = ($1 == 1) ? first : tol
+        if (d / m > t) { printf "step %d column %d: %s vs %s (relative %.2e > %.0e)\n", $1, i, a[$1, i], $i, d / m, t; bad = 1 }
+      }
+      ++n
+    }
+    END { if (n != steps) { printf "%d common steps, expected %d\n", n, steps; bad = 1 } exit bad }' "$1/losses.csv" "$2/losses.csv"
+}
+
+"$train" "${common[@]}" --device cpu --strategy one_device --out "$work/cpu"
+"$train" "${common[@]}" --device cuda --strategy one_device --out "$work/gpu"
+close "$work/cpu" "$work/gpu" 1e-3 5e-2 20 || fail "20 GPU steps do not track 20 CPU steps"
+echo "one GPU tracks the CPU over 20 steps"
+
+"$train" "${common[@]}" --device cuda --strategy one_device --batch 4 --out "$work/gpu4"
+"$train" "${common[@]}" --device cuda --strategy mirrored --replicas 2 --out "$work/gpu_m2"
+close "$work/gpu4" "$work/gpu_m2" 1e-3 1e-3 20 || fail "mirrored over 2 logical GPU replicas differs from one_device"
+"$train" "${common[@]}" --device cuda --strategy mirrored --replicas 2 --placement discriminator_only --out "$work/gpu_do"
+close "$work/gpu_m2" "$work/gpu_do" 1e-3 1e-3 20 || fail "placement discriminator_only differs from full on GPU replicas"
+echo "mirrored over 2 logical GPU replicas equals one_device; discriminator_only equals full"
+
+"$train" "${common[@]}" --device cuda --strategy one_device --stop-at-step 10 --out "$work/g2c" --checkpoint-dir "$work/g2c/ckpt"
+"$train" "${common[@]}" --device cpu --strategy one_device --resume --out "$work/g2c" --checkpoint-dir "$work/g2c/ckpt"
+close "$work/gpu" "$work/g2c" 1e-3 5e-2 20 || fail "a GPU checkpoint resumed on the CPU does not track the GPU run"
+"$train" "${common[@]}" --device cpu --strategy one_device --stop-at-step 10 --out "$work/c2g" --checkpoint-dir "$work/c2g/ckpt"
+"$train" "${common[@]}" --device cuda --strategy one_device --resume --out "$work/c2g" --checkpoint-dir "$work/c2g/ckpt"
+close "$work/cpu" "$work/c2g" 1e-3 5e-2 20 || fail "a CPU checkpoint resumed on the GPU does not track the CPU run"
+echo "checkpoints load across devices (GPU -> CPU and CPU -> GPU)"
