@@ -5,7 +5,8 @@
 // replicas, run on a GPU replica and on the CPU from the same seed and input; outputs, input
 // gradients and every parameter gradient agree within 1e-3 of the CPU value relative to the largest
 // magnitude in that tensor (float32 on both sides, TF32 off; the GPU sums in another order). Also its
-// matrix products against the CPU engine's and its passes on the replica's stream.
+// matrix products against the CPU engine's and its passes on the replica's stream, and Adam's state on
+// a GPU: checkpointed there and resumed on either device, and copied to another replica.
 //
 // Suite `cudnn`: the engine's cuDNN convolutions (engine/detail/cudnn_conv.cuh) against the CPU
 // engine's reference (im2col + Eigen): every convolution the CycleGAN example runs, at small
@@ -22,6 +23,7 @@
 
 #include "gpu_test_support.cuh"
 
+#include <distribute/checkpoint/archive.hpp>
 #include <distribute/config.hpp>
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/engine/cpu.hpp>
@@ -631,6 +633,148 @@ BOOST_AUTO_TEST_CASE(adam_steps_match_the_cpu) {
   }
   const auto cv = values_of(cpu_model), gv = values_of(gpu_model);
   for (std::size_t p = 0; p < cv.size(); ++p) check_close(cv[p], gv[p], "parameter " + std::to_string(p) + " after 3 Adam steps");
+}
+
+namespace {
+
+// Sets every parameter value of a model, wherever it lives, from host values in enumeration order.
+template <class M>
+void set_values(M& m, const std::vector<std::vector<float>>& values) {
+  std::size_t i = 0;
+  m.for_each_parameter([&](auto value, auto) {
+    BOOST_TEST_REQUIRE(values.at(i).size() == value.size());
+    if (!value.empty())
+      dist::detail::cuda_check(cudaMemcpy(value.data(), values[i].data(), value.size_bytes(), cudaMemcpyDefault), "cudaMemcpy (test)");
+    ++i;
+  });
+  dist::detail::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (test)");  // before any stream reads them
+}
+
+// The small model and training step of the optimiser state tests: a linear layer whose loss
+// gradient is its output, on input `step` of a fixed sequence.
+auto make_linear(auto d) { return nn::linear<float, decltype(d)>{{.in_features = 13, .out_features = 5}, 4, d}; }
+const shape linear_input{4, 13};
+std::vector<float> input_of(int step) {
+  return random_values(static_cast<std::size_t>(linear_input.numel()), 60 + static_cast<std::uint32_t>(step));
+}
+template <class M, class O>
+void cpu_step(M& model, O& opt, int step) {
+  auto r = nn::local();
+  const dist::tensor<float, dist::cpu> x{linear_input, input_of(step)};
+  model.zero_grad();
+  const auto y = model.forward(r, x);
+  (void)model.backward(r, y);
+  opt.step(r, model);
+}
+// The same step on a GPU replica.
+template <class R, class M, class O>
+void gpu_step(R& rg, M& model, O& opt, int step) {
+  const auto x = input_of(step);
+  const auto xg = dist::tensor<float, dist::cuda>::from_host(linear_input, std::span<const float>(x), rg.device());
+  model.zero_grad();
+  const auto yg = model.forward(rg, xg);
+  (void)model.backward(rg, yg);
+  opt.step(rg, model);
+}
+
+}  // namespace
+
+// Adam's moments live on the GPU of the model they step; a checkpoint of them reads them through the
+// host, in the CPU's format: taken after GPU steps, it resumes a CPU model and a GPU model alike, and
+// a CPU run's resumes a GPU model; every run matches the CPU-only one.
+BOOST_AUTO_TEST_CASE(an_adam_checkpoint_taken_on_a_gpu_loads_on_either_device) {
+  const dist::optim::adam_options o{.lr = 1e-2, .weight_decay = 1e-3};
+  auto reference = make_linear(dist::cpu{});
+  dist::optim::adam<float> reference_opt{o};
+  std::vector<std::vector<float>> reference_at_3;
+  std::string reference_state_at_3;
+  for (int t = 0; t < 5; ++t) {
+    if (t == 3) {
+      reference_at_3 = values_of(reference);
+      std::ostringstream os;
+      reference_opt.save(os);
+      reference_state_at_3 = std::move(os).str();
+    }
+    cpu_step(reference, reference_opt, t);
+  }
+
+  dist::one_device_strategy<dist::cuda> gpu;
+  auto gpu_model = make_linear(gpu.device());
+  dist::optim::adam<float> gpu_opt{o};
+  for (int t = 0; t < 3; ++t) gpu.run([&](dist::replica auto& rg) { gpu_step(rg, gpu_model, gpu_opt, t); });
+  dist::checkpoint::archive a;
+  a.put_state("adam", gpu_opt);
+  std::stringstream saved;
+  gpu_opt.save(saved);
+  const auto at_3 = values_of(gpu_model);
+  check_close(reference_at_3.front(), at_3.front(), "weights after 3 steps on the GPU");
+
+  // Into an optimiser stepping the CPU model.
+  auto cpu_model = make_linear(dist::cpu{});
+  set_values(cpu_model, at_3);
+  dist::optim::adam<float> cpu_opt;
+  a.get_state("adam", cpu_opt);
+  BOOST_TEST(cpu_opt.steps() == 3);
+  BOOST_TEST(cpu_opt.state_digest() == gpu_opt.state_digest());
+  for (int t = 3; t < 5; ++t) cpu_step(cpu_model, cpu_opt, t);
+
+  // Into one stepping the GPU model (through a stream this time), in place of the optimiser that
+  // wrote it.
+  dist::optim::adam<float> gpu_loaded;
+  gpu_loaded.load(saved);
+  BOOST_TEST(gpu_loaded.state_digest() == gpu_opt.state_digest());
+  for (int t = 3; t < 5; ++t) gpu.run([&](dist::replica auto& rg) { gpu_step(rg, gpu_model, gpu_loaded, t); });
+
+  // And the CPU run's checkpoint into a GPU model.
+  auto from_cpu = make_linear(gpu.device());
+  set_values(from_cpu, reference_at_3);
+  dist::optim::adam<float> from_cpu_opt;
+  std::istringstream is(reference_state_at_3);
+  from_cpu_opt.load(is);
+  for (int t = 3; t < 5; ++t) gpu.run([&](dist::replica auto& rg) { gpu_step(rg, from_cpu, from_cpu_opt, t); });
+
+  const auto want = values_of(reference);
+  const auto on_cpu = values_of(cpu_model), on_gpu = values_of(gpu_model), resumed = values_of(from_cpu);
+  for (std::size_t p = 0; p < want.size(); ++p) {
+    check_close(want[p], on_cpu[p], "parameter " + std::to_string(p) + ": GPU checkpoint resumed on the CPU");
+    check_close(want[p], on_gpu[p], "parameter " + std::to_string(p) + ": GPU checkpoint resumed on the GPU");
+    check_close(want[p], resumed[p], "parameter " + std::to_string(p) + ": CPU checkpoint resumed on the GPU");
+  }
+  BOOST_TEST(gpu_loaded.steps() == 5);
+}
+
+// A copy of an optimiser holds its state through the host and moves it to the GPU replica that steps
+// it: replica 0 steps alone, the strategy broadcasts its optimiser to replica 1 (copy assignment), and
+// both replicas, on their own streams, go on to match the CPU-only run.
+BOOST_AUTO_TEST_CASE(a_copied_adam_steps_a_model_on_another_replica) {
+  const dist::optim::adam_options o{.lr = 1e-2};
+  auto reference = make_linear(dist::cpu{});
+  dist::optim::adam<float> reference_opt{o};
+  for (int t = 0; t < 5; ++t) cpu_step(reference, reference_opt, t);
+
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  auto models = s.mirror([](auto& d) { return make_linear(d); });
+  auto opts = s.mirror([&](auto&) { return dist::optim::adam<float>{o}; });
+  for (int t = 0; t < 2; ++t)
+    s.run([&](dist::replica auto& rg, nn::linear<float, dist::cuda>& model, dist::optim::adam<float>& opt) {
+      if (rg.replica_id() == 0) gpu_step(rg, model, opt, t);
+    }, models, opts);
+  // Replica 1 takes replica 0's parameters and optimiser.
+  set_values(models[1], values_of(models[0]));
+  s.broadcast(opts);
+  BOOST_TEST(opts[1].steps() == 2);
+  BOOST_TEST(opts[1].state_digest() == opts[0].state_digest());
+  for (int t = 2; t < 5; ++t)
+    s.run([&](dist::replica auto& rg, nn::linear<float, dist::cuda>& model, dist::optim::adam<float>& opt) {
+      gpu_step(rg, model, opt, t);
+    }, models, opts);
+
+  const auto want = values_of(reference), first = values_of(models[0]), second = values_of(models[1]);
+  for (std::size_t p = 0; p < want.size(); ++p) {
+    check_close(want[p], first[p], "parameter " + std::to_string(p) + " on replica 0");
+    check_close(want[p], second[p], "parameter " + std::to_string(p) + " on replica 1, stepped by the copy");
+  }
+  BOOST_TEST(opts[1].steps() == 5);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

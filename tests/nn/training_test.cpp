@@ -1,12 +1,18 @@
-// Optimisers against hand-computed references; fused gradient all-reduce; data-parallel equivalence
-// of a conv net with sync_batch_norm over 1 to 4 replicas; bit-identical reruns.
+// Optimisers against hand-computed references, their saved form, copies, and their state following
+// the model to its device (through a test device whose memory is host memory); fused gradient
+// all-reduce; data-parallel equivalence of a conv net with sync_batch_norm over 1 to 4 replicas;
+// bit-identical reruns.
 
 #include "nn_test_support.hpp"
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -39,6 +45,115 @@ struct flat_model {
 };
 static_assert(nn::parameterized<flat_model<float>>);
 static_assert(!nn::parameterized<std::vector<float>>);
+
+// A test device whose memory is host memory, to take the optimisers' device path (their state held
+// as tensor<T, D> of the engine's device, optim/detail/state_buffers.hpp) on a machine without a GPU.
+// Its kind says "not a CPU"; `stream` stands for the stream a GPU device is bound to.
+struct host_memory_device {
+  static constexpr dist::device_kind kind = dist::device_kind::cuda;
+  int ordinal = 0;
+  int stream = 0;
+  int index() const noexcept { return ordinal; }
+  std::string name() const { return "test:" + std::to_string(ordinal) + "/" + std::to_string(stream); }
+  friend bool operator==(const host_memory_device&, const host_memory_device&) = default;
+};
+static_assert(dist::device<host_memory_device>);
+
+// Every live buffer of a tensor<T, host_memory_device>, with the device that holds it.
+std::map<const void*, host_memory_device>& device_buffers() {
+  static std::map<const void*, host_memory_device> live;
+  return live;
+}
+
+}  // namespace
+
+// The tensor of the test device: what the optimisers' device state asks of a device's tensor, and
+// no copies (the state must go through the host to be copied).
+template <class T>
+class distribute::tensor<T, host_memory_device> {
+ public:
+  tensor(dist::shape s, host_memory_device d) : device_{d}, size_{static_cast<std::size_t>(s.numel())}, data_{new T[size_]()} {
+    device_buffers().emplace(data_.get(), device_);
+  }
+  static tensor from_host(dist::shape s, std::span<const T> values, host_memory_device d) {
+    tensor t{s, d};
+    BOOST_TEST_REQUIRE(values.size() == t.size_);
+    std::copy(values.begin(), values.end(), t.data_.get());
+    return t;
+  }
+  tensor(const tensor&) = delete;
+  tensor& operator=(const tensor&) = delete;
+  tensor(tensor&&) noexcept = default;
+  tensor& operator=(tensor&&) = delete;
+  ~tensor() {
+    if (data_) device_buffers().erase(data_.get());
+  }
+  std::size_t size() const noexcept { return size_; }
+  T* data() noexcept { return data_.get(); }
+  std::vector<T> to_vector() const { return std::vector<T>(data_.get(), data_.get() + size_); }
+
+ private:
+  host_memory_device device_;
+  std::size_t size_ = 0;
+  std::unique_ptr<T[]> data_;
+};
+
+namespace {
+
+// The engine of a replica on the test device: serial, and every optimiser update it runs must find
+// its state (Adam's m and v, SGD's velocity) in buffers of its own device.
+struct host_memory_engine {
+  using device_type = host_memory_device;
+  explicit host_memory_engine(host_memory_device dev) : d{dev} {}
+  host_memory_device d;
+  int state_checks = 0;
+  const host_memory_device& device() const noexcept { return d; }
+  template <class F>
+  void for_each(std::int64_t n, F f) {
+    if constexpr (requires { f.m; }) check(f.m);
+    if constexpr (requires { f.v; }) check(f.v);
+    for (std::int64_t i = 0; i < n; ++i) f(i);
+  }
+  void check(const void* state) {
+    ++state_checks;
+    const auto it = device_buffers().find(state);
+    BOOST_TEST_REQUIRE((it != device_buffers().end()), "optimiser state outside the memory of " << d.name());
+    BOOST_TEST_REQUIRE((it->second == d), "optimiser state on " << it->second.name() << ", stepped on " << d.name());
+  }
+};
+struct host_memory_replica {
+  explicit host_memory_replica(host_memory_device d) : e{d} {}
+  host_memory_engine e;
+  host_memory_engine& engine() { return e; }
+};
+
+// Fresh gradients for step t, the same for every copy of a model.
+template <class T>
+void set_gradients(flat_model<T>& model, int t) {
+  for (std::size_t p = 0; p < model.grads.size(); ++p)
+    for (std::size_t i = 0; i < model.grads[p].size(); ++i)
+      model.grads[p][i] = static_cast<T>(std::sin(static_cast<double>(t * 13 + static_cast<int>(p * 5 + i))));
+}
+template <class O>
+std::string saved(const O& opt) {
+  std::ostringstream os;
+  opt.save(os);
+  return std::move(os).str();
+}
+template <class O>
+void load(O& opt, const std::string& bytes) {
+  std::istringstream is(bytes);
+  opt.load(is);
+}
+bool same_bits(const flat_model<float>& a, const flat_model<float>& b) {
+  if (a.values.size() != b.values.size()) return false;
+  for (std::size_t p = 0; p < a.values.size(); ++p)
+    if (a.values[p].size() != b.values[p].size() ||
+        std::memcmp(a.values[p].data(), b.values[p].data(), a.values[p].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+const char* const mismatch_message = "distribute: optimiser state does not match the model (parameter 0 has 4 elements)";
 
 }  // namespace
 
@@ -134,6 +249,242 @@ BOOST_AUTO_TEST_CASE(state_must_match_the_model) {
   optim::adam<float> opt;
   opt.step(small);
   BOOST_CHECK_THROW(opt.step(large), std::invalid_argument);
+  optim::sgd<float> with_momentum{{.momentum = 0.9}};
+  with_momentum.step(small);
+  BOOST_CHECK_EXCEPTION(with_momentum.step(large), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return std::string(e.what()) == mismatch_message; });
+  BOOST_CHECK_EXCEPTION(opt.step(large), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return std::string(e.what()) == mismatch_message; });
+}
+
+// The saved form is the one older checkpoints hold: the tag, the step count, then each buffer set as
+// (count, then each buffer's size and values). A state in that form loads and saves back byte for byte.
+BOOST_AUTO_TEST_CASE(the_saved_form_is_unchanged) {
+  std::string adam_bytes("adam-v1\0", 8), sgd_bytes("sgd-v1\0\0", 8);
+  auto put = [](std::string& out, const auto& v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(adam_bytes, std::int64_t{3});
+  put(sgd_bytes, std::int64_t{5});
+  for (int set = 0; set < 2; ++set) {
+    put(adam_bytes, std::uint64_t{2});
+    put(adam_bytes, std::uint64_t{2});
+    put(adam_bytes, 0.25f + static_cast<float>(set));
+    put(adam_bytes, -1.5f);
+    put(adam_bytes, std::uint64_t{1});
+    put(adam_bytes, 3.0f);
+  }
+  put(sgd_bytes, std::uint64_t{1});
+  put(sgd_bytes, std::uint64_t{3});
+  for (const float x : {1.0f, 2.0f, -4.0f}) put(sgd_bytes, x);
+  optim::adam<float> adam;
+  optim::sgd<float> sgd;
+  load(adam, adam_bytes);
+  load(sgd, sgd_bytes);
+  BOOST_TEST(adam.steps() == 3);
+  BOOST_TEST(sgd.steps() == 5);
+  BOOST_TEST(saved(adam) == adam_bytes);
+  BOOST_TEST(saved(sgd) == sgd_bytes);
+  // And a stepped state is in that form too: 8 + 8 + 2 * (8 + (8 + 4 * 4) + (8 + 4 * 1)) bytes.
+  flat_model<float> m({4, 1});
+  set_gradients(m, 0);
+  optim::adam<float> stepped;
+  stepped.step(m);
+  BOOST_TEST(saved(stepped).size() == 16u + 2u * (8u + 24u + 12u));
+}
+
+// A copy (constructed or assigned) is deep: stepping it leaves the source as it was, and stepping a
+// copy steps exactly as the source would.
+BOOST_AUTO_TEST_CASE(copies_are_deep_and_step_as_the_source) {
+  flat_model<float> model({5, 3});
+  optim::adam<float> source{{.lr = 0.01, .weight_decay = 1e-3}};
+  optim::sgd<float> sgd_source{{.lr = 0.01, .momentum = 0.9}};
+  for (int t = 0; t < 3; ++t) {
+    set_gradients(model, t);
+    source.step(model);
+    sgd_source.step(model);
+  }
+  const auto adam_before = saved(source), sgd_before = saved(sgd_source);
+
+  optim::adam<float> constructed{source};
+  optim::adam<float> assigned;
+  assigned = source;
+  optim::sgd<float> sgd_constructed{sgd_source}, sgd_assigned;
+  sgd_assigned = sgd_source;
+  BOOST_TEST(constructed.state_digest() == source.state_digest());
+  BOOST_TEST(assigned.state_digest() == source.state_digest());
+  BOOST_TEST(sgd_assigned.state_digest() == sgd_source.state_digest());
+  BOOST_TEST(saved(assigned) == adam_before);
+  BOOST_TEST(saved(sgd_assigned) == sgd_before);
+
+  // Each copy, stepping its own copy of the model, matches the source stepping the model.
+  flat_model<float> a = model, b = model, c = model, d = model, e = model;
+  for (int t = 3; t < 6; ++t) {
+    for (auto* m : {&a, &b, &c, &d, &e}) set_gradients(*m, t);
+    source.step(a);
+    constructed.step(b);
+    assigned.step(c);
+    sgd_source.step(d);
+    sgd_assigned.step(e);
+  }
+  BOOST_TEST(same_bits(a, b));
+  BOOST_TEST(same_bits(a, c));
+  BOOST_TEST(same_bits(d, e));
+  BOOST_TEST(saved(assigned) == saved(source));
+  BOOST_TEST(saved(sgd_assigned) == saved(sgd_source));
+
+  // The copies are independent: stepping one changes no other.
+  const auto source_now = saved(source);
+  set_gradients(b, 9);
+  constructed.step(b);
+  BOOST_TEST(saved(source) == source_now);
+  BOOST_TEST(saved(assigned) == source_now);
+  BOOST_TEST(saved(constructed) != source_now);
+  BOOST_TEST(sgd_constructed.state_digest() != sgd_source.state_digest());  // the source stepped on, the copy did not
+
+  // A moved-from optimiser's state went to the target.
+  optim::adam<float> moved{std::move(constructed)};
+  BOOST_TEST(moved.steps() == 7);
+}
+
+// The device path on the test device: the state is uploaded at the first step of a replica on a
+// device, stays there (every update finds it in that device's memory), is read through the host by
+// save and state_digest, comes back to the host for a step on the calling thread, and moves to the
+// device of whichever replica steps a copy. Through all of it the bits equal a CPU-only run.
+BOOST_AUTO_TEST_CASE(state_follows_the_model_to_its_device) {
+  const host_memory_device gpu0{0, 1}, gpu1{1, 2}, gpu0_other_stream{0, 3};
+  auto live_on = [](const host_memory_device& d) {
+    return std::count_if(device_buffers().begin(), device_buffers().end(), [&](const auto& kv) { return kv.second == d; });
+  };
+  flat_model<float> reference({4, 1, 7}), model = reference;
+  optim::adam<float> cpu_adam{{.lr = 0.02, .weight_decay = 1e-2}}, dev_adam{cpu_adam.options()};
+  optim::sgd<float> cpu_sgd{{.lr = 0.02, .momentum = 0.5}}, dev_sgd{cpu_sgd.options()};
+  host_memory_replica r0{gpu0};
+  int t = 0;
+  auto step_both = [&](auto&& step_device, int steps) {
+    for (int k = 0; k < steps; ++k, ++t) {
+      set_gradients(reference, t);
+      set_gradients(model, t);
+      cpu_adam.step(reference);
+      cpu_sgd.step(reference);
+      step_device();
+    }
+  };
+  // A fresh state: uploaded on the first step, two moments of three parameters plus a velocity.
+  step_both([&] {
+    dev_adam.step(r0, model);
+    dev_sgd.step(r0, model);
+  }, 3);
+  BOOST_TEST(same_bits(reference, model));
+  BOOST_TEST(live_on(gpu0) == 9);
+  BOOST_TEST(r0.e.state_checks == 3 * (2 * 3 + 3));
+  // Read through the host: the same bytes and digests as the CPU run's.
+  BOOST_TEST(saved(dev_adam) == saved(cpu_adam));
+  BOOST_TEST(saved(dev_sgd) == saved(cpu_sgd));
+  BOOST_TEST(dev_adam.state_digest() == cpu_adam.state_digest());
+  BOOST_TEST(dev_sgd.state_digest() == cpu_sgd.state_digest());
+
+  // A step on the calling thread brings the state back to the host.
+  step_both([&] {
+    dev_adam.step(model);
+    dev_sgd.step(model);
+  }, 1);
+  BOOST_TEST(same_bits(reference, model));
+  BOOST_TEST(live_on(gpu0) == 0);
+  // And the next device step uploads it again.
+  step_both([&] {
+    dev_adam.step(r0, model);
+    dev_sgd.step(r0, model);
+  }, 2);
+  BOOST_TEST(same_bits(reference, model));
+  BOOST_TEST(live_on(gpu0) == 9);
+
+  // A copy assigned from the device-held state holds host state, and moves to the device of the
+  // replica that steps it (another device, or the same one under another stream), never the source's.
+  for (const auto& target : {gpu1, gpu0_other_stream}) {
+    optim::adam<float> copy;
+    copy = dev_adam;
+    optim::sgd<float> sgd_copy{dev_sgd};
+    BOOST_TEST(live_on(target) == 0);
+    BOOST_TEST(copy.state_digest() == dev_adam.state_digest());
+    host_memory_replica r1{target};
+    flat_model<float> copy_model = model, source_model = model;
+    for (int k = 0; k < 2; ++k) {
+      set_gradients(copy_model, 100 + k);
+      set_gradients(source_model, 100 + k);
+      copy.step(r1, copy_model);
+      sgd_copy.step(r1, copy_model);
+    }
+    // The same steps taken by a host copy of the source.
+    optim::adam<float> host_adam = dev_adam;
+    optim::sgd<float> host_sgd = dev_sgd;
+    for (int k = 0; k < 2; ++k) {
+      set_gradients(source_model, 100 + k);
+      host_adam.step(source_model);
+      host_sgd.step(source_model);
+    }
+    BOOST_TEST(same_bits(copy_model, source_model));
+    BOOST_TEST(live_on(target) == 9);
+    BOOST_TEST(live_on(gpu0) == 9);  // the source's own state stayed where it was
+    BOOST_TEST(r1.e.state_checks == 2 * (2 * 3 + 3));
+  }
+
+  // State held by one device that steps a model on another, or on the same device under another
+  // stream, moves there (through the host), and the bits stay the CPU run's.
+  for (const auto& target : {gpu1, gpu0_other_stream, gpu0}) {
+    host_memory_replica rt{target};
+    step_both([&] {
+      dev_adam.step(rt, model);
+      dev_sgd.step(rt, model);
+    }, 1);
+    BOOST_TEST(same_bits(reference, model));
+    BOOST_TEST(live_on(target) == 9);
+    BOOST_TEST(device_buffers().size() == 9u);  // and nowhere else
+    BOOST_TEST(rt.e.state_checks == 2 * 3 + 3);
+  }
+
+  // A state loaded from a checkpoint (written by the CPU run) is uploaded at the next device step;
+  // one written on the device loads into a CPU run.
+  optim::adam<float> loaded{cpu_adam.options()}, back_on_cpu{cpu_adam.options()};
+  optim::sgd<float> sgd_loaded{cpu_sgd.options()}, sgd_back_on_cpu{cpu_sgd.options()};
+  load(loaded, saved(cpu_adam));
+  load(sgd_loaded, saved(cpu_sgd));
+  load(back_on_cpu, saved(dev_adam));
+  load(sgd_back_on_cpu, saved(dev_sgd));
+  flat_model<float> loaded_model = model, cpu_model = model;
+  host_memory_replica r2{gpu1};
+  for (int k = 0; k < 3; ++k, ++t) {
+    for (auto* m : {&reference, &model, &loaded_model, &cpu_model}) set_gradients(*m, t);
+    cpu_adam.step(reference);
+    cpu_sgd.step(reference);
+    dev_adam.step(r0, model);
+    dev_sgd.step(r0, model);
+    loaded.step(r2, loaded_model);
+    sgd_loaded.step(r2, loaded_model);
+    back_on_cpu.step(cpu_model);
+    sgd_back_on_cpu.step(cpu_model);
+  }
+  BOOST_TEST(same_bits(reference, model));
+  BOOST_TEST(same_bits(reference, loaded_model));
+  BOOST_TEST(same_bits(reference, cpu_model));
+  BOOST_TEST(saved(loaded) == saved(cpu_adam));
+  BOOST_TEST(saved(back_on_cpu) == saved(cpu_adam));
+  // Loading replaces device-held state with host state.
+  load(dev_adam, saved(cpu_adam));
+  load(dev_sgd, saved(cpu_sgd));
+  BOOST_TEST(live_on(gpu0) == 0);
+
+  // The state must match the model on the device path too, with the same error.
+  flat_model<float> small({3}), large({4});
+  optim::adam<float> opt;
+  optim::sgd<float> sgd{{.momentum = 0.9}};
+  opt.step(r0, small);
+  sgd.step(r0, small);
+  auto is_mismatch = [](const std::invalid_argument& e) { return std::string(e.what()) == mismatch_message; };
+  BOOST_CHECK_EXCEPTION(opt.step(r0, large), std::invalid_argument, is_mismatch);
+  BOOST_CHECK_EXCEPTION(sgd.step(r0, large), std::invalid_argument, is_mismatch);
+  // And a host state that moves to a device is checked against the model there.
+  optim::adam<float> host_state;
+  host_state.step(small);
+  BOOST_CHECK_EXCEPTION(host_state.step(r0, large), std::invalid_argument, is_mismatch);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -4,11 +4,16 @@
 //   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 // The moments and the step count t are the state; `save`/`load` round-trip them bit for bit.
+// The moments live where the model's parameters do: host memory for a model on the CPU, memory of
+// the replica's GPU (and stream) for a model stepped there, moved on the first step that sees a model
+// elsewhere (detail/state_buffers.hpp). Saving reads them through the host and the saved form does
+// not depend on the device, so a checkpoint written on a CPU loads into a GPU run and back.
 
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/optim/detail/engine_steps.hpp>
+#include <distribute/optim/detail/state_buffers.hpp>
 #include <distribute/optim/detail/state_io.hpp>
 
 #include <cmath>
@@ -55,12 +60,11 @@ class adam : public detail::engine_steps<adam<T>, T> {
     const T eps = static_cast<T>(o_.eps);
     std::size_t index = 0;
     model.for_each_parameter([&](std::span<T> p, std::span<T> g) {
-      auto& m = detail::buffer_for(m_, index, p.size());
-      auto& v = detail::buffer_for(v_, index, p.size());
+      T* m = m_.buffer_for(e, index, p.size());
+      T* v = v_.buffer_for(e, index, p.size());
       ++index;
-      e.for_each(static_cast<std::int64_t>(p.size()), nn::detail::kernels::adam_update<T>{
-                                                          p.data(), g.data(), m.data(), v.data(), b1, b2, wd, step_size,
-                                                          sqrt_bc2, eps});
+      e.for_each(static_cast<std::int64_t>(p.size()),
+                 nn::detail::kernels::adam_update<T>{p.data(), g.data(), m, v, b1, b2, wd, step_size, sqrt_bc2, eps});
     });
   }
 
@@ -68,20 +72,26 @@ class adam : public detail::engine_steps<adam<T>, T> {
   void save(std::ostream& os) const {
     detail::write_tag(os, tag);
     detail::write_pod(os, steps_);
-    detail::write_buffers(os, m_);
-    detail::write_buffers(os, v_);
+    m_.with_host([&](const auto& m) { detail::write_buffers(os, m); });
+    v_.with_host([&](const auto& v) { detail::write_buffers(os, v); });
   }
   void load(std::istream& is) {
     detail::read_tag(is, tag);
     steps_ = detail::read_pod<std::int64_t>(is);
-    m_ = detail::read_buffers<T>(is);
-    v_ = detail::read_buffers<T>(is);
-    if (m_.size() != v_.size()) throw std::runtime_error("distribute: corrupt adam state (moment counts differ)");
+    auto m = detail::read_buffers<T>(is);
+    auto v = detail::read_buffers<T>(is);
+    if (m.size() != v.size()) throw std::runtime_error("distribute: corrupt adam state (moment counts differ)");
+    m_.assign_host(std::move(m));
+    v_.assign_host(std::move(v));
   }
-  std::uint64_t state_digest() const noexcept {
+  // For verify_mirrored: equal on every replica while the copies stay in sync (device state is read
+  // through the host).
+  std::uint64_t state_digest() const {
     std::uint64_t h = distribute::detail::fnv1a(&steps_, sizeof steps_);
-    for (const auto& b : m_) h = distribute::detail::fnv1a(b.data(), b.size() * sizeof(T), h);
-    for (const auto& b : v_) h = distribute::detail::fnv1a(b.data(), b.size() * sizeof(T), h);
+    for (const auto* s : {&m_, &v_})
+      s->with_host([&](const auto& buffers) {
+        for (const auto& b : buffers) h = distribute::detail::fnv1a(b.data(), b.size() * sizeof(T), h);
+      });
     return h;
   }
 
@@ -89,7 +99,7 @@ class adam : public detail::engine_steps<adam<T>, T> {
   static constexpr char tag[8] = {'a', 'd', 'a', 'm', '-', 'v', '1', 0};
   adam_options o_{};
   std::int64_t steps_ = 0;
-  std::vector<std::vector<T>> m_, v_;
+  detail::state_buffers<T> m_, v_;  // the moments, one buffer per parameter
 };
 
 }  // namespace distribute::optim

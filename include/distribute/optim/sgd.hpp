@@ -1,11 +1,16 @@
 #pragma once
 // Stochastic gradient descent with momentum (PyTorch's form): with weight decay wd added to the
 // gradient (g += wd * p), v = momentum * v + g, p -= lr * v. The velocity buffers are the state.
+// They live where the model's parameters do: host memory for a model on the CPU, memory of the
+// replica's GPU (and stream) for a model stepped there, moved on the first step that sees a model
+// elsewhere (detail/state_buffers.hpp). Saving reads them through the host and the saved form does
+// not depend on the device, so a checkpoint written on a CPU loads into a GPU run and back.
 
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/optim/detail/engine_steps.hpp>
+#include <distribute/optim/detail/state_buffers.hpp>
 #include <distribute/optim/detail/state_io.hpp>
 
 #include <cstdint>
@@ -44,9 +49,8 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
     std::size_t index = 0;
     const T lr = static_cast<T>(o_.lr), mu = static_cast<T>(o_.momentum), wd = static_cast<T>(o_.weight_decay);
     model.for_each_parameter([&](std::span<T> p, std::span<T> g) {
-      auto& v = detail::buffer_for(velocity_, index++, p.size());
-      e.for_each(static_cast<std::int64_t>(p.size()),
-                 nn::detail::kernels::sgd_update<T>{p.data(), g.data(), v.data(), lr, mu, wd});
+      T* v = velocity_.buffer_for(e, index++, p.size());
+      e.for_each(static_cast<std::int64_t>(p.size()), nn::detail::kernels::sgd_update<T>{p.data(), g.data(), v, lr, mu, wd});
     });
     ++steps_;
   }
@@ -55,17 +59,20 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
   void save(std::ostream& os) const {
     detail::write_tag(os, tag);
     detail::write_pod(os, steps_);
-    detail::write_buffers(os, velocity_);
+    velocity_.with_host([&](const auto& v) { detail::write_buffers(os, v); });
   }
   void load(std::istream& is) {
     detail::read_tag(is, tag);
     steps_ = detail::read_pod<std::int64_t>(is);
-    velocity_ = detail::read_buffers<T>(is);
+    velocity_.assign_host(detail::read_buffers<T>(is));
   }
-  // For verify_mirrored: equal on every replica while the copies stay in sync.
-  std::uint64_t state_digest() const noexcept {
+  // For verify_mirrored: equal on every replica while the copies stay in sync (device state is read
+  // through the host).
+  std::uint64_t state_digest() const {
     std::uint64_t h = distribute::detail::fnv1a(&steps_, sizeof steps_);
-    for (const auto& v : velocity_) h = distribute::detail::fnv1a(v.data(), v.size() * sizeof(T), h);
+    velocity_.with_host([&](const auto& buffers) {
+      for (const auto& v : buffers) h = distribute::detail::fnv1a(v.data(), v.size() * sizeof(T), h);
+    });
     return h;
   }
 
@@ -73,7 +80,7 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
   static constexpr char tag[8] = {'s', 'g', 'd', '-', 'v', '1', 0, 0};
   sgd_options o_{};
   std::int64_t steps_ = 0;
-  std::vector<std::vector<T>> velocity_;
+  detail::state_buffers<T> velocity_;  // one buffer per parameter
 };
 
 }  // namespace distribute::optim

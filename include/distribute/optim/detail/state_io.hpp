@@ -53,14 +53,18 @@ inline void read_tag(std::istream& is, const char (&tag)[8]) {
     throw std::runtime_error(std::string("distribute: not a saved ") + tag + " optimiser state");
 }
 
+// Parameter `index` of the model has `size` elements, which its state does not (or it has no state).
+[[noreturn]] inline void throw_state_mismatch(std::size_t index, std::size_t size) {
+  throw std::invalid_argument("distribute: optimiser state does not match the model (parameter " + std::to_string(index) +
+                              " has " + std::to_string(size) + " elements)");
+}
+
 // Buffers are created on the first step, one per parameter in enumeration order; a later step must
-// see the same parameters.
+// see the same parameters. (Host buffers; state_buffers.hpp holds them wherever the model is.)
 template <class T>
 std::vector<T>& buffer_for(std::vector<std::vector<T>>& buffers, std::size_t index, std::size_t size) {
-  if (index == buffers.size()) buffers.emplace_back(size, T(0));
-  if (index > buffers.size() || buffers[index].size() != size)
-    throw std::invalid_argument("distribute: optimiser state does not match the model (parameter " +
-                                std::to_string(index) + " has " + std::to_string(size) + " elements)");
+  if (index == buffers.size()) buffers.push_back(std::vector<T>(size));  // zero-filled
+  if (index > buffers.size() || buffers[index].size() != size) throw_state_mismatch(index, size);
   return buffers[index];
 }
 
