@@ -276,19 +276,24 @@ def timed_steps(step, a, b, o, barrier=None):
     return times, first
 
 
-def report(o, mode, world, threads, g_params, d_params, times, first, rss, import_rss):
+def report(o, mode, world, threads, g_params, d_params, times, first, rss, import_rss, device_mib=None):
     per_step = statistics.median(times)
     mean = statistics.fmean(times)
     images = o.batch / per_step
     label = f"DDP gloo {world}x{threads} thread" if mode == "ddp" else f"{threads} threads"
+    if o.device == "cuda":
+        label = f"{torch.cuda.get_device_name(0)}, {'TF32' if o.tf32 else 'float32'}"
     print(f"cyclegan_torch: torch {torch.__version__}, {label}, {o.size}x{o.size}x{o.channels}, {o.filters} filters, "
           f"{o.blocks} blocks, {o.d_layers} d-layers, global batch {o.batch}")
     print(f"  parameters: G {g_params}, D {d_params} (each of two)")
     print("  step-1 losses: " + ", ".join(f"{k} {first[k]:.6f}" for k in ("d_a", "d_b", "gan_ab", "gan_ba", "cycle", "identity")))
     print(f"  {per_step:.4f} s/step (median of {o.steps}, mean {mean:.4f}; {o.warmup} warm-up), {images:.4g} images/s, "
-          f"peak RSS {rss:.1f} MiB{' (max over ranks)' if mode == 'ddp' else ''}, {import_rss:.1f} MiB of it after importing torch")
+          f"peak RSS {rss:.1f} MiB{' (max over ranks)' if mode == 'ddp' else ''}, {import_rss:.1f} MiB of it after importing torch"
+          + (f", peak device memory {device_mib:.1f} MiB" if device_mib is not None else ""))
     print(json.dumps({
         "bench": "cyclegan", "side": "peer", "framework": "torch", "version": torch.__version__, "mode": mode,
+        "device": torch.cuda.get_device_name(0) if o.device == "cuda" else "cpu", "tf32": o.tf32,
+        "peak_device_mib": round(device_mib, 1) if device_mib is not None else -1,
         "world_size": world, "threads": threads, "size": o.size, "channels": o.channels, "filters": o.filters,
         "blocks": o.blocks, "d_layers": o.d_layers, "global_batch": o.batch, "steps": o.steps, "warmup": o.warmup,
         "g_params": g_params, "d_params": d_params, "s_per_step": round(per_step, 6), "s_per_step_mean": round(mean, 6),
@@ -302,9 +307,26 @@ def run_single(o):
     torch.manual_seed(o.seed)
     g_ab, g_ba, d_a, d_b = networks(o, o.seed)
     a, b = batches(o, o.batch, o.seed)
+    device_mib = None
+    if o.device == "cuda":
+        # Eager mode as users run it; TF32 only when asked (both sides then use tensor cores).
+        torch.backends.cuda.matmul.allow_tf32 = o.tf32
+        torch.backends.cudnn.allow_tf32 = o.tf32
+        dev = torch.device("cuda", 0)
+        g_ab, g_ba, d_a, d_b = (m.to(dev) for m in (g_ab, g_ba, d_a, d_b))
+        a, b = a.to(dev), b.to(dev)
     step = Step(g_ab, g_ba, d_a, d_b, seed=o.seed)
-    times, first = timed_steps(step, a, b, o)
-    report(o, "single", 1, torch.get_num_threads(), count(g_ab), count(d_a), times, first, peak_rss_mib(), IMPORT_RSS_MIB)
+    if o.device == "cuda":
+        for _ in range(o.warmup):  # warm-up outside the peak: the timed steps' memory is what is compared
+            step(a, b)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        o = argparse.Namespace(**{**vars(o), "warmup": 0})
+    times, first = timed_steps(step, a, b, o)  # every step ends in .item(): the GPU's work is done
+    if o.device == "cuda":
+        device_mib = torch.cuda.max_memory_allocated() / (1024.0 * 1024.0)
+    report(o, "single", 1, torch.get_num_threads(), count(g_ab), count(d_a), times, first, peak_rss_mib(), IMPORT_RSS_MIB,
+           device_mib)
 
 
 def ddp_worker(rank, o, port):
@@ -461,6 +483,8 @@ def main():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel, gloo, --world-size ranks of 1 thread")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the step on GPU 0 (single process)")
+    p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 in convolutions and matrix products")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--params-only", action="store_true", help="print the parameter counts as JSON and exit")
     p.add_argument("--check-dir", help="compare one step with the C++ side's (bench_cyclegan --check-dir)")
@@ -475,6 +499,8 @@ def main():
     if o.check_dir:
         return run_check(o)
     if o.ddp:
+        if o.device != "cpu":
+            p.error("--ddp runs on the CPU (gloo); --device cuda is single-process")
         run_ddp(o)
     else:
         run_single(o)

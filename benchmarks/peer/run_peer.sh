@@ -7,16 +7,25 @@
 #   (c) demo-2r   the same, mirrored 2 replicas vs torch DDP (gloo) 2 ranks x 1 thread
 #   (d) paper     256x256x3, 64 filters, 9 blocks, 3 d-layers, batch 1: one_device vs torch, all cores
 # Before timing, the parameter counts of both sides must agree (at demo and paper size).
+# With --gpu, on GPU 0 instead (ours --device cuda, the build must have CUDA; torch on "cuda"), both
+# in float32 unless --tf32, with the peak device memory of each:
+#   (g1) demo      28x28x1, 16 filters, 3 blocks, 2 d-layers, global batch 8, one_device vs torch eager
+#   (g2) paper     256x256x3, 64 filters, 9 blocks, 3 d-layers, batch 1
+#   (g3) paper     the same, batch 4
+#   (g4) demo-2r   demo, mirrored over 2 logical replicas on the one GPU vs torch (one process, batch 8)
+# The peer is the python3 on PATH when its torch has CUDA (a GPU machine's own PyTorch), else the
+# virtual environment's.
 #
 #   benchmarks/peer/run_peer.sh [--build-dir build/release] [--venv build/peer-venv] [--rounds 3]
 #       [--steps 20] [--warmup 3] [--paper-steps 1] [--paper-warmup 1] [--quick] [--check]
-#       [--no-build] [--json FILE]
+#       [--no-build] [--json FILE] [--gpu [--tf32]]
 #
 #   --quick   skips (d)
 #   --check   also the step-1 check: both sides train one step from the same initial weights and
 #             batch (bench_cyclegan writes them, the port loads them); losses and every gradient
 #             must agree. Also checks that torch DDP's step 1 equals torch's single-process step 1.
 #   --json    appends every measurement as one JSON line (with the configuration, round and loads)
+#   --gpu     the GPU configurations (g1-g4) in place of (a)-(d); --quick skips (g3)
 #
 # The virtual environment (created once) holds a pinned CPU build of torch: from the PyTorch CPU
 # wheel index when it is reachable, else PyPI's build (which brings CUDA libraries it does not use
@@ -39,6 +48,8 @@ quick=0
 check=0
 build=1
 json=""
+gpu=0
+tf32=()
 
 die() { echo "run_peer.sh: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
@@ -54,7 +65,9 @@ while [[ $# -gt 0 ]]; do
     --check) check=1; shift ;;
     --no-build) build=0; shift ;;
     --json) json=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --gpu) gpu=1; shift ;;
+    --tf32) tf32=(--tf32); shift ;;
+    -h|--help) sed -n '2,38p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -66,8 +79,13 @@ py=$venv/bin/python
 peer=benchmarks/peer/cyclegan_torch.py
 
 # --- the peer's environment ---------------------------------------------------------------------
+if [[ $gpu == 1 ]] && python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  py=$(command -v python3)  # the machine's own PyTorch with CUDA
+fi
 have_torch() { [[ -x $py ]] && "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; }
-if ! have_torch; then
+if [[ $gpu == 1 && $py != "$venv/bin/python" ]]; then
+  echo "== the peer: $py, torch $("$py" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
+elif ! have_torch; then
   echo "== creating $venv with torch $TORCH_VERSION (once)"
   python3 -m venv "$venv"
   "$py" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
@@ -150,6 +168,14 @@ fi
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 configs=(a b c)
 [[ $quick == 0 ]] && configs+=(d)
+if [[ $gpu == 1 ]]; then
+  "$ours" --device cuda --steps 1 --warmup 0 "${demo[@]}" >/dev/null ||
+    die "$ours --device cuda does not run (a build without CUDA, or no GPU)"
+  "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || die "the peer's torch has no CUDA"
+  configs=(g1 g2 g4)
+  [[ $quick == 0 ]] && configs=(g1 g2 g3 g4)
+fi
+paper4=(--size 256 --channels 3 --filters 64 --blocks 9 --d-layers 3 --batch 4)
 results=$logs/results.jsonl
 : >"$results"
 run_load_start=$(load)
@@ -180,6 +206,14 @@ for ((r = 1; r <= rounds; r++)); do
          measure "$r" c peer "$py" "$peer" "${demo[@]}" --ddp --world-size 2 --steps "$steps" --warmup "$warmup" ;;
       d) measure "$r" d ours "$ours" --strategy one_device "${paper[@]}" --steps "$paper_steps" --warmup "$paper_warmup"
          measure "$r" d peer "$py" "$peer" "${paper[@]}" --threads "$cores" --steps "$paper_steps" --warmup "$paper_warmup" ;;
+      g1) measure "$r" g1 ours "$ours" --device cuda "${tf32[@]}" --strategy one_device "${demo[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g1 peer "$py" "$peer" --device cuda "${tf32[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g2) measure "$r" g2 ours "$ours" --device cuda "${tf32[@]}" --strategy one_device "${paper[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g2 peer "$py" "$peer" --device cuda "${tf32[@]}" "${paper[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g3) measure "$r" g3 ours "$ours" --device cuda "${tf32[@]}" --strategy one_device "${paper4[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g3 peer "$py" "$peer" --device cuda "${tf32[@]}" "${paper4[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g4) measure "$r" g4 ours "$ours" --device cuda "${tf32[@]}" --strategy mirrored --replicas 2 "${demo[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g4 peer "$py" "$peer" --device cuda "${tf32[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
     esac
   done
 done

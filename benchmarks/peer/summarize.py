@@ -18,6 +18,10 @@ TITLES = {
     "b": "(b) demo, 1 thread vs 1 thread (core 0)",
     "c": "(c) demo, mirrored 2 vs torch DDP gloo 2x1",
     "d": "(d) paper 256x256x3, one_device vs torch",
+    "g1": "(g1) GPU demo, one_device vs torch eager",
+    "g2": "(g2) GPU paper, batch 1, vs torch eager",
+    "g3": "(g3) GPU paper, batch 4, vs torch eager",
+    "g4": "(g4) GPU demo, 2 logical replicas vs torch",
 }
 
 
@@ -48,6 +52,11 @@ def main():
         print(f"{TITLES.get(c, c):<44} {os_:>11.4f} {oi:>7.3g} {ps_:>11.4f} {pi:>7.3g} {ratio:>9.2f} "
               f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>13} {rss_o:>7.0f}Mi {f'{rss_p:.0f}Mi ({imp:.0f})':>18} "
               f"{f'{l0}->{l1}':>16}")
+        dev_o = max(ours[k].get("peak_device_mib", -1) for k in rounds)
+        dev_p = max(peer[k].get("peak_device_mib", -1) for k in rounds)
+        if dev_o >= 0 or dev_p >= 0:
+            print(f"{'':<44} {ours[rounds[0]].get('device', '')}: peak device memory ours {dev_o:.0f} MiB, torch {dev_p:.0f} MiB; "
+                  f"s/step ours/torch {os_ / ps_:.2f} (goal at paper size: at most 0.8)")
     print(f"\n{len(rounds)} rounds; load average (1, 5, 15 min) at start {load_start}, at end {load_end}")
 
 

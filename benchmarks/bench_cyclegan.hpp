@@ -1,0 +1,250 @@
+#pragma once
+// One CycleGAN training step of the example's trainer (examples/cyclegan/trainer.hpp, `full`
+// placement), timed on synthetic data: the side of "ours" in the comparison with PyTorch that
+// benchmarks/peer/run_peer.sh runs (the peer is benchmarks/peer/cyclegan_torch.py, a port of the same
+// networks and step). Prints the parameter counts, seconds per step, images per second (global batch
+// / seconds per step), the peak RSS and one JSON line. See docs/benchmarks.md.
+//
+//   bench_cyclegan [--strategy one_device|mirrored] [--device cpu|cuda] [--tf32] [--replicas N] [--size 28] [--channels 1]
+//                  [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8] [--steps 5] [--warmup 1]
+//                  [--seed 1] [--check-dir DIR] [--params-only]
+//
+// --device cuda (in builds with CUDA: bench_cyclegan_cuda.cu) runs the same trainer on GPU replicas
+// (one_device: cuda:0; mirrored: --replicas logical replicas dealt over the visible GPUs), in float32
+// unless --tf32, and adds the peak of the GPU's stream-ordered memory pool during the timed steps.
+//
+// --batch is the GLOBAL batch (split between the replicas). Every step trains on the same random
+// batch (uniform in [-1, 1]); the image pool is the trainer's own (50 images).
+//
+// --check-dir DIR runs one step and writes, as raw little-endian float32: DIR/init.bin, the initial
+// parameters of G_AB, G_BA, D_A, D_B in their enumeration order (`for_each_parameter`); DIR/data.bin,
+// the A then the B batch (NCHW); DIR/grads.bin, each parameter's gradient of that step (in the same
+// order; the trainer zeroes gradients before, not after, each half of the step); DIR/after.bin, the
+// parameters after the step; and DIR/ours.json, the step's losses. The port loads the first two, runs
+// its own step and compares the rest (cyclegan_torch.py --check-dir DIR).
+
+#include "models.hpp"
+#include "trainer.hpp"
+
+#include "bench_common.hpp"
+
+#include <distribute/distribute.hpp>
+
+#include <sched.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dist = distribute;
+
+namespace bench_cyclegan {
+
+struct options {
+  std::string strategy = "one_device";
+  std::string device = "cpu";  // cpu or cuda (where the build has CUDA)
+  bool tf32 = false;           // cuda: TF32 tensor-core convolutions and products
+  int replicas = 2;
+  int size = 28, channels = 1, filters = 16, blocks = 3, d_layers = 2, batch = 8;
+  int steps = 5, warmup = 1;
+  std::uint64_t seed = 1;
+  std::string check_dir;
+  bool params_only = false;  // print the parameter counts as JSON and exit
+};
+
+[[noreturn]] inline void usage(const char* why) {
+  std::fprintf(stderr,
+               "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored] [--device cpu|cuda] [--tf32] [--replicas N] [--size S] "
+               "[--channels C]\n       [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] [--warmup N] "
+               "[--seed S]\n       [--check-dir DIR] [--params-only]\n",
+               why);
+  std::exit(2);
+}
+
+inline options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+      return argv[++i];
+    };
+    auto integer = [&] { return std::stoi(value()); };
+    if (a == "--strategy") o.strategy = value();
+    else if (a == "--device") o.device = value();
+    else if (a == "--tf32") o.tf32 = true;
+    else if (a == "--replicas") o.replicas = integer();
+    else if (a == "--size") o.size = integer();
+    else if (a == "--channels") o.channels = integer();
+    else if (a == "--filters") o.filters = integer();
+    else if (a == "--blocks") o.blocks = integer();
+    else if (a == "--d-layers") o.d_layers = integer();
+    else if (a == "--batch") o.batch = integer();
+    else if (a == "--steps") o.steps = integer();
+    else if (a == "--warmup") o.warmup = integer();
+    else if (a == "--seed") o.seed = std::stoull(value());
+    else if (a == "--check-dir") o.check_dir = value();
+    else if (a == "--params-only") o.params_only = true;
+    else if (a == "--help" || a == "-h") usage("help");
+    else usage(("unknown option " + a).c_str());
+  }
+  if (o.strategy != "one_device" && o.strategy != "mirrored") usage("--strategy must be one_device or mirrored");
+  if (o.device != "cpu" && o.device != "cuda") usage("--device must be cpu or cuda");
+  if (o.strategy == "one_device") o.replicas = 1;
+  if (o.replicas < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0) usage("replicas, batch and steps must be positive");
+  if (o.batch % o.replicas != 0) usage("--batch (global) must be a multiple of --replicas");
+  if (!o.check_dir.empty()) o.steps = 1, o.warmup = 0;
+  return o;
+}
+
+inline double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+inline int affinity_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+// A model's parameters and gradients appended, read through the host wherever they live.
+template <class M>
+void append_parameters(M& model, std::vector<float>& values, std::vector<float>& grads) {
+  model.for_each_parameter([&](auto v, auto g) {
+    for (auto [span, out] : {std::pair{v, &values}, std::pair{g, &grads}}) {
+      out->resize(out->size() + span.size());
+      dist::detail::copy_parameter_values<M>(span.data(), span.size(), out->data() + out->size() - span.size());
+    }
+  });
+}
+
+// What the run reports of the device: its name and, on a GPU, the peak of device memory in use.
+struct device_report {
+  std::string name;                          // empty: the CPU (its model is printed)
+  std::function<void()> reset_peak;          // before the timed steps
+  std::function<double()> peak_mib;          // after them; < 0: not measured
+};
+
+inline void write_floats(const std::string& path, const std::vector<float>& v) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+template <class Trainer>
+void all_parameters(Trainer& tr, std::vector<float>& values, std::vector<float>& grads) {
+  values.clear();
+  grads.clear();
+  append_parameters(tr.g_ab().primary(), values, grads);
+  append_parameters(tr.g_ba().primary(), values, grads);
+  append_parameters(tr.d_a().primary(), values, grads);
+  append_parameters(tr.d_b().primary(), values, grads);
+}
+
+template <dist::strategy S>
+int run(S& s, const options& o, const device_report& dev = {}) {
+  cyclegan::train_options t;
+  t.gen = {.channels = o.channels, .filters = o.filters, .blocks = o.blocks};
+  t.disc = {.channels = o.channels, .filters = o.filters, .layers = o.d_layers, .norm = cyclegan::norm_kind::instance};
+  t.batch = o.batch / s.num_replicas_in_sync();
+  t.total_steps = o.warmup + o.steps;
+  t.decay_fraction = 0;  // a constant learning rate: the schedule is not what is timed
+  t.place = cyclegan::placement::full;
+  t.seed = o.seed;
+  cyclegan::trainer<S> tr(s, t, o.channels, o.size, o.size);
+
+  const std::int64_t g_params = cyclegan::parameter_count(tr.g_ab().primary());
+  const std::int64_t d_params = cyclegan::parameter_count(tr.d_a().primary());
+  if (o.params_only) {
+    std::printf("{\"g_params\":%lld,\"d_params\":%lld}\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
+    return 0;
+  }
+
+  const auto image = dist::shape::nchw(o.batch, o.channels, o.size, o.size);
+  std::mt19937_64 rng{o.seed * 7919 + 17};
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  cyclegan::tensor a{image}, b{image};
+  for (auto& v : a) v = uniform(rng);
+  for (auto& v : b) v = uniform(rng);
+
+  std::vector<float> values, grads;
+  if (!o.check_dir.empty()) {
+    all_parameters(tr, values, grads);
+    write_floats(o.check_dir + "/init.bin", values);
+    std::vector<float> data(a.begin(), a.end());
+    data.insert(data.end(), b.begin(), b.end());
+    write_floats(o.check_dir + "/data.bin", data);
+  }
+
+  std::printf("bench_cyclegan: %s x%d, %dx%dx%d, %d filters, %d blocks, %d d-layers, global batch %d\n", o.strategy.c_str(),
+              s.num_replicas_in_sync(), o.size, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
+  std::printf("  parameters: G %lld, D %lld (each of two)\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
+  if (dev.name.empty())
+    std::printf("  %s, %d cores in this process's affinity, load %s\n", bench::cpu_model().c_str(), affinity_cores(),
+                bench::load_average().c_str());
+  else
+    std::printf("  %s%s (host: %s), load %s\n", dev.name.c_str(), o.tf32 ? ", TF32" : ", float32", bench::cpu_model().c_str(),
+                bench::load_average().c_str());
+  std::fflush(stdout);
+
+  cyclegan::step_losses first{};
+  for (int i = 0; i < o.warmup; ++i) {
+    const auto l = tr.step(a, b);
+    if (i == 0) first = l;
+  }
+  if (dev.reset_peak) dev.reset_peak();
+  std::vector<double> times;
+  for (int i = 0; i < o.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto l = tr.step(a, b);
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (o.warmup == 0 && i == 0) first = l;
+  }
+  const double per_step = bench::median(times);
+  double mean = 0;
+  for (double x : times) mean += x / static_cast<double>(times.size());
+  const double images = o.batch / per_step;
+  const double rss = peak_rss_mib();
+  const double device_mib = dev.peak_mib ? dev.peak_mib() : -1.0;
+
+  std::printf("  step-1 losses: D_A %.6f, D_B %.6f, GAN_AB %.6f, GAN_BA %.6f, cycle %.6f, identity %.6f\n", first.d_a, first.d_b,
+              first.gan_ab, first.gan_ba, first.cycle, first.identity);
+  std::printf("  %.4f s/step (median of %d, mean %.4f; %d warm-up), %.4g images/s, peak RSS %.1f MiB", per_step, o.steps, mean,
+              o.warmup, images, rss);
+  if (device_mib >= 0) std::printf(", peak device memory %.1f MiB", device_mib);
+  std::printf("\n");
+
+  if (!o.check_dir.empty()) {
+    all_parameters(tr, values, grads);
+    write_floats(o.check_dir + "/grads.bin", grads);
+    write_floats(o.check_dir + "/after.bin", values);
+    std::ofstream js(o.check_dir + "/ours.json");
+    js.precision(10);
+    js << "{\"d_a\":" << first.d_a << ",\"d_b\":" << first.d_b << ",\"gan_ab\":" << first.gan_ab << ",\"gan_ba\":" << first.gan_ba
+       << ",\"cycle\":" << first.cycle << ",\"identity\":" << first.identity << "}\n";
+  }
+
+  std::printf(
+      "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
+      "\"blocks\":%d,\"d_layers\":%d,\"global_batch\":%d,\"steps\":%d,\"warmup\":%d,\"g_params\":%lld,\"d_params\":%lld,"
+      "\"s_per_step\":%.6f,\"s_per_step_mean\":%.6f,\"images_per_s\":%.4f,\"peak_rss_mib\":%.1f,\"cores\":%d,\"load\":\"%s\","
+      "\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
+      dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
+      static_cast<long long>(g_params), static_cast<long long>(d_params), per_step, mean, images, rss, affinity_cores(),
+      bench::load_average().c_str(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
+  return 0;
+}
+
+}  // namespace bench_cyclegan
+
