@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 namespace cyclegan {
@@ -58,13 +57,7 @@ using classifier = classifier_on<dist::cpu>;
 template <class R, class C, class T>
 std::vector<std::int32_t> predict(R& r, C& c, const T& x) {
   c.set_training(false);
-  const auto logits = c.forward(r, x);
-  std::vector<float> z_all;
-  if constexpr (std::is_same_v<T, tensor>) {
-    z_all.assign(logits.begin(), logits.end());
-  } else {
-    z_all = logits.to_vector();
-  }
+  const std::vector<float> z_all = host_values(c.forward(r, x));
   std::vector<std::int32_t> out(static_cast<std::size_t>(x.shape()[0]));
   for (std::size_t e = 0; e < out.size(); ++e) {
     const float* z = z_all.data() + e * classes;

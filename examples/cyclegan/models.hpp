@@ -22,6 +22,35 @@ namespace dist = distribute;
 namespace nn = distribute::nn;
 using tensor = dist::tensor<float>;
 
+// A host tensor on replica r's device: the tensor itself on a CPU replica, an upload on a GPU one.
+template <class R>
+decltype(auto) on_replica(R& r, const tensor& host) {
+  using D = typename R::device_type;
+  if constexpr (std::is_same_v<D, dist::cpu>) {
+    return (host);
+  } else {
+    return dist::tensor<float, D>::from_host(host, r.device());
+  }
+}
+// A replica's tensor on the host (a copy down from a GPU).
+template <class T>
+tensor on_host(const T& t) {
+  if constexpr (std::is_same_v<T, tensor>) {
+    return t;
+  } else {
+    return t.to_host();
+  }
+}
+// Its values, in a host vector.
+template <class T>
+std::vector<float> host_values(const T& t) {
+  if constexpr (std::is_same_v<T, tensor>) {
+    return std::vector<float>(t.begin(), t.end());
+  } else {
+    return t.to_vector();
+  }
+}
+
 // A run-time count of identical blocks (residual blocks, discriminator stages): the layer list of
 // nn::sequential is a type, the count of these comes from the command line.
 template <class Block>

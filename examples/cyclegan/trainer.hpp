@@ -110,34 +110,6 @@ T filled_like(const T& t, float v) {
   return out;
 }
 
-// A host tensor on replica r's device: the tensor itself on a CPU replica, an upload on a GPU one.
-template <class R>
-decltype(auto) on_replica(R& r, const tensor& host) {
-  using D = typename R::device_type;
-  if constexpr (std::is_same_v<D, dist::cpu>) {
-    return (host);
-  } else {
-    return dist::tensor<float, D>::from_host(host, r.device());
-  }
-}
-// A replica's tensor on the host (a copy down from a GPU).
-template <class T>
-tensor on_host(const T& t) {
-  if constexpr (std::is_same_v<T, tensor>) {
-    return t;
-  } else {
-    return t.to_host();
-  }
-}
-template <class T>
-std::vector<float> host_values(const T& t) {
-  if constexpr (std::is_same_v<T, tensor>) {
-    return std::vector<float>(t.begin(), t.end());
-  } else {
-    return t.to_vector();
-  }
-}
-
 // What a generator block hands on: its losses and the fakes for the discriminators, on the replica's
 // device.
 template <class D>
