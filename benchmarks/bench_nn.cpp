@@ -17,6 +17,7 @@
 #include <Eigen/Core>
 
 #include "bench_common.hpp"
+#include "conv_cases.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -105,13 +106,7 @@ double peak_gflops() {
   return 2.0 * lanes * chains * static_cast<double>(steps) / s / 1e9;
 }
 
-struct conv_case {
-  const char* name;
-  std::int64_t batch, in_c, out_c, size, kernel, stride, padding;
-  nn::padding_mode mode;
-  bool transposed = false;
-  int in_paper_generator = 0;  // how many of the paper generator's convolutions this case stands for
-};
+using bench::conv_case;
 
 struct conv_result {
   double forward_gflops, train_gflops, reference_gflops;
@@ -145,24 +140,22 @@ std::pair<double, double> time_layer(Layer& layer, dist::engine_options options,
 conv_result time_conv(const conv_case& c) {
   dist::tensor<float> x{dist::shape::nchw(c.batch, c.in_c, c.size, c.size)};
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) * 0.1f - 0.8f;
-  auto measure = [&](auto& layer, double fwd_flops) {
+  // FLOPs as conv_cases.hpp counts them (shared with bench_nn_gpu).
+  const double fwd_flops = c.forward_flops(), train_flops = c.train_flops();
+  auto measure = [&](auto& layer) {
     const auto [fwd, train] = time_layer(layer, {}, x);
     const auto [ref_fwd, ref_train] = time_layer(layer, {.reference = true}, x);
     (void)ref_fwd;
-    // A backward pass (input and weight gradients) is twice a forward.
-    return conv_result{fwd_flops / fwd / 1e9, 3.0 * fwd_flops / train / 1e9, 3.0 * fwd_flops / ref_train / 1e9, 3.0 * fwd_flops};
+    return conv_result{fwd_flops / fwd / 1e9, train_flops / train / 1e9, train_flops / ref_train / 1e9, train_flops};
   };
   if (c.transposed) {
     nn::conv_transpose2d<float> up{{.in_channels = c.in_c, .out_channels = c.out_c, .kernel = c.kernel, .stride = c.stride,
                                     .padding = c.padding, .output_padding = c.stride - 1, .bias = false}, 1};
-    // The FLOPs of the convolution it is the adjoint of: one multiply-add per input element and tap.
-    const double flops = 2.0 * static_cast<double>(x.size()) * static_cast<double>(c.out_c * c.kernel * c.kernel);
-    return measure(up, flops);
+    return measure(up);
   }
   nn::conv2d<float> conv{{.in_channels = c.in_c, .out_channels = c.out_c, .kernel = c.kernel, .stride = c.stride,
                           .padding = c.padding, .pad_mode = c.mode, .bias = false}, 1};
-  const auto out = conv.output_shape(x.shape());
-  return measure(conv, 2.0 * static_cast<double>(out.numel()) * static_cast<double>(c.in_c * c.kernel * c.kernel));
+  return measure(conv);
 }
 
 // A model that is only a list of gradient tensors: what all_reduce_gradients sees of any model.
@@ -268,22 +261,8 @@ int main(int argc, char** argv) {
   std::printf("single-core peak, %s: %.1f GFLOP/s\n\n", peak_kind(), peak);
   std::printf("{\"bench\":\"nn_peak\",\"kind\":\"%s\",\"gflops\":%.2f}\n\n", peak_kind(), peak);
 
-  // CycleGAN's convolutions: the demo's (28x28 Fashion-MNIST, 16 filters, batch 4 per replica) and
-  // the paper's (256x256 RGB, 64 filters, batch 1).
-  const conv_case cases[] = {
-      {"demo 28x28 1->16 k7 reflect", 4, 1, 16, 28, 7, 1, 3, nn::padding_mode::reflect},
-      {"demo 28x28 16->32 k3 s2", 4, 16, 32, 28, 3, 2, 1, nn::padding_mode::zero},
-      {"demo 7x7 64->64 k3 reflect", 4, 64, 64, 7, 3, 1, 1, nn::padding_mode::reflect},
-      {"demo 7x7 64->32 k3 up", 4, 64, 32, 7, 3, 2, 1, nn::padding_mode::zero, true},
-      {"demo 28x28 16->1 k7 reflect", 4, 16, 1, 28, 7, 1, 3, nn::padding_mode::reflect},
-      // Each stands for this many of the generator's convolutions (the two down-samplings have the
-      // same FLOPs, as do the two up-samplings).
-      {"paper 256x256 3->64 k7 reflect", 1, 3, 64, 256, 7, 1, 3, nn::padding_mode::reflect, false, 1},
-      {"paper 256x256 64->128 k3 s2", 1, 64, 128, 256, 3, 2, 1, nn::padding_mode::zero, false, 2},
-      {"paper 64x64 256->256 k3 reflect", 1, 256, 256, 64, 3, 1, 1, nn::padding_mode::reflect, false, 18},
-      {"paper 64x64 256->128 k3 up", 1, 256, 128, 64, 3, 2, 1, nn::padding_mode::zero, true, 2},
-      {"paper 256x256 64->3 k7 reflect", 1, 64, 3, 256, 7, 1, 3, nn::padding_mode::reflect, false, 1},
-  };
+  // CycleGAN's convolutions at the demo's and the paper's shapes (conv_cases.hpp).
+  const auto& cases = bench::cyclegan_conv_cases;
   // The clock of a VM core moves (up to 2x between runs here), so each case is compared with the peak
   // measured just before it, not only with the one at the start.
   std::printf("CPU engine: %s (one thread below)\n", dist::engine<dist::cpu>{{.threads = 1}}.name().c_str());
