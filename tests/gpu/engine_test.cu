@@ -587,6 +587,49 @@ BOOST_AUTO_TEST_CASE(a_gpu_models_digest_reads_its_parameters_through_the_host) 
   BOOST_CHECK_THROW(s.verify_mirrored(m), dist::mirrored_divergence);
 }
 
+// A GPU model's state crosses to the host and between replicas whole: a checkpoint section written
+// by a GPU model loads into the same model on the CPU and back (parameters and batch norm's running
+// statistics), and a broadcast between two replicas copies the parameters into the other replica's
+// own memory, after which both replicas compute what the CPU model computes.
+BOOST_AUTO_TEST_CASE(a_gpu_models_state_crosses_devices_and_replicas) {
+  const cyclegan::discriminator_options o{.channels = 1, .filters = 4, .layers = 2, .norm = cyclegan::norm_kind::batch};
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  auto m = s.mirror([&](auto& d) { return cyclegan::make_discriminator(o, 3, d); });
+  auto cpu_model = cyclegan::make_discriminator(o, 3);
+  auto other_cpu = cyclegan::make_discriminator(o, 4);  // other weights
+  other_cpu.for_each_buffer([](std::span<double> b) { std::fill(b.begin(), b.end(), 0.25); });
+
+  // GPU -> archive -> CPU: the same digest as the GPU copy (parameters and buffers).
+  dist::checkpoint::archive from_gpu;
+  from_gpu.put_model("d", m[0]);
+  from_gpu.get_model("d", other_cpu);
+  BOOST_TEST(nn::parameter_digest(other_cpu) == nn::parameter_digest(m[0]));
+  BOOST_TEST(dist::detail::digest_model(other_cpu).state() == dist::detail::digest_model(m[0]).state());
+
+  // CPU -> archive -> GPU replica 1: replica 1 now differs from replica 0 by exactly that.
+  auto changed = cyclegan::make_discriminator(o, 5);
+  changed.for_each_buffer([](std::span<double> b) { std::fill(b.begin(), b.end(), 0.5); });
+  dist::checkpoint::archive from_cpu;
+  from_cpu.put_model("d", changed);
+  from_cpu.get_model("d", m[1]);
+  BOOST_TEST(dist::detail::digest_model(m[1]).state() == dist::detail::digest_model(changed).state());
+  BOOST_CHECK_THROW(s.verify_mirrored(m), dist::mirrored_divergence);
+
+  // Replica 0's state broadcast: both copies equal again, and each still computes on its own
+  // replica what the CPU model computes.
+  s.broadcast(m, 0);
+  s.verify_mirrored(m);
+  const shape in = shape::nchw(2, 1, 16, 16);
+  const auto x = random_values(static_cast<std::size_t>(in.numel()), 9);
+  auto r = nn::local();
+  const auto expected = cpu_model.forward(r, dist::tensor<float, dist::cpu>{in, x});
+  auto outputs = s.run([&](auto& rg, auto& model) {
+    const auto xg = dist::tensor<float, dist::cuda>::from_host(in, std::span<const float>(x), rg.device());
+    return model.forward(rg, xg).to_vector();
+  }, m);
+  for (const auto& got : outputs) check_close(std::vector<float>(expected.begin(), expected.end()), got, "forward after broadcast");
+}
+
 BOOST_AUTO_TEST_CASE(losses_match_the_cpu) {
   const shape s = shape::nchw(3, 1, 7, 7);
   const auto p = random_values(static_cast<std::size_t>(s.numel()), 1, 3.0f), t = random_values(static_cast<std::size_t>(s.numel()), 2);
