@@ -14,13 +14,7 @@
 # the GPU run (a driver error) fails the test.
 set -euo pipefail
 train=$1 work=$2
-fmnist=/usr/share/datasets/fashion-mnist
-if [[ ! -e $fmnist/train-images-idx3-ubyte.gz && ! -e $fmnist/train-images-idx3-ubyte ]]; then
-  echo "Fashion-MNIST not found in $fmnist (apt-get install dataset-fashion-mnist): skipped"
-  exit 77
-fi
-rm -rf "$work"
-mkdir -p "$work"
+source "$(dirname "${BASH_SOURCE[0]}")/test_setup.sh"
 fail() { echo "FAIL: $*"; exit 1; }
 common=(--steps 20 --batch 2 --train-limit 400 --filters 8 --blocks 1 --d-filters 8 --d-layers 2 --sample-every 0
         --checkpoint-every 10 --seed 5 --quiet)

@@ -10,13 +10,7 @@
 # Exits 77 (skipped) when Fashion-MNIST is not installed.
 set -euo pipefail
 train=$1 mpiexec=$2 preflags=$3 work=$4
-fmnist=/usr/share/datasets/fashion-mnist
-if [[ ! -e $fmnist/train-images-idx3-ubyte.gz && ! -e $fmnist/train-images-idx3-ubyte ]]; then
-  echo "Fashion-MNIST not found in $fmnist (apt-get install dataset-fashion-mnist): skipped"
-  exit 77
-fi
-rm -rf "$work"
-mkdir -p "$work"
+source "$(dirname "${BASH_SOURCE[0]}")/test_setup.sh"
 # A small model and 20 steps of a global batch of 4: seconds per run.
 common=(--steps 20 --batch 2 --train-limit 400 --filters 8 --blocks 1 --d-filters 8 --d-layers 2 --norm sync_batch
         --sample-every 10 --checkpoint-every 10 --seed 3)
