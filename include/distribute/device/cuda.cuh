@@ -321,18 +321,6 @@ inline bool drain_until(cudaStream_t stream, int ordinal, std::chrono::steady_cl
   }
 }
 
-// A GPU model's parameters read or written through the host (digests, checkpoints, broadcasts
-// between workers), or copied from one GPU to another (broadcast between replicas): unified
-// addressing tells the direction. Synchronous, on the legacy stream, so callers use it between steps.
-template <>
-struct device_memory<cuda> {
-  template <class T>
-  static void copy(const T* src, std::size_t n, T* dst) {
-    if (n == 0) return;
-    cuda_check(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyDefault), "cudaMemcpy (a model's parameters)");
-  }
-};
-
 // Where a buffer handed to a collective lives. Device (and managed) memory is used in place; anything
 // else is host memory, staged through the device.
 struct buffer_location {
@@ -352,6 +340,28 @@ inline buffer_location locate(const void* p) {
   if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return {true, attr.device};
   return {};
 }
+
+// A GPU model's parameters read or written through the host (digests, checkpoints, broadcasts
+// between workers), or copied from one GPU to another (broadcast between replicas): unified
+// addressing tells the direction. Work still queued on the GPUs involved finishes first (the
+// replicas' streams do not order with cudaMemcpy's, and a stream-ordered copy may still be writing
+// a parameter); between steps, which is where callers use it, there is none and this costs little.
+template <>
+struct device_memory<cuda> {
+  template <class T>
+  static void copy(const T* src, std::size_t n, T* dst) {
+    if (n == 0) return;
+    int done = -1;
+    for (const void* p : {static_cast<const void*>(src), static_cast<const void*>(dst)}) {
+      const buffer_location where = locate(p);
+      if (!where.on_device || where.ordinal == done) continue;
+      device_guard g(where.ordinal);
+      cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before copying a model's parameters)", where.ordinal);
+      done = where.ordinal;
+    }
+    cuda_check(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyDefault), "cudaMemcpy (a model's parameters)");
+  }
+};
 
 }  // namespace detail
 }  // namespace distribute

@@ -9,6 +9,9 @@
 // Copies stay on their device: copy-constructing copies onto the source's device, and assigning
 // copies the values into the target's own device (a default-constructed target takes the source's).
 // That is what `broadcast` of mirrored state needs: every replica's copy keeps living on its GPU.
+// A copy between two tensors of one stream is queued on that stream and returns at once (the
+// stream's order makes it safe, and a layer keeping its input then costs no wait); a copy between
+// streams or GPUs returns once it is done.
 
 #include <distribute/detail/digest.hpp>
 #include <distribute/device/cuda.cuh>
@@ -322,8 +325,16 @@ class tensor<T, cuda> {
   // writing it. Different devices: a peer copy (staged by the driver when there is no peer access).
   void copy_device_values(const tensor& o) {
     if (o.empty()) return;
-    o.device_.synchronize();
     detail::device_guard g(device_.index());
+    if (o.device_.index() == device_.index() && o.device_.stream() == device_.stream()) {
+      // One stream (a layer keeping its input, a loss's gradient scaled in a copy): its order already
+      // puts the copy after the work that wrote `o` and before the work that will read this tensor,
+      // and `o`'s memory is released on that stream too. No wait for the host.
+      detail::cuda_check(cudaMemcpyAsync(data(), o.data(), bytes(), cudaMemcpyDeviceToDevice, device_.stream()),
+                         "cudaMemcpyAsync (device to device)", device_.index());
+      return;
+    }
+    o.device_.synchronize();
     if (o.device_.index() == device_.index()) {
       detail::cuda_check(cudaMemcpyAsync(data(), o.data(), bytes(), cudaMemcpyDeviceToDevice, device_.stream()),
                          "cudaMemcpyAsync (device to device)", device_.index());
