@@ -22,14 +22,15 @@ namespace dist = distribute;
 namespace nn = distribute::nn;
 using tensor = dist::tensor<float>;
 
-// A host tensor on replica r's device: the tensor itself on a CPU replica, an upload on a GPU one.
+// A host tensor on replica r's device: the tensor itself on a CPU replica, an upload through pinned
+// memory on a GPU one (queued on the replica's stream, ahead of the work that reads it).
 template <class R>
 decltype(auto) on_replica(R& r, const tensor& host) {
   using D = typename R::device_type;
   if constexpr (std::is_same_v<D, dist::cpu>) {
     return (host);
   } else {
-    return dist::tensor<float, D>::from_host(host, r.device());
+    return dist::tensor<float, D>::staged_from_host(host, r.device());
   }
 }
 // A replica's tensor on the host (a copy down from a GPU).

@@ -630,6 +630,29 @@ BOOST_AUTO_TEST_CASE(a_gpu_models_state_crosses_devices_and_replicas) {
   for (const auto& got : outputs) check_close(std::vector<float>(expected.begin(), expected.end()), got, "forward after broadcast");
 }
 
+// Input batches go up through the thread's pinned staging: each upload takes the host values at the
+// call (the host buffer is overwritten right after), three in a row cycle its two buffers, and the
+// replica's work sees every one in order.
+BOOST_AUTO_TEST_CASE(staged_uploads_take_the_values_at_the_call) {
+  dist::one_device_strategy<dist::cuda> gpu;
+  const shape s = shape::nchw(2, 3, 5, 5);
+  gpu.run([&](dist::replica auto& r) {
+    dist::tensor<float, dist::cpu> host{s};
+    std::vector<dist::tensor<float, dist::cuda>> up;
+    for (int k = 0; k < 3; ++k) {
+      host.fill(static_cast<float>(k + 1));
+      up.push_back(dist::tensor<float, dist::cuda>::staged_from_host(host, r.device()));
+    }
+    host.fill(-1.0f);
+    for (int k = 0; k < 3; ++k) {
+      const auto got = up[static_cast<std::size_t>(k)].to_vector();
+      BOOST_TEST_REQUIRE(got.size() == host.size());
+      BOOST_TEST(std::all_of(got.begin(), got.end(), [&](float v) { return v == static_cast<float>(k + 1); }),
+                 "upload " << k << " does not hold the values of its call");
+    }
+  });
+}
+
 BOOST_AUTO_TEST_CASE(losses_match_the_cpu) {
   const shape s = shape::nchw(3, 1, 7, 7);
   const auto p = random_values(static_cast<std::size_t>(s.numel()), 1, 3.0f), t = random_values(static_cast<std::size_t>(s.numel()), 2);

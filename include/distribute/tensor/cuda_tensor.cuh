@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -176,6 +177,9 @@ class pinned_allocation {
 
 }  // namespace detail
 
+template <class T>
+class pinned_staging;
+
 // NCHW, dense, row-major, in the memory of one GPU. Work (fills, copies) is queued on the device's
 // stream; the host-facing copies wait for it, so they return with the data in place.
 template <class T>
@@ -208,6 +212,15 @@ class tensor<T, cuda> {
   static tensor from_host(distribute::shape s, std::span<const T> values, cuda device = {}) {
     tensor t(s, device, uninitialized);
     t.copy_from_host(values);
+    return t;
+  }
+  // The same upload through pinned memory, for input batches: the values are copied into this
+  // thread's double-buffered pinned area for `device` (one per GPU and stream, kept for the thread's
+  // life) and the transfer is queued on the device's stream, which orders every later use of the
+  // tensor after it; returns without waiting for the transfer. `values` may be reused at once.
+  static tensor staged_from_host(const tensor<T, cpu>& host, cuda device = {}) {
+    tensor t(host.shape(), device, uninitialized);
+    staging_for(device).upload(host.values(), t);
     return t;
   }
 
@@ -323,6 +336,19 @@ class tensor<T, cuda> {
 
   // Same device: an ordinary copy on this tensor's stream, after the source's stream has finished
   // writing it. Different devices: a peer copy (staged by the driver when there is no peer access).
+  static pinned_staging<T>& staging_for(const cuda& device) {
+    struct area {
+      int ordinal;
+      cudaStream_t stream;
+      std::unique_ptr<pinned_staging<T>> staging;
+    };
+    thread_local std::vector<area> areas;
+    for (auto& a : areas)
+      if (a.ordinal == device.index() && a.stream == device.stream()) return *a.staging;
+    areas.push_back({device.index(), device.stream(), std::make_unique<pinned_staging<T>>(device)});
+    return *areas.back().staging;
+  }
+
   void copy_device_values(const tensor& o) {
     if (o.empty()) return;
     detail::device_guard g(device_.index());
