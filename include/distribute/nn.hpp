@@ -23,4 +23,5 @@
 #include <distribute/nn/sequential.hpp>
 
 #include <distribute/optim/adam.hpp>
+#include <distribute/optim/loss_scaler.hpp>
 #include <distribute/optim/sgd.hpp>
