@@ -51,17 +51,9 @@ const double pytorch_bce_mean_value = 1.182262785141993;
 const std::vector<double> pytorch_bce_mean_grad{-0.0629234447996909, 0.03857920275016373, -0.007904312196261106,
                                                 0.07917013542017666, 0.10004158514671913, -0.16366896500631808};
 
-bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using distribute::test::mentions;
 
-// The message of the std::invalid_argument (or logic_error) that `f` throws; "no error" if none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using distribute::test::error_of;
 
 // |a - b| <= tolerance * max(|a|, |b|) for every element (a relative check of each value; an exact
 // zero is compared with 1e-12 as its scale).

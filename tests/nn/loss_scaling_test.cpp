@@ -53,16 +53,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using distribute::test::mentions;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using distribute::test::error_of;
 
 // A non-finite value written into the first gradient element of one replica, either before the
 // gradient all-reduce (it then reaches every replica's sums) or after it (only that replica sees it:

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <random>
 #include <span>
 #include <string>
@@ -101,6 +103,19 @@ void check_gradients(L& layer, tensor<double> x, const std::string& what, double
     BOOST_TEST(ep < tolerance, what << ": parameter " << index << " gradient relative error " << ep);
     ++index;
   }
+}
+
+// Whether `s` contains `part` (for error messages).
+inline bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// The message of the exception that `f` throws; "no error" if none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 }  // namespace distribute::test

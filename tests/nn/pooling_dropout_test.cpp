@@ -21,15 +21,8 @@ using dist::tensor;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
-bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using distribute::test::error_of;
+using distribute::test::mentions;
 template <class T>
 bool same_bits(const tensor<T>& a, const tensor<T>& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;

@@ -700,7 +700,7 @@ std::string divergence_of(const S& s, const V& mirrored) {
   }
   return "no divergence";
 }
-bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using distribute::test::mentions;
 
 BOOST_AUTO_TEST_CASE(verify_mirrored_sees_diverged_running_statistics) {
   // Plain batch norm takes its statistics, running ones included, from the replica's own examples:
