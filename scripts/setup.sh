@@ -61,6 +61,15 @@ install_packages() {
   echo "setup.sh: installed: ${missing[*]}"
 }
 
+# An optional component that could not be installed: removes what was half made, leaves the reason
+# and the log's last lines in its note file (`.unavailable`), and warns with what follows from it.
+optional_not_installed() {  # dir reason log note "what is/are" consequence
+  rm -rf "$1"
+  { echo "$2"; tail -n 5 "$3"; } >"$4"
+  echo "setup.sh: warning: $5 not installed: $2; see $3." >&2
+  echo "setup.sh: warning: $6" >&2
+}
+
 # The summary tests read what summary::writer wrote back with TensorBoard's own reader
 # (tests/summary/read_events.py), from a virtual environment of the pinned versions in
 # tests/summary/requirements.txt (about 180 MB). Installed once; afterwards this only compares the
@@ -93,10 +102,8 @@ install_tensorboard_reader() {
     reason="pip could not install tests/summary/requirements.txt (is PyPI reachable?)"
   fi
   if [[ -n $reason ]]; then
-    rm -rf "$venv"
-    { echo "$reason"; tail -n 5 "$log"; } >"$note"
-    echo "setup.sh: warning: TensorBoard's reader is not installed: $reason; see $log." >&2
-    echo "setup.sh: warning: the test summary.round_trip will be skipped." >&2
+    optional_not_installed "$venv" "$reason" "$log" "$note" "TensorBoard's reader is" \
+      "the test summary.round_trip will be skipped."
   else
     cp "$requirements" "$venv/installed-requirements.txt"
     echo "setup.sh: installed TensorBoard's reader ($(du -sh "$venv" | cut -f1) in build/tensorboard-venv)"
@@ -167,10 +174,8 @@ PY
   fi
   rm -rf "$work"
   if [[ -n $reason ]]; then
-    rm -rf "$dir"
-    { echo "$reason"; tail -n 5 "$log"; } >"$note"
-    echo "setup.sh: warning: the cudnn-frontend headers are not installed: $reason; see $log." >&2
-    echo "setup.sh: warning: the GPU engine will be built without cuDNN convolutions." >&2
+    optional_not_installed "$dir" "$reason" "$log" "$note" "the cudnn-frontend headers are" \
+      "the GPU engine will be built without cuDNN convolutions."
   else
     echo "$cudnn_frontend_version" >"$dir/installed-version"
     echo "setup.sh: installed the cudnn-frontend $cudnn_frontend_version headers ($(du -sh "$dir" | cut -f1) in build/cudnn-frontend)"
