@@ -54,17 +54,6 @@ void copy_parameter_values(const T* src, std::size_t n, T* dst) {
   }
 }
 
-// A model's parameter values, wherever they live, one host vector per parameter in enumeration order.
-template <class M>
-auto parameter_values(M& model) {
-  std::vector<std::vector<typename M::scalar_type>> out;
-  model.for_each_parameter([&](auto value, auto) {
-    out.emplace_back(value.size());
-    copy_parameter_values<M>(value.data(), value.size(), out.back().data());
-  });
-  return out;
-}
-
 template <class M>
 model_digest digest_model(M& model) {
   model_digest d;
