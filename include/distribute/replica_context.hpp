@@ -4,6 +4,7 @@
 // decides what the collectives cost (nothing at all for the `local` communicator of one device).
 
 #include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/comm/detail/gradient_overlap.hpp>
 #include <distribute/concepts/communicator.hpp>
 #include <distribute/concepts/device.hpp>
 #include <distribute/detail/activity.hpp>
@@ -14,6 +15,7 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <ranges>
 #include <span>
 #include <type_traits>
@@ -95,13 +97,11 @@ class replica_context {
             (!std::is_const_v<detail::buffer_element_t<B>>)
   void all_reduce(reduce_op op, B&& first, More&&... more) {
     if constexpr (sizeof...(More) == 0) {
-      const detail::collective_stopwatch timed{collective_meter()};
-      comm_.all_reduce(op, detail::as_span(first));
+      communicate([&] { comm_.all_reduce(op, detail::as_span(first)); });
     } else {
       using T = detail::buffer_element_t<B>;
       const std::array<std::span<T>, 1 + sizeof...(More)> bufs{detail::as_span(first), detail::as_span(more)...};
-      const detail::collective_stopwatch timed{collective_meter()};
-      comm_.all_reduce(op, std::span<const std::span<T>>(bufs));
+      communicate([&] { comm_.all_reduce(op, std::span<const std::span<T>>(bufs)); });
     }
   }
   // A run-time list of buffers (for example every gradient of a model), fused into one collective.
@@ -111,14 +111,12 @@ class replica_context {
     std::vector<std::span<T>> bufs;
     bufs.reserve(std::ranges::size(buffers));
     for (auto&& b : buffers) bufs.push_back(detail::as_span(b));
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.all_reduce(op, std::span<const std::span<T>>(bufs));
+    communicate([&] { comm_.all_reduce(op, std::span<const std::span<T>>(bufs)); });
   }
   // One value per replica in, the reduction out.
   template <element T>
   T all_reduce(reduce_op op, T value) {
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.all_reduce(op, std::span<T>(&value, 1));
+    communicate([&] { comm_.all_reduce(op, std::span<T>(&value, 1)); });
     return value;
   }
 
@@ -126,15 +124,13 @@ class replica_context {
   template <element_buffer In, element_buffer Out>
   void all_gather(const In& in, Out&& out) {
     using T = std::remove_const_t<detail::buffer_element_t<In>>;
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.all_gather(std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out));
+    communicate([&] { comm_.all_gather(std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out)); });
   }
   // One value per replica in, all of them out, in replica order.
   template <element T>
   std::vector<T> all_gather(T value) {
     std::vector<T> out(static_cast<std::size_t>(num_replicas()));
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.all_gather(std::span<const T>(&value, 1), std::span<T>(out));
+    communicate([&] { comm_.all_gather(std::span<const T>(&value, 1), std::span<T>(out)); });
     return out;
   }
 
@@ -142,26 +138,22 @@ class replica_context {
   template <element_buffer In, element_buffer Out>
   void reduce_scatter(reduce_op op, const In& in, Out&& out) {
     using T = std::remove_const_t<detail::buffer_element_t<In>>;
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.reduce_scatter(op, std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out));
+    communicate([&] { comm_.reduce_scatter(op, std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out)); });
   }
 
   // Every replica's `buf` becomes `root`'s.
   template <element_buffer B>
   void broadcast(B&& buf, int root = 0) {
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.broadcast(detail::as_span(buf), root);
+    communicate([&] { comm_.broadcast(detail::as_span(buf), root); });
   }
   template <element T>
   T broadcast(T value, int root = 0) {
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.broadcast(std::span<T>(&value, 1), root);
+    communicate([&] { comm_.broadcast(std::span<T>(&value, 1), root); });
     return value;
   }
 
   void barrier() {
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.barrier();
+    communicate([&] { comm_.barrier(); });
   }
 
   // Point-to-point, where the communicator has it (concepts/communicator.hpp): `buf` to replica
@@ -171,14 +163,12 @@ class replica_context {
     requires point_to_point_communicator<C>
   void send(const B& buf, int dst, int tag) {
     using T = std::remove_const_t<detail::buffer_element_t<const B>>;
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.send(std::span<const T>(std::ranges::data(buf), std::ranges::size(buf)), dst, tag);
+    communicate([&] { comm_.send(std::span<const T>(std::ranges::data(buf), std::ranges::size(buf)), dst, tag); });
   }
   template <element_buffer B>
     requires point_to_point_communicator<C>
   void recv(B&& buf, int src, int tag) {
-    const detail::collective_stopwatch timed{collective_meter()};
-    comm_.recv(detail::as_span(buf), src, tag);
+    communicate([&] { comm_.recv(detail::as_span(buf), src, tag); });
   }
 
   // Combines every gradient of `model` across replicas, in fused buckets (one collective per bucket,
@@ -186,12 +176,48 @@ class replica_context {
   // collectives; under one device nothing happens and it returns 0.
   template <gradient_enumerable M>
   std::size_t all_reduce_gradients(M& model, const gradient_reduction& options = {}) {
-    const detail::collective_stopwatch timed{collective_meter()};
-    return detail::all_reduce_gradients(comm_, model, options);
+    std::size_t collectives = 0;
+    communicate([&] { collectives = detail::all_reduce_gradients(comm_, model, options); });
+    return collectives;
+  }
+
+  // The same all-reduce overlapped with backward (comm/detail/gradient_overlap.hpp): `add` a model
+  // just before its last backward of the step, `wait` before its optimiser step. Until `wait`, this
+  // replica's collectives go through the overlap, in order.
+  gradient_overlap<C> overlap_gradients(const gradient_reduction& options = {}) {
+    if constexpr (measured) return gradient_overlap<C>{comm_, &overlap_, D::kind == device_kind::cpu, options, meter_};
+    else return gradient_overlap<C>{comm_, nullptr, false, options, nullptr};
+  }
+
+  // Says that the gradients of `layer`'s parameters are final for this step (sequential models call
+  // it after each layer's backward): an open overlap starts the buckets they complete. Nothing
+  // otherwise.
+  template <class L>
+  void gradients_ready(L& layer) {
+    if constexpr (measured && requires { typename L::scalar_type; }) {
+      if (!overlap_) return;
+      using T = typename L::scalar_type;
+      layer.for_each_parameter([&](std::span<T>, std::span<T> gradient) {
+        if (!gradient.empty()) overlap_->ready(gradient.data());
+      });
+    }
   }
 
  private:
   std::size_t index() const noexcept { return static_cast<std::size_t>(comm_.rank()); }
+
+  // Every collective of this replica: timed on its meter, and through the open overlap if any.
+  template <class F>
+  void communicate(F&& collective) {
+    const detail::collective_stopwatch timed{collective_meter()};
+    if constexpr (measured) {
+      if (overlap_) {
+        overlap_->communicate(std::function<void()>(std::ref(collective)));
+        return;
+      }
+    }
+    collective();
+  }
 
   // The collectives of a group of one cost nothing and are not measured: the one-device replica
   // stays its device and its engine pointer.
@@ -202,6 +228,8 @@ class replica_context {
   [[no_unique_address]] C comm_;
   detail::engine_slot* engine_ = nullptr;
   [[no_unique_address]] std::conditional_t<measured, detail::collective_meter*, no_meter> meter_{};
+  struct no_overlap {};
+  [[no_unique_address]] std::conditional_t<measured, detail::overlap_hook*, no_overlap> overlap_{};
 };
 
 }  // namespace distribute

@@ -37,9 +37,15 @@ inline global_batch_data batch_for_step(std::int64_t step) {
   return {{x.begin(), x.end()}, {y.begin(), y.end()}};
 }
 
+// How a step combines the gradients: blocking after backward, or overlapped with it.
+struct step_reduction {
+  bool overlap = false;
+  gradient_reduction buckets{};
+};
+
 // One training step of every replica on its share of the global batch; returns the global loss.
 template <class S, class Nets, class Opts>
-float train_step(S& s, Nets& nets, Opts& opts, std::int64_t step) {
+float train_step(S& s, Nets& nets, Opts& opts, std::int64_t step, const step_reduction& how = {}) {
   const auto data = batch_for_step(step);
   auto xs = s.scatter(data.x, in_size);
   auto ys = s.scatter(data.y, out_size);
@@ -50,8 +56,15 @@ float train_step(S& s, Nets& nets, Opts& opts, std::int64_t step) {
         net.zero_grad();
         const auto out = net.forward(r, x);
         const auto loss = nn::mse(out, y, global_batch);  // a share of the mean over the GLOBAL batch
-        net.backward(r, loss.grad);
-        r.all_reduce_gradients(net);
+        if (how.overlap) {
+          auto sync = r.overlap_gradients(how.buckets);
+          sync.add(net);
+          net.backward(r, loss.grad);
+          sync.wait();
+        } else {
+          net.backward(r, loss.grad);
+          r.all_reduce_gradients(net, how.buckets);
+        }
         opt.step(net);
         return loss.value;
       },

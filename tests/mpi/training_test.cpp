@@ -15,10 +15,10 @@ namespace dist = distribute;
 namespace {
 
 template <class S>
-std::vector<float> train(S& s, int steps) {
+std::vector<float> train(S& s, int steps, const dist::test::step_reduction& how = {}) {
   auto nets = s.mirror([](auto&) { return dist::test::make_net(1234); });
   auto opts = s.mirror([](auto&) { return dist::optim::adam<float>{{.lr = 1e-2}}; });
-  for (int step = 0; step < steps; ++step) BOOST_TEST(std::isfinite(dist::test::train_step(s, nets, opts, step)));
+  for (int step = 0; step < steps; ++step) BOOST_TEST(std::isfinite(dist::test::train_step(s, nets, opts, step, how)));
   s.verify_mirrored(nets);
   return dist::test::parameters_of(nets[0]);
 }
@@ -40,6 +40,20 @@ BOOST_AUTO_TEST_CASE(two_replicas_per_worker_match_one_device) {
   BOOST_TEST_MESSAGE(s.num_workers() << " workers x 2 replicas: relative parameter difference " << err);
   // The same job twice gives the same bits.
   BOOST_TEST((train(s, 5) == ours));
+}
+
+BOOST_AUTO_TEST_CASE(overlapped_gradient_all_reduce_has_the_bits_of_the_blocking_one) {
+  // Buckets small enough that the net's gradients take several, each started on a thread of its
+  // replica while backward goes on; one and two replicas per worker (the second through the
+  // hierarchical engine: shared memory in the worker, then MPI).
+  const dist::gradient_reduction small{.bucket_bytes = 300, .first_bucket_bytes = 64};
+  for (const int local : {1, 2}) {
+    dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = local, .mpi = dist::test::test_mpi_options()}};
+    const auto blocking = train(s, 4, {.overlap = false, .buckets = small});
+    const auto overlapped = train(s, 4, {.overlap = true, .buckets = small});
+    BOOST_TEST((overlapped == blocking), s.num_workers() << " workers x " << local << " replicas");
+    BOOST_TEST((train(s, 4, {.overlap = true}) == train(s, 4, {.overlap = false})), "default buckets");
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -27,6 +27,7 @@
 #include <distribute/nn/layer.hpp>
 #include <distribute/tensor/detail/micro_batches.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -40,6 +41,9 @@ struct gradient_options {
   int micro_batches = 1;
   // Sum the gradients across the replicas at the end (off: each replica keeps its own).
   bool all_reduce = true;
+  // Overlap that sum with the last part's backward (replica_context::overlap_gradients): each
+  // bucket starts as soon as its gradients are final. The same bits as without.
+  bool overlap = false;
   gradient_reduction reduction{};
 };
 
@@ -52,7 +56,7 @@ double compute_gradients(R& r, M& model, const layer_tensor_t<M>& input, const l
                                 std::to_string(batch(target)) + " targets");
   double total = 0;
   std::int64_t offset = 0;
-  for (const std::int64_t n : distribute::detail::micro_batch_sizes(batch(input), options.micro_batches)) {
+  auto pass = [&](std::int64_t n) {
     const auto y = model.forward(r, distribute::detail::batch_slice(input, offset, n));
     const auto l = std::invoke(loss, r, y, distribute::detail::batch_slice(target, offset, n), global_batch_size);
     if (l.grad.shape() != y.shape())
@@ -62,7 +66,20 @@ double compute_gradients(R& r, M& model, const layer_tensor_t<M>& input, const l
     if constexpr (requires { model.backward(r, l.grad, no_input_gradient); }) model.backward(r, l.grad, no_input_gradient);
     else model.backward(r, l.grad);
     offset += n;
+  };
+  const auto parts = distribute::detail::micro_batch_sizes(batch(input), options.micro_batches);
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) pass(parts[i]);
+  const std::int64_t last = parts.empty() ? 0 : parts.back();
+  if constexpr (requires { r.overlap_gradients(options.reduction); }) {
+    if (options.all_reduce && options.overlap) {
+      auto sync = r.overlap_gradients(options.reduction);
+      sync.add(model);  // before the last backward only: the earlier parts' gradients are not final
+      if (!parts.empty()) pass(last);
+      sync.wait();
+      return total;
+    }
   }
+  if (!parts.empty()) pass(last);
   if (options.all_reduce) r.all_reduce_gradients(model, options.reduction);
   return total;
 }

@@ -69,6 +69,13 @@ struct stateless {
   void set_training(bool) {}
 };
 
+// Tells replica `r` that `layer`'s gradients are final for this step, where the replica can hear it
+// (replica_context::gradients_ready); other replica types are not told.
+template <class R, class L>
+void gradients_ready(R& r, L& layer) {
+  if constexpr (requires { r.gradients_ready(layer); }) r.gradients_ready(layer);
+}
+
 // The engine of replica `r`, which must compute on the layer's device.
 template <class D, class R>
 decltype(auto) engine_of(R& r) {

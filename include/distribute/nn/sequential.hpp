@@ -1,7 +1,9 @@
 #pragma once
 // Layers applied in order; backward runs them in reverse. The layer list is a type (a tuple), so the
 // calls are direct and inline, and parameters are enumerated layer by layer in a fixed order (the
-// order every replica buckets its gradients in).
+// order every replica buckets its gradients in). After each layer's backward the replica is told
+// that layer's gradients are final (`r.gradients_ready`), which lets an open gradient overlap start
+// their all-reduce while the layers before it compute.
 
 #include <distribute/detail/digest.hpp>
 #include <distribute/nn/detail/layer_name.hpp>
@@ -55,6 +57,7 @@ class sequential {
       if constexpr (requires { first.backward(r, d, no_input_gradient); }) first.backward(r, d, no_input_gradient);
       else first.backward(r, d);
     });
+    detail::gradients_ready(r, first);
     return tensor_type{};
   }
 
@@ -92,6 +95,7 @@ class sequential {
   template <std::size_t I, std::size_t Last = 0, class R>
   tensor_type backward_from(R& r, const tensor_type& dy) {
     auto dx = naming_layer<I>([&] { return std::get<I>(layers_).backward(r, dy); });
+    detail::gradients_ready(r, std::get<I>(layers_));
     if constexpr (I > Last) return backward_from<I - 1, Last>(r, dx);
     else return dx;
   }

@@ -1,5 +1,5 @@
 #pragma once
-// Gradient aggregation by fused buckets: the gradients of a model are packed, in their enumeration
+// Gradient aggregation by fused buckets: the gradients of a model are packed, in reverse enumeration
 // order, into buckets of about `bucket_bytes`, and each bucket is one all-reduce. The buckets are
 // lists of spans over the gradients themselves: the shared-memory engine reduces them in place
 // (zero-copy fusion), so a bucket costs one meeting of the replicas instead of one per tensor.
@@ -32,6 +32,10 @@ struct gradient_reduction {
   // The cap of one fused bucket (PyTorch DDP's default is 25 MiB). A gradient larger than the cap is
   // a bucket of its own; 0 makes every gradient its own collective (for comparison only).
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  // The cap of the first bucket (the last layers' gradients, the first to be final in backward), as
+  // DDP's 1 MiB: small, so that an overlapped all-reduce (`replica_context::overlap_gradients`) starts
+  // early. Never more than `bucket_bytes`.
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
 };
 
 namespace detail {
@@ -53,6 +57,42 @@ concept gradient_enumerable = requires { typename M::scalar_type; } && element<t
 
 namespace detail {
 
+// The buckets of `model`'s gradients, in the order they are all-reduced: the gradients in reverse
+// enumeration order (the order backward makes them final: the last layer's first), packed into
+// buckets of at most `first_bucket_bytes` for the first and `bucket_bytes` for the others (a larger
+// gradient alone); empty gradients are skipped. `sink(std::vector<std::span<T>>)` gets each bucket.
+// The blocking and the overlapped all-reduce use this one plan, so they run the same collectives
+// over the same buffers and their results have the same bits on every engine.
+template <gradient_enumerable M, class Sink>
+void for_each_gradient_bucket(M& model, const gradient_reduction& options, Sink&& sink) {
+  using T = typename M::scalar_type;
+  std::vector<std::span<T>> gradients;
+  model.for_each_parameter([&](std::span<T>, std::span<T> gradient) {
+    if (!gradient.empty()) gradients.push_back(gradient);
+  });
+  std::vector<std::span<T>> bucket;
+  std::size_t bytes = 0, cap = options.first_bucket_bytes < options.bucket_bytes ? options.first_bucket_bytes : options.bucket_bytes;
+  for (auto g = gradients.rbegin(); g != gradients.rend(); ++g) {
+    if (!bucket.empty() && bytes + g->size_bytes() > cap) {
+      sink(std::move(bucket));
+      bucket = {};
+      bytes = 0;
+      cap = options.bucket_bytes;
+    }
+    bucket.push_back(*g);
+    bytes += g->size_bytes();
+  }
+  if (!bucket.empty()) sink(std::move(bucket));
+}
+
+// One bucket's collective.
+template <class C, class T>
+void all_reduce_bucket(C& comm, reduce_op op, const std::vector<std::span<T>>& bucket) {
+  const collective_label label("all_reduce_gradients");
+  if (bucket.size() == 1) comm.all_reduce(op, bucket.front());
+  else comm.all_reduce(op, std::span<const std::span<T>>(bucket));
+}
+
 // All-reduces every gradient of `model`, one collective per bucket; returns the number of collectives.
 // Under the `local` communicator there is nothing to combine, and nothing is enumerated or allocated.
 template <class C, gradient_enumerable M>
@@ -60,25 +100,11 @@ std::size_t all_reduce_gradients(C& comm, M& model, const gradient_reduction& op
   if constexpr (std::is_same_v<C, comm::local>) {
     return 0;
   } else {
-    using T = typename M::scalar_type;
-    const collective_label label("all_reduce_gradients");
-    std::vector<std::span<T>> bucket;
-    std::size_t bytes = 0, collectives = 0;
-    auto flush = [&] {
-      if (bucket.empty()) return;
-      if (bucket.size() == 1) comm.all_reduce(options.op, bucket.front());
-      else comm.all_reduce(options.op, std::span<const std::span<T>>(bucket));
+    std::size_t collectives = 0;
+    for_each_gradient_bucket(model, options, [&](const auto& bucket) {
+      all_reduce_bucket(comm, options.op, bucket);
       ++collectives;
-      bucket.clear();
-      bytes = 0;
-    };
-    model.for_each_parameter([&](std::span<T>, std::span<T> gradient) {
-      if (gradient.empty()) return;
-      if (!bucket.empty() && bytes + gradient.size_bytes() > options.bucket_bytes) flush();
-      bucket.push_back(gradient);
-      bytes += gradient.size_bytes();
     });
-    flush();
     return collectives;
   }
 }

@@ -1,0 +1,189 @@
+#pragma once
+// The gradient all-reduce overlapped with backward: each bucket (gradient_buckets.hpp) starts as soon
+// as backward has made all of its gradients final, while the layers before it are still computing,
+// and the step waits only at the end for what is still in flight. DDP and Horovod do the same.
+//
+//   auto sync = r.overlap_gradients();   // this replica's collectives now go through `sync`
+//   sync.add(model);                     // just before the model's last backward of the step
+//   model.backward(r, dy);               // sequential layers say when their gradients are final
+//   sync.wait();                         // every added model's gradients are all-reduced
+//   optimizer.step(r, model);
+//
+// What it computes is what `r.all_reduce_gradients(model)` for each added model, in the order they
+// were added, computes: the same buckets over the same buffers in the same order (the plan is one
+// function), so the results have the same bits on every engine. Only when the collectives run
+// changes.
+//
+// How:
+// - `nn::sequential` (and every layer built on it) tells the replica after each of its layers'
+//   backward that the layer's gradients are final (`r.gradients_ready(layer)`); a gradient never
+//   announced is all-reduced by `wait` with the rest, so a model of other layers is still correct,
+//   only not overlapped.
+// - On a CPU replica the collectives run on a thread of the replica's own, in the order the replica
+//   issued them. Every other collective this replica calls while the overlap is open (a
+//   sync_batch_norm's inside backward, a loss reduction) joins that same queue and is waited for, so
+//   every replica still issues one sequence of collectives and no engine sees two at once from one
+//   replica (MPI needs no more than MPI_THREAD_SERIALIZED).
+// - On other devices (a GPU's NCCL collectives run on the replica's own stream, which computes in
+//   order anyway) the buckets are all-reduced by `wait`, as the blocking call would: correct, not
+//   overlapped (yet).
+// - Under one device there is nothing to combine: nothing is enumerated, nothing runs.
+//
+// Rules: add a model just before its LAST backward of the step (with gradient accumulation, or a
+// model whose backward runs twice, earlier passes would otherwise send partial gradients); a weight
+// shared by two layers is final only after both, so a model that shares weights is added to no
+// overlap. A replica has at most one overlap open. If backward throws, the overlap's destructor
+// stops its thread (the collective in flight ends, or fails when the strategy aborts the step) and
+// the exception goes on to `run` as before.
+
+#include <distribute/collective_origin.hpp>
+#include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/comm/local.hpp>
+#include <distribute/detail/activity.hpp>
+#include <distribute/detail/ordered_worker.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace distribute {
+
+namespace detail {
+// What a replica knows of its open overlap.
+class overlap_hook {
+ public:
+  // The gradient whose data starts at `gradient` is final.
+  virtual void ready(const void* gradient) = 0;
+  // A collective the replica calls while the overlap is open: run in its turn, waited for.
+  virtual void communicate(const std::function<void()>& collective) = 0;
+
+ protected:
+  ~overlap_hook() = default;
+};
+}  // namespace detail
+
+template <class C>
+class gradient_overlap final : detail::overlap_hook {
+ public:
+  // Made by `replica_context::overlap_gradients`. `slot`: where the replica looks for its open
+  // overlap (null under one device); `threaded`: whether collectives run on a thread of their own.
+  gradient_overlap(C& comm, detail::overlap_hook** slot, bool threaded, const gradient_reduction& options,
+                   detail::collective_meter* meter)
+      : comm_{comm}, slot_{slot}, threaded_{threaded}, options_{options}, meter_{meter} {
+    if (!slot_) return;
+    if (*slot_)
+      throw std::logic_error("distribute: replica " + std::to_string(comm.rank()) +
+                             " opened a gradient overlap while another is open; wait() for the first one");
+    *slot_ = this;
+  }
+  ~gradient_overlap() { close(); }
+  gradient_overlap(const gradient_overlap&) = delete;
+  gradient_overlap& operator=(const gradient_overlap&) = delete;
+
+  // Adds `model`'s gradients: their buckets start as backward makes them final. Call it just before
+  // the model's last backward of the step.
+  template <gradient_enumerable M>
+  gradient_overlap& add(M& model) {
+    if (!slot_) return *this;
+    if (finished_) throw std::logic_error("distribute: gradient_overlap::add after wait()");
+    using T = typename M::scalar_type;
+    detail::for_each_gradient_bucket(model, options_, [&](std::vector<std::span<T>>&& bucket) {
+      const std::size_t b = buckets_.size();
+      for (const auto g : bucket) {
+        if (!at_.emplace(static_cast<const void*>(g.data()), b).second)
+          throw std::invalid_argument("distribute: gradient_overlap::add got a model whose gradients it already holds");
+      }
+      buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] { detail::all_reduce_bucket(comm_, op, bucket); }});
+    });
+    return *this;
+  }
+
+  // Waits until every added model's gradients are all-reduced (starting what has not started);
+  // rethrows a collective's failure. Returns the number of bucket collectives. After it, this
+  // replica's collectives run directly again.
+  std::size_t wait() {
+    if (!slot_ || finished_) return buckets_.size();
+    const detail::collective_stopwatch timed{meter_};
+    finished_ = true;
+    for (auto& b : buckets_) b.pending = 0;
+    start_ready();
+    close_after_drain();
+    return buckets_.size();
+  }
+
+  // The number of bucket collectives started so far (for tests and benchmarks).
+  std::size_t started() const noexcept { return next_; }
+
+ private:
+  struct bucket {
+    std::size_t pending;  // gradients not yet final
+    std::function<void()> run;
+  };
+
+  void ready(const void* gradient) override {
+    const auto it = at_.find(gradient);
+    if (it == at_.end() || finished_) return;
+    auto& b = buckets_[it->second];
+    at_.erase(it);  // once only
+    if (b.pending) --b.pending;
+    start_ready();
+  }
+
+  void communicate(const std::function<void()>& collective) override {
+    if (threaded_ && worker_) {
+      worker_->post([&collective] { collective(); });
+      worker_->drain();
+    } else {
+      collective();
+    }
+  }
+
+  // Starts, in plan order, every bucket whose gradients are all final and whose predecessors have
+  // started: the same sequence on every replica.
+  void start_ready() {
+    while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
+      if (threaded_) {
+        if (!worker_) worker_.emplace();
+        worker_->post(std::move(buckets_[next_].run));
+      } else if (finished_) {
+        buckets_[next_].run();
+      } else {
+        return;  // not threaded: everything runs in `wait`, as the blocking call would
+      }
+      ++next_;
+    }
+  }
+
+  void close_after_drain() {
+    struct closing {
+      gradient_overlap& o;
+      ~closing() { o.close(); }
+    } guard{*this};
+    if (worker_) worker_->drain();
+  }
+
+  void close() noexcept {
+    if (slot_ && *slot_ == this) *slot_ = nullptr;
+    worker_.reset();
+  }
+
+  C& comm_;
+  detail::overlap_hook** slot_;
+  bool threaded_;
+  gradient_reduction options_;
+  detail::collective_meter* meter_;
+  bool finished_ = false;
+  std::vector<bucket> buckets_;
+  std::unordered_map<const void*, std::size_t> at_;  // gradient data -> its bucket, until final
+  std::size_t next_ = 0;                               // the next bucket to start
+  std::optional<detail::ordered_worker> worker_;
+};
+
+}  // namespace distribute

@@ -1,0 +1,367 @@
+// The gradient all-reduce overlapped with backward (replica_context::overlap_gradients): the bits of
+// the blocking all-reduce, buckets that start while backward is still running, sync_batch_norm's
+// collectives inside backward taking their turn, failures that end the step without a hang, and
+// nothing at all under one device.
+
+#include "nn_test_support.hpp"
+
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dist = distribute;
+namespace nn = distribute::nn;
+namespace optim = distribute::optim;
+using dist::shape;
+using dist::tensor;
+
+namespace {
+
+// A layer that passes its input through and calls `on_backward(r)` in backward: to look at an open
+// overlap from inside backward, or to fail there.
+struct probe : nn::detail::stateless {
+  using scalar_type = float;
+  std::function<void(int replica)> on_backward;
+  template <class R>
+  tensor<float> forward(R&, const tensor<float>& x) { return x; }
+  template <class R>
+  tensor<float> backward(R& r, const tensor<float>& dy) {
+    if (on_backward) on_backward(r.replica_id());
+    return dy;
+  }
+};
+
+constexpr std::int64_t global_batch = 12;
+
+// probe -> conv -> sync_batch_norm -> relu -> residual block -> conv stride 2 -> tanh: the probe's
+// backward runs last, after every parameter's gradient is final.
+auto make_net(std::uint64_t seed) {
+  return nn::sequential{
+      probe{},
+      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false}, seed},
+      nn::sync_batch_norm<float>{{.channels = 4}, seed + 1}, nn::relu<float>{},
+      nn::residual_block<float>{4, seed + 2},
+      nn::conv2d<float>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1,
+                         .pad_mode = nn::padding_mode::reflect}, seed + 3},
+      nn::tanh<float>{}};
+}
+using net_type = decltype(make_net(0));
+
+struct global_data {
+  std::vector<float> x, y;
+};
+global_data data_for_step(int step) {
+  const auto x = dist::test::random_tensor<float>(shape::nchw(global_batch, 1, 6, 6), 71 + 2 * step, -1.0, 2.0);
+  const auto y = dist::test::random_tensor<float>(shape::nchw(global_batch, 2, 3, 3), 72 + 2 * step, -0.5, 0.5);
+  return {{x.begin(), x.end()}, {y.begin(), y.end()}};
+}
+
+std::vector<float> parameters_of(net_type& net) {
+  std::vector<float> p;
+  net.for_each_parameter([&](std::span<float> v, std::span<float>) { p.insert(p.end(), v.begin(), v.end()); });
+  return p;
+}
+
+// Buckets small enough that the net's gradients take several (its largest tensor, 4x4x3x3 floats,
+// is 576 bytes).
+constexpr dist::gradient_reduction small_buckets{.bucket_bytes = 600, .first_bucket_bytes = 100};
+
+struct run_record {
+  std::vector<float> parameters;
+  std::vector<std::size_t> collectives;   // per step, replica 0
+  std::vector<std::size_t> started_early;  // per step, replica 0: buckets started before backward ended
+};
+
+// Adam steps on a different global batch each step; checks that every replica holds the same bits.
+template <class S>
+run_record train(S& s, bool overlap, const dist::gradient_reduction& how, int steps = 3) {
+  auto nets = s.mirror([](auto&) { return make_net(1234); });
+  auto opts = s.mirror([](auto&) { return optim::adam<float>{{.lr = 1e-2}}; });
+  run_record out;
+  for (int step = 0; step < steps; ++step) {
+    const auto data = data_for_step(step);
+    auto xs = s.scatter(data.x, 36);
+    auto ys = s.scatter(data.y, 18);
+    std::vector<std::size_t> started(static_cast<std::size_t>(s.num_replicas_in_sync()));
+    auto counts = s.run(
+        [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net,
+            optim::adam<float>& opt) {
+          const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+          const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
+          net.zero_grad();
+          const auto loss = nn::mse(net.forward(r, x), y, global_batch);
+          std::size_t collectives = 0;
+          if (overlap) {
+            auto sync = r.overlap_gradients(how);
+            sync.add(net);
+            net.get<0>().on_backward = [&](int id) { started[static_cast<std::size_t>(id)] = sync.started(); };
+            net.backward(r, loss.grad);
+            net.get<0>().on_backward = nullptr;
+            collectives = sync.wait();
+          } else {
+            net.backward(r, loss.grad);
+            collectives = r.all_reduce_gradients(net, how);
+          }
+          opt.step(net);
+          return collectives;
+        },
+        xs, ys, nets, opts);
+    out.collectives.push_back(counts[0]);
+    out.started_early.push_back(started[0]);
+  }
+  s.verify_mirrored(nets);
+  out.parameters = parameters_of(nets[0]);
+  return out;
+}
+
+// Models that are not sequentials: their gradients are never announced by backward.
+struct two_tensors {
+  using scalar_type = float;
+  std::vector<float> v = std::vector<float>(300), g = std::vector<float>(300), v2 = std::vector<float>(50),
+                     g2 = std::vector<float>(50);
+  template <class F>
+  void for_each_parameter(F&& f) {
+    f(std::span<float>(v), std::span<float>(g));
+    f(std::span<float>(v2), std::span<float>(g2));
+  }
+};
+struct one_tensor {
+  using scalar_type = float;
+  std::vector<float> v, g;
+  template <class F>
+  void for_each_parameter(F&& f) { f(std::span<float>(v), std::span<float>(g)); }
+};
+
+bool mentions(const std::exception& e, const std::string& what) {
+  return std::string(e.what()).find(what) != std::string::npos;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(overlap)
+
+BOOST_AUTO_TEST_CASE(overlapped_all_reduce_has_the_bits_of_the_blocking_one) {
+  for (const int replicas : {2, 3}) {
+    for (const auto& how : {dist::gradient_reduction{}, small_buckets}) {
+      dist::mirrored_strategy<> s{dist::cpu_replicas(replicas)};
+      const auto blocking = train(s, false, how);
+      const auto overlapped = train(s, true, how);
+      BOOST_TEST((overlapped.parameters == blocking.parameters), replicas << " replicas, bucket cap " << how.bucket_bytes);
+      BOOST_TEST(overlapped.collectives == blocking.collectives);
+      // Every parameter's gradient was announced before the first layer's backward: all buckets
+      // had started while backward ran.
+      BOOST_TEST(overlapped.started_early == overlapped.collectives);
+      if (how.bucket_bytes == small_buckets.bucket_bytes) BOOST_TEST(blocking.collectives[0] > 3u);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_compared_runs_train) {
+  // Not a vacuous comparison: the steps move the parameters, under one device (where the overlap
+  // does nothing) and over 3 replicas alike. (That replicas reach one device's parameters is the
+  // equivalence suite's test of the blocking all-reduce, which the overlapped one equals bit for bit;
+  // this net's residual-block biases, followed by instance norm, have gradients of rounding noise
+  // that Adam turns into steps of its learning rate, so it is not the net to show it with.)
+  auto initial_net = make_net(1234);
+  const auto initial = parameters_of(initial_net);
+  dist::one_device_strategy<> one;
+  const auto reference = train(one, true, small_buckets);
+  BOOST_TEST(reference.collectives == (std::vector<std::size_t>{0, 0, 0}));
+  BOOST_TEST(dist::test::relative_error_of<float>(reference.parameters, initial) > 1e-3);
+  dist::mirrored_strategy<> s{dist::cpu_replicas(3)};
+  const auto ours = train(s, true, small_buckets);
+  BOOST_TEST(dist::test::relative_error_of<float>(ours.parameters, initial) > 1e-3);
+}
+
+BOOST_AUTO_TEST_CASE(gradients_nobody_announces_are_all_reduced_by_wait) {
+  // A model that is not a sequential: its gradients are never announced, so nothing starts before
+  // wait, and wait still sums them all.
+  using flat = two_tensors;
+  dist::mirrored_strategy<> s{dist::cpu_replicas(3)};
+  auto models = s.mirror([](auto&) { return flat{}; });
+  auto started = s.run([](dist::replica auto& r, flat& m) {
+    for (std::size_t i = 0; i < m.g.size(); ++i) m.g[i] = static_cast<float>(r.replica_id() + 1) * static_cast<float>(i);
+    for (std::size_t i = 0; i < m.g2.size(); ++i) m.g2[i] = static_cast<float>(r.replica_id() + 1);
+    auto sync = r.overlap_gradients({.bucket_bytes = 1000, .first_bucket_bytes = 1000});
+    sync.add(m);
+    r.gradients_ready(m);  // a replica may also announce a whole model itself...
+    const auto before = sync.started();
+    return std::pair{before, sync.wait()};
+  }, models);
+  for (auto [before, collectives] : started) {
+    BOOST_TEST(before == 2u);  // ...which starts both buckets
+    BOOST_TEST(collectives == 2u);
+  }
+  for (const auto& m : models) {
+    for (std::size_t i = 0; i < m.g.size(); ++i) BOOST_REQUIRE(m.g[i] == 6.0f * static_cast<float>(i));
+    for (float x : m.g2) BOOST_REQUIRE(x == 6.0f);
+  }
+  auto none = s.run([](dist::replica auto& r, flat& m) {
+    auto sync = r.overlap_gradients();
+    sync.add(m);
+    const auto before = sync.started();
+    sync.wait();
+    return before;
+  }, models);
+  for (auto c : none) BOOST_TEST(c == 0u);
+  for (const auto& m : models) BOOST_REQUIRE(m.g2[0] == 18.0f);
+}
+
+BOOST_AUTO_TEST_CASE(collectives_called_while_open_take_their_turn) {
+  // A program's own collective between add and wait goes through the overlap's queue, after the
+  // buckets already started, and returns its result as usual.
+  dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
+  auto nets = s.mirror([](auto&) { return make_net(7); });
+  const auto data = data_for_step(0);
+  auto xs = s.scatter(data.x, 36);
+  auto totals = s.run([&](dist::replica auto& r, const std::vector<float>& xl, net_type& net) {
+    const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+    const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
+    net.zero_grad();
+    auto y = net.forward(r, x);
+    auto sync = r.overlap_gradients(small_buckets);
+    sync.add(net);
+    net.backward(r, y);
+    const float total = r.all_reduce(dist::reduce_op::sum, static_cast<float>(r.replica_id() + 1));
+    std::vector<int> ids(2);
+    r.all_gather(std::vector<int>{r.replica_id()}, ids);
+    sync.wait();
+    return std::pair{total, ids};
+  }, xs, nets);
+  for (const auto& [total, ids] : totals) {
+    BOOST_TEST(total == 3.0f);
+    BOOST_TEST((ids == std::vector<int>{0, 1}));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(one_overlap_at_a_time_per_replica) {
+  dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
+  auto nets = s.mirror([](auto&) { return make_net(7); });
+  // What each replica's misuse said (asserted here, on the test's thread).
+  auto errors = s.run([&](dist::replica auto& r, net_type& net) {
+    std::vector<std::string> said;
+    auto error_of = [&](auto&& f) {
+      try {
+        f();
+        said.push_back("(nothing)");
+      } catch (const std::exception& e) {
+        said.push_back(e.what());
+      }
+    };
+    {
+      auto first = r.overlap_gradients();
+      error_of([&] { auto again = r.overlap_gradients(); });
+      first.add(net);
+      first.wait();
+      error_of([&] { first.add(net); });
+    }
+    auto second = r.overlap_gradients();  // the first one is closed
+    error_of([&] { second.add(net).add(net); });
+    return said;
+  }, nets);
+  for (const auto& said : errors) {
+    BOOST_REQUIRE(said.size() == 3u);
+    BOOST_TEST(said[0].find("another is open") != std::string::npos, said[0]);
+    BOOST_TEST(said[1].find("add after wait") != std::string::npos, said[1]);
+    BOOST_TEST(said[2].find("already holds") != std::string::npos, said[2]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_replica_that_throws_in_backward_ends_the_step_without_a_hang) {
+  dist::mirrored_strategy<> s{dist::cpu_replicas(3), {.timeout = std::chrono::seconds(30)}};
+  auto nets = s.mirror([](auto&) { return make_net(7); });
+  auto opts = s.mirror([](auto&) { return optim::adam<float>{{.lr = 1e-2}}; });
+  const auto data = data_for_step(0);
+  auto xs = s.scatter(data.x, 36);
+  auto ys = s.scatter(data.y, 18);
+  auto step = [&](bool fail) {
+    return s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net,
+                     optim::adam<float>& opt) {
+      const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+      const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
+      net.zero_grad();
+      const auto loss = nn::mse(net.forward(r, x), y, global_batch);
+      auto sync = r.overlap_gradients(small_buckets);
+      sync.add(net);
+      net.get<0>().on_backward = [fail](int id) {
+        if (fail && id == 1) throw std::runtime_error("replica 1 gave up in backward");
+      };
+      net.backward(r, loss.grad);
+      sync.wait();
+      opt.step(net);
+      return loss.value;
+    }, xs, ys, nets, opts);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  BOOST_CHECK_EXCEPTION(step(true), std::runtime_error,
+                        [](const std::runtime_error& e) { return mentions(e, "replica 1 gave up in backward"); });
+  const bool quick = std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10);
+  BOOST_TEST(quick, "the failure was not waited out");
+  // The strategy is usable again: a clean step runs, and the copies agree after a broadcast.
+  s.broadcast(nets, 0);
+  s.broadcast(opts, 0);
+  const auto losses = step(false);
+  BOOST_TEST(std::isfinite(s.reduce(dist::reduce_op::sum, losses)));
+  s.verify_mirrored(nets);
+}
+
+BOOST_AUTO_TEST_CASE(mismatched_buckets_fail_every_replica_from_wait) {
+  // Replicas that add models of different sizes: the first bucket's collective is a mismatch, which
+  // reaches the caller from wait (thrown on the overlap's thread), naming the gradient all-reduce.
+  using flat = one_tensor;
+  dist::mirrored_strategy<> s{dist::cpu_replicas(2), {.timeout = std::chrono::seconds(30)}};
+  auto models = s.values_from_function([](int id) { return flat{std::vector<float>(10 + 5 * id), std::vector<float>(10 + 5 * id)}; });
+  BOOST_CHECK_EXCEPTION(s.run([](dist::replica auto& r, flat& m) {
+    auto sync = r.overlap_gradients();
+    sync.add(m);
+    r.gradients_ready(m);
+    sync.wait();
+  }, models), dist::collective_mismatch, [](const dist::collective_mismatch& e) { return mentions(e, "all_reduce_gradients"); });
+}
+
+BOOST_AUTO_TEST_CASE(compute_gradients_overlaps_the_last_micro_batch) {
+  for (const int parts : {1, 3}) {
+    std::vector<std::vector<float>> results;
+    for (const bool overlap : {false, true}) {
+      dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
+      auto nets = s.mirror([](auto&) { return make_net(99); });
+      const auto data = data_for_step(1);
+      auto xs = s.scatter(data.x, 36);
+      auto ys = s.scatter(data.y, 18);
+      s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net) {
+        const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+        const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
+        net.zero_grad();
+        nn::compute_gradients(r, net, x, y, [](auto&, const auto& p, const auto& t, std::int64_t b) { return nn::mse(p, t, b); },
+                              global_batch, {.micro_batches = parts, .overlap = overlap, .reduction = small_buckets});
+      }, xs, ys, nets);
+      std::vector<float> grads;
+      nets[0].for_each_parameter([&](std::span<float>, std::span<float> g) { grads.insert(grads.end(), g.begin(), g.end()); });
+      results.push_back(grads);
+    }
+    BOOST_TEST((results[0] == results[1]), parts << " micro-batches");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(under_one_device_nothing_runs) {
+  dist::one_device_strategy<> s;
+  auto nets = s.mirror([](auto&) { return make_net(7); });
+  auto counts = s.run([](dist::replica auto& r, net_type& net) {
+    auto sync = r.overlap_gradients();
+    sync.add(net);
+    return std::pair{sync.started(), sync.wait()};
+  }, nets);
+  BOOST_TEST(counts[0].first == 0u);
+  BOOST_TEST(counts[0].second == 0u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
