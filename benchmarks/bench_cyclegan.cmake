@@ -7,6 +7,9 @@ if(Eigen3_FOUND)
   add_executable(bench_cyclegan ${CMAKE_CURRENT_LIST_DIR}/bench_cyclegan.cpp)
   target_include_directories(bench_cyclegan PRIVATE ${PROJECT_SOURCE_DIR}/examples/cyclegan)
   target_link_libraries(bench_cyclegan PRIVATE distribute::distribute Eigen3::Eigen)
+  if(TARGET distribute::mpi)
+    target_link_libraries(bench_cyclegan PRIVATE distribute::mpi)  # --strategy multi_worker
+  endif()
   distribute_native_arch(bench_cyclegan)
   distribute_enable_warnings(bench_cyclegan)
   # --device cuda: the GPU side (bench_cyclegan_cuda.cu), after the C++ file so that the linker keeps

@@ -21,6 +21,14 @@ int main(int argc, char** argv) {
       dist::one_device_strategy<dist::cpu> s;
       return run(s, o);
     }
+    if (o.strategy == "multi_worker") {
+#if DISTRIBUTE_HAS_MPI
+      dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = o.replicas}};
+      return run(s, o);
+#else
+      usage("--strategy multi_worker: this build of bench_cyclegan has no MPI");
+#endif
+    }
     dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(o.replicas)};
     return run(s, o);
   } catch (const std::exception& e) {

@@ -5,9 +5,17 @@
 // networks and step). Prints the parameter counts, seconds per step, images per second (global batch
 // / seconds per step), the peak RSS and one JSON line. See docs/benchmarks.md.
 //
-//   bench_cyclegan [--strategy one_device|mirrored] [--device cpu|cuda] [--tf32] [--replicas N] [--size 28] [--channels 1]
-//                  [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8] [--steps 5] [--warmup 1]
-//                  [--seed 1] [--check-dir DIR] [--params-only]
+//   bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] [--replicas N] [--size 28]
+//                  [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8] [--steps 5] [--warmup 1]
+//                  [--overlap on|off|both] [--rounds 3] [--seed 1] [--check-dir DIR] [--params-only]
+//
+// --strategy multi_worker (builds with MPI; start it under mpirun -np K) runs K workers of --replicas
+// CPU replicas each; worker 0 prints. --overlap chooses whether each network's gradient all-reduce
+// runs while its backward does (on, the trainer's default) or after it (off); `both` alternates the
+// two, --steps steps each, for --rounds rounds in one run, and prints for each the seconds per step
+// and the communication the step waited for (`strategy.timings()`: time inside collectives, the
+// replicas' mean), the communication share of the blocking step and the share of it that overlap
+// hid: (step off - step on) / communication off.
 //
 // --device cuda (in builds with CUDA: bench_cyclegan_cuda.cu) runs the same trainer on GPU replicas
 // (one_device: cuda:0; mirrored: --replicas logical replicas dealt over the visible GPUs), in float32
@@ -59,13 +67,15 @@ struct options {
   std::uint64_t seed = 1;
   std::string check_dir;
   bool params_only = false;  // print the parameter counts as JSON and exit
+  std::string overlap = "on";  // on, off or both (alternating, --rounds times)
+  int rounds = 3;
 };
 
 [[noreturn]] inline void usage(const char* why) {
   std::fprintf(stderr,
-               "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored] [--device cpu|cuda] [--tf32] [--replicas N] [--size S] "
-               "[--channels C]\n       [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] [--warmup N] "
-               "[--seed S]\n       [--check-dir DIR] [--params-only]\n",
+               "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] "
+               "[--replicas N] [--size S]\n       [--channels C] [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] "
+               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--seed S] [--check-dir DIR] [--params-only]\n",
                why);
   std::exit(2);
 }
@@ -94,14 +104,19 @@ inline options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::stoull(value());
     else if (a == "--check-dir") o.check_dir = value();
     else if (a == "--params-only") o.params_only = true;
+    else if (a == "--overlap") o.overlap = value();
+    else if (a == "--rounds") o.rounds = integer();
     else if (a == "--help" || a == "-h") usage("help");
     else usage(("unknown option " + a).c_str());
   }
-  if (o.strategy != "one_device" && o.strategy != "mirrored") usage("--strategy must be one_device or mirrored");
+  if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "multi_worker")
+    usage("--strategy must be one_device, mirrored or multi_worker");
+  if (o.overlap != "on" && o.overlap != "off" && o.overlap != "both") usage("--overlap must be on, off or both");
+  if (o.rounds < 1) usage("--rounds must be positive");
   if (o.device != "cpu" && o.device != "cuda") usage("--device must be cpu or cuda");
   if (o.strategy == "one_device") o.replicas = 1;
   if (o.replicas < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0) usage("replicas, batch and steps must be positive");
-  if (o.batch % o.replicas != 0) usage("--batch (global) must be a multiple of --replicas");
+  if (o.strategy != "multi_worker" && o.batch % o.replicas != 0) usage("--batch (global) must be a multiple of --replicas");
   if (!o.check_dir.empty()) o.steps = 1, o.warmup = 0;
   return o;
 }
@@ -152,6 +167,63 @@ void all_parameters(Trainer& tr, std::vector<float>& values, std::vector<float>&
   append_parameters(tr.d_b().primary(), values, grads);
 }
 
+// --overlap both: the same trainer alternating blocking and overlapped gradient all-reduce, --steps
+// steps each per round; per mode the median seconds per step and the communication per step.
+template <dist::strategy S, class Trainer>
+int compare_overlap(S& s, Trainer& tr, const options& o, std::int64_t g_params, std::int64_t d_params) {
+  const auto image = dist::shape::nchw(o.batch, o.channels, o.size, o.size);
+  std::mt19937_64 rng{o.seed * 7919 + 17};
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  cyclegan::tensor a{image}, b{image};
+  for (auto& v : a) v = uniform(rng);
+  for (auto& v : b) v = uniform(rng);
+  const bool chief = s.is_chief();
+  if (chief) {
+    std::printf("bench_cyclegan --overlap both: %s x%d (%d worker(s)), %dx%dx%d, %d filters, %d blocks, %d d-layers, global batch %d\n",
+                o.strategy.c_str(), s.num_replicas_in_sync(), s.num_workers(), o.size, o.size, o.channels, o.filters, o.blocks,
+                o.d_layers, o.batch);
+    std::printf("  parameters: G %lld, D %lld (each of two); %s, %d cores in this process's affinity, load %s\n",
+                static_cast<long long>(g_params), static_cast<long long>(d_params), bench::cpu_model().c_str(), affinity_cores(),
+                bench::load_average().c_str());
+    std::fflush(stdout);
+  }
+  for (int i = 0; i < o.warmup; ++i) {
+    tr.set_overlap(i % 2 == 1);
+    tr.step(a, b);
+  }
+  std::vector<double> step_s[2], comm_s[2];  // [0]: off, [1]: on
+  for (int round = 0; round < o.rounds; ++round) {
+    for (const int on : {0, 1}) {
+      tr.set_overlap(on == 1);
+      for (int i = 0; i < o.steps; ++i) {
+        const auto before = s.timings();
+        const auto t0 = std::chrono::steady_clock::now();
+        tr.step(a, b);
+        step_s[on].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        comm_s[on].push_back((s.timings() - before).collective);
+      }
+    }
+  }
+  const double off = bench::median(step_s[0]), on = bench::median(step_s[1]);
+  const double comm_off = bench::median(comm_s[0]), comm_on = bench::median(comm_s[1]);
+  const double share = off > 0 ? comm_off / off : 0, hidden = comm_off > 0 ? (off - on) / comm_off : 0;
+  if (chief) {
+    std::printf("  overlap off: %.4f s/step, communication %.4f s/step (%.1f%% of the step)\n", off, comm_off, 100 * share);
+    std::printf("  overlap on:  %.4f s/step, communication waited for %.4f s/step\n", on, comm_on);
+    std::printf("  overlap hid %.1f%% of the blocking step's communication; on/off = %.3f (medians of %d steps each, %d rounds)\n",
+                100 * hidden, off > 0 ? on / off : 0, o.steps * o.rounds, o.rounds);
+    std::printf(
+        "{\"bench\":\"cyclegan_overlap\",\"strategy\":\"%s\",\"workers\":%d,\"replicas\":%d,\"size\":%d,\"filters\":%d,"
+        "\"blocks\":%d,\"global_batch\":%d,\"steps\":%d,\"rounds\":%d,\"s_per_step_off\":%.6f,\"s_per_step_on\":%.6f,"
+        "\"comm_off\":%.6f,\"comm_on\":%.6f,\"comm_share_off\":%.4f,\"hidden\":%.4f,\"cores\":%d,\"load\":\"%s\","
+        "\"cpu\":\"%s\",\"time\":\"%s\"}\n",
+        o.strategy.c_str(), s.num_workers(), s.num_replicas_in_sync(), o.size, o.filters, o.blocks, o.batch, o.steps, o.rounds, off,
+        on, comm_off, comm_on, share, hidden, affinity_cores(), bench::load_average().c_str(), bench::cpu_model().c_str(),
+        bench::utc_now().c_str());
+  }
+  return 0;
+}
+
 template <dist::strategy S>
 int run(S& s, const options& o, const device_report& dev = {}) {
   cyclegan::train_options t;
@@ -162,14 +234,22 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   t.decay_fraction = 0;  // a constant learning rate: the schedule is not what is timed
   t.place = cyclegan::placement::full;
   t.seed = o.seed;
+  t.overlap = o.overlap != "off";
+  if (o.batch % s.num_replicas_in_sync() != 0) usage("--batch (global) must be a multiple of the replicas in sync");
   cyclegan::trainer<S> tr(s, t, o.channels, o.size, o.size);
+  // Under multi_worker every worker runs the steps; worker 0 prints.
+  const bool chief = s.is_chief();
+  auto say = [chief](const char* format, auto... args) {
+    if (chief) std::printf(format, args...);
+  };
 
   const std::int64_t g_params = cyclegan::parameter_count(tr.g_ab().primary());
   const std::int64_t d_params = cyclegan::parameter_count(tr.d_a().primary());
   if (o.params_only) {
-    std::printf("{\"g_params\":%lld,\"d_params\":%lld}\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
+    say("{\"g_params\":%lld,\"d_params\":%lld}\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
     return 0;
   }
+  if (o.overlap == "both") return compare_overlap(s, tr, o, g_params, d_params);
 
   const auto image = dist::shape::nchw(o.batch, o.channels, o.size, o.size);
   std::mt19937_64 rng{o.seed * 7919 + 17};
@@ -187,14 +267,14 @@ int run(S& s, const options& o, const device_report& dev = {}) {
     write_floats(o.check_dir + "/data.bin", data);
   }
 
-  std::printf("bench_cyclegan: %s x%d, %dx%dx%d, %d filters, %d blocks, %d d-layers, global batch %d\n", o.strategy.c_str(),
+  say("bench_cyclegan: %s x%d, %dx%dx%d, %d filters, %d blocks, %d d-layers, global batch %d\n", o.strategy.c_str(),
               s.num_replicas_in_sync(), o.size, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
-  std::printf("  parameters: G %lld, D %lld (each of two)\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
+  say("  parameters: G %lld, D %lld (each of two)\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
   if (dev.name.empty())
-    std::printf("  %s, %d cores in this process's affinity, load %s\n", bench::cpu_model().c_str(), affinity_cores(),
+    say("  %s, %d cores in this process's affinity, load %s\n", bench::cpu_model().c_str(), affinity_cores(),
                 bench::load_average().c_str());
   else
-    std::printf("  %s%s (host: %s), load %s\n", dev.name.c_str(), o.tf32 ? ", TF32" : ", float32", bench::cpu_model().c_str(),
+    say("  %s%s (host: %s), load %s\n", dev.name.c_str(), o.tf32 ? ", TF32" : ", float32", bench::cpu_model().c_str(),
                 bench::load_average().c_str());
   std::fflush(stdout);
 
@@ -218,12 +298,12 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   const double rss = peak_rss_mib();
   const double device_mib = dev.peak_mib ? dev.peak_mib() : -1.0;
 
-  std::printf("  step-1 losses: D_A %.6f, D_B %.6f, GAN_AB %.6f, GAN_BA %.6f, cycle %.6f, identity %.6f\n", first.d_a, first.d_b,
+  say("  step-1 losses: D_A %.6f, D_B %.6f, GAN_AB %.6f, GAN_BA %.6f, cycle %.6f, identity %.6f\n", first.d_a, first.d_b,
               first.gan_ab, first.gan_ba, first.cycle, first.identity);
-  std::printf("  %.4f s/step (median of %d, mean %.4f; %d warm-up), %.4g images/s, peak RSS %.1f MiB", per_step, o.steps, mean,
+  say("  %.4f s/step (median of %d, mean %.4f; %d warm-up), %.4g images/s, peak RSS %.1f MiB", per_step, o.steps, mean,
               o.warmup, images, rss);
-  if (device_mib >= 0) std::printf(", peak device memory %.1f MiB", device_mib);
-  std::printf("\n");
+  if (device_mib >= 0) say(", peak device memory %.1f MiB", device_mib);
+  say("\n");
 
   if (!o.check_dir.empty()) {
     all_parameters(tr, values, grads);
@@ -235,7 +315,7 @@ int run(S& s, const options& o, const device_report& dev = {}) {
        << ",\"cycle\":" << first.cycle << ",\"identity\":" << first.identity << "}\n";
   }
 
-  std::printf(
+  say(
       "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
       "\"blocks\":%d,\"d_layers\":%d,\"global_batch\":%d,\"steps\":%d,\"warmup\":%d,\"g_params\":%lld,\"d_params\":%lld,"
       "\"s_per_step\":%.6f,\"s_per_step_mean\":%.6f,\"images_per_s\":%.4f,\"peak_rss_mib\":%.1f,\"cores\":%d,\"load\":\"%s\","

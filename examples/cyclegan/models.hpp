@@ -73,7 +73,10 @@ class repeated {
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
     tensor_type d = dy;
-    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) d = it->backward(r, d);
+    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+      d = it->backward(r, d);
+      r.gradients_ready(*it);  // its gradients are final: an open gradient overlap may send them
+    }
     return d;
   }
   template <class F>

@@ -93,6 +93,8 @@ training
   --lambda-cycle X --lambda-identity X   loss weights (default 10, 0.5 x cycle)
   --pool-size N                    image pool (default 50)
   --seed N                         initialisation, data order and pool (default 1)
+  --overlap on|off                 all-reduce each network's gradients while its backward runs
+                                   (default on; off: after it; the same results either way)
 data
   --fmnist-dir DIR                 Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
   --data-dir DIR                   DIR/trainA and DIR/trainB image folders instead (testA/testB optional)
@@ -141,6 +143,7 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
       .real("--lambda-identity", t.lambda_identity, 0.0, max_lambda)
       .integer("--pool-size", t.pool_size, std::size_t{0}, max_pool)
       .integer("--seed", t.seed, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max())
+      .choice("--overlap", {"on", "off"}, [&](const std::string& v) { t.overlap = v == "on"; })
       .path("--fmnist-dir", st.fmnist_dir)
       .path("--data-dir", st.data_dir)
       .integer("--channels", st.channels, 1, 4)

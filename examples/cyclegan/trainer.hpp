@@ -77,6 +77,9 @@ struct train_options {
   placement place = placement::full;
   std::size_t mirror_threshold = 16;  // conditional: mirror when the global batch is at least this
   std::uint64_t seed = 1;
+  // Each network's gradient all-reduce overlapped with the backward that finishes it (the same bits
+  // as after it: replica_context::overlap_gradients).
+  bool overlap = true;
 };
 
 // Losses of one step: each the mean over the global batch.
@@ -151,6 +154,9 @@ class trainer {
   std::int64_t global_batch() const { return static_cast<std::int64_t>(o_.batch) * s_.num_replicas_in_sync(); }
   std::int64_t steps_done() const noexcept { return step_; }
   const train_options& options() const noexcept { return o_; }
+  // Between steps: whether the next steps overlap their gradient all-reduce with backward (the same
+  // results either way; benchmarks compare the time).
+  void set_overlap(bool on) noexcept { o_.overlap = on; }
 
   // The learning rate of step `t` (0-based): warm-up to the (scaled) rate, constant, then linear
   // decay to zero over the last decay_fraction of the run (the reference's schedule, in steps).
@@ -367,22 +373,31 @@ class trainer {
       gba.backward(r, scaled(r, idt_a.grad, w_idt), nn::no_input_gradient);
       out.losses.identity = w_idt * (idt_a.value + idt_b.value);
     }
-    auto path = [&](const device_tensor& real, generator_type& g, generator_type& back, discriminator_type& d, double& gan_loss) {
+    // With overlap, the second path holds both generators' last backward: each network joins the
+    // overlap just before it, and its buckets go while the rest of the step computes.
+    auto sync = r.overlap_gradients();
+    auto path = [&](const device_tensor& real, generator_type& g, generator_type& back, discriminator_type& d, double& gan_loss,
+                    bool last) {
       device_tensor fake = g.forward(r, real);
       const auto cyc = nn::l1(r, back.forward(r, fake), real, n);
+      if (last && o_.overlap) sync.add(back);
       device_tensor dfake = back.backward(r, scaled(r, cyc.grad, w_cyc));
       const device_tensor score = d.forward(r, fake);
       const auto adv = nn::mse(r, score, filled_like(score, 1.0f), n);
       add_to(r, dfake, d.backward(r, adv.grad));
+      if (last && o_.overlap) sync.add(g);
       g.backward(r, dfake, nn::no_input_gradient);  // real is data
       out.losses.cycle += w_cyc * cyc.value;
       gan_loss = adv.value;
       return fake;
     };
-    out.fake_b = path(a, gab, gba, db, out.losses.gan_ab);
-    out.fake_a = path(b, gba, gab, da, out.losses.gan_ba);
-    r.all_reduce_gradients(gab);
-    r.all_reduce_gradients(gba);
+    out.fake_b = path(a, gab, gba, db, out.losses.gan_ab, false);
+    out.fake_a = path(b, gba, gab, da, out.losses.gan_ba, true);
+    sync.wait();
+    if (!o_.overlap) {
+      r.all_reduce_gradients(gab);
+      r.all_reduce_gradients(gba);
+    }
     oab.step(r, gab);
     oba.step(r, gba);
     return out;
@@ -394,6 +409,9 @@ class trainer {
                                  const device_tensor& fake_b, discriminator_type& da, discriminator_type& db, adam& oa, adam& ob,
                                  std::int64_t n) {
     step_losses out;
+    // With overlap, D_A's buckets go while D_B computes and D_B's while its own backward finishes;
+    // both updates wait for the end (neither network reads the other).
+    auto sync = r.overlap_gradients();
     auto one = [&](discriminator_type& d, const device_tensor& real, const device_tensor& fake) {
       d.zero_grad();
       const device_tensor sr = d.forward(r, real);
@@ -401,13 +419,16 @@ class trainer {
       d.backward(r, scaled(r, lr.grad, 0.5), nn::no_input_gradient);  // images are data here
       const device_tensor sf = d.forward(r, fake);
       const auto lf = nn::mse(r, sf, filled_like(sf, 0.0f), n);
+      if (o_.overlap) sync.add(d);
       d.backward(r, scaled(r, lf.grad, 0.5), nn::no_input_gradient);
-      r.all_reduce_gradients(d);
+      if (!o_.overlap) r.all_reduce_gradients(d);
       return 0.5 * (lr.value + lf.value);
     };
     out.d_a = one(da, real_a, fake_a);
-    oa.step(r, da);
+    if (!o_.overlap) oa.step(r, da);
     out.d_b = one(db, real_b, fake_b);
+    sync.wait();
+    if (o_.overlap) oa.step(r, da);
     ob.step(r, db);
     return out;
   }
