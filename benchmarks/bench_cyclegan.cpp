@@ -23,7 +23,9 @@ int main(int argc, char** argv) {
     }
     if (o.strategy == "multi_worker") {
 #if DISTRIBUTE_HAS_MPI
-      dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = o.replicas}};
+      dist::comm::mpi_options mpi;
+      mpi.shared_memory = o.mpi_window;
+      dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = o.replicas, .mpi = mpi}};
       return run(s, o);
 #else
       usage("--strategy multi_worker: this build of bench_cyclegan has no MPI");
