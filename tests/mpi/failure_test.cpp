@@ -124,6 +124,17 @@ BOOST_AUTO_TEST_CASE(a_worker_whose_step_throws_ends_the_job_without_waiting_for
   BOOST_TEST(lingers.seconds < 20.0);
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_that_throws_with_a_gradient_overlap_open_ends_the_job_without_waiting) {
+  // A bucket on the failing replica's communication thread, the next one never started: the job ends
+  // as the failed worker exits, over the shared-memory window and over the ring alike.
+  for (const char* path : {"", " --no-shared-memory"}) {
+    const auto r = run_job(3, std::string("--scenario=throw --overlap --timeout-ms=60000") + path);
+    BOOST_TEST(r.exit_code != 0, path);
+    BOOST_TEST(has(r, "worker 1 of 3 failed: boom at step 2"), path);
+    BOOST_TEST(r.seconds < 20.0, path);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(workers_that_disagree_stop_the_job_with_each_call_named) {
   const auto r = run_job(2, "--scenario=mismatch --timeout-ms=5000");
   BOOST_TEST(r.exit_code != 0);

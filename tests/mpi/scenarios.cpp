@@ -18,7 +18,8 @@
 //                       on the forward of micro-batch 1 while stage 1 waits for its activations.
 //   --scenario=pipeline-stall   the same, but stage 0 sleeps 3 s there: stage 1 times out.
 // Any scenario: --no-shared-memory makes the workers all-reduce over the ring of messages.
-//   --scenario=throw    a replica of worker 1 throws at step 2 (--linger: the process then sleeps).
+//   --scenario=throw    a replica of worker 1 throws at step 2 (--linger: the process then sleeps;
+//                       --overlap: inside a gradient overlap with a bucket in flight).
 //   --scenario=single   a program started without a launcher is one worker.
 // Exit codes: 0 done, 3 a collective error reached the program (the job is then aborted), 4 wrong.
 
@@ -145,13 +146,44 @@ int stall(strategy_type& s) {
   return 4;
 }
 
+// Two gradient tensors of 1,000 floats, each a bucket of its own under a 4,000-byte cap.
+struct slab {
+  using scalar_type = float;
+  std::vector<float> v = std::vector<float>(1000), g = std::vector<float>(1000, 1.0f);
+  template <class F>
+  void for_each_parameter(F&& f) { f(std::span<float>(v), std::span<float>(g)); }
+};
+struct two_slabs {
+  using scalar_type = float;
+  slab first, last;
+  template <class F>
+  void for_each_parameter(F&& f) {
+    first.for_each_parameter(f);
+    last.for_each_parameter(f);
+  }
+};
+
 // Worker 1's replica throws at step 2. It leaves the job: as its process exits (or, with --linger, when
 // the abort grace has passed while it sleeps), the job is aborted, long before the others' timeout.
+// With --overlap it throws in the middle of a gradient overlap: its first bucket is in flight on the
+// replica's communication thread, the second never starts.
 int throws(strategy_type& s, const arguments& args) {
+  const bool overlap = args.contains("overlap");
   for (int step = 0; step < 6; ++step) {
     try {
       s.run([&](dist::replica auto& r) {
-        if (step == 2 && s.worker_index() == 1 && r.local_replica_id() == 0) throw std::runtime_error("boom at step 2");
+        const bool fails = step == 2 && s.worker_index() == 1 && r.local_replica_id() == 0;
+        if (overlap) {
+          two_slabs m;
+          auto sync = r.overlap_gradients({.bucket_bytes = 4000, .first_bucket_bytes = 4000});
+          sync.add(m);
+          r.gradients_ready(m.last);  // its bucket starts
+          if (fails) throw std::runtime_error("boom at step 2");
+          r.gradients_ready(m.first);
+          sync.wait();
+          return;
+        }
+        if (fails) throw std::runtime_error("boom at step 2");
         std::vector<float> g(1000, 1.0f);
         r.all_reduce(dist::reduce_op::sum, g);
       });

@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <span>
 #include <vector>
 
 namespace dist = distribute;
@@ -54,6 +56,46 @@ BOOST_AUTO_TEST_CASE(overlapped_gradient_all_reduce_has_the_bits_of_the_blocking
     BOOST_TEST((overlapped == blocking), s.num_workers() << " workers x " << local << " replicas");
     BOOST_TEST((train(s, 4, {.overlap = true}) == train(s, 4, {.overlap = false})), "default buckets");
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_loss_scaler_skips_on_every_worker_when_one_replica_sees_an_inf) {
+  // At step 1 the last replica of the last worker finds an inf in its gradient after the all-reduce
+  // (no other replica's sums hold it): every replica of every worker skips, the scales halve together,
+  // and models, optimisers and scalers stay mirrored; the other steps step everywhere.
+  dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = 2, .mpi = dist::test::test_mpi_options()}};
+  auto nets = s.mirror([](auto&) { return dist::test::make_net(1234); });
+  auto opts = s.mirror([](auto&) { return dist::optim::adam<float>{{.lr = 1e-2}}; });
+  auto scalers = s.mirror([](auto&) { return dist::optim::loss_scaler{}; });
+  const int last = s.num_replicas_in_sync() - 1;
+  std::vector<double> scales;
+  for (int step = 0; step < 3; ++step) {
+    const auto data = dist::test::batch_for_step(step);
+    auto xs = s.scatter(data.x, dist::test::in_size);
+    auto ys = s.scatter(data.y, dist::test::out_size);
+    auto stepped = s.run(
+        [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, dist::test::net_type& net,
+            dist::optim::adam<float>& opt, dist::optim::loss_scaler& scaler) {
+          const auto n = static_cast<std::int64_t>(xl.size()) / dist::test::in_size;
+          const dist::tensor<float> x{dist::shape::nchw(n, 1, 6, 6), xl}, y{dist::shape::nchw(n, 2, 3, 3), yl};
+          net.zero_grad();
+          auto loss = dist::nn::mse(r, net.forward(r, x), y, dist::test::global_batch);
+          scaler.scale_loss_gradient(r, loss);
+          net.backward(r, loss.grad);
+          r.all_reduce_gradients(net);
+          if (step == 1 && r.replica_id() == last)
+            net.for_each_parameter([](std::span<float>, std::span<float> g) { g[0] = std::numeric_limits<float>::infinity(); });
+          return scaler.step(r, opt, net) ? 1 : 0;
+        },
+        xs, ys, nets, opts, scalers);
+    const int all = s.reduce(dist::reduce_op::min, stepped), any = s.reduce(dist::reduce_op::max, stepped);
+    BOOST_TEST(all == any, "step " << step << ": the replicas disagreed");
+    BOOST_TEST(all == (step == 1 ? 0 : 1), "step " << step);
+    s.verify_mirrored(nets);
+    s.verify_mirrored(opts);
+    s.verify_mirrored(scalers);
+    scales.push_back(scalers[0].scale());
+  }
+  BOOST_TEST(scales == (std::vector<double>{65536.0, 32768.0, 32768.0}));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
