@@ -21,6 +21,7 @@
 #include <distribute/nn/pooling.hpp>
 #include <distribute/nn/residual_block.hpp>
 #include <distribute/nn/sequential.hpp>
+#include <distribute/nn/with_precision.hpp>
 
 #include <distribute/optim/adam.hpp>
 #include <distribute/optim/loss_scaler.hpp>

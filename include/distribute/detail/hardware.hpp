@@ -6,6 +6,9 @@
 #if defined(__linux__)
 #  include <sched.h>
 #endif
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#  include <cpuid.h>
+#endif
 
 namespace distribute::detail {
 
@@ -21,6 +24,22 @@ inline unsigned usable_hardware_threads() noexcept {
   }
 #endif
   return std::thread::hardware_concurrency();
+}
+
+// Whether the CPU has bfloat16 arithmetic units: AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) or
+// AMX-BF16 (leaf 7 subleaf 0, EDX bit 22). False on other architectures.
+inline bool cpu_has_bf16_units() noexcept {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool amx_bf16 = (d >> 22) & 1u;
+  __cpuid_count(7, 1, a, b, c, d);
+  const bool avx512_bf16 = (a >> 5) & 1u;
+  return amx_bf16 || avx512_bf16;
+#else
+  return false;
+#endif
 }
 
 }  // namespace distribute::detail

@@ -42,6 +42,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -65,6 +66,21 @@ class engine<cpu> {
 
   int threads() const noexcept { return threads_; }
   const engine_options& options() const noexcept { return options_; }
+
+  // Mixed precision (engine.hpp): this engine computes in float32, and takes `tf32` as float32 (a
+  // GPU's rounding of product inputs; nothing to round here). bfloat16 and float16 are refused with
+  // the reason: a CPU without bf16 units (AVX512-BF16, AMX-BF16) would only emulate them, slower
+  // than float32, and on one with them this engine does not use them yet.
+  compute_precision precision() const noexcept { return precision_; }
+  void use_precision(compute_precision p) {
+    if (is_half(p))
+      throw std::invalid_argument(std::string("distribute: the CPU engine computes in float32 only, not ") +
+                                  std::string(to_string(p)) + " (this CPU " +
+                                  (detail::cpu_has_bf16_units() ? "has bf16 units, which the engine does not use yet"
+                                                                 : "has no bf16 units: half precision would be emulated, slower than float32") +
+                                  "); keep float32 models on CPU replicas");
+    precision_ = p;
+  }
   // What computes the convolutions, for logs: "oneDNN" or "reference (im2col + Eigen)".
   std::string name() const {
     return (uses_dnnl<float>() ? std::string("oneDNN") : std::string("reference (im2col + Eigen)")) + ", " +
@@ -280,6 +296,7 @@ class engine<cpu> {
   std::shared_ptr<void> dnnl_;  // the oneDNN plans, made on first use
 
   engine_options options_;
+  compute_precision precision_ = compute_precision::float32;
   int threads_ = 1;
   detail::arena arena_;
 };

@@ -25,8 +25,31 @@
 
 #include <concepts>
 #include <cstdint>
+#include <string_view>
 
 namespace distribute {
+
+// What convolutions and matrix products compute in (mixed precision). Tensors, parameters, their
+// gradients and optimiser state stay float32 whatever it is: they are the master copy. Under
+// `bfloat16` or `float16` an engine that supports it runs each convolution and product on 16-bit
+// copies of its operands with float32 accumulation (tensor cores on a GPU) and writes float32
+// results, as PyTorch's autocast runs those ops; `tf32` keeps float32 operands and rounds the
+// products' inputs to TF32. The CPU engine computes in float32 only (see engine<cpu>::use_precision).
+enum class compute_precision : std::uint8_t { float32, tf32, bfloat16, float16 };
+
+constexpr std::string_view to_string(compute_precision p) noexcept {
+  switch (p) {
+    case compute_precision::float32: return "float32";
+    case compute_precision::tf32: return "tf32";
+    case compute_precision::bfloat16: return "bfloat16";
+    case compute_precision::float16: return "float16";
+  }
+  return "?";
+}
+// Whether `p` computes on 16-bit copies.
+constexpr bool is_half(compute_precision p) noexcept {
+  return p == compute_precision::bfloat16 || p == compute_precision::float16;
+}
 
 // How an engine computes. Every field has a default that suits training.
 struct engine_options {
@@ -47,6 +70,35 @@ struct engine_options {
   // they compute in float32 throughout and match the CPU engine to float rounding. The CPU engine
   // ignores it.
   bool tf32 = false;
+  // GPU engines: the precision of convolutions and matrix products (compute_precision above);
+  // `float32` here with `tf32` true means `tf32`. A model can choose its own for its passes
+  // (nn::with_precision), whatever the engine's default.
+  compute_precision precision = compute_precision::float32;
+};
+
+// The precision an engine with `options` computes in when no model chose one.
+constexpr compute_precision default_precision(const engine_options& o) noexcept {
+  return o.precision == compute_precision::float32 && o.tf32 ? compute_precision::tf32 : o.precision;
+}
+
+// While it lives, engine `e` computes in `p` (restoring the precision it had after); the engine
+// refuses, with the reason, a precision it cannot compute in.
+template <class E>
+class precision_scope {
+ public:
+  precision_scope(E& e, compute_precision p) : e_{e}, saved_{e.precision()} { e_.use_precision(p); }
+  ~precision_scope() {
+    try {
+      e_.use_precision(saved_);  // a precision the engine had: accepted again
+    } catch (...) {
+    }
+  }
+  precision_scope(const precision_scope&) = delete;
+  precision_scope& operator=(const precision_scope&) = delete;
+
+ private:
+  E& e_;
+  compute_precision saved_;
 };
 
 template <device D>
