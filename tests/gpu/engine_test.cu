@@ -126,11 +126,11 @@ std::string compare(const std::vector<float>& got, const std::vector<float>& wan
 }
 
 // Every pass of `g` on the GPU against the CPU reference.
-void check_against_reference(const named_geometry& ng, bool tf32, double tolerance) {
+void check_against_reference(const named_geometry& ng, dist::compute_precision precision, double tolerance) {
   const dist::conv_geometry& g = ng.g;
   dist::detail::owned_stream stream(0);
   const dist::cuda d = dist::cuda{0}.on(stream.get());
-  dist::detail::cudnn_convolutions gpu(0, stream.get(), tf32);
+  dist::detail::cudnn_convolutions gpu(0, stream.get());
   dist::engine<dist::cpu> cpu{dist::engine_options{.reference = true}};
 
   const auto x = random_values(g.input_size(), 1);
@@ -142,13 +142,13 @@ void check_against_reference(const named_geometry& ng, bool tf32, double toleran
   const auto dx_garbage = random_values(g.input_size(), 7);  // backward data overwrites
 
   const auto dx_ = upload(x, d), dw_ = upload(w, d), dbias = upload(bias, d), ddy = upload(dy, d);
-  const std::string where = std::string(ng.name) + " " + g.to_string() + (tf32 ? " (TF32)" : " (float32)");
+  const std::string where = std::string(ng.name) + " " + g.to_string() + " (" + std::string(dist::to_string(precision)) + ")";
 
   for (const bool with_bias : {false, true}) {
     std::vector<float> want(static_cast<std::size_t>(g.output_size()));
     cpu.conv_forward(g, x.data(), w.data(), with_bias ? bias.data() : nullptr, want.data());
     device_tensor y(dist::shape{g.output_size()}, d);
-    gpu.forward(g, dx_.data(), dw_.data(), with_bias ? dbias.data() : nullptr, y.data());
+    gpu.forward(g, dx_.data(), dw_.data(), with_bias ? dbias.data() : nullptr, y.data(), precision);
     const std::string err = compare(y.to_vector(), want, tolerance);
     BOOST_TEST(err.empty(), where << ": forward" << (with_bias ? " with a bias: " : ": ") << err);
   }
@@ -156,7 +156,7 @@ void check_against_reference(const named_geometry& ng, bool tf32, double toleran
     std::vector<float> want(static_cast<std::size_t>(g.input_size()));
     cpu.conv_backward_data(g, dy.data(), w.data(), want.data());
     auto dx = upload(dx_garbage, d);
-    gpu.backward_data(g, ddy.data(), dw_.data(), dx.data());
+    gpu.backward_data(g, ddy.data(), dw_.data(), dx.data(), precision);
     const std::string err = compare(dx.to_vector(), want, tolerance);
     BOOST_TEST(err.empty(), where << ": backward data: " << err);
   }
@@ -164,31 +164,42 @@ void check_against_reference(const named_geometry& ng, bool tf32, double toleran
     std::vector<float> want_dw = dw0, want_db = db0;
     cpu.conv_backward_weights(g, x.data(), dy.data(), want_dw.data(), with_db ? want_db.data() : nullptr);
     auto dw = upload(dw0, d), db = upload(db0, d);
-    gpu.backward_weights(g, dx_.data(), ddy.data(), dw.data(), with_db ? db.data() : nullptr);
+    gpu.backward_weights(g, dx_.data(), ddy.data(), dw.data(), with_db ? db.data() : nullptr, precision);
     const std::string err_w = compare(dw.to_vector(), want_dw, tolerance);
     BOOST_TEST(err_w.empty(), where << ": backward weights (dw +=)" << (with_db ? ": " : " without db: ") << err_w);
     const std::string err_b = compare(db.to_vector(), want_db, tolerance);
     BOOST_TEST(err_b.empty(), where << ": backward weights (db " << (with_db ? "+=): " : "untouched): ") << err_b);
   }
-  // forward, forward with a bias, backward data, backward weights.
-  BOOST_TEST(gpu.cached_plans() == 4u, where);
+  // forward, forward with a bias, backward data, backward weights (16 bits: the bias is added after
+  // the convolution, so one forward plan serves both).
+  BOOST_TEST(gpu.cached_plans() == (dist::is_half(precision) ? 3u : 4u), where);
+  for (const auto& why : gpu.precision_fallbacks()) BOOST_TEST_MESSAGE(where << ": TF32 instead of 16 bits: " << why);
   BOOST_TEST((cudaGetLastError() == cudaSuccess));
 }
 
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(every_pass_of_the_cyclegan_convolutions_matches_the_cpu_in_float32) {
-  for (const auto& ng : cyclegan_geometries()) check_against_reference(ng, /*tf32=*/false, 1e-4);
+  for (const auto& ng : cyclegan_geometries()) check_against_reference(ng, dist::compute_precision::float32, 1e-4);
 }
 
 BOOST_AUTO_TEST_CASE(every_pass_of_the_cyclegan_convolutions_matches_the_cpu_with_tf32) {
-  for (const auto& ng : cyclegan_geometries()) check_against_reference(ng, /*tf32=*/true, 1e-2);
+  for (const auto& ng : cyclegan_geometries()) check_against_reference(ng, dist::compute_precision::tf32, 1e-2);
+}
+
+// Mixed precision: 16-bit operands (bfloat16: an 8-bit significand, float16: 11 bits), float32
+// accumulation and results. The tolerances are those of rounding each operand once.
+BOOST_AUTO_TEST_CASE(every_pass_of_the_cyclegan_convolutions_matches_the_cpu_in_bfloat16_and_float16) {
+  for (const auto& ng : cyclegan_geometries()) {
+    check_against_reference(ng, dist::compute_precision::bfloat16, 3e-2);
+    check_against_reference(ng, dist::compute_precision::float16, 5e-3);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(plans_are_built_once_per_geometry_and_pass) {
   dist::detail::owned_stream stream(0);
   const dist::cuda d = dist::cuda{0}.on(stream.get());
-  dist::detail::cudnn_convolutions gpu(0, stream.get(), false);
+  dist::detail::cudnn_convolutions gpu(0, stream.get());
   const auto g = dist::conv_geometry::of(2, 8, 16, 16, 16, 3, 2, 1);
   const auto x = upload(random_values(g.input_size(), 1), d), w = upload(random_values(g.weight_size(), 2), d);
   device_tensor y(dist::shape{g.output_size()}, d);
@@ -216,7 +227,7 @@ BOOST_AUTO_TEST_CASE(plans_are_built_once_per_geometry_and_pass) {
 BOOST_AUTO_TEST_CASE(pointers_off_a_16_byte_boundary_get_plans_of_their_own) {
   dist::detail::owned_stream stream(0);
   const dist::cuda d = dist::cuda{0}.on(stream.get());
-  dist::detail::cudnn_convolutions gpu(0, stream.get(), false);
+  dist::detail::cudnn_convolutions gpu(0, stream.get());
   dist::engine<dist::cpu> cpu{dist::engine_options{.reference = true}};
   const auto g = dist::conv_geometry::of(2, 3, 12, 12, 5, 3, 1, 1);
   const auto x = random_values(g.input_size(), 11), w = random_values(g.weight_size(), 12), bias = random_values(5, 13);
@@ -254,7 +265,7 @@ BOOST_AUTO_TEST_CASE(pointers_off_a_16_byte_boundary_get_plans_of_their_own) {
 BOOST_AUTO_TEST_CASE(an_empty_batch_changes_nothing) {
   dist::detail::owned_stream stream(0);
   const dist::cuda d = dist::cuda{0}.on(stream.get());
-  dist::detail::cudnn_convolutions gpu(0, stream.get(), false);
+  dist::detail::cudnn_convolutions gpu(0, stream.get());
   const auto g = dist::conv_geometry::of(0, 3, 8, 8, 4, 3, 1, 1);
   const auto w = upload(random_values(g.weight_size(), 1), d);
   const auto dw0 = random_values(g.weight_size(), 2);
@@ -272,7 +283,7 @@ BOOST_AUTO_TEST_CASE(an_empty_batch_changes_nothing) {
 BOOST_AUTO_TEST_CASE(a_bad_geometry_is_a_clear_error) {
   dist::detail::owned_stream stream(0);
   const dist::cuda d = dist::cuda{0}.on(stream.get());
-  dist::detail::cudnn_convolutions gpu(0, stream.get(), false);
+  dist::detail::cudnn_convolutions gpu(0, stream.get());
   device_tensor buffer(dist::shape{4096}, d);
   float* p = buffer.data();
 
@@ -435,22 +446,73 @@ BOOST_AUTO_TEST_CASE(the_engine_is_the_replicas) {
   }
 }
 
+// In float32 to float rounding; in 16 bits (bfloat16: an 8-bit significand, float16: 11 bits) to
+// the rounding of each operand once, the accumulation float32 either way.
 BOOST_AUTO_TEST_CASE(matrix_products_match_the_cpu_engine) {
   dist::engine<dist::cpu> cpu_engine;
-  dist::engine<dist::cuda> gpu_engine{{}, 0, dist::cuda{0}};
-  for (const bool ta : {false, true})
-    for (const bool tb : {false, true})
-      for (const bool acc : {false, true}) {
-        const dist::gemm_geometry g{.m = 37, .n = 29, .k = 53, .transpose_a = ta, .transpose_b = tb, .accumulate = acc};
-        const auto a = random_values(static_cast<std::size_t>(g.a_size()), 1), b = random_values(static_cast<std::size_t>(g.b_size()), 2);
-        auto c = random_values(static_cast<std::size_t>(g.c_size()), 3);
-        auto da = dist::tensor<float, dist::cuda>::from_host(shape{g.a_size()}, std::span<const float>(a));
-        auto db = dist::tensor<float, dist::cuda>::from_host(shape{g.b_size()}, std::span<const float>(b));
-        auto dc = dist::tensor<float, dist::cuda>::from_host(shape{g.c_size()}, std::span<const float>(c));
-        cpu_engine.gemm(g, a.data(), b.data(), c.data());
-        gpu_engine.gemm(g, da.data(), db.data(), dc.data());
-        check_close(c, dc.to_vector(), "gemm " + g.to_string());
+  for (const auto [precision, tol] : {std::pair{dist::compute_precision::float32, tolerance},
+                                      std::pair{dist::compute_precision::bfloat16, 3e-2},
+                                      std::pair{dist::compute_precision::float16, 5e-3}}) {
+    dist::engine<dist::cuda> gpu_engine{{.precision = precision}, 0, dist::cuda{0}};
+    BOOST_TEST((gpu_engine.precision() == precision));
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const bool acc : {false, true}) {
+          const dist::gemm_geometry g{.m = 37, .n = 29, .k = 53, .transpose_a = ta, .transpose_b = tb, .accumulate = acc};
+          const auto a = random_values(static_cast<std::size_t>(g.a_size()), 1), b = random_values(static_cast<std::size_t>(g.b_size()), 2);
+          auto c = random_values(static_cast<std::size_t>(g.c_size()), 3);
+          auto da = dist::tensor<float, dist::cuda>::from_host(shape{g.a_size()}, std::span<const float>(a));
+          auto db = dist::tensor<float, dist::cuda>::from_host(shape{g.b_size()}, std::span<const float>(b));
+          auto dc = dist::tensor<float, dist::cuda>::from_host(shape{g.c_size()}, std::span<const float>(c));
+          cpu_engine.gemm(g, a.data(), b.data(), c.data());
+          gpu_engine.gemm(g, da.data(), db.data(), dc.data());
+          check_close(c, dc.to_vector(), std::string(dist::to_string(precision)) + " gemm " + g.to_string(), tol);
+        }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_model_with_a_precision_of_its_own_tracks_float32_and_restores_the_engine,
+                     *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  // The example's generator on cuda:0, three Adam steps in float32 and wrapped in bfloat16 and
+  // float16 (with_precision): the parameters track float32's, and the engine is float32 again after
+  // each pass.
+  dist::one_device_strategy<dist::cuda> s{dist::cuda{0}};
+  const auto x = random_values(2 * 1 * 16 * 16, 11);
+  std::vector<std::vector<float>> results;
+  for (const auto precision : {dist::compute_precision::float32, dist::compute_precision::bfloat16, dist::compute_precision::float16}) {
+    auto nets = s.mirror([&](auto& device) {
+      return nn::with_precision{nn::sequential{nn::conv2d<float, dist::cuda>{{.in_channels = 1, .out_channels = 8, .kernel = 3, .padding = 1}, 1, device},
+                                               nn::relu<float, dist::cuda>{},
+                                               nn::conv2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 1, .kernel = 3, .padding = 1}, 2, device}},
+                                precision};
+    });
+    auto opts = s.mirror([](auto&) { return dist::optim::adam<float>{{.lr = 1e-3}}; });
+    auto after = s.run([&](dist::replica auto& r, auto& net, dist::optim::adam<float>& opt) {
+      const auto input = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(2, 1, 16, 16), std::span<const float>(x), r.device());
+      bool restored = true;
+      for (int step = 0; step < 3; ++step) {
+        net.zero_grad();
+        const auto loss = nn::mse(r, net.forward(r, input), input, 2);
+        restored = restored && r.engine().precision() == dist::compute_precision::float32;
+        net.backward(r, loss.grad);
+        restored = restored && r.engine().precision() == dist::compute_precision::float32;
+        opt.step(r, net);
       }
+      std::vector<float> p;
+      net.for_each_parameter([&](auto v, auto) {
+        std::vector<float> h(v.size());
+        dist::detail::copy_parameter_values<std::remove_cvref_t<decltype(net)>>(v.data(), v.size(), h.data());
+        p.insert(p.end(), h.begin(), h.end());
+      });
+      return std::pair{p, restored};
+    }, nets, opts);
+    BOOST_TEST(after[0].second, dist::to_string(precision) << ": the engine's precision was not restored");
+    results.push_back(after[0].first);
+  }
+  for (std::size_t i = 1; i < results.size(); ++i)
+    check_close(results[0], results[i], std::string(i == 1 ? "bfloat16" : "float16") + " against float32 after 3 steps", 2e-2);
 }
 
 BOOST_AUTO_TEST_CASE(plane_sums_and_element_wise_passes_on_the_stream) {

@@ -30,12 +30,12 @@ inline unsigned usable_hardware_threads() noexcept {
 // AMX-BF16 (leaf 7 subleaf 0, EDX bit 22). False on other architectures.
 inline bool cpu_has_bf16_units() noexcept {
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-  unsigned a = 0, b = 0, c = 0, d = 0;
+  unsigned r[4] = {0, 0, 0, 0};  // eax, ebx, ecx, edx
   if (__get_cpuid_max(0, nullptr) < 7) return false;
-  __cpuid_count(7, 0, a, b, c, d);
-  const bool amx_bf16 = (d >> 22) & 1u;
-  __cpuid_count(7, 1, a, b, c, d);
-  const bool avx512_bf16 = (a >> 5) & 1u;
+  __cpuid_count(7, 0, r[0], r[1], r[2], r[3]);
+  const bool amx_bf16 = (r[3] >> 22) & 1u;
+  __cpuid_count(7, 1, r[0], r[1], r[2], r[3]);
+  const bool avx512_bf16 = (r[0] >> 5) & 1u;
   return amx_bf16 || avx512_bf16;
 #else
   return false;

@@ -15,6 +15,11 @@
 // `engine_options::tf32` says so (off by default: float results then match the CPU engine's to float
 // rounding; on, to about 1e-3 relative, several times faster on Hopper).
 //
+// Mixed precision: under `engine_options::precision` bfloat16 or float16, or a model's own
+// (nn::with_precision), convolutions and matrix products run on 16-bit copies of their operands with
+// float accumulation and float results; tensors, parameters and gradients stay float32 (the master
+// weights). The element-wise layers and sums stay float32.
+//
 // Determinism: a fixed configuration gives the same bits run to run (cuDNN plans are chosen once per
 // shape and kept; Thrust's reductions and cuBLAS's products are deterministic for fixed sizes). The
 // plane sums are not in index order, so they match the CPU engine's to rounding, not in every bit.
@@ -25,6 +30,7 @@
 #include <distribute/engine/detail/thrust_for_each.hpp>
 #include <distribute/engine/engine.hpp>
 #include <distribute/engine/gemm_geometry.hpp>
+#include <distribute/tensor/cuda_tensor.cuh>
 #if defined(DISTRIBUTE_HAS_CUDNN) && DISTRIBUTE_HAS_CUDNN
 #  include <distribute/engine/detail/cudnn_conv.cuh>
 #  define DISTRIBUTE_CUDA_ENGINE_HAS_CUDNN 1
@@ -33,9 +39,12 @@
 #endif
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <thrust/execution_policy.h>
 #include <thrust/system/cuda/execution_policy.h>
+#include <thrust/transform.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +56,7 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace distribute {
 
@@ -61,12 +71,11 @@ inline void cublas_check(cublasStatus_t rc, const char* call, int ordinal) {
 // A cuBLAS handle bound to one stream, destroyed with its engine.
 class cublas_handle {
  public:
-  cublas_handle(int ordinal, cudaStream_t stream, bool tf32) : ordinal_{ordinal} {
+  cublas_handle(int ordinal, cudaStream_t stream) : ordinal_{ordinal} {
     const device_guard current(ordinal);
     cublas_check(cublasCreate(&h_), "cublasCreate", ordinal);
     cublas_check(cublasSetStream(h_, stream), "cublasSetStream", ordinal);
-    cublas_check(cublasSetMathMode(h_, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH), "cublasSetMathMode",
-                 ordinal);
+    cublas_check(cublasSetMathMode(h_, mode_), "cublasSetMathMode", ordinal);
   }
   cublas_handle(const cublas_handle&) = delete;
   cublas_handle& operator=(const cublas_handle&) = delete;
@@ -77,10 +86,28 @@ class cublas_handle {
     }
   }
   cublasHandle_t get() const noexcept { return h_; }
+  // Pedantic float32, or TF32 tensor cores allowed; set only when it changes.
+  void set_tf32(bool on) {
+    const cublasMath_t mode = on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+    if (mode == mode_) return;
+    const device_guard current(ordinal_);
+    cublas_check(cublasSetMathMode(h_, mode), "cublasSetMathMode", ordinal_);
+    mode_ = mode;
+  }
 
  private:
   int ordinal_;
   cublasHandle_t h_ = nullptr;
+  cublasMath_t mode_ = CUBLAS_PEDANTIC_MATH;
+};
+
+// Mixed precision's conversions (Thrust functors): float to a 16-bit type, round to nearest even.
+template <class H>
+struct narrow_to {
+  DISTRIBUTE_HOST_DEVICE H operator()(float v) const {
+    if constexpr (std::is_same_v<H, __half>) return __float2half_rn(v);
+    else return __float2bfloat16_rn(v);
+  }
 };
 
 // p[i] = v (a kernel's functor: a namespace-scope type, which the generated launch code can name).
@@ -103,7 +130,9 @@ class engine<cuda> {
   // `device`: the replica's GPU and stream. `share` (host threads) means nothing to a GPU engine; it
   // is taken so that every engine is made alike.
   explicit engine(engine_options options = {}, int /*share*/ = 0, cuda device = cuda{0})
-      : options_{options}, device_{device} {}
+      : options_{options}, device_{device}, precision_{default_precision(options)} {
+    if (is_half(precision_)) check_half(precision_);
+  }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
@@ -114,7 +143,23 @@ class engine<cuda> {
   cudaStream_t stream() const noexcept { return device_.stream(); }
   std::string name() const {
     return std::string(has_cudnn ? "cuDNN" : "no cuDNN (convolutions unavailable)") + " + cuBLAS + Thrust on " +
-           device_.name() + (options_.tf32 ? ", TF32" : ", float32");
+           device_.name() + ", " + std::string(to_string(precision_));
+  }
+
+  // Mixed precision (engine.hpp): what convolutions and matrix products compute in from now on
+  // (nn::with_precision sets it around a model's passes). bfloat16 needs compute capability 8.0 or
+  // later; float16 runs on every GPU cuDNN supports.
+  compute_precision precision() const noexcept { return precision_; }
+  void use_precision(compute_precision p) {
+    if (is_half(p)) check_half(p);
+    precision_ = p;
+  }
+  // Why 16-bit convolution plans became TF32 ones (cuDNN had no 16-bit engine for the geometry).
+  std::vector<std::string> precision_fallbacks() const {
+#if DISTRIBUTE_CUDA_ENGINE_HAS_CUDNN
+    if (cudnn_) return cudnn_->precision_fallbacks();
+#endif
+    return {};
   }
 
   // --- convolutions (conv_geometry.hpp); x, y: NCHW; w: [out, in, k, k]; device memory ------------
@@ -122,17 +167,17 @@ class engine<cuda> {
   // y = conv(x, w) + bias; `bias` may be null.
   template <class T>
   void conv_forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y) {
-    convolutions<T>("conv_forward", g).forward(g, x, w, bias, y);
+    convolutions<T>("conv_forward", g).forward(g, x, w, bias, y, precision_);
   }
   // dx = the data gradient of the convolution for dy (overwritten).
   template <class T>
   void conv_backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx) {
-    convolutions<T>("conv_backward_data", g).backward_data(g, dy, w, dx);
+    convolutions<T>("conv_backward_data", g).backward_data(g, dy, w, dx, precision_);
   }
   // dw += the weight gradient for (x, dy); db += the sum of dy per output channel (db may be null).
   template <class T>
   void conv_backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db) {
-    convolutions<T>("conv_backward_weights", g).backward_weights(g, x, dy, dw, db);
+    convolutions<T>("conv_backward_weights", g).backward_weights(g, x, dy, dw, db, precision_);
   }
 
   // --- dense matrix products (gemm_geometry.hpp); row-major; device memory -----------------------
@@ -155,7 +200,28 @@ class engine<cuda> {
     const int ldb = g.transpose_b ? k : n;
     const int lda = g.transpose_a ? m : k;
     if constexpr (std::is_same_v<T, float>) {
-      detail::cublas_check(cublasSgemm(blas(), op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, n), "cublasSgemm",
+      if (is_half(precision_)) {
+        // 16-bit copies of a and b (Thrust, on the stream), a float c, float accumulation.
+        const bool bf16 = precision_ == compute_precision::bfloat16;
+        const std::int64_t na = g.m * g.k, nb = g.k * g.n;
+        void* ha = halves(na + nb);
+        void* hb = static_cast<char*>(ha) + static_cast<std::size_t>(na) * 2;
+        if (bf16) {
+          narrow(a, na, static_cast<__nv_bfloat16*>(ha));
+          narrow(b, nb, static_cast<__nv_bfloat16*>(hb));
+        } else {
+          narrow(a, na, static_cast<__half*>(ha));
+          narrow(b, nb, static_cast<__half*>(hb));
+        }
+        const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+        detail::cublas_check(cublasGemmEx(blas(), op_b, op_a, n, m, k, &alpha, hb, type, ldb, ha, type, lda, &beta, c, CUDA_R_32F,
+                                          n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                             bf16 ? "cublasGemmEx (bfloat16)" : "cublasGemmEx (float16)", device_.index());
+        return;
+      }
+      const cublasHandle_t h = blas();
+      blas_->set_tf32(precision_ == compute_precision::tf32);
+      detail::cublas_check(cublasSgemm(h, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, n), "cublasSgemm",
                            device_.index());
     } else {
       detail::cublas_check(cublasDgemm(blas(), op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, n), "cublasDgemm",
@@ -236,8 +302,29 @@ class engine<cuda> {
   }
 
   cublasHandle_t blas() {
-    if (!blas_) blas_ = std::make_unique<detail::cublas_handle>(device_.index(), stream(), options_.tf32);
+    if (!blas_) blas_ = std::make_unique<detail::cublas_handle>(device_.index(), stream());
     return blas_->get();
+  }
+
+  // A device buffer of at least `count` 16-bit values, kept between calls (grown in stream order).
+  void* halves(std::int64_t count) {
+    const std::size_t need = static_cast<std::size_t>(count) * 2 + 256;
+    if (need > halves_.bytes()) halves_ = detail::device_allocation(device_.index(), need, stream());
+    return halves_.get();
+  }
+  template <class H>
+  void narrow(const float* from, std::int64_t n, H* to) {
+    thrust::transform(policy(), from, from + n, to, detail::narrow_to<H>{});
+    check_launch("narrowing to 16 bits");
+  }
+  void check_half(compute_precision p) const {
+    if (p != compute_precision::bfloat16) return;
+    int major = 0;
+    detail::cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_.index()),
+                       "cudaDeviceGetAttribute", device_.index());
+    if (major < 8)
+      throw std::invalid_argument("distribute: bfloat16 compute needs a GPU of compute capability 8.0 or later; " +
+                                  device_.name() + " is " + std::to_string(major) + ".x (use float16 or float32)");
   }
 
 #if DISTRIBUTE_CUDA_ENGINE_HAS_CUDNN
@@ -246,7 +333,7 @@ class engine<cuda> {
     static_assert(std::is_same_v<T, float>, "distribute: the GPU engine's convolutions are float32");
     (void)pass;
     g.check();
-    if (!cudnn_) cudnn_ = std::make_unique<detail::cudnn_convolutions>(device_.index(), stream(), options_.tf32);
+    if (!cudnn_) cudnn_ = std::make_unique<detail::cudnn_convolutions>(device_.index(), stream());
     return *cudnn_;
   }
   std::unique_ptr<detail::cudnn_convolutions> cudnn_;
@@ -270,7 +357,9 @@ class engine<cuda> {
 
   engine_options options_;
   cuda device_;
+  compute_precision precision_;
   std::unique_ptr<detail::cublas_handle> blas_;
+  detail::device_allocation halves_;  // 16-bit operands of mixed-precision products
 };
 
 static_assert(compute_engine<engine<cuda>>);

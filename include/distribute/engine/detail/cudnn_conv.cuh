@@ -11,7 +11,7 @@
 // distribute::cuda defines where it found all three (scripts/setup.sh fetches the headers where CUDA
 // is installed). Elsewhere this header declares nothing.
 //
-// The graphs (float32 in and out, float32 compute, logical NCHW tensors with explicit contiguous
+// The graphs (float32 in and out unless mixed precision, float32 compute, logical NCHW tensors with explicit contiguous
 // strides; weights [out, in, k, k]):
 //   forward           conv_fprop(x, w) -> y; with a bias, a pointwise ADD of the bias tensor
 //                     [1, C, 1, 1] fused into the same graph. cuDNN runs such a graph with its
@@ -30,19 +30,26 @@
 //                     so the bits are the same from run to run, with the += in the same pass; a cuDNN
 //                     reduction graph would need a second graph or kernel for the add.
 //
-// Plans are cached in the object, one per (geometry, pass, bias or not, pointer alignment, TF32):
+// Plans are cached in the object, one per (geometry, pass, bias or not, pointer alignment, precision):
 // a graph is built once (validate, build_operation_graph, create_execution_plans with heuristics
 // mode A and then the fallback list, the engine filters below, check_support, build_plans: the first
 // engine in heuristics order whose plan builds) and afterwards only executed, with a variant pack of
 // the call's device pointers. Pointers that are not all 16-byte aligned (a tensor inside a larger
 // buffer) get a plan of their own, built for 4-byte alignment.
 //
-// Engine filters. TF32 is chosen by the engine's options, never by default: with `tf32` false,
+// Engine filters. TF32 is chosen by the call's precision, never by default: under `float32`,
 // engines with the TENSOR_CORE or DOWN_CONVERT_INPUTS numerical notes are removed (on Ampere and
 // later those compute float32 convolutions in TF32, a 10-bit mantissa), so the results match the
-// CPU engine to float rounding; with `tf32` true they are allowed, which is several times faster
+// CPU engine to float rounding; under `tf32` they are allowed, which is several times faster
 // and about 1e-3 relative. Engines with the NONDETERMINISTIC note are always removed: a fixed
 // configuration gives the same bits from run to run.
+//
+// Mixed precision (`bfloat16`, `float16`): the operands are narrowed to 16-bit copies (Thrust, on
+// the stream, in a buffer kept between calls), the graph's tensors are 16-bit with float
+// accumulation (tensor cores), and the result is widened back to float: y and dx overwritten, the
+// weight gradient added to dw in float, the bias added in float after the convolution (not fused).
+// Where cuDNN has no 16-bit engine for a geometry (building the plan fails), that plan is TF32
+// instead, and `precision_fallbacks()` says why; the plan key holds the precision asked for.
 //
 // Workspace: one device buffer per object, grown when a plan needs more, allocated and freed in the
 // order of the replica's stream (cudaMallocAsync / cudaFreeAsync), so growing it waits for nothing.
@@ -62,11 +69,16 @@
 
 #include <distribute/device/cuda.cuh>
 #include <distribute/engine/conv_geometry.hpp>
+#include <distribute/engine/engine.hpp>
 #include <distribute/tensor/cuda_tensor.cuh>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <cudnn_frontend.h>
+#include <thrust/system/cuda/execution_policy.h>
+#include <thrust/transform.h>
 
 #include <algorithm>
 #include <array>
@@ -79,6 +91,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -109,6 +122,27 @@ __global__ void accumulate(T* to, const T* from, std::int64_t n) {
     to[i] += from[i];
 }
 
+// Mixed precision's conversions, run by Thrust on the stream: float to a 16-bit type (round to
+// nearest even), a 16-bit value back to float (exact), and a float plus a 16-bit value.
+template <class H>
+struct narrow {
+  __host__ __device__ H operator()(float v) const {
+    if constexpr (std::is_same_v<H, __half>) return __float2half_rn(v);
+    else return __float2bfloat16_rn(v);
+  }
+};
+template <class H>
+struct widen {
+  __host__ __device__ float operator()(H v) const {
+    if constexpr (std::is_same_v<H, __half>) return __half2float(v);
+    else return __bfloat162float(v);
+  }
+};
+template <class H>
+struct add_widened {
+  __host__ __device__ float operator()(float a, H b) const { return a + widen<H>{}(b); }
+};
+
 // db[c] += the sum of dy's channel c over the batch and the plane: block c, each thread summing a
 // fixed stride of the elements, then a tree over the threads. The order never changes, so neither
 // do the bits.
@@ -135,9 +169,9 @@ __global__ void __launch_bounds__(threads)
 
 class cudnn_convolutions {
  public:
-  // One per replica engine: `ordinal` the GPU, `stream` the replica's stream; tf32: whether float
-  // convolutions may use TF32 tensor cores (chosen explicitly by the engine's options).
-  cudnn_convolutions(int ordinal, cudaStream_t stream, bool tf32) : ordinal_{ordinal}, stream_{stream}, tf32_{tf32} {
+  // One per replica engine: `ordinal` the GPU, `stream` the replica's stream. Each call says the
+  // precision it computes in (engine.hpp's compute_precision, the engine's current one).
+  cudnn_convolutions(int ordinal, cudaStream_t stream) : ordinal_{ordinal}, stream_{stream} {
     device_guard guard(ordinal_);
     if (const cudnnStatus_t rc = cudnnCreate(&handle_); rc != CUDNN_STATUS_SUCCESS) {
       handle_ = nullptr;
@@ -157,53 +191,109 @@ class cudnn_convolutions {
     device_guard guard(ordinal_, std::nothrow);
     plans_.clear();
     workspace_ = device_allocation{};  // freed in the stream's order, after the work that used it
+    halves_ = device_allocation{};
     if (handle_ != nullptr) (void)cudnnDestroy(handle_);
   }
 
   // y = conv(x, w) + bias; `bias` may be null.
-  void forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y) {
+  void forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y,
+               compute_precision precision = compute_precision::float32) {
     check_geometry(pass::forward, g);
     if (g.batch == 0) return;
     device_guard guard(ordinal_);
-    const plan& p = plan_for(pass::forward, g, bias != nullptr, aligned({x, w, bias, y}));
+    if (is_half(precision)) {
+      const plan& h = plan_for(pass::forward, g, false, true, precision);
+      if (is_half(h.precision)) {
+        with_half_type(h.precision, [&](auto tag) {
+          using H = decltype(tag);
+          const auto [hx, hw, hy] = halves<H>(g.input_size(), g.weight_size(), g.output_size());
+          narrow_into(x, g.input_size(), hx);
+          narrow_into(w, g.weight_size(), hw);
+          std::unordered_map<std::int64_t, void*> pack{{uid_x, hx}, {uid_w, hw}, {uid_y, hy}};
+          execute(pass::forward, g, h, pack, 0);
+          widen_into(hy, g.output_size(), y);
+        });
+        if (bias != nullptr) add_bias(g, bias, y);
+        return;
+      }
+      precision = h.precision;  // no 16-bit plan for this geometry: the fallback's
+    }
+    const plan& p = plan_for(pass::forward, g, bias != nullptr, aligned({x, w, bias, y}), precision);
     std::unordered_map<std::int64_t, void*> pack{
         {uid_x, const_cast<float*>(x)}, {uid_w, const_cast<float*>(w)}, {uid_y, y}};
     if (bias != nullptr && p.fused_bias) pack.emplace(uid_bias, const_cast<float*>(bias));
     execute(pass::forward, g, p, pack, 0);
-    if (bias != nullptr && !p.fused_bias) {
-      const std::int64_t n = g.output_size();
-      cudnn_conv_kernels::add_channel_bias<float>
-          <<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(
-              y, bias, n, g.out_height * g.out_width, g.out_channels);
-      check_launch(pass::forward, g, "the bias kernel");
-    }
+    if (bias != nullptr && !p.fused_bias) add_bias(g, bias, y);
   }
 
   // dx = the data gradient of the convolution for dy (overwritten).
-  void backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx) {
+  void backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx,
+                     compute_precision precision = compute_precision::float32) {
     check_geometry(pass::backward_data, g);
     if (g.batch == 0) return;
     device_guard guard(ordinal_);
-    const plan& p = plan_for(pass::backward_data, g, false, aligned({dy, w, dx}));
+    if (is_half(precision)) {
+      const plan& h = plan_for(pass::backward_data, g, false, true, precision);
+      if (is_half(h.precision)) {
+        with_half_type(h.precision, [&](auto tag) {
+          using H = decltype(tag);
+          const auto [hdy, hw, hdx] = halves<H>(g.output_size(), g.weight_size(), g.input_size());
+          narrow_into(dy, g.output_size(), hdy);
+          narrow_into(w, g.weight_size(), hw);
+          std::unordered_map<std::int64_t, void*> pack{{uid_y, hdy}, {uid_w, hw}, {uid_x, hdx}};
+          execute(pass::backward_data, g, h, pack, 0);
+          widen_into(hdx, g.input_size(), dx);
+        });
+        return;
+      }
+      precision = h.precision;
+    }
+    const plan& p = plan_for(pass::backward_data, g, false, aligned({dy, w, dx}), precision);
     std::unordered_map<std::int64_t, void*> pack{
         {uid_y, const_cast<float*>(dy)}, {uid_w, const_cast<float*>(w)}, {uid_x, dx}};
     execute(pass::backward_data, g, p, pack, 0);
   }
 
   // dw += the weight gradient for (x, dy); db += the sum of dy per output channel (db may be null).
-  void backward_weights(const conv_geometry& g, const float* x, const float* dy, float* dw, float* db) {
+  void backward_weights(const conv_geometry& g, const float* x, const float* dy, float* dw, float* db,
+                        compute_precision precision = compute_precision::float32) {
     check_geometry(pass::backward_weights, g);
     if (g.batch == 0) return;
     device_guard guard(ordinal_);
-    // The gradient is written to scratch behind cuDNN's workspace, then added to dw.
-    const plan& p = plan_for(pass::backward_weights, g, false, aligned({x, dy}));
     const std::int64_t n = g.weight_size();
-    float* scratch = nullptr;
-    std::unordered_map<std::int64_t, void*> pack{{uid_x, const_cast<float*>(x)}, {uid_y, const_cast<float*>(dy)}};
-    execute(pass::backward_weights, g, p, pack, static_cast<std::size_t>(n) * sizeof(float), &scratch);
-    cudnn_conv_kernels::accumulate<float>
-        <<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(dw, scratch, n);
-    check_launch(pass::backward_weights, g, "the kernel adding the weight gradient");
+    bool done = false;
+    if (is_half(precision)) {
+      const plan& h = plan_for(pass::backward_weights, g, false, true, precision);
+      if (is_half(h.precision)) {
+        // The 16-bit gradient goes to scratch behind cuDNN's workspace and is added to dw in float.
+        with_half_type(h.precision, [&](auto tag) {
+          using H = decltype(tag);
+          const auto [hx, hdy, unused] = halves<H>(g.input_size(), g.output_size(), 0);
+          (void)unused;
+          narrow_into(x, g.input_size(), hx);
+          narrow_into(dy, g.output_size(), hdy);
+          void* scratch = nullptr;
+          std::unordered_map<std::int64_t, void*> pack{{uid_x, hx}, {uid_y, hdy}};
+          execute(pass::backward_weights, g, h, pack, static_cast<std::size_t>(n) * sizeof(H), &scratch);
+          thrust::transform(thrust::cuda::par_nosync.on(stream_), dw, dw + n, static_cast<const H*>(scratch), dw,
+                            cudnn_conv_kernels::add_widened<H>{});
+          check_launch(pass::backward_weights, g, "adding the 16-bit weight gradient");
+        });
+        done = true;
+      } else {
+        precision = h.precision;
+      }
+    }
+    if (!done) {
+      // The gradient is written to scratch behind cuDNN's workspace, then added to dw.
+      const plan& p = plan_for(pass::backward_weights, g, false, aligned({x, dy}), precision);
+      void* scratch = nullptr;
+      std::unordered_map<std::int64_t, void*> pack{{uid_x, const_cast<float*>(x)}, {uid_y, const_cast<float*>(dy)}};
+      execute(pass::backward_weights, g, p, pack, static_cast<std::size_t>(n) * sizeof(float), &scratch);
+      cudnn_conv_kernels::accumulate<float><<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(
+          dw, static_cast<const float*>(scratch), n);
+      check_launch(pass::backward_weights, g, "the kernel adding the weight gradient");
+    }
     if (db != nullptr) {
       cudnn_conv_kernels::add_channel_sums<float>
           <<<static_cast<unsigned int>(g.out_channels), cudnn_conv_kernels::threads, 0, stream_>>>(
@@ -214,6 +304,14 @@ class cudnn_convolutions {
 
   // Plans built so far (one per geometry, pass and variant): for tests.
   std::size_t cached_plans() const noexcept { return plans_.size(); }
+  // Why 16-bit plans were replaced by TF32 ones (no cuDNN engine for that geometry in 16 bits), one
+  // line each: for logs.
+  std::vector<std::string> precision_fallbacks() const {
+    std::vector<std::string> out;
+    for (const auto& [key, p] : plans_)
+      if (!p->fallback_because.empty()) out.push_back(p->fallback_because);
+    return out;
+  }
   // Bytes of the workspace (cuDNN's, and the weight-gradient scratch) held now.
   std::size_t workspace_bytes() const noexcept { return workspace_.bytes(); }
 
@@ -236,6 +334,8 @@ class cudnn_convolutions {
     std::int64_t workspace = 0;  // bytes cuDNN needs
     bool fused_bias = false;     // the graph adds the bias (forward with a bias)
     std::string unfused_because;  // why not, where it was asked for
+    compute_precision precision = compute_precision::float32;  // what the plan computes in
+    std::string fallback_because;  // a 16-bit plan was asked for: why this one is TF32
   };
   using plan_key = std::array<std::int64_t, 14>;
 
@@ -276,6 +376,41 @@ class cudnn_convolutions {
     }
     if (failed) fail(p, g, std::string(what) + ": " + message);
   }
+  void add_bias(const conv_geometry& g, const float* bias, float* y) {
+    const std::int64_t n = g.output_size();
+    cudnn_conv_kernels::add_channel_bias<float><<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(
+        y, bias, n, g.out_height * g.out_width, g.out_channels);
+    check_launch(pass::forward, g, "the bias kernel");
+  }
+
+  // --- 16-bit operands ------------------------------------------------------------------------------
+
+  template <class F>
+  static void with_half_type(compute_precision p, F&& f) {
+    if (p == compute_precision::bfloat16) f(__nv_bfloat16{});
+    else f(__half{});
+  }
+  // Three 16-bit buffers of a, b and c elements, 256-byte aligned, in one allocation kept between
+  // calls (grown in the stream's order, as the workspace is).
+  template <class H>
+  std::array<H*, 3> halves(std::int64_t a, std::int64_t b, std::int64_t c) {
+    const auto round = [](std::int64_t n) {
+      return (static_cast<std::size_t>(n) * sizeof(H) + scratch_alignment - 1) / scratch_alignment * scratch_alignment;
+    };
+    const std::size_t need = round(a) + round(b) + round(c);
+    if (need > halves_.bytes()) halves_ = device_allocation(ordinal_, need, stream_);
+    char* base = static_cast<char*>(halves_.get());
+    return {reinterpret_cast<H*>(base), reinterpret_cast<H*>(base + round(a)), reinterpret_cast<H*>(base + round(a) + round(b))};
+  }
+  template <class H>
+  void narrow_into(const float* from, std::int64_t n, H* to) {
+    thrust::transform(thrust::cuda::par_nosync.on(stream_), from, from + n, to, cudnn_conv_kernels::narrow<H>{});
+  }
+  template <class H>
+  void widen_into(const H* from, std::int64_t n, float* to) {
+    thrust::transform(thrust::cuda::par_nosync.on(stream_), from, from + n, to, cudnn_conv_kernels::widen<H>{});
+  }
+
   void check_launch(pass p, const conv_geometry& g, const char* kernel) const {
     const cudaError_t rc = cudaPeekAtLastError();
     if (rc == cudaSuccess || rc == cudaErrorNotReady) return;
@@ -292,36 +427,47 @@ class cudnn_convolutions {
     return true;
   }
 
-  const plan& plan_for(pass p, const conv_geometry& g, bool bias, bool aligned16) {
+  const plan& plan_for(pass p, const conv_geometry& g, bool bias, bool aligned16, compute_precision precision) {
     const plan_key key{g.batch,      g.in_channels, g.in_height, g.in_width,          g.out_channels,
                        g.kernel,     g.stride,      g.pad,       g.out_height,         g.out_width,
-                       int(p),       int(bias),     int(aligned16), int(tf32_)};
+                       int(p),       int(bias),     int(aligned16), int(precision)};
     if (const auto it = plans_.find(key); it != plans_.end()) return *it->second;
     std::unique_ptr<plan> made;
-    if (p == pass::forward && bias) {
+    if (is_half(precision)) {
+      // A 16-bit plan where cuDNN has an engine for this geometry; TF32 otherwise, saying why.
+      try {
+        made = build(p, g, false, true, precision);
+      } catch (const std::runtime_error& e) {
+        made = build(p, g, false, true, compute_precision::tf32);
+        made->fallback_because = e.what();
+      }
+    } else if (p == pass::forward && bias) {
       // The fused graph where cuDNN has an engine for it; the convolution alone and the bias kernel
       // otherwise (see the top of this file).
       try {
-        made = build(p, g, true, aligned16);
+        made = build(p, g, true, aligned16, precision);
       } catch (const std::runtime_error& e) {
-        made = build(p, g, false, aligned16);
+        made = build(p, g, false, aligned16, precision);
         made->unfused_because = e.what();
       }
     } else {
-      made = build(p, g, false, aligned16);
+      made = build(p, g, false, aligned16, precision);
     }
     return *plans_.emplace(key, std::move(made)).first->second;
   }
 
-  std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16) const {
+  std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16, compute_precision precision) const {
     namespace fe = cudnn_frontend;
     using tensor = fe::graph::Tensor_attributes;
     auto result = std::make_unique<plan>();
+    result->precision = precision;
     result->graph = std::make_unique<fe::graph::Graph>();
     fe::graph::Graph& graph = *result->graph;
-    graph.set_io_data_type(fe::DataType_t::FLOAT)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
+    // The tensors' type: float, or the 16-bit copies under mixed precision; the arithmetic is float.
+    const fe::DataType_t io = precision == compute_precision::bfloat16 ? fe::DataType_t::BFLOAT16
+                              : precision == compute_precision::float16 ? fe::DataType_t::HALF
+                                                                        : fe::DataType_t::FLOAT;
+    graph.set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
     const std::int64_t alignment = aligned16 ? 16 : static_cast<std::int64_t>(sizeof(float));
     // A logical NCHW tensor, contiguous.
     const auto describe = [&](tensor& t, const char* label, std::int64_t uid, std::int64_t n, std::int64_t c,
@@ -330,7 +476,7 @@ class cudnn_convolutions {
           .set_uid(uid)
           .set_dim({n, c, h, w})
           .set_stride({c * h * w, h * w, w, 1})
-          .set_data_type(fe::DataType_t::FLOAT)
+          .set_data_type(io)
           .set_alignment(alignment);
     };
     const auto input = [&](const char* label, std::int64_t uid, std::int64_t n, std::int64_t c, std::int64_t h,
@@ -409,7 +555,7 @@ class cudnn_convolutions {
     });
     // No TF32 unless asked for; never an engine whose sums depend on timing (see the top of this file).
     try {
-      if (!tf32_)
+      if (precision == compute_precision::float32)
         graph.deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
       graph.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
     } catch (const std::exception& e) {
@@ -431,7 +577,7 @@ class cudnn_convolutions {
   // Runs plan `p` on the stream with `pack`, in a workspace of cuDNN's bytes plus `scratch_bytes` of
   // scratch behind them (returned in `*scratch`, which the pack gets as the weight gradient).
   void execute(pass ps, const conv_geometry& g, const plan& p, std::unordered_map<std::int64_t, void*>& pack,
-               std::size_t scratch_bytes, float** scratch = nullptr) {
+               std::size_t scratch_bytes, void** scratch = nullptr) {
     const std::size_t offset = scratch_offset(p.workspace);
     const std::size_t need = scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(p.workspace);
     if (need > workspace_.bytes()) {
@@ -443,7 +589,7 @@ class cudnn_convolutions {
     }
     char* base = static_cast<char*>(workspace_.get());
     if (scratch != nullptr) {
-      *scratch = reinterpret_cast<float*>(base + offset);
+      *scratch = base + offset;
       pack.emplace(uid_w, *scratch);
     }
     step(ps, g, p.unfused_because.empty() ? "execute" : "execute (the bias unfused)", [&] {
@@ -453,9 +599,9 @@ class cudnn_convolutions {
 
   int ordinal_;
   cudaStream_t stream_;
-  bool tf32_;
   cudnnHandle_t handle_ = nullptr;
   device_allocation workspace_;
+  device_allocation halves_;  // the 16-bit operands of mixed-precision passes
   std::map<plan_key, std::unique_ptr<plan>> plans_;
 };
 
