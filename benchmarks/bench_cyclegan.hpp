@@ -7,8 +7,8 @@
 //
 //   bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] [--replicas N] [--size 28]
 //                  [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8] [--steps 5] [--warmup 1]
-//                  [--overlap on|off|both] [--rounds 3] [--mpi-window on|off] [--seed 1] [--check-dir DIR]
-//                  [--params-only]
+//                  [--overlap on|off|both] [--rounds 3] [--mpi-window on|off] [--precision float32|bf16|fp16]
+//                  [--seed 1] [--check-dir DIR] [--params-only]
 //
 // --strategy multi_worker (builds with MPI; start it under mpirun -np K) runs K workers of --replicas
 // CPU replicas each; worker 0 prints. --mpi-window off makes workers on one machine all-reduce
@@ -22,7 +22,9 @@
 //
 // --device cuda (in builds with CUDA: bench_cyclegan_cuda.cu) runs the same trainer on GPU replicas
 // (one_device: cuda:0; mirrored: --replicas logical replicas dealt over the visible GPUs), in float32
-// unless --tf32, and adds the peak of the GPU's stream-ordered memory pool during the timed steps.
+// unless --tf32 or --precision bf16|fp16 (mixed precision: convolutions and products on 16-bit
+// copies, float32 master weights; no loss scaling, as the trainer has none), and adds the peak of the
+// GPU's stream-ordered memory pool during the timed steps.
 //
 // --batch is the GLOBAL batch (split between the replicas). Every step trains on the same random
 // batch (uniform in [-1, 1]); the image pool is the trainer's own (50 images).
@@ -64,6 +66,7 @@ struct options {
   std::string strategy = "one_device";
   std::string device = "cpu";  // cpu or cuda (where the build has CUDA)
   bool tf32 = false;           // cuda: TF32 tensor-core convolutions and products
+  std::string precision = "float32";  // cuda: float32, bf16 or fp16 convolutions and products (engine_options::precision)
   int replicas = 2;
   int size = 28, channels = 1, filters = 16, blocks = 3, d_layers = 2, batch = 8;
   int steps = 5, warmup = 1;
@@ -79,7 +82,8 @@ struct options {
   std::fprintf(stderr,
                "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] "
                "[--replicas N] [--size S]\n       [--channels C] [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] "
-               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--seed S] [--check-dir DIR] [--params-only]\n",
+               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--seed S]\n"
+               "       [--check-dir DIR] [--params-only]\n",
                why);
   std::exit(2);
 }
@@ -96,6 +100,7 @@ inline options parse(int argc, char** argv) {
     if (a == "--strategy") o.strategy = value();
     else if (a == "--device") o.device = value();
     else if (a == "--tf32") o.tf32 = true;
+    else if (a == "--precision") o.precision = value();
     else if (a == "--replicas") o.replicas = integer();
     else if (a == "--size") o.size = integer();
     else if (a == "--channels") o.channels = integer();
@@ -123,6 +128,8 @@ inline options parse(int argc, char** argv) {
   if (o.overlap != "on" && o.overlap != "off" && o.overlap != "both") usage("--overlap must be on, off or both");
   if (o.rounds < 1) usage("--rounds must be positive");
   if (o.device != "cpu" && o.device != "cuda") usage("--device must be cpu or cuda");
+  if (o.precision != "float32" && o.precision != "bf16" && o.precision != "fp16") usage("--precision must be float32, bf16 or fp16");
+  if (o.precision != "float32" && o.device != "cuda") usage("--precision bf16|fp16 needs --device cuda (the CPU engine computes in float32)");
   if (o.strategy == "one_device") o.replicas = 1;
   if (o.replicas < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0) usage("replicas, batch and steps must be positive");
   if (o.strategy != "multi_worker" && o.batch % o.replicas != 0) usage("--batch (global) must be a multiple of --replicas");
@@ -176,16 +183,22 @@ void all_parameters(Trainer& tr, std::vector<float>& values, std::vector<float>&
   append_parameters(tr.d_b().primary(), values, grads);
 }
 
-// --overlap both: the same trainer alternating blocking and overlapped gradient all-reduce, --steps
-// steps each per round; per mode the median seconds per step and the communication per step.
-template <dist::strategy S, class Trainer>
-int compare_overlap(S& s, Trainer& tr, const options& o, std::int64_t g_params, std::int64_t d_params) {
+// The A and B batches every step trains on: uniform in [-1, 1], from the seed.
+inline std::pair<cyclegan::tensor, cyclegan::tensor> random_batches(const options& o) {
   const auto image = dist::shape::nchw(o.batch, o.channels, o.size, o.size);
   std::mt19937_64 rng{o.seed * 7919 + 17};
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   cyclegan::tensor a{image}, b{image};
   for (auto& v : a) v = uniform(rng);
   for (auto& v : b) v = uniform(rng);
+  return {std::move(a), std::move(b)};
+}
+
+// --overlap both: the same trainer alternating blocking and overlapped gradient all-reduce, --steps
+// steps each per round; per mode the median seconds per step and the communication per step.
+template <dist::strategy S, class Trainer>
+int compare_overlap(S& s, Trainer& tr, const options& o, std::int64_t g_params, std::int64_t d_params) {
+  auto [a, b] = random_batches(o);
   const bool chief = s.is_chief();
   if (chief) {
     std::printf("bench_cyclegan --overlap both: %s x%d (%d worker(s)%s), %dx%dx%d, %d filters, %d blocks, %d d-layers, global batch %d\n",
@@ -265,12 +278,7 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   }
   if (o.overlap == "both") return compare_overlap(s, tr, o, g_params, d_params);
 
-  const auto image = dist::shape::nchw(o.batch, o.channels, o.size, o.size);
-  std::mt19937_64 rng{o.seed * 7919 + 17};
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  cyclegan::tensor a{image}, b{image};
-  for (auto& v : a) v = uniform(rng);
-  for (auto& v : b) v = uniform(rng);
+  auto [a, b] = random_batches(o);
 
   std::vector<float> values, grads;
   if (!o.check_dir.empty()) {
@@ -288,7 +296,8 @@ int run(S& s, const options& o, const device_report& dev = {}) {
     say("  %s, %d cores in this process's affinity, load %s\n", bench::cpu_model().c_str(), affinity_cores(),
                 bench::load_average().c_str());
   else
-    say("  %s%s (host: %s), load %s\n", dev.name.c_str(), o.tf32 ? ", TF32" : ", float32", bench::cpu_model().c_str(),
+    say("  %s, %s (host: %s), load %s\n", dev.name.c_str(), o.precision != "float32" ? o.precision.c_str() : o.tf32 ? "TF32" : "float32",
+        bench::cpu_model().c_str(),
                 bench::load_average().c_str());
   std::fflush(stdout);
 
@@ -330,11 +339,11 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   }
 
   say(
-      "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
+      "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"precision\":\"%s\",\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
       "\"blocks\":%d,\"d_layers\":%d,\"global_batch\":%d,\"steps\":%d,\"warmup\":%d,\"g_params\":%lld,\"d_params\":%lld,"
       "\"s_per_step\":%.6f,\"s_per_step_mean\":%.6f,\"images_per_s\":%.4f,\"peak_rss_mib\":%.1f,\"cores\":%d,\"load\":\"%s\","
       "\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
-      dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
+      dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", o.precision.c_str(), device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
       static_cast<long long>(g_params), static_cast<long long>(d_params), per_step, mean, images, rss, affinity_cores(),
       bench::load_average().c_str(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
   return 0;

@@ -282,7 +282,7 @@ def report(o, mode, world, threads, g_params, d_params, times, first, rss, impor
     images = o.batch / per_step
     label = f"DDP gloo {world}x{threads} thread" if mode == "ddp" else f"{threads} threads"
     if o.device == "cuda":
-        label = f"{torch.cuda.get_device_name(0)}, {'TF32' if o.tf32 else 'float32'}"
+        label = f"{torch.cuda.get_device_name(0)}, " + (f"autocast {o.amp}" if o.amp != "none" else ("TF32" if o.tf32 else "float32"))
     print(f"cyclegan_torch: torch {torch.__version__}, {label}, {o.size}x{o.size}x{o.channels}, {o.filters} filters, "
           f"{o.blocks} blocks, {o.d_layers} d-layers, global batch {o.batch}")
     print(f"  parameters: G {g_params}, D {d_params} (each of two)")
@@ -292,7 +292,7 @@ def report(o, mode, world, threads, g_params, d_params, times, first, rss, impor
           + (f", peak device memory {device_mib:.1f} MiB" if device_mib is not None else ""))
     print(json.dumps({
         "bench": "cyclegan", "side": "peer", "framework": "torch", "version": torch.__version__, "mode": mode,
-        "device": torch.cuda.get_device_name(0) if o.device == "cuda" else "cpu", "tf32": o.tf32,
+        "device": torch.cuda.get_device_name(0) if o.device == "cuda" else "cpu", "tf32": o.tf32, "precision": getattr(o, "amp", "none"),
         "peak_device_mib": round(device_mib, 1) if device_mib is not None else -1,
         "world_size": world, "threads": threads, "size": o.size, "channels": o.channels, "filters": o.filters,
         "blocks": o.blocks, "d_layers": o.d_layers, "global_batch": o.batch, "steps": o.steps, "warmup": o.warmup,
@@ -316,6 +316,15 @@ def run_single(o):
         g_ab, g_ba, d_a, d_b = (m.to(dev) for m in (g_ab, g_ba, d_a, d_b))
         a, b = a.to(dev), b.to(dev)
     step = Step(g_ab, g_ba, d_a, d_b, seed=o.seed)
+    if o.amp != "none":
+        # Automatic mixed precision as users write it: the whole step under autocast (convolutions and
+        # matrix products in 16 bits, fp32 parameters and optimiser state).
+        dtype = torch.bfloat16 if o.amp == "bf16" else torch.float16
+        fp32_step = step
+
+        def step(a, b):
+            with torch.autocast(device_type="cuda", dtype=dtype):
+                return fp32_step(a, b)
     if o.device == "cuda":
         for _ in range(o.warmup):  # warm-up outside the peak: the timed steps' memory is what is compared
             step(a, b)
@@ -485,12 +494,16 @@ def main():
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel, gloo, --world-size ranks of 1 thread")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the step on GPU 0 (single process)")
     p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 in convolutions and matrix products")
+    p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
+                   help="cuda: the step under torch.autocast in bfloat16 or float16 (no GradScaler, as the C++ side's trainer)")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--params-only", action="store_true", help="print the parameter counts as JSON and exit")
     p.add_argument("--check-dir", help="compare one step with the C++ side's (bench_cyclegan --check-dir)")
     p.add_argument("--loss-tol", type=float, default=1e-5)
     p.add_argument("--grad-tol", type=float, default=1e-4)
     o = p.parse_args()
+    if o.amp != "none" and o.device != "cuda":
+        p.error("--amp needs --device cuda")
     if o.params_only:
         g = make_generator(o.channels, o.filters, o.blocks)
         d = make_discriminator(o.channels, o.filters, o.d_layers)

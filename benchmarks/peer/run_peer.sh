@@ -18,7 +18,7 @@
 #
 #   benchmarks/peer/run_peer.sh [--build-dir build/release] [--venv build/peer-venv] [--rounds 3]
 #       [--steps 20] [--warmup 3] [--paper-steps 1] [--paper-warmup 1] [--quick] [--check]
-#       [--no-build] [--json FILE] [--gpu [--tf32]]
+#       [--no-build] [--json FILE] [--gpu [--tf32] [--precision bf16|fp16]]
 #
 #   --quick   skips (d)
 #   --check   also the step-1 check: both sides train one step from the same initial weights and
@@ -50,6 +50,8 @@ build=1
 json=""
 gpu=0
 tf32=()
+precision=()  # --precision bf16|fp16: ours --precision, the peer --amp
+amp=()
 
 die() { echo "run_peer.sh: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
@@ -67,6 +69,8 @@ while [[ $# -gt 0 ]]; do
     --json) json=$2; shift 2 ;;
     --gpu) gpu=1; shift ;;
     --tf32) tf32=(--tf32); shift ;;
+    --precision) [[ $2 == bf16 || $2 == fp16 ]] || die "--precision must be bf16 or fp16"
+                 precision=(--precision "$2"); amp=(--amp "$2"); shift 2 ;;
     -h|--help) sed -n '2,38p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
@@ -206,14 +210,14 @@ for ((r = 1; r <= rounds; r++)); do
          measure "$r" c peer "$py" "$peer" "${demo[@]}" --ddp --world-size 2 --steps "$steps" --warmup "$warmup" ;;
       d) measure "$r" d ours "$ours" --strategy one_device "${paper[@]}" --steps "$paper_steps" --warmup "$paper_warmup"
          measure "$r" d peer "$py" "$peer" "${paper[@]}" --threads "$cores" --steps "$paper_steps" --warmup "$paper_warmup" ;;
-      g1) measure "$r" g1 ours "$ours" --device cuda "${tf32[@]}" --strategy one_device "${demo[@]}" --steps "$steps" --warmup "$warmup"
-          measure "$r" g1 peer "$py" "$peer" --device cuda "${tf32[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
-      g2) measure "$r" g2 ours "$ours" --device cuda "${tf32[@]}" --strategy one_device "${paper[@]}" --steps "$steps" --warmup "$warmup"
-          measure "$r" g2 peer "$py" "$peer" --device cuda "${tf32[@]}" "${paper[@]}" --steps "$steps" --warmup "$warmup" ;;
-      g3) measure "$r" g3 ours "$ours" --device cuda "${tf32[@]}" --strategy one_device "${paper4[@]}" --steps "$steps" --warmup "$warmup"
-          measure "$r" g3 peer "$py" "$peer" --device cuda "${tf32[@]}" "${paper4[@]}" --steps "$steps" --warmup "$warmup" ;;
-      g4) measure "$r" g4 ours "$ours" --device cuda "${tf32[@]}" --strategy mirrored --replicas 2 "${demo[@]}" --steps "$steps" --warmup "$warmup"
-          measure "$r" g4 peer "$py" "$peer" --device cuda "${tf32[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g1) measure "$r" g1 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy one_device "${demo[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g1 peer "$py" "$peer" --device cuda "${tf32[@]}" "${amp[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g2) measure "$r" g2 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy one_device "${paper[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g2 peer "$py" "$peer" --device cuda "${tf32[@]}" "${amp[@]}" "${paper[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g3) measure "$r" g3 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy one_device "${paper4[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g3 peer "$py" "$peer" --device cuda "${tf32[@]}" "${amp[@]}" "${paper4[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g4) measure "$r" g4 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy mirrored --replicas 2 "${demo[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g4 peer "$py" "$peer" --device cuda "${tf32[@]}" "${amp[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
     esac
   done
 done
