@@ -30,13 +30,13 @@ common=(-x cuda -std=c++20 --cuda-path="$cuda" --cuda-gpu-arch=sm_90 -nocudalib 
 [[ -d $cuda/include/cccl ]] && common+=(-isystem "$cuda/include/cccl")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-failed=0 checked=0
-for file in "$@"; do
-  source=$file sides=()
+# One file's parse into $2: "ok" or "failed" on the first line, what clang said after it.
+check() {
+  local file=$1 log=$2 source=$1 sides=() out status
   if [[ $file == *.cuh ]]; then
     # A header on its own, host side: everything it uses must come from its own includes. Its device
     # code is read when the sources, which include every header, are (both sides).
-    source=$work/$(basename "$file").cu
+    source=${log%.log}-$(basename "$file").cu
     echo "#include \"$file\"" >"$source"
     sides=(--cuda-host-only)
   fi
@@ -47,12 +47,29 @@ for file in "$@"; do
     out=$("$clang" "${common[@]}" "${sides[@]}" "$source" 2>&1)
     status=$?
   fi
-  if [[ $status -ne 0 ]]; then
+  { [[ $status -eq 0 ]] && echo ok || echo failed; echo "$out"; } >"$log"
+}
+# The files are independent: as many at once as this process may use cores (each parse is one
+# thread and a few hundred MiB).
+parallel=$(nproc 2>/dev/null || echo 1)
+index=0
+for file in "$@"; do
+  while (($(jobs -rp | wc -l) >= parallel)); do wait -n; done
+  check "$file" "$work/$(printf '%04d' "$index").log" &
+  index=$((index + 1))
+done
+wait
+failed=0 checked=0
+index=0
+for file in "$@"; do
+  log=$work/$(printf '%04d' "$index").log
+  index=$((index + 1))
+  checked=$((checked + 1))
+  if [[ $(head -1 "$log") != ok ]]; then
     echo "clang_syntax: $file does not parse:"
-    echo "$out" | grep -E "error|note: in instantiation|frontend command failed" | head -40
+    tail -n +2 "$log" | grep -E "error|note: in instantiation|frontend command failed" | head -40
     failed=$((failed + 1))
   fi
-  checked=$((checked + 1))
 done
 echo "clang_syntax: $checked files, $failed failed ($("$clang" --version | head -1))"
 [[ $failed -eq 0 ]]
