@@ -49,9 +49,9 @@ check() {
   fi
   { [[ $status -eq 0 ]] && echo ok || echo failed; echo "$out"; } >"$log"
 }
-# The files are independent: as many at once as this process may use cores (each parse is one
-# thread and a few hundred MiB).
-parallel=$(nproc 2>/dev/null || echo 1)
+# The files are independent: two at once where there are two cores or more (each parse is one thread
+# and a few hundred MiB; ctest reserves two slots for this test).
+parallel=$(($(nproc 2>/dev/null || echo 1) >= 2 ? 2 : 1))
 index=0
 for file in "$@"; do
   while (($(jobs -rp | wc -l) >= parallel)); do wait -n; done
