@@ -7,6 +7,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -140,6 +142,55 @@ struct one_tensor {
   template <class F>
   void for_each_parameter(F&& f) { f(std::span<float>(v), std::span<float>(g)); }
 };
+
+// A communicator with a split phase (as NCCL's: start_all_reduce, finish_started, abandon_started)
+// over a CPU replica's own: what is started runs at finish_started, in order; every call is logged,
+// and a collective called while started all-reduces are pending is logged as an error. It drives the
+// overlap's split-phase path on the CPU.
+template <class C>
+struct split_phase_log {
+  C inner;
+  std::vector<std::string>* log;
+  std::vector<std::function<void()>> started{};
+
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  void note(const std::string& what) {
+    log->push_back(started.empty() ? what : what + " with started all-reduces pending");
+  }
+  template <class... A>
+  void all_reduce(A&&... a) { note("all_reduce"); inner.all_reduce(std::forward<A>(a)...); }
+  template <class... A>
+  void reduce_scatter(A&&... a) { note("reduce_scatter"); inner.reduce_scatter(std::forward<A>(a)...); }
+  template <class... A>
+  void all_gather(A&&... a) { note("all_gather"); inner.all_gather(std::forward<A>(a)...); }
+  template <class... A>
+  void broadcast(A&&... a) { note("broadcast"); inner.broadcast(std::forward<A>(a)...); }
+  void barrier() { note("barrier"); inner.barrier(); }
+  template <class T>
+  void start_all_reduce(dist::reduce_op op, std::span<const std::span<T>> buffers) {
+    log->push_back("start");
+    started.push_back([this, op, b = std::vector<std::span<T>>(buffers.begin(), buffers.end())] {
+      inner.all_reduce(op, std::span<const std::span<T>>(b));
+    });
+  }
+  void finish_started() {
+    if (started.empty()) return;
+    log->push_back("finish " + std::to_string(started.size()));
+    auto pending = std::move(started);
+    started.clear();
+    for (auto& f : pending) f();
+  }
+  void abandon_started() noexcept {
+    if (!started.empty()) log->push_back("abandon " + std::to_string(started.size()));
+    started.clear();
+  }
+};
+
+// The number of entries of `log` equal to `what`.
+std::size_t count_of(const std::vector<std::string>& log, const std::string& what) {
+  return static_cast<std::size_t>(std::count(log.begin(), log.end(), what));
+}
 
 bool mentions(const std::exception& e, const std::string& what) {
   return std::string(e.what()).find(what) != std::string::npos;
@@ -326,6 +377,103 @@ BOOST_AUTO_TEST_CASE(mismatched_buckets_fail_every_replica_from_wait) {
     r.gradients_ready(m);
     sync.wait();
   }, models), dist::collective_mismatch, [](const dist::collective_mismatch& e) { return mentions(e, "all_reduce_gradients"); });
+}
+
+BOOST_AUTO_TEST_CASE(a_split_phase_communicator_starts_buckets_in_backward_and_finishes_them_in_wait) {
+  // The path a GPU replica's NCCL takes, run on the CPU: buckets start from the replica's own thread
+  // as backward announces them (no communication thread), a collective called while some are pending
+  // (sync_batch_norm's, inside backward) first finishes them, `wait` finishes the rest, and the
+  // parameters have the bits of the blocking all-reduce through the same communicator.
+  dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
+  auto run = [&](bool overlap, std::vector<std::vector<std::string>>& logs, std::vector<std::size_t>& early) {
+    auto nets = s.mirror([](auto&) { return make_net(1234); });
+    auto opts = s.mirror([](auto&) { return optim::adam<float>{{.lr = 1e-2}}; });
+    logs.assign(2, {});
+    early.assign(2, 0);
+    for (int step = 0; step < 2; ++step) {
+      const auto data = data_for_step(step);
+      auto xs = s.scatter(data.x, 36);
+      auto ys = s.scatter(data.y, 18);
+      s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net,
+                optim::adam<float>& opt) {
+        using R = std::remove_cvref_t<decltype(r)>;
+        using C = typename R::communicator_type;
+        auto& log = logs[static_cast<std::size_t>(r.replica_id())];
+        dist::replica_context<typename R::device_type, split_phase_log<C>> rs{r.device(), {r.communicator(), &log}};
+        const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+        const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
+        net.zero_grad();
+        const auto loss = nn::mse(net.forward(rs, x), y, global_batch);
+        if (overlap) {
+          auto sync = rs.overlap_gradients(small_buckets);
+          sync.add(net);
+          net.get<0>().on_backward = [&](int id) { early[static_cast<std::size_t>(id)] = count_of(log, "start"); };
+          net.backward(rs, loss.grad);
+          net.get<0>().on_backward = nullptr;
+          log.push_back("wait");
+          sync.wait();
+        } else {
+          net.backward(rs, loss.grad);
+          rs.all_reduce_gradients(net, small_buckets);
+        }
+        opt.step(net);
+      }, xs, ys, nets, opts);
+    }
+    s.verify_mirrored(nets);
+    return parameters_of(nets[0]);
+  };
+  std::vector<std::vector<std::string>> blocking_log, overlap_log;
+  std::vector<std::size_t> unused, early;
+  const auto blocking = run(false, blocking_log, unused);
+  const auto overlapped = run(true, overlap_log, early);
+  BOOST_TEST((overlapped == blocking));
+  for (std::size_t id = 0; id < 2; ++id) {
+    const auto& log = overlap_log[id];
+    BOOST_TEST_INFO("replica " << id);
+    // No collective ever ran with started all-reduces pending.
+    BOOST_TEST(std::none_of(log.begin(), log.end(), [](const std::string& e) { return e.find("pending") != std::string::npos; }));
+    BOOST_TEST(count_of(log, "abandon 1") + count_of(log, "abandon 2") == 0u);
+    // Every bucket of the last step started before the first layer's backward; wait finished the
+    // last ones, sync_batch_norm's backward collectives what had started before them.
+    // The same collectives as the blocking run: its gradient all-reduces became starts.
+    const auto starts = count_of(log, "start");
+    BOOST_TEST(starts > 6u);
+    BOOST_TEST(starts + count_of(log, "all_reduce") == count_of(blocking_log[id], "all_reduce"));
+    BOOST_TEST(early[id] == starts);
+    const auto wait = std::find(log.rbegin(), log.rend(), "wait");
+    BOOST_REQUIRE(wait != log.rend());
+    BOOST_TEST((wait != log.rbegin() && (wait - 1)->starts_with("finish ")), "wait finished what was started");
+    BOOST_TEST(std::any_of(log.begin(), wait.base(), [](const std::string& e) { return e.starts_with("finish "); }),
+               "a collective inside backward finished the buckets started before it");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_replica_that_throws_with_started_all_reduces_abandons_them) {
+  // Replica 1 throws in its first layer's backward, after every bucket started: the overlap's
+  // destructor abandons them (NCCL aborts its communicator there); replica 0 fails in wait.
+  dist::mirrored_strategy<> s{dist::cpu_replicas(2), {.timeout = std::chrono::seconds(30)}};
+  auto nets = s.mirror([](auto&) { return make_net(7); });
+  const auto data = data_for_step(0);
+  auto xs = s.scatter(data.x, 36);
+  std::vector<std::vector<std::string>> logs(2);
+  BOOST_CHECK_EXCEPTION(s.run([&](dist::replica auto& r, const std::vector<float>& xl, net_type& net) {
+    using R = std::remove_cvref_t<decltype(r)>;
+    auto& log = logs[static_cast<std::size_t>(r.replica_id())];
+    dist::replica_context<typename R::device_type, split_phase_log<typename R::communicator_type>> rs{r.device(), {r.communicator(), &log}};
+    const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+    const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
+    net.zero_grad();
+    auto y = net.forward(rs, x);
+    auto sync = rs.overlap_gradients(small_buckets);
+    sync.add(net);
+    net.get<0>().on_backward = [](int id) {
+      if (id == 1) throw std::runtime_error("replica 1 gave up in backward");
+    };
+    net.backward(rs, y);
+    sync.wait();
+  }, xs, nets), std::runtime_error, [](const std::runtime_error& e) { return mentions(e, "replica 1 gave up in backward"); });
+  BOOST_TEST(logs[1].back().starts_with("abandon "), "last entry of replica 1: " << logs[1].back());
+  BOOST_TEST(count_of(logs[1], "wait") == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(compute_gradients_overlaps_the_last_micro_batch) {

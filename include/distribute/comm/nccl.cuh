@@ -23,6 +23,17 @@
 // process through `watch_outside` (the multi-worker strategy's out-of-band notice over MPI), polled
 // while a replica waits for NCCL.
 //
+// Split phase, for the gradient all-reduce overlapped with backward (comm/detail/gradient_overlap.hpp):
+// `start_all_reduce(op, bufs)` queues an all-reduce of device buffers on the replica's communication
+// stream (one per replica, made at its first use), behind an event recorded on its compute stream, and
+// returns once NCCL has queued it: the compute stream goes on with backward while NCCL runs beside it.
+// `finish_started()` waits, polling errors and the deadline as every collective does, until everything
+// started has completed. In between, the buffers belong to NCCL. Started all-reduces and the other
+// collectives of the communicator run in the order they were called (NCCL needs one order on every
+// rank): any other collective, point-to-point call or flush first finishes what was started.
+// `abandon_started()` (a replica leaving its step by an exception) aborts the communicator if what was
+// started has not completed, so that no NCCL kernel is left waiting for partners.
+//
 // Point-to-point: `send(buf, dst, tag)` and `recv(buf, src, tag)` between two ranks, with ncclSend /
 // ncclRecv on the replica's stream, time-bounded as the collectives are. NCCL's own send waits on
 // the GPU until its receiver is there, so a send here is deferred instead, to keep the contract of
@@ -154,6 +165,29 @@ constexpr bool divide_after_nccl(reduce_op op, int ranks) noexcept {
   return op == reduce_op::mean && ranks > 1 && !nccl_average_is_exact<T>(ranks);
 }
 
+// A replica's communication stream for split-phase all-reduces, the event that orders each of them
+// after the compute stream's work, and how many were started and not yet finished.
+struct nccl_side_stream {
+  distribute::detail::owned_stream stream;
+  cudaEvent_t ready = nullptr;
+  std::size_t started = 0;
+
+  nccl_side_stream() = default;
+  nccl_side_stream(nccl_side_stream&& o) noexcept
+      : stream{std::move(o.stream)}, ready{std::exchange(o.ready, nullptr)}, started{o.started} {}
+  nccl_side_stream& operator=(nccl_side_stream&&) = delete;
+  ~nccl_side_stream() {
+    if (ready != nullptr) (void)cudaEventDestroy(ready);
+  }
+  void open(int ordinal) {
+    if (ready != nullptr) return;
+    distribute::detail::device_guard g(ordinal);
+    distribute::detail::owned_stream s(ordinal);
+    distribute::detail::cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", ordinal);
+    stream = std::move(s);
+  }
+};
+
 inline ncclConfig_t nonblocking_config() {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -265,6 +299,7 @@ class nccl_group {
     }
     pending_.resize(devices_.size());
     issued_.resize(devices_.size());
+    sides_.resize(devices_.size());
     init(id);
   }
 
@@ -372,6 +407,8 @@ class nccl_group {
   // Per local rank: sends not yet issued, and those issued by the group call in progress.
   std::vector<std::vector<detail::nccl_pending_send>> pending_;
   std::vector<std::vector<detail::nccl_pending_send>> issued_;
+  // Per local rank: where its split-phase all-reduces run (made at the first one; see the top).
+  std::vector<detail::nccl_side_stream> sides_;
   std::vector<ncclComm_t> comms_;
   std::atomic<bool> broken_{false};
   std::function<std::optional<std::string>()> outside_;
@@ -435,6 +472,92 @@ class nccl {
           if (detail::divide_after_nccl<T>(op, size()))
             for (const auto& s : segs) detail::launch_divide(static_cast<T*>(s.data), s.size, size(), device().index(), stream());
         });
+  }
+
+  // --- split phase (see the top of this file) ---
+
+  // Starts the all-reduce of `bufs` on this replica's communication stream, after the work queued on
+  // its compute stream so far, and returns once NCCL has queued it. Buffers in host memory cannot wait
+  // on a stream: such a call finishes what was started and all-reduces them at once.
+  template <element T>
+  void start_all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
+    if (bufs.size() > max_fused_buffers || !on_this_device(bufs) || !g_->pending_[static_cast<std::size_t>(local_)].empty()) {
+      finish_started();
+      all_reduce(op, bufs);
+      return;
+    }
+    const auto guard = current();
+    auto& side = g_->sides_[static_cast<std::size_t>(local_)];
+    side.open(device().index());
+    const cudaStream_t s = side.stream.get();
+    std::size_t total = 0;
+    std::vector<detail::segment> segs;
+    segs.reserve(bufs.size());
+    for (auto b : bufs) {
+      segs.push_back({static_cast<void*>(b.data()), b.size()});
+      total += b.size();
+    }
+    detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
+                         .segs = segs.data(), .n_segs = segs.size()};
+    distribute::detail::cuda_check(cudaEventRecord(side.ready, stream()), "cudaEventRecord", device().index());
+    distribute::detail::cuda_check(cudaStreamWaitEvent(s, side.ready, 0), "cudaStreamWaitEvent", device().index());
+    collective(
+        d, s, /*wait=*/false,
+        [&] {
+          for (const auto& seg : segs)
+            if (seg.size != 0)
+              detail::nccl_check(ncclAllReduce(seg.data, seg.data, seg.size, detail::nccl_type<T>(), detail::nccl_op<T>(op, size()),
+                                               comm(), s),
+                                 "ncclAllReduce", comm());
+        },
+        [&] {
+          if (detail::divide_after_nccl<T>(op, size()))
+            for (const auto& seg : segs) detail::launch_divide(static_cast<T*>(seg.data), seg.size, size(), device().index(), s);
+        });
+    ++side.started;
+  }
+
+  // Waits until every all-reduce this replica started has completed; a failure, another replica's
+  // failure, or the deadline (the group's timeout from this call) throws, as a collective does.
+  void finish_started() {
+    auto& side = g_->sides_[static_cast<std::size_t>(local_)];
+    if (side.started == 0) return;
+    const std::size_t started = std::exchange(side.started, 0);
+    const auto guard = current();
+    auto& meeting = g_->meeting_;
+    const auto deadline = std::chrono::steady_clock::now() + meeting.options().timeout;
+    const std::string what = std::to_string(started) + " all-reduce" + (started == 1 ? "" : "s") + " started on replica " +
+                             std::to_string(rank()) + "'s communication stream (all_reduce_gradients, overlapped)";
+    auto give_up = [&](bool timed_out) {
+      abort_own();
+      if (!timed_out)
+        throw collective_aborted("distribute: " + what + " abandoned because " + meeting.abort_reason());
+      const collective_timeout error("distribute: " + what + " did not complete within " +
+                                     std::to_string(meeting.options().timeout.count()) +
+                                     " ms (a replica of another process may have failed, died, or called a different "
+                                     "collective); the NCCL communicator was aborted");
+      meeting.abort(std::make_exception_ptr(error), error.what());
+      throw error;
+    };
+    after_issue([&] {
+      detail::wait_for_gpu(
+          [&] {
+            nccl_state([&] { return what; });
+            return distribute::detail::stream_idle(side.stream.get(), device().index());
+          },
+          &meeting, deadline, give_up);
+    });
+  }
+
+  // For a replica leaving its step by an exception: whatever it started and is not complete aborts
+  // the communicator (the strategy rebuilds it, or says it cannot), so no NCCL kernel waits forever.
+  void abandon_started() noexcept {
+    auto& side = g_->sides_[static_cast<std::size_t>(local_)];
+    if (std::exchange(side.started, 0) == 0) return;
+    const distribute::detail::device_guard guard(device().index(), std::nothrow);
+    const cudaError_t q = cudaStreamQuery(side.stream.get());
+    (void)cudaGetLastError();
+    if (q != cudaSuccess) abort_own();
   }
 
   template <element T>
@@ -644,6 +767,7 @@ class nccl {
   // does but without meeting the other local replicas (a message is between two ranks only).
   template <class Issue, class TimedOut>
   void p2p(Issue&& issue, TimedOut&& timed_out) {
+    finish_started();
     auto& meeting = g_->meeting_;
     const auto deadline = std::chrono::steady_clock::now() + meeting.options().timeout;
     auto give_up = [&](bool out_of_time) {
@@ -698,9 +822,23 @@ class nccl {
 
   // One poll of the wait for the stream: NCCL's state, another process's failure, then the stream.
   template <class What>
-  bool queued_work_done(What&& what) {
+  bool queued_work_done(What&& what, cudaStream_t s) {
     nccl_state(what);
-    return distribute::detail::stream_idle(stream(), device().index());
+    return distribute::detail::stream_idle(s, device().index());
+  }
+  template <class What>
+  bool queued_work_done(What&& what) {
+    return queued_work_done(what, stream());
+  }
+
+  template <element T>
+  bool on_this_device(std::span<const std::span<T>> bufs) const {
+    for (auto b : bufs) {
+      if (b.empty()) continue;
+      const auto where = distribute::detail::locate(b.data());
+      if (!where.on_device || where.ordinal != device().index()) return false;
+    }
+    return true;
   }
 
   // The communicator's asynchronous state; an NCCL error aborts it and fails the group.
@@ -730,6 +868,12 @@ class nccl {
   // until the stream has run it all; poll for errors and give up at the deadline throughout.
   template <class Issue, class Then>
   void collective(const detail::descriptor& d, Issue&& issue, Then&& then) {
+    finish_started();
+    collective(d, stream(), /*wait=*/true, issue, then);
+  }
+  // The same on `s`; without `wait`, returns once NCCL has queued the work and `then`'s (split phase).
+  template <class Issue, class Then>
+  void collective(const detail::descriptor& d, cudaStream_t s, bool wait, Issue&& issue, Then&& then) {
     if (g_->broken())
       throw collective_aborted("distribute: the NCCL communicators were aborted by an earlier failure; " +
                                std::string(g_->owns_bootstrap_ ? "the strategy rebuilds them at its next step"
@@ -763,8 +907,9 @@ class nccl {
     after_issue([&] {
       detail::wait_for_gpu([&] { return nccl_state(what) == ncclSuccess; }, &meeting, deadline, give_up);
       then();
-      detail::wait_for_gpu([&] { return queued_work_done(what); }, &meeting, deadline, give_up);
+      if (wait) detail::wait_for_gpu([&] { return queued_work_done(what, s); }, &meeting, deadline, give_up);
     });
+    if (!wait) return;
     g_->issued_[static_cast<std::size_t>(local_)].clear();
     // Only now: a copy into pageable host memory blocks the host until the stream reaches it, which
     // must not be behind an NCCL kernel that may never finish.

@@ -24,9 +24,13 @@
 //   sync_batch_norm's inside backward, a loss reduction) joins that same queue and is waited for, so
 //   every replica still issues one sequence of collectives and no engine sees two at once from one
 //   replica (MPI needs no more than MPI_THREAD_SERIALIZED).
-// - On other devices (a GPU's NCCL collectives run on the replica's own stream, which computes in
-//   order anyway) the buckets are all-reduced by `wait`, as the blocking call would: correct, not
-//   overlapped (yet).
+// - On a GPU replica whose communicator has a split phase (NCCL: `start_all_reduce`,
+//   `finish_started`), each bucket is queued on the replica's communication stream behind an event of
+//   its compute stream, from the replica's own thread; backward goes on queueing on the compute
+//   stream, and `wait` waits for the communication stream. Another collective called while the
+//   overlap is open first waits for the buckets started, so the communicator still sees one order.
+// - Other communicators (cuda_peer: several replicas on one GPU) all-reduce the buckets in `wait`, as
+//   the blocking call would: correct, not overlapped.
 // - Under one device there is nothing to combine: nothing is enumerated, nothing runs.
 //
 // Rules: add a model just before its LAST backward of the step (with gradient accumulation, or a
@@ -56,6 +60,14 @@
 namespace distribute {
 
 namespace detail {
+// A communicator that can start an all-reduce and finish it later (comm/nccl.cuh).
+template <class C>
+concept split_phase_communicator = requires(C& c, std::span<const std::span<float>> buffers) {
+  c.start_all_reduce(reduce_op::sum, buffers);
+  c.finish_started();
+  c.abandon_started();
+};
+
 // What a replica knows of its open overlap.
 class overlap_hook {
  public:
@@ -73,10 +85,11 @@ template <class C>
 class gradient_overlap final : detail::overlap_hook {
  public:
   // Made by `replica_context::overlap_gradients`. `slot`: where the replica looks for its open
-  // overlap (null under one device); `threaded`: whether collectives run on a thread of their own.
+  // overlap (null under one device); `threaded`: whether collectives run on a thread of their own
+  // (never with a split-phase communicator, which needs none).
   gradient_overlap(C& comm, detail::overlap_hook** slot, bool threaded, const gradient_reduction& options,
                    detail::collective_meter* meter)
-      : comm_{comm}, slot_{slot}, threaded_{threaded}, options_{options}, meter_{meter} {
+      : comm_{comm}, slot_{slot}, threaded_{threaded && !split}, options_{options}, meter_{meter} {
     if (!slot_) return;
     if (*slot_)
       throw std::logic_error("distribute: replica " + std::to_string(comm.rank()) +
@@ -100,7 +113,14 @@ class gradient_overlap final : detail::overlap_hook {
         if (!at_.emplace(static_cast<const void*>(g.data()), b).second)
           throw std::invalid_argument("distribute: gradient_overlap::add got a model whose gradients it already holds");
       }
-      buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] { detail::all_reduce_bucket(comm_, op, bucket); }});
+      if constexpr (split) {
+        buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] {
+                              const collective_label label("all_reduce_gradients");
+                              comm_.start_all_reduce(op, std::span<const std::span<T>>(bucket));
+                            }});
+      } else {
+        buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] { detail::all_reduce_bucket(comm_, op, bucket); }});
+      }
     });
     return *this;
   }
@@ -114,6 +134,7 @@ class gradient_overlap final : detail::overlap_hook {
     finished_ = true;
     for (auto& b : buckets_) b.pending = 0;
     start_ready();
+    if constexpr (split) comm_.finish_started();
     close_after_drain();
     return buckets_.size();
   }
@@ -122,6 +143,8 @@ class gradient_overlap final : detail::overlap_hook {
   std::size_t started() const noexcept { return next_; }
 
  private:
+  static constexpr bool split = detail::split_phase_communicator<C>;
+
   struct bucket {
     std::size_t pending;  // gradients not yet final
     std::function<void()> run;
@@ -141,6 +164,7 @@ class gradient_overlap final : detail::overlap_hook {
       worker_->post([&collective] { collective(); });
       worker_->drain();
     } else {
+      if constexpr (split) comm_.finish_started();
       collective();
     }
   }
@@ -152,7 +176,7 @@ class gradient_overlap final : detail::overlap_hook {
       if (threaded_) {
         if (!worker_) worker_.emplace();
         worker_->post(std::move(buckets_[next_].run));
-      } else if (finished_) {
+      } else if (split || finished_) {
         buckets_[next_].run();
       } else {
         return;  // not threaded: everything runs in `wait`, as the blocking call would
@@ -172,6 +196,9 @@ class gradient_overlap final : detail::overlap_hook {
   void close() noexcept {
     if (slot_ && *slot_ == this) *slot_ = nullptr;
     worker_.reset();
+    if constexpr (split) {
+      if (slot_ && next_ != 0) comm_.abandon_started();  // nothing left after a successful wait
+    }
   }
 
   C& comm_;
