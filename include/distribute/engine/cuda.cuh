@@ -5,7 +5,8 @@
 //   convolutions     cuDNN's graph API (engine/detail/cudnn_conv.cuh), plans cached per shape
 //   matrix products  cuBLAS (linear layers)
 //   element-wise     the layers' functors (nn/detail/kernels.hpp) through Thrust, on the replica's
-//   and plane sums   stream (engine/detail/thrust_for_each.hpp): the same arithmetic as the CPU's
+//                    stream (engine/detail/thrust_for_each.hpp): the same arithmetic as the CPU's
+//   plane sums       CUB's segmented reduction over the same functors, on the stream
 //
 // Every call is queued on the replica's stream (the one its `cuda` device is bound to) and returns
 // without waiting, except `to_host`, which waits for the values it copies. The engine is made by the
@@ -21,11 +22,12 @@
 // weights). The element-wise layers and sums stay float32.
 //
 // Determinism: a fixed configuration gives the same bits run to run (cuDNN plans are chosen once per
-// shape and kept; Thrust's reductions and cuBLAS's products are deterministic for fixed sizes). The
+// shape and kept; CUB's segmented reductions and cuBLAS's products are deterministic for fixed sizes). The
 // plane sums are not in index order, so they match the CPU engine's to rounding, not in every bit.
 
 #include <distribute/config.hpp>
 #include <distribute/device/cuda.cuh>
+#include <distribute/device/cuda_graph.cuh>
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/engine/detail/thrust_for_each.hpp>
 #include <distribute/engine/engine.hpp>
@@ -42,7 +44,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <cub/device/device_segmented_reduce.cuh>
 #include <thrust/execution_policy.h>
+#include <thrust/fill.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
 #include <thrust/system/cuda/execution_policy.h>
 #include <thrust/transform.h>
 
@@ -243,16 +249,35 @@ class engine<cuda> {
     detail::for_each_plane_index(policy(), segments, length, f);
     check_launch("for_each_in_segments");
   }
-  // out[s] = the sum over i of f(s, i), in double; `out` in device memory.
+  // out[s] = the sum over i of f(s, i), in double; `out` in device memory. CUB's segmented reduction
+  // (one block a plane, a fixed order: the same bits run to run), queued without waiting for the
+  // device: Thrust's reduce_by_key reads its segment count back to the host, which waits for the
+  // stream and cannot be captured into a CUDA graph. Scratch comes from the stream's pool.
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
-    detail::plane_sums(policy(), segments, length, f, out);
+    if (segments <= 0) return;
+    if (length <= 0) {
+      thrust::fill_n(policy(), out, segments, 0.0);
+      check_launch("segmented_sum");
+      return;
+    }
+    const detail::device_guard current(device_.index());
+    const thrust::counting_iterator<std::int64_t> first(0);
+    const auto values = thrust::make_transform_iterator(first, detail::thrust_loops::plane_term<F>{f, length});
+    const auto starts = thrust::make_transform_iterator(first, detail::thrust_loops::plane_start{length});
+    std::size_t bytes = 0;
+    detail::cuda_check(cub::DeviceSegmentedReduce::Sum(nullptr, bytes, values, out, segments, starts, starts + 1, stream()),
+                       "cub::DeviceSegmentedReduce::Sum (sizing)", device_.index());
+    const detail::device_allocation scratch(device_.index(), bytes, stream());
+    detail::cuda_check(cub::DeviceSegmentedReduce::Sum(scratch.get(), bytes, values, out, segments, starts, starts + 1, stream()),
+                       "cub::DeviceSegmentedReduce::Sum", device_.index());
     check_launch("segmented_sum");
   }
   // Small results (statistics, loss values) copied from device memory to the host, waiting for them.
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {
     if (n == 0) return;
+    detail::refuse_while_capturing(stream(), device_.index(), "reading device values on the host (engine<cuda>::to_host)");
     const detail::device_guard current(device_.index());
     detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (to host)",
                        device_.index());
@@ -317,11 +342,12 @@ class engine<cuda> {
     thrust::transform(policy(), from, from + n, to, detail::narrow_to<H>{});
     check_launch("narrowing to 16 bits");
   }
-  void check_half(compute_precision p) const {
+  void check_half(compute_precision p) {
     if (p != compute_precision::bfloat16) return;
-    int major = 0;
-    detail::cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_.index()),
-                       "cudaDeviceGetAttribute", device_.index());
+    if (capability_major_ < 0)  // asked once: a bfloat16 model sets the precision on every pass
+      detail::cuda_check(cudaDeviceGetAttribute(&capability_major_, cudaDevAttrComputeCapabilityMajor, device_.index()),
+                         "cudaDeviceGetAttribute", device_.index());
+    const int major = capability_major_;
     if (major < 8)
       throw std::invalid_argument("distribute: bfloat16 compute needs a GPU of compute capability 8.0 or later; " +
                                   device_.name() + " is " + std::to_string(major) + ".x (use float16 or float32)");
@@ -359,6 +385,7 @@ class engine<cuda> {
   cuda device_;
   compute_precision precision_;
   std::unique_ptr<detail::cublas_handle> blas_;
+  int capability_major_ = -1;  // the device's compute capability (major), once asked
   detail::device_allocation halves_;  // 16-bit operands of mixed-precision products
 };
 

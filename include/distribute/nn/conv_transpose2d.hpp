@@ -127,18 +127,9 @@ class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d
   void add_bias_gradient(E& e, const tensor_type& dy) {
     const shape& s = dy.shape();
     const std::int64_t planes = s.n() * s.c(), plane = s.h() * s.w();
-    tensor<double, D> sums{shape{planes}, device_};
+    tensor<double, D> sums{shape{planes}, device_, uninitialized};
     e.segmented_sum(planes, plane, detail::kernels::value_of<T>{dy.data(), plane}, sums.data());
-    std::vector<double> host(static_cast<std::size_t>(planes));
-    e.to_host(sums.data(), host.size(), host.data());
-    std::vector<T> db(static_cast<std::size_t>(s.c()), T(0));
-    for (std::int64_t c = 0; c < s.c(); ++c) {
-      double acc = 0;
-      for (std::int64_t n = 0; n < s.n(); ++n) acc += host[static_cast<std::size_t>(n * s.c() + c)];
-      db[static_cast<std::size_t>(c)] = static_cast<T>(acc);
-    }
-    const auto add = tensor_type::from_host(shape{s.c()}, std::span<const T>(db), device_);
-    e.for_each(s.c(), detail::kernels::add_to<T>{bias_.grad.data(), add.data()});
+    e.for_each(s.c(), detail::kernels::add_channel_totals<T>{sums.data(), bias_.grad.data(), s.n(), s.c()});
   }
 
   conv_transpose2d_options o_;

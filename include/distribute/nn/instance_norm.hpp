@@ -57,18 +57,13 @@ class instance_norm {
       throw std::invalid_argument("distribute: instance norm over " + std::to_string(o_.channels) +
                                   " channels got a tensor of shape " + s.to_string());
     const std::int64_t planes = s.n() * o_.channels, plane = s.h() * s.w();
-    const auto m = detail::plane_moments(e, x, planes, plane);
-    std::vector<double> mean(m.size());
-    invstd_.resize(m.size());
-    for (std::size_t p = 0; p < m.size(); ++p) {
-      mean[p] = m[p].mean;
-      invstd_[p] = 1.0 / std::sqrt(m[p].m2 / m[p].count + o_.eps);
-    }
-    const auto mean_d = detail::on_device_of(x, mean), invstd_d = detail::on_device_of(x, invstd_);
+    // [mean | inverse standard deviation] per plane, on the device; the second half is kept for backward.
+    stats_ = tensor<double, D>{shape{2 * planes}, device_, uninitialized};
+    detail::plane_normalization_statistics(e, x, planes, plane, o_.eps, stats_);
     xhat_ = tensor_type{s, device_, uninitialized};
     tensor_type y{s, device_, uninitialized};
     e.for_each_in_segments(planes, plane, detail::kernels::normalize<T>{
-        x.data(), y.data(), xhat_.data(), mean_d.data(), invstd_d.data(), o_.affine ? gamma_.value.data() : nullptr,
+        x.data(), y.data(), xhat_.data(), stats_.data(), stats_.data() + planes, o_.affine ? gamma_.value.data() : nullptr,
         o_.affine ? beta_.value.data() : nullptr, o_.channels, plane, false});
     has_input_ = true;
     return y;
@@ -83,36 +78,17 @@ class instance_norm {
       throw std::invalid_argument("distribute: instance norm backward got dy of shape " + dy.shape().to_string() +
                                   ", expected " + s.to_string());
     const std::int64_t C = o_.channels, planes = s.n() * C, plane = s.h() * s.w();
-    const auto sums = detail::plane_gradient_sums(e, dy, xhat_, planes, plane);
-    const auto up = static_cast<std::size_t>(planes);
-    std::vector<T> gamma_host;
-    if (o_.affine) {
-      gamma_host.resize(static_cast<std::size_t>(C));
-      e.to_host(gamma_.value.data(), gamma_host.size(), gamma_host.data());
-      // Each example's share is added to the gradient itself, in example order: gradients accumulated
-      // over the parts of a batch (micro-batches, accumulation steps) have the bits of the whole batch.
-      std::vector<T> dgamma(static_cast<std::size_t>(C)), dbeta(static_cast<std::size_t>(C));
-      e.to_host(gamma_.grad.data(), dgamma.size(), dgamma.data());
-      e.to_host(beta_.grad.data(), dbeta.size(), dbeta.data());
-      for (std::int64_t p = 0; p < planes; ++p) {
-        dgamma[static_cast<std::size_t>(p % C)] += static_cast<T>(sums[up + static_cast<std::size_t>(p)]);
-        dbeta[static_cast<std::size_t>(p % C)] += static_cast<T>(sums[static_cast<std::size_t>(p)]);
-      }
-      const auto dg = detail::on_device_of(dy, dgamma), db = detail::on_device_of(dy, dbeta);
-      e.for_each(C, detail::kernels::scale<T>{dg.data(), gamma_.grad.data(), T(1)});
-      e.for_each(C, detail::kernels::scale<T>{db.data(), beta_.grad.data(), T(1)});
-    }
-    std::vector<T> coef(3 * up);
-    for (std::size_t p = 0; p < up; ++p) {
-      const double g = o_.affine ? static_cast<double>(gamma_host[p % static_cast<std::size_t>(C)]) : 1.0;
-      coef[3 * p] = static_cast<T>(g * invstd_[p]);
-      coef[3 * p + 1] = static_cast<T>(sums[p] / static_cast<double>(plane));
-      coef[3 * p + 2] = static_cast<T>(sums[up + p] / static_cast<double>(plane));
-    }
-    const auto coef_d = detail::on_device_of(dy, coef);
+    tensor<double, D> sums{shape{2 * planes}, device_, uninitialized};
+    detail::plane_gradient_sums_on_device(e, dy, xhat_, planes, plane, sums);
+    if (o_.affine)
+      e.for_each(C, detail::kernels::add_plane_sums_per_channel<T>{sums.data(), gamma_.grad.data(), beta_.grad.data(), planes, C});
+    tensor_type coef{shape{3 * planes}, device_, uninitialized};
+    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{o_.affine ? gamma_.value.data() : nullptr,
+                                                                      stats_.data() + planes, sums.data(), coef.data(), planes, C,
+                                                                      static_cast<double>(plane)});
     tensor_type dx{s, device_, uninitialized};
     e.for_each_in_segments(planes, plane, detail::kernels::normalized_input_gradient<T>{
-        dy.data(), xhat_.data(), dx.data(), coef_d.data(), C, plane, false});
+        dy.data(), xhat_.data(), dx.data(), coef.data(), C, plane, false});
     return dx;
   }
 
@@ -132,7 +108,7 @@ class instance_norm {
   instance_norm_options o_;
   D device_;
   parameter<T, D> gamma_, beta_;
-  std::vector<double> invstd_;
+  tensor<double, D> stats_;  // [mean | inverse standard deviation] per plane, of the last forward
   tensor_type xhat_;
   bool has_input_ = false;
 };

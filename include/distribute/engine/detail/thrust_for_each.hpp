@@ -56,6 +56,11 @@ struct plane_of {
   index size;
   DISTRIBUTE_HOST_DEVICE index operator()(index j) const { return j / size; }
 };
+// Where plane s starts in the flat index: s * size.
+struct plane_start {
+  index size;
+  DISTRIBUTE_HOST_DEVICE index operator()(index s) const { return s * size; }
+};
 
 }  // namespace distribute::detail::thrust_loops
 

@@ -1,7 +1,8 @@
 #pragma once
 // The statistics the normalisations need, computed by the replica's engine over the planes of an
-// NCHW tensor and brought to the host (they are small: one or two numbers a plane), and the
-// per-plane or per-channel coefficients sent back for the element-wise passes.
+// NCHW tensor: brought to the host (they are small: one or two numbers a plane), with the per-plane
+// or per-channel coefficients sent back for the element-wise passes; or, for instance norm, kept on
+// the device throughout.
 
 #include <distribute/nn/detail/batch_stats.hpp>
 #include <distribute/nn/detail/kernels.hpp>
@@ -42,6 +43,28 @@ std::vector<double> plane_gradient_sums(E& e, const tensor<T, D>& dy, const tens
   e.segmented_sum(planes, plane, kernels::product_of<T>{dy.data(), xhat.data(), plane}, sums.data());
   e.to_host(sums.data(), n, out.data() + n);
   return out;
+}
+
+// The same statistics kept on the device (no wait for it, and a pass a CUDA graph can capture):
+// stats = [mean | inverse standard deviation] of each plane, 2 * planes values, with the bits of
+// plane_moments' mean and 1 / sqrt(M2 / count + eps).
+template <class E, class T, class D>
+void plane_normalization_statistics(E& e, const tensor<T, D>& x, std::int64_t planes, std::int64_t plane, double eps,
+                                    tensor<double, D>& stats) {
+  double* mean = stats.data();
+  double* invstd = stats.data() + planes;
+  e.segmented_sum(planes, plane, kernels::value_of<T>{x.data(), plane}, mean);
+  e.for_each(planes, kernels::divide_by{mean, static_cast<double>(plane)});
+  e.segmented_sum(planes, plane, kernels::squared_deviation<T>{x.data(), mean, plane}, invstd);
+  e.for_each(planes, kernels::inverse_std_of_squares{invstd, static_cast<double>(plane), eps});
+}
+
+// plane_gradient_sums kept on the device: sums = [sum dy | sum dy * xhat], 2 * planes values.
+template <class E, class T, class D>
+void plane_gradient_sums_on_device(E& e, const tensor<T, D>& dy, const tensor<T, D>& xhat, std::int64_t planes,
+                                   std::int64_t plane, tensor<double, D>& sums) {
+  e.segmented_sum(planes, plane, kernels::value_of<T>{dy.data(), plane}, sums.data());
+  e.segmented_sum(planes, plane, kernels::product_of<T>{dy.data(), xhat.data(), plane}, sums.data() + planes);
 }
 
 // Host values on the device of `like`.
