@@ -10,6 +10,7 @@
 #include <distribute/detail/activity.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/engine/detail/engine_slot.hpp>
+#include <distribute/errors.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/reduce_op.hpp>
 
@@ -18,6 +19,7 @@
 #include <functional>
 #include <ranges>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -97,11 +99,11 @@ class replica_context {
             (!std::is_const_v<detail::buffer_element_t<B>>)
   void all_reduce(reduce_op op, B&& first, More&&... more) {
     if constexpr (sizeof...(More) == 0) {
-      communicate([&] { comm_.all_reduce(op, detail::as_span(first)); });
+      communicate("all_reduce", [&] { comm_.all_reduce(op, detail::as_span(first)); });
     } else {
       using T = detail::buffer_element_t<B>;
       const std::array<std::span<T>, 1 + sizeof...(More)> bufs{detail::as_span(first), detail::as_span(more)...};
-      communicate([&] { comm_.all_reduce(op, std::span<const std::span<T>>(bufs)); });
+      communicate("all_reduce", [&] { comm_.all_reduce(op, std::span<const std::span<T>>(bufs)); });
     }
   }
   // A run-time list of buffers (for example every gradient of a model), fused into one collective.
@@ -111,12 +113,12 @@ class replica_context {
     std::vector<std::span<T>> bufs;
     bufs.reserve(std::ranges::size(buffers));
     for (auto&& b : buffers) bufs.push_back(detail::as_span(b));
-    communicate([&] { comm_.all_reduce(op, std::span<const std::span<T>>(bufs)); });
+    communicate("all_reduce", [&] { comm_.all_reduce(op, std::span<const std::span<T>>(bufs)); });
   }
   // One value per replica in, the reduction out.
   template <element T>
   T all_reduce(reduce_op op, T value) {
-    communicate([&] { comm_.all_reduce(op, std::span<T>(&value, 1)); });
+    communicate("all_reduce", [&] { comm_.all_reduce(op, std::span<T>(&value, 1)); });
     return value;
   }
 
@@ -124,13 +126,13 @@ class replica_context {
   template <element_buffer In, element_buffer Out>
   void all_gather(const In& in, Out&& out) {
     using T = std::remove_const_t<detail::buffer_element_t<In>>;
-    communicate([&] { comm_.all_gather(std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out)); });
+    communicate("all_gather", [&] { comm_.all_gather(std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out)); });
   }
   // One value per replica in, all of them out, in replica order.
   template <element T>
   std::vector<T> all_gather(T value) {
     std::vector<T> out(static_cast<std::size_t>(num_replicas()));
-    communicate([&] { comm_.all_gather(std::span<const T>(&value, 1), std::span<T>(out)); });
+    communicate("all_gather", [&] { comm_.all_gather(std::span<const T>(&value, 1), std::span<T>(out)); });
     return out;
   }
 
@@ -138,22 +140,22 @@ class replica_context {
   template <element_buffer In, element_buffer Out>
   void reduce_scatter(reduce_op op, const In& in, Out&& out) {
     using T = std::remove_const_t<detail::buffer_element_t<In>>;
-    communicate([&] { comm_.reduce_scatter(op, std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out)); });
+    communicate("reduce_scatter", [&] { comm_.reduce_scatter(op, std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out)); });
   }
 
   // Every replica's `buf` becomes `root`'s.
   template <element_buffer B>
   void broadcast(B&& buf, int root = 0) {
-    communicate([&] { comm_.broadcast(detail::as_span(buf), root); });
+    communicate("broadcast", [&] { comm_.broadcast(detail::as_span(buf), root); });
   }
   template <element T>
   T broadcast(T value, int root = 0) {
-    communicate([&] { comm_.broadcast(std::span<T>(&value, 1), root); });
+    communicate("broadcast", [&] { comm_.broadcast(std::span<T>(&value, 1), root); });
     return value;
   }
 
   void barrier() {
-    communicate([&] { comm_.barrier(); });
+    communicate("barrier", [&] { comm_.barrier(); });
   }
 
   // Point-to-point, where the communicator has it (concepts/communicator.hpp): `buf` to replica
@@ -163,12 +165,12 @@ class replica_context {
     requires point_to_point_communicator<C>
   void send(const B& buf, int dst, int tag) {
     using T = std::remove_const_t<detail::buffer_element_t<const B>>;
-    communicate([&] { comm_.send(std::span<const T>(std::ranges::data(buf), std::ranges::size(buf)), dst, tag); });
+    communicate("send", [&] { comm_.send(std::span<const T>(std::ranges::data(buf), std::ranges::size(buf)), dst, tag); });
   }
   template <element_buffer B>
     requires point_to_point_communicator<C>
   void recv(B&& buf, int src, int tag) {
-    communicate([&] { comm_.recv(detail::as_span(buf), src, tag); });
+    communicate("recv", [&] { comm_.recv(detail::as_span(buf), src, tag); });
   }
 
   // Combines every gradient of `model` across replicas, in fused buckets (one collective per bucket,
@@ -177,7 +179,7 @@ class replica_context {
   template <gradient_enumerable M>
   std::size_t all_reduce_gradients(M& model, const gradient_reduction& options = {}) {
     std::size_t collectives = 0;
-    communicate([&] { collectives = detail::all_reduce_gradients(comm_, model, options); });
+    communicate("all_reduce_gradients", [&] { collectives = detail::all_reduce_gradients(comm_, model, options); });
     return collectives;
   }
 
@@ -189,13 +191,21 @@ class replica_context {
     else return gradient_overlap<C>{comm_, nullptr, false, options, nullptr};
   }
 
+  // While a model's passes are captured into a CUDA graph from this replica's stream (nn::graphed
+  // sets it around the capture): collectives refuse with graph_capture_error, and gradient
+  // announcements are held back (graphed announces after launching the captured backward).
+  void set_graph_capture(bool on) noexcept {
+    if constexpr (measured) capturing_ = on;
+    else (void)on;
+  }
+
   // Says that the gradients of `layer`'s parameters are final for this step (sequential models call
   // it after each layer's backward): an open overlap starts the buckets they complete. Nothing
   // otherwise.
   template <class L>
   void gradients_ready(L& layer) {
     if constexpr (measured && requires { typename L::scalar_type; }) {
-      if (!overlap_) return;
+      if (!overlap_ || capturing_) return;
       using T = typename L::scalar_type;
       layer.for_each_parameter([&](std::span<T>, std::span<T> gradient) {
         if (!gradient.empty()) overlap_->ready(gradient.data());
@@ -208,9 +218,13 @@ class replica_context {
 
   // Every collective of this replica: timed on its meter, and through the open overlap if any.
   template <class F>
-  void communicate(F&& collective) {
+  void communicate(const char* what, F&& collective) {
     const detail::collective_stopwatch timed{collective_meter()};
     if constexpr (measured) {
+      if (capturing_)
+        throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " + what +
+                                  " while its passes were being captured into a CUDA graph; a collective waits for its "
+                                  "partners, which a graph being captured cannot do");
       if (overlap_) {
         overlap_->communicate(std::function<void()>(std::ref(collective)));
         return;
@@ -230,6 +244,8 @@ class replica_context {
   [[no_unique_address]] std::conditional_t<measured, detail::collective_meter*, no_meter> meter_{};
   struct no_overlap {};
   [[no_unique_address]] std::conditional_t<measured, detail::overlap_hook*, no_overlap> overlap_{};
+  struct no_capture {};
+  [[no_unique_address]] std::conditional_t<measured, bool, no_capture> capturing_{};
 };
 
 }  // namespace distribute

@@ -29,6 +29,7 @@
 #include <distribute/engine/cpu.hpp>
 #include <distribute/engine/cuda.cuh>
 #include <distribute/nn.hpp>
+#include <distribute/nn/graphed.cuh>
 #include <distribute/optim/adam.hpp>
 #if DISTRIBUTE_HAS_CUDNN
 #  include <distribute/engine/detail/cudnn_conv.cuh>
@@ -41,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
 #include <sstream>
@@ -513,6 +515,249 @@ BOOST_AUTO_TEST_CASE(a_model_with_a_precision_of_its_own_tracks_float32_and_rest
   }
   for (std::size_t i = 1; i < results.size(); ++i)
     check_close(results[0], results[i], std::string(i == 1 ? "bfloat16" : "float16") + " against float32 after 3 steps", 2e-2);
+}
+
+// A layer of cuda:0 that passes its input through and, in backward, records how many gradient
+// buckets its replica's open overlap had started: it runs after every other layer's backward.
+struct started_probe : nn::detail::stateless {
+  using scalar_type = float;
+  using device_type = dist::cuda;
+  std::function<std::size_t()> started;
+  std::size_t seen = 0;
+  template <class R>
+  dist::tensor<float, dist::cuda> forward(R&, const dist::tensor<float, dist::cuda>& x) { return x; }
+  template <class R>
+  dist::tensor<float, dist::cuda> backward(R&, const dist::tensor<float, dist::cuda>& dy) {
+    if (started) seen = started();
+    return dy;
+  }
+};
+
+// The gradient all-reduce overlapped with backward on GPU replicas: on NCCL every bucket starts on
+// the communication stream while backward is still queueing (all of them before the first layer's
+// backward), on cuda_peer they run in wait; either way the parameters after three Adam steps have
+// the bits of the blocking all-reduce.
+template <class M>
+void check_overlap_on_gpus(bool overlapped_in_backward) {
+  const dist::gradient_reduction small_buckets{.bucket_bytes = 1200, .first_bucket_bytes = 200};
+  auto s = M::make();
+  const int n = M::replicas;
+  const auto x = random_values(static_cast<std::size_t>(2 * n * 2 * 8 * 8), 17);
+  auto train = [&](bool overlap) {
+    auto nets = s.mirror([&](auto& device) {
+      return nn::sequential{started_probe{},
+                            nn::conv2d<float, dist::cuda>{{.in_channels = 2, .out_channels = 8, .kernel = 3, .padding = 1}, 1, device},
+                            nn::relu<float, dist::cuda>{},
+                            nn::conv2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 8, .kernel = 3, .padding = 1}, 2, device},
+                            nn::relu<float, dist::cuda>{},
+                            nn::conv2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 2, .kernel = 3, .padding = 1}, 3, device}};
+    });
+    auto opts = s.mirror([](auto&) { return dist::optim::adam<float>{{.lr = 1e-2}}; });
+    auto xs = s.scatter(x, 2 * 8 * 8);
+    std::pair<std::size_t, std::size_t> counts;
+    for (int step = 0; step < 3; ++step) {
+      const auto out = s.run([&](dist::replica auto& r, const std::vector<float>& xl, auto& net, dist::optim::adam<float>& opt) {
+        const auto input = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(static_cast<std::int64_t>(xl.size()) / 128, 2, 8, 8),
+                                                                      std::span<const float>(xl), r.device());
+        net.zero_grad();
+        const auto loss = nn::mse(r, net.forward(r, input), input, 2 * n);
+        std::size_t collectives = 0;
+        if (overlap) {
+          auto sync = r.overlap_gradients(small_buckets);
+          sync.add(net);
+          net.template get<0>().started = [&sync] { return sync.started(); };
+          net.backward(r, loss.grad);
+          net.template get<0>().started = nullptr;
+          collectives = sync.wait();
+        } else {
+          net.backward(r, loss.grad);
+          collectives = r.all_reduce_gradients(net, small_buckets);
+        }
+        opt.step(r, net);
+        return std::pair{collectives, net.template get<0>().seen};
+      }, xs, nets, opts);
+      counts = out[0];
+    }
+    s.verify_mirrored(nets);
+    return std::pair{values_of(nets[0]), counts};
+  };
+  const auto [blocking, blocking_counts] = train(false);
+  const auto [overlapped, overlapped_counts] = train(true);
+  BOOST_TEST(blocking_counts.first > 2u, "the net's gradients take several buckets");
+  BOOST_TEST(overlapped_counts.first == blocking_counts.first);
+  BOOST_TEST(overlapped_counts.second == (overlapped_in_backward ? overlapped_counts.first : 0u), M::name);
+  BOOST_TEST_REQUIRE(blocking.size() == overlapped.size());
+  for (std::size_t p = 0; p < blocking.size(); ++p)
+    BOOST_TEST(dt::bit_equal(overlapped[p], blocking[p]), M::name << ": parameter " << p);
+}
+
+BOOST_AUTO_TEST_CASE(overlapped_gradient_all_reduce_on_gpu_replicas_has_the_bits_of_the_blocking_one,
+                     *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  check_overlap_on_gpus<dt::peer_n<2>>(false);
+#if DISTRIBUTE_HAS_NCCL
+  check_overlap_on_gpus<dt::nccl_1>(true);
+#endif
+}
+
+// --- CUDA graphs (nn/graphed.cuh) ---
+
+// The CycleGAN's kinds of layers (convolutions, reflection padding, instance norm, a transposed
+// convolution, activations): nothing in either pass reads the device from the host.
+auto make_graphable(dist::cuda device) {
+  return nn::sequential{
+      nn::conv2d<float, dist::cuda>{{.in_channels = 2, .out_channels = 8, .kernel = 3, .padding = 1}, 1, device},
+      nn::leaky_relu<float, dist::cuda>{0.2f},
+      nn::conv2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 8, .kernel = 4, .stride = 2, .padding = 1}, 2, device},
+      nn::instance_norm<float, dist::cuda>{{.channels = 8, .affine = true}, 3, device},
+      nn::relu<float, dist::cuda>{},
+      nn::conv_transpose2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1,
+                                               .output_padding = 1}, 4, device},
+      nn::conv2d<float, dist::cuda>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .padding = 1,
+                                     .pad_mode = nn::padding_mode::reflect}, 5, device},
+      nn::tanh<float, dist::cuda>{}};
+}
+
+struct graph_run {
+  std::vector<std::vector<float>> outputs, input_gradients, parameters;
+  std::vector<bool> replaying;  // after each step (graphed runs)
+  std::size_t captures = 0;
+  std::string eager_reason;
+};
+
+// Adam steps of `net` (plain or graphed) on cuda:0, one batch size per step: every step's output and
+// input gradient, and the parameters at the end.
+template <class Net>
+graph_run steps_of(Net& net, const std::vector<std::int64_t>& batches) {
+  dist::one_device_strategy<dist::cuda> s{dist::cuda{0}};
+  auto opt = dist::optim::adam<float>{{.lr = 1e-2}};
+  graph_run out;
+  for (std::size_t step = 0; step < batches.size(); ++step) {
+    const std::int64_t n = batches[step];
+    const auto x = random_values(static_cast<std::size_t>(n * 2 * 8 * 8), static_cast<std::uint32_t>(100 + step));
+    const auto t = random_values(static_cast<std::size_t>(n * 2 * 8 * 8), static_cast<std::uint32_t>(200 + step), 0.5f);
+    s.run([&](dist::replica auto& r) {
+      const auto xg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(n, 2, 8, 8), std::span<const float>(x), r.device());
+      const auto tg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(n, 2, 8, 8), std::span<const float>(t), r.device());
+      net.zero_grad();
+      const auto y = net.forward(r, xg);
+      const auto loss = nn::mse(r, y, tg, n);
+      const auto dx = net.backward(r, loss.grad);
+      opt.step(r, net);
+      out.outputs.push_back(on_host(y));
+      out.input_gradients.push_back(on_host(dx));
+    });
+    if constexpr (requires { net.replaying(); }) out.replaying.push_back(net.replaying());
+  }
+  for (auto& v : values_of(net)) out.parameters.push_back(std::move(v));
+  if constexpr (requires { net.captures(); }) {
+    out.captures = net.captures();
+    out.eager_reason = net.eager_reason();
+  }
+  return out;
+}
+
+void check_same_bits(const graph_run& graphed, const graph_run& eager) {
+  BOOST_TEST_REQUIRE(graphed.outputs.size() == eager.outputs.size());
+  for (std::size_t i = 0; i < eager.outputs.size(); ++i) {
+    BOOST_TEST(dt::bit_equal(graphed.outputs[i], eager.outputs[i]), "output of step " << i);
+    BOOST_TEST(dt::bit_equal(graphed.input_gradients[i], eager.input_gradients[i]), "input gradient of step " << i);
+  }
+  BOOST_TEST_REQUIRE(graphed.parameters.size() == eager.parameters.size());
+  for (std::size_t p = 0; p < eager.parameters.size(); ++p)
+    BOOST_TEST(dt::bit_equal(graphed.parameters[p], eager.parameters[p]), "parameter " << p);
+}
+
+BOOST_AUTO_TEST_CASE(graphed_passes_replay_the_eager_ones_bit_for_bit,
+                     *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  // Batch 2 for four steps (warm-up, capture, two replays), 3 for three (a new shape: warm-up,
+  // capture, replay), 2 again (warm-up once more): the outputs, input gradients and parameters of
+  // every step are the eager model's, bit for bit.
+  const std::vector<std::int64_t> batches{2, 2, 2, 2, 3, 3, 3, 2};
+  auto eager_net = make_graphable(dist::cuda{0});
+  const auto eager = steps_of(eager_net, batches);
+  auto graphed_net = nn::graphed{make_graphable(dist::cuda{0})};
+  const auto graphed = steps_of(graphed_net, batches);
+  BOOST_TEST(graphed.eager_reason == "");
+  BOOST_TEST(graphed.captures == 2u);
+  BOOST_TEST((graphed.replaying == std::vector<bool>{false, true, true, true, false, true, true, false}));
+  check_same_bits(graphed, eager);
+}
+
+BOOST_AUTO_TEST_CASE(a_model_a_graph_cannot_hold_runs_eagerly_and_says_why,
+                     *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  // batch_norm reads its statistics on the host: the capture fails, the pass runs again eagerly, and
+  // so does every later one, with the eager results.
+  auto make = [](dist::cuda device) {
+    return nn::sequential{
+        nn::conv2d<float, dist::cuda>{{.in_channels = 2, .out_channels = 4, .kernel = 3, .padding = 1}, 1, device},
+        nn::batch_norm<float, dist::cuda>{{.channels = 4}, 2, device},
+        nn::conv2d<float, dist::cuda>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .padding = 1}, 3, device}};
+  };
+  const std::vector<std::int64_t> batches{2, 2, 2, 2};
+  auto eager_net = make(dist::cuda{0});
+  const auto eager = steps_of(eager_net, batches);
+  auto graphed_net = nn::graphed{make(dist::cuda{0})};
+  const auto graphed = steps_of(graphed_net, batches);
+  BOOST_TEST(graphed.captures == 0u);
+  BOOST_TEST((graphed.replaying == std::vector<bool>(4, false)));
+  BOOST_TEST(dt::contains(graphed.eager_reason, "capturing the forward pass failed"), graphed.eager_reason);
+  BOOST_TEST(dt::contains(graphed.eager_reason, "engine<cuda>::to_host"), graphed.eager_reason);
+  check_same_bits(graphed, eager);
+}
+
+// A layer that sums its input (and its output gradient) across replicas, as sync_batch_norm sums
+// its statistics.
+struct all_reducing_layer : nn::detail::stateless {
+  using scalar_type = float;
+  using device_type = dist::cuda;
+  template <class R>
+  dist::tensor<float, dist::cuda> forward(R& r, const dist::tensor<float, dist::cuda>& x) {
+    dist::tensor<float, dist::cuda> y{x};
+    r.all_reduce(dist::reduce_op::sum, y.values());
+    return y;
+  }
+  template <class R>
+  dist::tensor<float, dist::cuda> backward(R& r, const dist::tensor<float, dist::cuda>& dy) {
+    dist::tensor<float, dist::cuda> dx{dy};
+    r.all_reduce(dist::reduce_op::sum, dx.values());
+    return dx;
+  }
+};
+
+BOOST_AUTO_TEST_CASE(a_graphed_model_that_calls_collectives_runs_eagerly,
+                     *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  // A collective inside a pass is refused while capturing, on every replica alike, which all go on
+  // eagerly and stay in step.
+  auto s = dt::peer_n<2>::make();
+  auto nets = s.mirror([](auto& device) {
+    return nn::graphed{nn::sequential{
+        nn::conv2d<float, dist::cuda>{{.in_channels = 2, .out_channels = 4, .kernel = 3, .padding = 1}, 1, device},
+        all_reducing_layer{}}};
+  });
+  const auto x = random_values(4 * 2 * 8 * 8, 5);
+  auto xs = s.scatter(x, 2 * 8 * 8);
+  for (int step = 0; step < 3; ++step) {
+    s.run([&](dist::replica auto& r, const std::vector<float>& xl, auto& net) {
+      const auto xg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(2, 2, 8, 8), std::span<const float>(xl), r.device());
+      net.zero_grad();
+      const auto y = net.forward(r, xg);
+      net.backward(r, y);
+      r.all_reduce_gradients(net);
+    }, xs, nets);
+  }
+  for (std::size_t i = 0; i < 2; ++i) {
+    BOOST_TEST(nets[i].captures() == 0u);
+    BOOST_TEST(dt::contains(nets[i].eager_reason(), "all_reduce"), nets[i].eager_reason());
+  }
+  s.verify_mirrored(nets);
 }
 
 BOOST_AUTO_TEST_CASE(plane_sums_and_element_wise_passes_on_the_stream) {

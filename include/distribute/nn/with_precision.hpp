@@ -25,6 +25,7 @@
 // itself, bit for bit.
 
 #include <distribute/engine/engine.hpp>
+#include <distribute/nn/detail/model_wrapper.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cstdint>
@@ -33,16 +34,14 @@
 namespace distribute::nn {
 
 template <class M>
-class with_precision {
+class with_precision : public detail::model_wrapper<M> {
  public:
   using scalar_type = typename M::scalar_type;
   using device_type = layer_device_t<M>;
   using tensor_type = tensor<scalar_type, device_type>;
 
-  with_precision(M model, compute_precision precision) : model_{std::move(model)}, precision_{precision} {}
+  with_precision(M model, compute_precision precision) : detail::model_wrapper<M>{std::move(model)}, precision_{precision} {}
 
-  M& model() noexcept { return model_; }
-  const M& model() const noexcept { return model_; }
   compute_precision precision() const noexcept { return precision_; }
 
   template <class R>
@@ -62,21 +61,8 @@ class with_precision {
     return model_.backward(r, dy, no_input_gradient);
   }
 
-  template <class F>
-  void for_each_parameter(F&& f) { model_.for_each_parameter(f); }
-  template <class F>
-    requires requires(M& m, F& f) { m.for_each_buffer(f); }
-  void for_each_buffer(F&& f) { model_.for_each_buffer(f); }
-  void zero_grad() { model_.zero_grad(); }
-  void set_training(bool on) { model_.set_training(on); }
-  std::uint64_t state_digest() const
-    requires requires(const M& m) { m.state_digest(); }
-  {
-    return model_.state_digest();
-  }
-
  private:
-  M model_;
+  using detail::model_wrapper<M>::model_;
   compute_precision precision_;
 };
 

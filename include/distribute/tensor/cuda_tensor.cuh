@@ -15,6 +15,7 @@
 
 #include <distribute/detail/digest.hpp>
 #include <distribute/device/cuda.cuh>
+#include <distribute/device/cuda_graph.cuh>
 #include <distribute/tensor/shape.hpp>
 #include <distribute/tensor/tensor.hpp>
 
@@ -86,7 +87,9 @@ inline bool share_pool(int reader, int owner) {
 // stream's order (cudaMallocAsync / cudaFreeAsync, from the device's memory pool): neither call waits
 // for the device, where cudaFree waits for every stream of it. The stream must then live as long as
 // the memory: the strategies' streams do (detail::stream_pool), as does a device's default stream.
-// Made without one, it is plain cudaMalloc / cudaFree.
+// Made without one, it is plain cudaMalloc / cudaFree. Made while its stream is captured into a CUDA
+// graph (device/cuda_graph.cuh), it is that graph's memory; memory of no graph released during a
+// capture is freed when the capture ends (a graph may free only graph memory).
 class device_allocation {
  public:
   device_allocation() = default;
@@ -106,13 +109,15 @@ class device_allocation {
                ordinal);
     stream_ = stream;
     ordered_ = true;
+    in_graph_ = stream_capturing(stream);
   }
   device_allocation(device_allocation&& o) noexcept
       : ordinal_{o.ordinal_},
         bytes_{std::exchange(o.bytes_, 0)},
         ptr_{std::exchange(o.ptr_, nullptr)},
         stream_{o.stream_},
-        ordered_{o.ordered_} {}
+        ordered_{o.ordered_},
+        in_graph_{o.in_graph_} {}
   device_allocation& operator=(device_allocation&& o) noexcept {
     if (this != &o) {
       release();
@@ -121,6 +126,7 @@ class device_allocation {
       ptr_ = std::exchange(o.ptr_, nullptr);
       stream_ = o.stream_;
       ordered_ = o.ordered_;
+      in_graph_ = o.in_graph_;
     }
     return *this;
   }
@@ -135,6 +141,17 @@ class device_allocation {
  private:
   void release() noexcept {
     if (ptr_ == nullptr) return;
+    // Memory of no graph, released while its stream is captured: freed once the capture ends.
+    if (ordered_ && !in_graph_ && stream_capturing(stream_)) {
+      try {
+        deferred_frees::instance().add(ordinal_, ptr_, stream_);
+      } catch (...) {
+        // No memory for the list: the allocation is leaked rather than freed inside the graph.
+      }
+      ptr_ = nullptr;
+      bytes_ = 0;
+      return;
+    }
     device_guard g(ordinal_, std::nothrow);
     const cudaError_t rc = ordered_ ? cudaFreeAsync(ptr_, stream_) : cudaFree(ptr_);
     if (rc != cudaSuccess) (void)cudaGetLastError();
@@ -146,6 +163,7 @@ class device_allocation {
   void* ptr_ = nullptr;
   cudaStream_t stream_ = nullptr;
   bool ordered_ = false;
+  bool in_graph_ = false;  // allocated while its stream was captured: memory of that graph
 };
 
 // Page-locked host memory: host<->device copies from it are DMA transfers that can run asynchronously.
@@ -197,7 +215,8 @@ class tensor<T, cuda> {
     if (!empty()) {
       detail::device_guard g(device_.index());
       detail::cuda_check(cudaMemsetAsync(data(), 0, bytes(), device_.stream()), "cudaMemsetAsync", device_.index());
-      device_.synchronize();
+      // Inside a CUDA graph's capture the memset is a node of the graph, ordered before its users.
+      if (!detail::stream_capturing(device_.stream())) device_.synchronize();
     }
   }
   // Values left unset, for an output that is about to be overwritten in full (no memset).
@@ -254,6 +273,7 @@ class tensor<T, cuda> {
   void copy_from_host(std::span<const T> host) {
     check_host_size(host.size(), "copy_from_host");
     if (empty()) return;
+    detail::refuse_while_capturing(device_.stream(), device_.index(), "a tensor's copy_from_host");
     detail::device_guard g(device_.index());
     detail::cuda_check(cudaMemcpyAsync(data(), host.data(), bytes(), cudaMemcpyHostToDevice, device_.stream()),
                        "cudaMemcpyAsync (host to device)", device_.index());
@@ -263,6 +283,7 @@ class tensor<T, cuda> {
   void copy_to_host(std::span<T> host) const {
     check_host_size(host.size(), "copy_to_host");
     if (empty()) return;
+    detail::refuse_while_capturing(device_.stream(), device_.index(), "a tensor's copy_to_host");
     detail::device_guard g(device_.index());
     detail::cuda_check(cudaMemcpyAsync(host.data(), data(), bytes(), cudaMemcpyDeviceToHost, device_.stream()),
                        "cudaMemcpyAsync (device to host)", device_.index());
