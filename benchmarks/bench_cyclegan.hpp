@@ -8,6 +8,7 @@
 //   bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] [--replicas N] [--size 28]
 //                  [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8] [--steps 5] [--warmup 1]
 //                  [--overlap on|off|both] [--rounds 3] [--mpi-window on|off] [--precision float32|bf16|fp16]
+//                  [--graphs on|off]
 //                  [--seed 1] [--check-dir DIR] [--params-only]
 //
 // --strategy multi_worker (builds with MPI; start it under mpirun -np K) runs K workers of --replicas
@@ -24,7 +25,9 @@
 // (one_device: cuda:0; mirrored: --replicas logical replicas dealt over the visible GPUs), in float32
 // unless --tf32 or --precision bf16|fp16 (mixed precision: convolutions and products on 16-bit
 // copies, float32 master weights; no loss scaling, as the trainer has none), and adds the peak of the
-// GPU's stream-ordered memory pool during the timed steps.
+// GPU's stream-ordered memory pool during the timed steps. --graphs on holds each network in
+// nn::graphed: its forward and backward are captured as CUDA graphs in the warm-up steps and replayed
+// in the timed ones (the line "CUDA graphs:" says whether each network replays, or why it does not).
 //
 // --batch is the GLOBAL batch (split between the replicas). Every step trains on the same random
 // batch (uniform in [-1, 1]); the image pool is the trainer's own (50 images).
@@ -74,6 +77,7 @@ struct options {
   std::string check_dir;
   bool params_only = false;  // print the parameter counts as JSON and exit
   std::string overlap = "on";  // on, off or both (alternating, --rounds times)
+  bool graphs = false;         // cuda: each network's passes replayed as CUDA graphs (nn::graphed)
   bool mpi_window = true;      // multi_worker: all-reduce through a shared-memory window on one machine (off: the ring of messages used between machines)
   int rounds = 3;
 };
@@ -82,7 +86,7 @@ struct options {
   std::fprintf(stderr,
                "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] "
                "[--replicas N] [--size S]\n       [--channels C] [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] "
-               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--seed S]\n"
+               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--graphs on|off] [--seed S]\n"
                "       [--check-dir DIR] [--params-only]\n",
                why);
   std::exit(2);
@@ -114,6 +118,11 @@ inline options parse(int argc, char** argv) {
     else if (a == "--check-dir") o.check_dir = value();
     else if (a == "--params-only") o.params_only = true;
     else if (a == "--overlap") o.overlap = value();
+    else if (a == "--graphs") {
+      const std::string v = value();
+      if (v != "on" && v != "off") usage("--graphs must be on or off");
+      o.graphs = v == "on";
+    }
     else if (a == "--rounds") o.rounds = integer();
     else if (a == "--mpi-window") {
       const auto v = value();
@@ -130,6 +139,7 @@ inline options parse(int argc, char** argv) {
   if (o.device != "cpu" && o.device != "cuda") usage("--device must be cpu or cuda");
   if (o.precision != "float32" && o.precision != "bf16" && o.precision != "fp16") usage("--precision must be float32, bf16 or fp16");
   if (o.precision != "float32" && o.device != "cuda") usage("--precision bf16|fp16 needs --device cuda (the CPU engine computes in float32)");
+  if (o.graphs && o.device != "cuda") usage("--graphs on needs --device cuda");
   if (o.strategy == "one_device") o.replicas = 1;
   if (o.replicas < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0) usage("replicas, batch and steps must be positive");
   if (o.strategy != "multi_worker" && o.batch % o.replicas != 0) usage("--batch (global) must be a multiple of --replicas");
@@ -262,6 +272,7 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   t.place = cyclegan::placement::full;
   t.seed = o.seed;
   t.overlap = o.overlap != "off";
+  t.graphs = o.graphs;
   if (o.batch % s.num_replicas_in_sync() != 0) usage("--batch (global) must be a multiple of the replicas in sync");
   cyclegan::trainer<S> tr(s, t, o.channels, o.size, o.size);
   // Under multi_worker every worker runs the steps; worker 0 prints.
@@ -327,6 +338,7 @@ int run(S& s, const options& o, const device_report& dev = {}) {
               o.warmup, images, rss);
   if (device_mib >= 0) say(", peak device memory %.1f MiB", device_mib);
   say("\n");
+  if (const auto graphs = tr.graph_status(); !graphs.empty()) say("  CUDA graphs: %s\n", graphs.c_str());
 
   if (!o.check_dir.empty()) {
     all_parameters(tr, values, grads);
@@ -339,11 +351,11 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   }
 
   say(
-      "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"precision\":\"%s\",\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
+      "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"precision\":\"%s\",\"graphs\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
       "\"blocks\":%d,\"d_layers\":%d,\"global_batch\":%d,\"steps\":%d,\"warmup\":%d,\"g_params\":%lld,\"d_params\":%lld,"
       "\"s_per_step\":%.6f,\"s_per_step_mean\":%.6f,\"images_per_s\":%.4f,\"peak_rss_mib\":%.1f,\"cores\":%d,\"load\":\"%s\","
       "\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
-      dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", o.precision.c_str(), device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
+      dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", o.precision.c_str(), o.graphs ? "true" : "false", device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
       static_cast<long long>(g_params), static_cast<long long>(d_params), per_step, mean, images, rss, affinity_cores(),
       bench::load_average().c_str(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
   return 0;

@@ -1,6 +1,7 @@
 // bench_cyclegan --device cuda: the same timed trainer (bench_cyclegan.hpp) on GPU replicas, compiled
 // by nvcc into bench_cyclegan beside its C++ translation unit (which keeps the CPU path and oneDNN).
 #include "bench_cyclegan.hpp"
+#include "graphs.cuh"
 
 #include <distribute/device/cuda.cuh>
 #include <distribute/engine/cuda.cuh>

@@ -38,6 +38,7 @@ they disagree (see run_check for the rule).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -283,6 +284,8 @@ def report(o, mode, world, threads, g_params, d_params, times, first, rss, impor
     label = f"DDP gloo {world}x{threads} thread" if mode == "ddp" else f"{threads} threads"
     if o.device == "cuda":
         label = f"{torch.cuda.get_device_name(0)}, " + (f"autocast {o.amp}" if o.amp != "none" else ("TF32" if o.tf32 else "float32"))
+        label += ", CUDA graphs" if getattr(o, "graphs", False) else ""
+
     print(f"cyclegan_torch: torch {torch.__version__}, {label}, {o.size}x{o.size}x{o.channels}, {o.filters} filters, "
           f"{o.blocks} blocks, {o.d_layers} d-layers, global batch {o.batch}")
     print(f"  parameters: G {g_params}, D {d_params} (each of two)")
@@ -293,6 +296,7 @@ def report(o, mode, world, threads, g_params, d_params, times, first, rss, impor
     print(json.dumps({
         "bench": "cyclegan", "side": "peer", "framework": "torch", "version": torch.__version__, "mode": mode,
         "device": torch.cuda.get_device_name(0) if o.device == "cuda" else "cpu", "tf32": o.tf32, "precision": getattr(o, "amp", "none"),
+        "graphs": getattr(o, "graphs", False),
         "peak_device_mib": round(device_mib, 1) if device_mib is not None else -1,
         "world_size": world, "threads": threads, "size": o.size, "channels": o.channels, "filters": o.filters,
         "blocks": o.blocks, "d_layers": o.d_layers, "global_batch": o.batch, "steps": o.steps, "warmup": o.warmup,
@@ -300,6 +304,25 @@ def report(o, mode, world, threads, g_params, d_params, times, first, rss, impor
         "images_per_s": round(images, 4), "peak_rss_mib": round(rss, 1), "import_rss_mib": round(import_rss, 1),
         "step1_losses": {k: first[k] for k in ("d_a", "d_b", "gan_ab", "gan_ba", "cycle", "identity")}, "load": load_average(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}), flush=True)
+
+
+def graph_networks(step, sample, o):
+    """CUDA graphs as PyTorch users write them for modules: torch.cuda.make_graphed_callables, each
+    network's forward and backward captured once and replayed (each network on its own, since the
+    step calls them in no fixed order). Every call must match the sample's requires_grad, so inputs
+    that do not require grad are given copies that do (the networks then also compute those inputs'
+    gradients, which the eager step and the C++ side skip); the outputs alias the graph's own memory,
+    so each is cloned (the C++ side copies them too)."""
+    ctx = (torch.autocast(device_type="cuda", dtype=torch.bfloat16 if o.amp == "bf16" else torch.float16, cache_enabled=False)
+           if o.amp != "none" else contextlib.nullcontext())
+    x = sample.detach().clone().requires_grad_(True)
+
+    def graphed(m):
+        with ctx:
+            f = torch.cuda.make_graphed_callables(m, (x,))
+        return lambda t: f(t if t.requires_grad else t.detach().requires_grad_(True)).clone()
+
+    step.g_ab, step.g_ba, step.d_a, step.d_b = (graphed(m) for m in (step.g_ab, step.g_ba, step.d_a, step.d_b))
 
 
 def run_single(o):
@@ -325,6 +348,8 @@ def run_single(o):
         def step(a, b):
             with torch.autocast(device_type="cuda", dtype=dtype):
                 return fp32_step(a, b)
+    if o.graphs:
+        graph_networks(step, a, o)
     if o.device == "cuda":
         for _ in range(o.warmup):  # warm-up outside the peak: the timed steps' memory is what is compared
             step(a, b)
@@ -496,6 +521,8 @@ def main():
     p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 in convolutions and matrix products")
     p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
                    help="cuda: the step under torch.autocast in bfloat16 or float16 (no GradScaler, as the C++ side's trainer)")
+    p.add_argument("--graphs", action="store_true",
+                   help="cuda: each network's forward and backward as CUDA graphs (torch.cuda.make_graphed_callables)")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--params-only", action="store_true", help="print the parameter counts as JSON and exit")
     p.add_argument("--check-dir", help="compare one step with the C++ side's (bench_cyclegan --check-dir)")
@@ -504,6 +531,8 @@ def main():
     o = p.parse_args()
     if o.amp != "none" and o.device != "cuda":
         p.error("--amp needs --device cuda")
+    if o.graphs and (o.device != "cuda" or o.ddp):
+        p.error("--graphs needs --device cuda (single process)")
     if o.params_only:
         g = make_generator(o.channels, o.filters, o.blocks)
         d = make_discriminator(o.channels, o.filters, o.d_layers)

@@ -18,7 +18,7 @@
 #
 #   benchmarks/peer/run_peer.sh [--build-dir build/release] [--venv build/peer-venv] [--rounds 3]
 #       [--steps 20] [--warmup 3] [--paper-steps 1] [--paper-warmup 1] [--quick] [--check]
-#       [--no-build] [--json FILE] [--gpu [--tf32] [--precision bf16|fp16]]
+#       [--no-build] [--json FILE] [--gpu [--tf32] [--precision bf16|fp16] [--graphs]]
 #
 #   --quick   skips (d)
 #   --check   also the step-1 check: both sides train one step from the same initial weights and
@@ -26,6 +26,8 @@
 #             must agree. Also checks that torch DDP's step 1 equals torch's single-process step 1.
 #   --json    appends every measurement as one JSON line (with the configuration, round and loads)
 #   --gpu     the GPU configurations (g1-g4) in place of (a)-(d); --quick skips (g3)
+#   --graphs  with --gpu: each network's passes as CUDA graphs on both sides (ours --graphs on,
+#             the peer torch.cuda.make_graphed_callables)
 #
 # The virtual environment (created once) holds a pinned CPU build of torch: from the PyTorch CPU
 # wheel index when it is reachable, else PyPI's build (which brings CUDA libraries it does not use
@@ -52,6 +54,7 @@ gpu=0
 tf32=()
 precision=()  # --precision bf16|fp16: ours --precision, the peer --amp
 amp=()
+graphs=0
 
 die() { echo "run_peer.sh: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
@@ -70,12 +73,14 @@ while [[ $# -gt 0 ]]; do
     --gpu) gpu=1; shift ;;
     --tf32) tf32=(--tf32); shift ;;
     --precision) [[ $2 == bf16 || $2 == fp16 ]] || die "--precision must be bf16 or fp16"
-                 precision=(--precision "$2"); amp=(--amp "$2"); shift 2 ;;
-    -h|--help) sed -n '2,38p' "${BASH_SOURCE[0]}"; exit 0 ;;
+                 precision+=(--precision "$2"); amp+=(--amp "$2"); shift 2 ;;
+    --graphs) graphs=1; precision+=(--graphs on); amp+=(--graphs); shift ;;
+    -h|--help) sed -n '2,40p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
 cd "$root"
+[[ $graphs == 1 && $gpu == 0 ]] && die "--graphs needs --gpu"
 [[ -n "$json" ]] && json=$(realpath -m "$json")
 cores=$(nproc)
 logs=$build_dir/peer-logs

@@ -2,6 +2,7 @@
 // instantiated for `cuda`. Compiled by nvcc into cyclegan_train beside its C++ translation unit, which
 // calls run_on_cuda; the CPU strategies stay in that unit, compiled by the C++ compiler with oneDNN.
 #include "program.hpp"
+#include "graphs.cuh"
 
 #include <distribute/device/cuda.cuh>
 #include <distribute/engine/cuda.cuh>

@@ -95,6 +95,8 @@ training
   --seed N                         initialisation, data order and pool (default 1)
   --overlap on|off                 all-reduce each network's gradients while its backward runs
                                    (default on; off: after it; the same results either way)
+  --graphs on|off                  --device cuda: replay each network's forward and backward as CUDA
+                                   graphs once captured (default off; the same results either way)
 data
   --fmnist-dir DIR                 Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
   --data-dir DIR                   DIR/trainA and DIR/trainB image folders instead (testA/testB optional)
@@ -144,6 +146,7 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
       .integer("--pool-size", t.pool_size, std::size_t{0}, max_pool)
       .integer("--seed", t.seed, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max())
       .choice("--overlap", {"on", "off"}, [&](const std::string& v) { t.overlap = v == "on"; })
+      .choice("--graphs", {"on", "off"}, [&](const std::string& v) { t.graphs = v == "on"; })
       .path("--fmnist-dir", st.fmnist_dir)
       .path("--data-dir", st.data_dir)
       .integer("--channels", st.channels, 1, 4)
@@ -186,6 +189,7 @@ inline void validate(const settings& st) {
   if (st.strategy != "one_device" && st.strategy != "mirrored" && st.strategy != "multi_worker")
     throw std::invalid_argument("--strategy must be one_device, mirrored or multi_worker, not '" + st.strategy + "'");
   if (st.device != "cpu" && st.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda, not '" + st.device + "'");
+  if (t.graphs && st.device != "cuda") throw std::invalid_argument("--graphs on needs --device cuda (CUDA graphs replay GPU work)");
   check("--replicas", st.replicas, 0, max_replicas);  // 0: the default
   check("--filters", t.gen.filters, std::int64_t{1}, max_filters);
   check("--blocks", t.gen.blocks, 0, max_blocks);
@@ -479,6 +483,7 @@ summary run_with(S& strategy, settings st) {
                   static_cast<long long>(tr.steps_done()), static_cast<long long>(sum.steps_run), clock_string(sum.seconds).c_str(),
                   sum.images_per_s, sum.last.d_a, sum.last.d_b, sum.last.gan_ab, sum.last.gan_ba, sum.last.cycle, sum.last.identity);
     if (!st.quiet && sum.steps_run > 0) std::printf("time: %s\n", time_breakdown(sum.time).c_str());
+    if (const auto graphs = tr.graph_status(); !st.quiet && !graphs.empty() && sum.chief) std::printf("CUDA graphs: %s\n", graphs.c_str());
   } else {
     if (sum.chief) fs::create_directories(st.out_dir);
     write_grid(st.out_dir / "samples_evaluate.png", sum.steps);

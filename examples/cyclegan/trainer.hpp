@@ -41,6 +41,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -80,6 +81,17 @@ struct train_options {
   // Each network's gradient all-reduce overlapped with the backward that finishes it (the same bits
   // as after it: replica_context::overlap_gradients).
   bool overlap = true;
+  // GPU replicas: each network's forward and backward replayed as CUDA graphs (nn::graphed; the same
+  // bits as eager). Refused on the CPU.
+  bool graphs = false;
+};
+
+// How the networks of device D are held: as built, or, on GPU replicas (graphs.cuh, included by the
+// CUDA units), in nn::graphed, which replays their passes as CUDA graphs when `graphs` is on.
+template <class D, class M>
+struct network_holder {
+  using type = M;
+  static type hold(M m, bool /*graphs*/) { return m; }
 };
 
 // Losses of one step: each the mean over the global batch.
@@ -127,8 +139,8 @@ class trainer {
   // The strategy's device, and the networks and tensors on it.
   using device_type = typename S::device_type;
   using device_tensor = dist::tensor<float, device_type>;
-  using generator_type = generator_on<device_type>;
-  using discriminator_type = discriminator_on<device_type>;
+  using generator_type = typename network_holder<device_type, generator_on<device_type>>::type;
+  using discriminator_type = typename network_holder<device_type, discriminator_on<device_type>>::type;
 
   // The networks are initialised on the host from the same seeds on every device, so a GPU run
   // starts from exactly the CPU run's weights.
@@ -138,10 +150,10 @@ class trainer {
         channels_{channels},
         height_{height},
         width_{width},
-        g_ab_{s.mirror([&](auto& d) { return make_generator(o.gen, o.seed * 16 + 1, d); })},
-        g_ba_{s.mirror([&](auto& d) { return make_generator(o.gen, o.seed * 16 + 2, d); })},
-        d_a_{s.mirror([&](auto& d) { return make_discriminator(o.disc, o.seed * 16 + 3, d); })},
-        d_b_{s.mirror([&](auto& d) { return make_discriminator(o.disc, o.seed * 16 + 4, d); })},
+        g_ab_{s.mirror([&](auto& d) { return hold_generator(make_generator(o.gen, o.seed * 16 + 1, d), o.graphs); })},
+        g_ba_{s.mirror([&](auto& d) { return hold_generator(make_generator(o.gen, o.seed * 16 + 2, d), o.graphs); })},
+        d_a_{s.mirror([&](auto& d) { return hold_discriminator(make_discriminator(o.disc, o.seed * 16 + 3, d), o.graphs); })},
+        d_b_{s.mirror([&](auto& d) { return hold_discriminator(make_discriminator(o.disc, o.seed * 16 + 4, d), o.graphs); })},
         og_ab_{s.mirror([&](auto&) { return make_adam(); })},
         og_ba_{s.mirror([&](auto&) { return make_adam(); })},
         od_a_{s.mirror([&](auto&) { return make_adam(); })},
@@ -149,6 +161,31 @@ class trainer {
         pool_a_{o.pool_size, image_size(), o.seed * 16 + 5},
         pool_b_{o.pool_size, image_size(), o.seed * 16 + 6} {
     if (o.batch < 1) throw std::invalid_argument("--batch must be at least 1");
+    if (o.graphs && std::is_same_v<device_type, dist::cpu>) throw std::invalid_argument("--graphs on needs --device cuda");
+  }
+
+  // Where CUDA graphs stand (--graphs on): per network, how many forward graphs it captured (one per
+  // input shape met: the training batch, the pictures' rows), or why it runs eagerly. Empty where the
+  // networks are not held for graphs.
+  std::string graph_status() const {
+    if constexpr (requires(const generator_type& g) { g.eager_reason(); }) {
+      if (!o_.graphs) return {};
+      std::string out;
+      auto one = [&](const char* name, const auto& net) {
+        out += std::string(out.empty() ? "" : "; ") + name + ": " +
+               (!net.eager_reason().empty() ? "eager (" + net.eager_reason() + ")"
+                : net.captures() == 0       ? std::string("not captured yet")
+                                            : "graphs (" + std::to_string(net.captures()) + " forward capture" +
+                                                  (net.captures() == 1 ? ")" : "s)"));
+      };
+      one("G_AB", g_ab_.primary());
+      one("G_BA", g_ba_.primary());
+      one("D_A", d_a_.primary());
+      one("D_B", d_b_.primary());
+      return out;
+    } else {
+      return {};
+    }
   }
 
   std::int64_t global_batch() const { return static_cast<std::int64_t>(o_.batch) * s_.num_replicas_in_sync(); }
@@ -287,6 +324,13 @@ class trainer {
     for (auto& m : g_ba_) ar.get_model("g_ba", m);
     for (auto& m : d_a_) ar.get_model("d_a", m);
     for (auto& m : d_b_) ar.get_model("d_b", m);
+  }
+
+  static generator_type hold_generator(generator_on<device_type> g, bool graphs) {
+    return network_holder<device_type, generator_on<device_type>>::hold(std::move(g), graphs);
+  }
+  static discriminator_type hold_discriminator(discriminator_on<device_type> d, bool graphs) {
+    return network_holder<device_type, discriminator_on<device_type>>::hold(std::move(d), graphs);
   }
 
   // Checks that the mirrored copies are still identical (throws mirrored_divergence otherwise).

@@ -7,7 +7,9 @@
 #      same global batch: every step's losses within 1e-3 relative;
 #   3. the selective placement discriminator_only on those replicas, within 1e-3 of full;
 #   4. checkpoints cross devices: 10 GPU steps, resumed on the CPU for 10 more, track 20 GPU steps
-#      (5e-2), and a CPU checkpoint resumes on the GPU the same way.
+#      (5e-2), and a CPU checkpoint resumes on the GPU the same way;
+#   5. --graphs on (each network's passes replayed as CUDA graphs) gives the eager run's losses
+#      exactly, on one GPU and over 2 logical replicas, and every network is captured.
 #
 #   gpu_test.sh CYCLEGAN_TRAIN WORK_DIR
 # Exits 77 (skipped) when no GPU is visible or Fashion-MNIST is not installed; any other failure of
@@ -63,3 +65,20 @@ close "$work/gpu" "$work/g2c" 1e-3 5e-2 20 || fail "a GPU checkpoint resumed on 
 "$train" "${common[@]}" --device cuda --strategy one_device --resume --out "$work/c2g" --checkpoint-dir "$work/c2g/ckpt"
 close "$work/cpu" "$work/c2g" 1e-3 5e-2 20 || fail "a CPU checkpoint resumed on the GPU does not track the CPU run"
 echo "checkpoints load across devices (GPU -> CPU and CPU -> GPU)"
+
+# Exactly: the graphs run the eager kernels in the eager order.
+same() { diff <(cut -d, -f1-9 "$1/losses.csv") <(cut -d, -f1-9 "$2/losses.csv") > /dev/null; }
+graphs=()
+for a in "${common[@]}"; do
+  if [[ $a != --quiet ]]; then graphs+=("$a"); fi
+done
+"$train" "${graphs[@]}" --device cuda --strategy one_device --graphs on --out "$work/gpu_graphs" > "$work/gpu_graphs.out"
+same "$work/gpu" "$work/gpu_graphs" || fail "--graphs on changes the losses of one GPU"
+"$train" "${graphs[@]}" --device cuda --strategy mirrored --replicas 2 --graphs on --out "$work/gpu_m2_graphs" > "$work/gpu_m2_graphs.out"
+same "$work/gpu_m2" "$work/gpu_m2_graphs" || fail "--graphs on changes the losses of 2 logical GPU replicas"
+for run in gpu_graphs gpu_m2_graphs; do
+  grep "^CUDA graphs:" "$work/$run.out" || fail "$run: no 'CUDA graphs:' line"
+  grep "^CUDA graphs:" "$work/$run.out" | grep -q "eager (" && fail "$run: a network ran eagerly"
+  [[ $(grep "^CUDA graphs:" "$work/$run.out" | grep -o "graphs (" | wc -l) == 4 ]] || fail "$run: not every network was captured"
+done
+echo "--graphs on captures every network and keeps the eager losses"
