@@ -52,11 +52,6 @@ class ordered_worker {
     if (failure_) std::rethrow_exception(failure_);
   }
 
-  bool failed() const {
-    const std::lock_guard lock{m_};
-    return failure_ != nullptr;
-  }
-
  private:
   struct task {
     std::function<void()> run;
@@ -91,7 +86,7 @@ class ordered_worker {
     }
   }
 
-  mutable std::mutex m_;
+  std::mutex m_;
   std::condition_variable wake_, done_;
   std::deque<task> tasks_;
   bool busy_ = false, stop_ = false;
