@@ -350,6 +350,10 @@ BOOST_AUTO_TEST_CASE(channel_bias_matches_conv_transpose2d) {
     }
     for_each_index(par, C, kernels::add_to<float>{grad.data(), db.data()});
     check_close("conv_transpose2d bias gradient after dy " + std::to_string(seed), grad, layer.bias().grad.values());
+    // The layer's own pass: the per-channel totals in example order, added on the device.
+    std::vector<float> totals(static_cast<std::size_t>(C), 0.0f);
+    for_each_index(par, C, kernels::add_channel_totals<float>{sums.data(), totals.data(), out.n(), C});
+    check_close("conv_transpose2d add_channel_totals after dy " + std::to_string(seed), totals, db);
   }
 }
 
@@ -384,7 +388,9 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(normalisation)
 
 // normalize and normalized_input_gradient per plane, the statistics by plane sums (value_of,
-// squared_deviation, product_of); with affine, scale copies gamma's and beta's gradients.
+// squared_deviation, product_of) and the layer's device passes (divide_by, inverse_std_of_squares,
+// plane_gradient_coefficients, add_plane_sums_per_channel), against the host arithmetic the layer
+// had before and against the layer itself.
 BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
   auto r = nn::local();
   const double eps = 1e-5;
@@ -418,6 +424,20 @@ BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
       }
       const auto dx = input_gradient(dy, f.xhat, coef, false);
       const std::string at = std::string(affine ? " affine " : " ") + s.to_string();
+      // The same statistics and coefficients as the layer computes them, in device passes: the
+      // host's bits.
+      std::vector<double> stats(2 * up);
+      plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data());
+      for_each_index(par, planes, kernels::divide_by{stats.data(), static_cast<double>(plane)});
+      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane}, stats.data() + planes);
+      for_each_index(par, planes, kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
+      BOOST_TEST((std::vector<double>(stats.begin(), stats.begin() + planes) == m.mean), "means" << at);
+      BOOST_TEST((std::vector<double>(stats.begin() + planes, stats.end()) == invstd), "inverse deviations" << at);
+      std::vector<float> device_coef(3 * up);
+      for_each_index(par, planes, kernels::plane_gradient_coefficients<float>{affine ? gamma.data() : nullptr, stats.data() + planes,
+                                                                           sums.data(), device_coef.data(), planes, C,
+                                                                           static_cast<double>(plane)});
+      BOOST_TEST((device_coef == coef), "backward's coefficients" << at);
       check_close("instance_norm forward" + at, f.y, ly.values());
       check_close("instance_norm backward" + at, dx, ldx.values());
       if (affine) {
@@ -430,6 +450,15 @@ BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
         for_each_index(par, C, kernels::scale<float>{dbeta.data(), beta_grad.data(), 1.0f});
         check_close("instance_norm gamma gradient" + at, gamma_grad, layer.gamma().grad.values());
         check_close("instance_norm beta gradient" + at, beta_grad, layer.beta().grad.values());
+        // The layer's pass, onto gradients holding earlier values: the host loop's bits.
+        std::vector<float> g_dev(uc, 0.25f), b_dev(uc, -0.5f), g_host(g_dev), b_host(b_dev);
+        for (std::size_t p = 0; p < up; ++p) {
+          g_host[p % uc] += static_cast<float>(sums[up + p]);
+          b_host[p % uc] += static_cast<float>(sums[p]);
+        }
+        for_each_index(par, C, kernels::add_plane_sums_per_channel<float>{sums.data(), g_dev.data(), b_dev.data(), planes, C});
+        BOOST_TEST((g_dev == g_host), "gamma gradient added per channel" << at);
+        BOOST_TEST((b_dev == b_host), "beta gradient added per channel" << at);
       }
     }
 }
