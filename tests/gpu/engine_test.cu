@@ -626,11 +626,13 @@ struct graph_run {
   std::string eager_reason;
 };
 
-// Adam steps of `net` (plain or graphed) on cuda:0, one batch size per step: every step's output and
-// input gradient, and the parameters at the end.
-template <class Net>
-graph_run steps_of(Net& net, const std::vector<std::int64_t>& batches) {
+// Adam steps of `make(device)` (plain or graphed), made on the replica's device of a one_device
+// strategy on cuda:0, one batch size per step: every step's output and input gradient, and the
+// parameters at the end.
+template <class Make>
+graph_run steps_of(Make make, const std::vector<std::int64_t>& batches) {
   dist::one_device_strategy<dist::cuda> s{dist::cuda{0}};
+  auto net = make(s.device());
   auto opt = dist::optim::adam<float>{{.lr = 1e-2}};
   graph_run out;
   for (std::size_t step = 0; step < batches.size(); ++step) {
@@ -677,10 +679,8 @@ BOOST_AUTO_TEST_CASE(graphed_passes_replay_the_eager_ones_bit_for_bit,
   // capture, replay), 2 again (warm-up once more): the outputs, input gradients and parameters of
   // every step are the eager model's, bit for bit.
   const std::vector<std::int64_t> batches{2, 2, 2, 2, 3, 3, 3, 2};
-  auto eager_net = make_graphable(dist::cuda{0});
-  const auto eager = steps_of(eager_net, batches);
-  auto graphed_net = nn::graphed{make_graphable(dist::cuda{0})};
-  const auto graphed = steps_of(graphed_net, batches);
+  const auto eager = steps_of([](dist::cuda d) { return make_graphable(d); }, batches);
+  const auto graphed = steps_of([](dist::cuda d) { return nn::graphed{make_graphable(d)}; }, batches);
   BOOST_TEST(graphed.eager_reason == "");
   BOOST_TEST(graphed.captures == 2u);
   BOOST_TEST((graphed.replaying == std::vector<bool>{false, true, true, true, false, true, true, false}));
@@ -700,10 +700,8 @@ BOOST_AUTO_TEST_CASE(a_model_a_graph_cannot_hold_runs_eagerly_and_says_why,
         nn::conv2d<float, dist::cuda>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .padding = 1}, 3, device}};
   };
   const std::vector<std::int64_t> batches{2, 2, 2, 2};
-  auto eager_net = make(dist::cuda{0});
-  const auto eager = steps_of(eager_net, batches);
-  auto graphed_net = nn::graphed{make(dist::cuda{0})};
-  const auto graphed = steps_of(graphed_net, batches);
+  const auto eager = steps_of(make, batches);
+  const auto graphed = steps_of([&](dist::cuda d) { return nn::graphed{make(d)}; }, batches);
   BOOST_TEST(graphed.captures == 0u);
   BOOST_TEST((graphed.replaying == std::vector<bool>(4, false)));
   BOOST_TEST(dt::contains(graphed.eager_reason, "capturing the forward pass failed"), graphed.eager_reason);

@@ -32,7 +32,9 @@
 // replays one mask: do not graph models with dropout.
 //
 // Rules, as for every layer: forward and backward alternate. Backward of a replayed forward must
-// follow that forward (the graphs share the saved activations).
+// follow that forward (the graphs share the saved activations). The model must be made on its
+// replica's device (the device `strategy.mirror` hands out, with the replica's stream), as every GPU
+// model: what its layers allocate is then queued on the stream being captured.
 
 #include <distribute/device/cuda.cuh>
 #include <distribute/device/cuda_graph.cuh>
