@@ -13,8 +13,11 @@ if(Eigen3_FOUND)
   distribute_native_arch(bench_cyclegan)
   distribute_enable_warnings(bench_cyclegan)
   # --device cuda: the GPU side (bench_cyclegan_cuda.cu), after the C++ file so that the linker keeps
-  # the C++ compiler's copies of shared CPU templates (with oneDNN).
-  if(TARGET distribute::cuda)
+  # the C++ compiler's copies of shared CPU templates (with oneDNN). It compiles the whole trainer
+  # again with nvcc (minutes on two cores, the same code cyclegan_train's cuda_run.cu compiles), so it
+  # is built on request: -DDISTRIBUTE_BENCH_CYCLEGAN_CUDA=ON (benchmarks/peer/run_peer.sh --gpu sets it).
+  option(DISTRIBUTE_BENCH_CYCLEGAN_CUDA "Build bench_cyclegan's --device cuda side (needs the CUDA backend)" OFF)
+  if(TARGET distribute::cuda AND DISTRIBUTE_BENCH_CYCLEGAN_CUDA)
     target_sources(bench_cyclegan PRIVATE ${CMAKE_CURRENT_LIST_DIR}/bench_cyclegan_cuda.cu)
     target_link_libraries(bench_cyclegan PRIVATE distribute::cuda)
     target_compile_definitions(bench_cyclegan PRIVATE DISTRIBUTE_BENCH_CUDA=1)

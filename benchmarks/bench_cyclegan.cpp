@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
 #if defined(DISTRIBUTE_BENCH_CUDA)
       return run_on_cuda(o);
 #else
-      usage("--device cuda: this build of bench_cyclegan has no CUDA");
+      usage("--device cuda: this build of bench_cyclegan has no CUDA side (configure with CUDA and "
+            "-DDISTRIBUTE_BENCH_CYCLEGAN_CUDA=ON; benchmarks/peer/run_peer.sh --gpu does)");
 #endif
     }
     if (o.strategy == "one_device") {

@@ -109,12 +109,15 @@ fi
 
 # --- ours ---------------------------------------------------------------------------------------
 if [[ $build == 1 ]]; then
+  # The GPU side of bench_cyclegan is built on request.
+  gpu_side=-DDISTRIBUTE_BENCH_CYCLEGAN_CUDA=$([[ $gpu == 1 ]] && echo ON || echo OFF)
   if [[ $build_dir == build/release ]]; then
-    [[ -f build/release/CMakeCache.txt ]] || cmake --preset release >/dev/null
+    if [[ ! -f build/release/CMakeCache.txt || $gpu == 1 ]]; then cmake --preset release "$gpu_side" >/dev/null; fi
     cmake --build --preset release --target bench_cyclegan
   else
-    [[ -f $build_dir/CMakeCache.txt ]] ||
-      cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDISTRIBUTE_BUILD_TESTS=OFF >/dev/null
+    if [[ ! -f $build_dir/CMakeCache.txt || $gpu == 1 ]]; then
+      cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDISTRIBUTE_BUILD_TESTS=OFF "$gpu_side" >/dev/null
+    fi
     cmake --build "$build_dir" --target bench_cyclegan -j "$cores"
   fi
 fi

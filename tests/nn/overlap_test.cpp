@@ -187,6 +187,24 @@ struct split_phase_log {
   }
 };
 
+// probe -> conv -> sync_batch_norm -> conv stride 2: the split-phase cases' net (small, as it is
+// instantiated for a replica type of its own), with small_buckets_4 four buckets a step.
+auto make_small_net(std::uint64_t seed) {
+  return nn::sequential{
+      probe{},
+      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false}, seed},
+      nn::sync_batch_norm<float>{{.channels = 4}, seed + 1},
+      nn::conv2d<float>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1}, seed + 2}};
+}
+using small_net_type = decltype(make_small_net(0));
+constexpr dist::gradient_reduction small_buckets_4{.bucket_bytes = 150, .first_bucket_bytes = 10};
+
+std::vector<float> parameters_of(small_net_type& net) {
+  std::vector<float> p;
+  net.for_each_parameter([&](std::span<float> v, std::span<float>) { p.insert(p.end(), v.begin(), v.end()); });
+  return p;
+}
+
 // The number of entries of `log` equal to `what`.
 std::size_t count_of(const std::vector<std::string>& log, const std::string& what) {
   return static_cast<std::size_t>(std::count(log.begin(), log.end(), what));
@@ -386,7 +404,7 @@ BOOST_AUTO_TEST_CASE(a_split_phase_communicator_starts_buckets_in_backward_and_f
   // parameters have the bits of the blocking all-reduce through the same communicator.
   dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
   auto run = [&](bool overlap, std::vector<std::vector<std::string>>& logs, std::vector<std::size_t>& early) {
-    auto nets = s.mirror([](auto&) { return make_net(1234); });
+    auto nets = s.mirror([](auto&) { return make_small_net(1234); });
     auto opts = s.mirror([](auto&) { return optim::adam<float>{{.lr = 1e-2}}; });
     logs.assign(2, {});
     early.assign(2, 0);
@@ -394,7 +412,7 @@ BOOST_AUTO_TEST_CASE(a_split_phase_communicator_starts_buckets_in_backward_and_f
       const auto data = data_for_step(step);
       auto xs = s.scatter(data.x, 36);
       auto ys = s.scatter(data.y, 18);
-      s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net,
+      s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, small_net_type& net,
                 optim::adam<float>& opt) {
         using R = std::remove_cvref_t<decltype(r)>;
         using C = typename R::communicator_type;
@@ -405,7 +423,7 @@ BOOST_AUTO_TEST_CASE(a_split_phase_communicator_starts_buckets_in_backward_and_f
         net.zero_grad();
         const auto loss = nn::mse(net.forward(rs, x), y, global_batch);
         if (overlap) {
-          auto sync = rs.overlap_gradients(small_buckets);
+          auto sync = rs.overlap_gradients(small_buckets_4);
           sync.add(net);
           net.get<0>().on_backward = [&](int id) { early[static_cast<std::size_t>(id)] = count_of(log, "start"); };
           net.backward(rs, loss.grad);
@@ -414,7 +432,7 @@ BOOST_AUTO_TEST_CASE(a_split_phase_communicator_starts_buckets_in_backward_and_f
           sync.wait();
         } else {
           net.backward(rs, loss.grad);
-          rs.all_reduce_gradients(net, small_buckets);
+          rs.all_reduce_gradients(net, small_buckets_4);
         }
         opt.step(net);
       }, xs, ys, nets, opts);
@@ -452,11 +470,11 @@ BOOST_AUTO_TEST_CASE(a_replica_that_throws_with_started_all_reduces_abandons_the
   // Replica 1 throws in its first layer's backward, after every bucket started: the overlap's
   // destructor abandons them (NCCL aborts its communicator there); replica 0 fails in wait.
   dist::mirrored_strategy<> s{dist::cpu_replicas(2), {.timeout = std::chrono::seconds(30)}};
-  auto nets = s.mirror([](auto&) { return make_net(7); });
+  auto nets = s.mirror([](auto&) { return make_small_net(7); });
   const auto data = data_for_step(0);
   auto xs = s.scatter(data.x, 36);
   std::vector<std::vector<std::string>> logs(2);
-  BOOST_CHECK_EXCEPTION(s.run([&](dist::replica auto& r, const std::vector<float>& xl, net_type& net) {
+  BOOST_CHECK_EXCEPTION(s.run([&](dist::replica auto& r, const std::vector<float>& xl, small_net_type& net) {
     using R = std::remove_cvref_t<decltype(r)>;
     auto& log = logs[static_cast<std::size_t>(r.replica_id())];
     dist::replica_context<typename R::device_type, split_phase_log<typename R::communicator_type>> rs{r.device(), {r.communicator(), &log}};
@@ -464,7 +482,7 @@ BOOST_AUTO_TEST_CASE(a_replica_that_throws_with_started_all_reduces_abandons_the
     const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
     net.zero_grad();
     auto y = net.forward(rs, x);
-    auto sync = rs.overlap_gradients(small_buckets);
+    auto sync = rs.overlap_gradients(small_buckets_4);
     sync.add(net);
     net.get<0>().on_backward = [](int id) {
       if (id == 1) throw std::runtime_error("replica 1 gave up in backward");
