@@ -91,6 +91,10 @@ class distribute::tensor<T, host_memory_device> {
   std::size_t size() const noexcept { return size_; }
   T* data() noexcept { return data_.get(); }
   std::vector<T> to_vector() const { return std::vector<T>(data_.get(), data_.get() + size_); }
+  void copy_from_host(std::span<const T> values) {
+    BOOST_TEST_REQUIRE(values.size() == size_);
+    std::copy(values.begin(), values.end(), data_.get());
+  }
 
  private:
   host_memory_device device_;
@@ -107,7 +111,9 @@ struct host_memory_engine {
   explicit host_memory_engine(host_memory_device dev) : d{dev} {}
   host_memory_device d;
   int state_checks = 0;
+  bool capturing_now = false;  // stands for a GPU stream being captured into a CUDA graph
   const host_memory_device& device() const noexcept { return d; }
+  bool capturing() const noexcept { return capturing_now; }
   template <class F>
   void for_each(std::int64_t n, F f) {
     if constexpr (requires { f.m; }) check(f.m);
@@ -467,10 +473,28 @@ BOOST_AUTO_TEST_CASE(state_follows_the_model_to_its_device) {
   BOOST_TEST(same_bits(reference, cpu_model));
   BOOST_TEST(saved(loaded) == saved(cpu_adam));
   BOOST_TEST(saved(back_on_cpu) == saved(cpu_adam));
-  // Loading replaces device-held state with host state.
+  // Loading writes device-held state of the same sizes in place (memory a CUDA graph may have
+  // captured stays where it is); state of other sizes replaces it with host state.
+  std::vector<const void*> before;
+  for (const auto& [ptr, where] : device_buffers()) before.push_back(ptr);
   load(dev_adam, saved(cpu_adam));
   load(dev_sgd, saved(cpu_sgd));
-  BOOST_TEST(live_on(gpu0) == 0);
+  BOOST_TEST(live_on(gpu0) == 9);
+  std::vector<const void*> after;
+  for (const auto& [ptr, where] : device_buffers()) after.push_back(ptr);
+  BOOST_TEST(before == after);
+  BOOST_TEST(saved(dev_adam) == saved(cpu_adam));
+  BOOST_TEST(saved(dev_sgd) == saved(cpu_sgd));
+  {
+    optim::adam<float> other;
+    flat_model<float> two({2});
+    set_gradients(two, 0);
+    other.step(two);
+    load(dev_adam, saved(other));
+    BOOST_TEST(live_on(gpu0) == 3);  // the velocity
+    load(dev_sgd, saved(optim::sgd<float>{}));
+    BOOST_TEST(live_on(gpu0) == 0);
+  }
 
   // The state must match the model on the device path too, with the same error.
   flat_model<float> small({3}), large({4});
@@ -485,6 +509,84 @@ BOOST_AUTO_TEST_CASE(state_follows_the_model_to_its_device) {
   optim::adam<float> host_state;
   host_state.step(small);
   BOOST_CHECK_EXCEPTION(host_state.step(r0, large), std::invalid_argument, is_mismatch);
+}
+
+// The capturable form (`capturable = true`, for steps captured into CUDA graphs): the step count and
+// learning rate live with the state and the bias corrections are computed there, by a kernel of the
+// step. Stepped on the calling thread and on the test device, through learning-rate changes, it
+// gives the default form's bits, saves the same bytes, and loads either form's state. A capturing
+// engine refuses the default form, before it counts the step, and runs the capturable one.
+BOOST_AUTO_TEST_CASE(capturable_optimisers_step_as_the_default_form) {
+  const host_memory_device gpu0{0, 1};
+  auto live_on = [&] {
+    return std::count_if(device_buffers().begin(), device_buffers().end(), [&](const auto& kv) { return kv.second == gpu0; });
+  };
+  const optim::adam_options ao{.lr = 0.02, .weight_decay = 1e-2};
+  const optim::sgd_options so{.lr = 0.03, .momentum = 0.5};
+  optim::adam<float> adam{ao}, host_adam{{.lr = 0.02, .weight_decay = 1e-2, .capturable = true}}, dev_adam{host_adam.options()};
+  optim::sgd<float> sgd{so}, host_sgd{{.lr = 0.03, .momentum = 0.5, .capturable = true}}, dev_sgd{host_sgd.options()};
+  flat_model<float> reference({4, 1, 7}), on_host = reference, on_device = reference;
+  host_memory_replica r0{gpu0};
+  std::vector<const void*> scalars_before;
+  for (int t = 0; t < 6; ++t) {
+    if (t == 3) {
+      for (const auto& [ptr, where] : device_buffers()) scalars_before.push_back(ptr);
+      for (auto* o : {&adam, &host_adam, &dev_adam}) o->set_lr(0.005);
+      for (auto* o : {&sgd, &host_sgd, &dev_sgd}) o->set_lr(0.01);
+      std::vector<const void*> now;
+      for (const auto& [ptr, where] : device_buffers()) now.push_back(ptr);
+      BOOST_TEST(now == scalars_before);  // written in place on the device
+    }
+    for (auto* m : {&reference, &on_host, &on_device}) set_gradients(*m, t);
+    adam.step(reference);
+    sgd.step(reference);
+    host_adam.step(on_host);
+    host_sgd.step(on_host);
+    dev_adam.step(r0, on_device);
+    dev_sgd.step(r0, on_device);
+    BOOST_TEST(same_bits(reference, on_host), "step " << t);
+    BOOST_TEST(same_bits(reference, on_device), "step " << t);
+  }
+  BOOST_TEST(live_on() == 3 * 3 + 2);  // moments, velocity, and each optimiser's scalars
+  BOOST_TEST(host_adam.steps() == 6);
+  BOOST_TEST(dev_adam.steps() == 6);
+  BOOST_TEST(dev_sgd.steps() == 6);
+  BOOST_TEST(saved(host_adam) == saved(adam));
+  BOOST_TEST(saved(dev_adam) == saved(adam));
+  BOOST_TEST(saved(dev_sgd) == saved(sgd));
+  BOOST_TEST(dev_adam.state_digest() == adam.state_digest());
+  BOOST_TEST(dev_sgd.state_digest() == sgd.state_digest());
+
+  // Either form's state loads into the other and steps on with the same bits (the loaded step count
+  // drives the bias corrections; the learning rate is the optimiser's own).
+  optim::adam<float> default_loaded{{.lr = 0.005, .weight_decay = 1e-2}}, capturable_loaded{dev_adam.options()};
+  load(default_loaded, saved(dev_adam));
+  load(capturable_loaded, saved(adam));
+  flat_model<float> a = reference, b = reference;
+  for (int t = 6; t < 8; ++t) {
+    for (auto* m : {&reference, &a, &b}) set_gradients(*m, t);
+    adam.step(reference);
+    default_loaded.step(a);
+    capturable_loaded.step(r0, b);
+  }
+  BOOST_TEST(same_bits(reference, a));
+  BOOST_TEST(same_bits(reference, b));
+  BOOST_TEST(capturable_loaded.steps() == 8);
+
+  // While the engine captures: the default form refuses, naming itself and the remedy, and counts
+  // nothing; the capturable form steps.
+  r0.e.capturing_now = true;
+  const auto steps_before = adam.steps();
+  auto refusal = [](const char* who) {
+    return [who](const dist::graph_capture_error& e) {
+      return dist::test::mentions(e.what(), who) && dist::test::mentions(e.what(), "capturable = true");
+    };
+  };
+  BOOST_CHECK_EXCEPTION(adam.step(r0, a), dist::graph_capture_error, refusal("optim::adam"));
+  BOOST_CHECK_EXCEPTION(sgd.step(r0, a), dist::graph_capture_error, refusal("optim::sgd"));
+  BOOST_TEST(adam.steps() == steps_before);
+  dev_adam.step(r0, on_device);
+  BOOST_TEST(dev_adam.steps() == 7);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

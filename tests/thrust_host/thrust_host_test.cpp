@@ -29,11 +29,17 @@
 #include <distribute/optim/adam.hpp>
 #include <distribute/optim/sgd.hpp>
 
+#include <thrust/fill.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/discard_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+#include <thrust/reduce.h>
 #include <thrust/system/cpp/execution_policy.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <span>
 #include <string>
@@ -47,9 +53,30 @@ using dist::shape;
 using dist::tensor;
 using dist::detail::for_each_index;
 using dist::detail::for_each_plane_index;
-using dist::detail::plane_sums;
 
 namespace {
+
+struct plane_of {
+  std::int64_t size;
+  std::int64_t operator()(std::int64_t j) const { return j / size; }
+};
+
+// out[s] = the sum over i in [0, plane_size) of f(s, i), in double, in index order (a sequential
+// policy): a stand-in for the GPU engine's segmented reduction, to run the functors the way it calls
+// them (term by term, through Thrust's host loops).
+template <class Policy, class F>
+void plane_sums(const Policy& policy, std::int64_t planes, std::int64_t plane_size, F f, double* out) {
+  if (planes <= 0) return;
+  if (plane_size <= 0) {
+    thrust::fill_n(policy, out, planes, 0.0);
+    return;
+  }
+  const thrust::counting_iterator<std::int64_t> first(0);
+  const auto keys = thrust::make_transform_iterator(first, plane_of{plane_size});
+  const auto values = thrust::make_transform_iterator(first, dist::detail::thrust_loops::plane_term<F>{f, plane_size});
+  thrust::reduce_by_key(policy, keys, keys + planes * plane_size, values, thrust::make_discard_iterator(), out);
+}
+
 
 constexpr double tolerance = 1e-6;  // relative, per element
 const auto& par = thrust::cpp::par;
@@ -603,7 +630,9 @@ BOOST_AUTO_TEST_SUITE(optimisers)
 
 // adam_update over every parameter of a linear layer (91 and 7 values), five steps with fresh
 // gradients, against optim::adam stepping the layer (on the replica's engine and on the calling
-// thread, alternately); the bias corrections of step t as adam computes them.
+// thread, alternately); the bias corrections of step t as adam computes them. And the capturable
+// form: the step's scalars advanced by adam_step_scalars through Thrust's loop, read by adam_update
+// from there, the same bits.
 BOOST_AUTO_TEST_CASE(adam_matches_the_optimiser) {
   auto r = nn::local();
   const optim::adam_options cases[] = {{.lr = 2e-4, .beta1 = 0.5, .beta2 = 0.999},
@@ -617,8 +646,17 @@ BOOST_AUTO_TEST_CASE(adam_matches_the_optimiser) {
       m.emplace_back(q.size(), 0.0f);
       v.emplace_back(q.size(), 0.0f);
     }
+    auto p_cap = p, m_cap = m, v_cap = v;
+    std::vector<double> scalars{0.0, o.lr, 0.0, 0.0};
     for (int t = 1; t <= 5; ++t) {
       const auto g = set_random_gradients(model, 100 * static_cast<std::uint32_t>(t));
+      for_each_index(par, 1, kernels::adam_step_scalars{scalars.data(), o.beta1, o.beta2});
+      for (std::size_t j = 0; j < p.size(); ++j)
+        for_each_index(par, static_cast<std::int64_t>(p[j].size()),
+                       kernels::adam_update<float>{p_cap[j].data(), g[j].data(), m_cap[j].data(), v_cap[j].data(),
+                                                   static_cast<float>(o.beta1), static_cast<float>(o.beta2),
+                                                   static_cast<float>(o.weight_decay), 0.0f, 0.0f,
+                                                   static_cast<float>(o.eps), scalars.data()});
       if (t % 2) opt.step(r, model);
       else opt.step(model);
       const double tt = t;
@@ -629,11 +667,14 @@ BOOST_AUTO_TEST_CASE(adam_matches_the_optimiser) {
                        kernels::adam_update<float>{p[j].data(), g[j].data(), m[j].data(), v[j].data(),
                                                    static_cast<float>(o.beta1), static_cast<float>(o.beta2),
                                                    static_cast<float>(o.weight_decay), step_size, sqrt_bc2,
-                                                   static_cast<float>(o.eps)});
+                                                   static_cast<float>(o.eps), nullptr});
       const auto layer = values_of(model);
-      for (std::size_t j = 0; j < p.size(); ++j)
+      BOOST_TEST(scalars[0] == tt);
+      for (std::size_t j = 0; j < p.size(); ++j) {
         check_close("adam lr " + std::to_string(o.lr) + " step " + std::to_string(t) + " parameter " + std::to_string(j), p[j],
                     layer[j]);
+        BOOST_TEST(std::memcmp(p_cap[j].data(), p[j].data(), p[j].size() * sizeof(float)) == 0, "capturable, step " << t);
+      }
     }
   }
 }
@@ -655,7 +696,7 @@ BOOST_AUTO_TEST_CASE(sgd_matches_the_optimiser) {
       for (std::size_t j = 0; j < p.size(); ++j)
         for_each_index(par, static_cast<std::int64_t>(p[j].size()),
                        kernels::sgd_update<float>{p[j].data(), g[j].data(), velocity[j].data(), static_cast<float>(o.lr),
-                                                  static_cast<float>(o.momentum), static_cast<float>(o.weight_decay)});
+                                                  static_cast<float>(o.momentum), static_cast<float>(o.weight_decay), nullptr});
       const auto layer = values_of(model);
       for (std::size_t j = 0; j < p.size(); ++j)
         check_close("sgd momentum " + std::to_string(o.momentum) + " step " + std::to_string(t) + " parameter " +

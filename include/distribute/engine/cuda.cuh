@@ -147,6 +147,9 @@ class engine<cuda> {
   const engine_options& options() const noexcept { return options_; }
   const cuda& device() const noexcept { return device_; }
   cudaStream_t stream() const noexcept { return device_.stream(); }
+  // Whether the replica's stream is being captured into a CUDA graph (code that cannot be captured
+  // refuses then: optimisers keeping host step values, host reads).
+  bool capturing() const { return detail::stream_capturing(stream()); }
   std::string name() const {
     return std::string(has_cudnn ? "cuDNN" : "no cuDNN (convolutions unavailable)") + " + cuBLAS + Thrust on " +
            device_.name() + ", " + std::string(to_string(precision_));

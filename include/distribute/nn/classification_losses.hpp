@@ -115,6 +115,12 @@ loss_result<T, D> bce_with_logits(R& r, const tensor<T, D>& logits, const tensor
   return detail::per_example_loss<detail::kernels::sigmoid_cross_entropy>(r.engine(), logits, targets, global_batch_size,
                                                                          "bce_with_logits");
 }
+template <class R, class T, class D>
+device_loss_result<T, D> bce_with_logits(R& r, const tensor<T, D>& logits, const tensor<T, D>& targets,
+                                         std::int64_t global_batch_size, value_on_device_t) {
+  return detail::per_example_loss_on_device<detail::kernels::sigmoid_cross_entropy>(r.engine(), logits, targets,
+                                                                                   global_batch_size, "bce_with_logits");
+}
 template <class T>
 loss_result<T> bce_with_logits(const tensor<T>& logits, const tensor<T>& targets, std::int64_t global_batch_size) {
   detail::serial_engine e;

@@ -5,6 +5,8 @@
 // replica's GPU (and stream) for a model stepped there, moved on the first step that sees a model
 // elsewhere (detail/state_buffers.hpp). Saving reads them through the host and the saved form does
 // not depend on the device, so a checkpoint written on a CPU loads into a GPU run and back.
+// `capturable`: the step count and learning rate live with the velocity, for steps captured into a
+// CUDA graph (as adam's option of that name; the same bits either way).
 
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/parameter.hpp>
@@ -12,11 +14,13 @@
 #include <distribute/optim/detail/engine_steps.hpp>
 #include <distribute/optim/detail/state_buffers.hpp>
 #include <distribute/optim/detail/state_io.hpp>
+#include <distribute/optim/detail/step_scalars.hpp>
 
 #include <cstdint>
 #include <istream>
 #include <ostream>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 namespace distribute::optim {
@@ -25,6 +29,7 @@ struct sgd_options {
   double lr = 0.01;
   double momentum = 0.0;
   double weight_decay = 0.0;
+  bool capturable = false;  // the step count and learning rate on the device, for CUDA graphs
 };
 
 template <class T = float>
@@ -33,11 +38,17 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
   using scalar_type = T;
 
   sgd() = default;
-  explicit sgd(sgd_options o) : o_{o} {}
+  explicit sgd(sgd_options o) : o_{o} {
+    if (o_.capturable) scalars_.assign(0, o_.lr);
+  }
 
   const sgd_options& options() const noexcept { return o_; }
-  void set_lr(double lr) noexcept { o_.lr = lr; }
-  std::int64_t steps() const noexcept { return steps_; }
+  // Capturable: also written where the state is (a wait for the device; not during a capture).
+  void set_lr(double lr) {
+    o_.lr = lr;
+    if (o_.capturable) scalars_.set_lr(lr);
+  }
+  std::int64_t steps() const { return o_.capturable ? scalars_.steps() : steps_; }
 
   // step(model) on the calling thread, step(r, model) on replica r's engine: detail/engine_steps.hpp.
   using detail::engine_steps<sgd<T>, T>::step;
@@ -46,30 +57,44 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
   friend class detail::engine_steps<sgd<T>, T>;
   template <class E, class M>
   void step_on(E& e, M& model) {
+    const double* scalars = nullptr;
+    if (o_.capturable) {
+      double* s = scalars_.on(e);
+      e.for_each(1, nn::detail::kernels::count_step{s});
+      scalars = s;
+    } else {
+      detail::refuse_capture(e, "optim::sgd");
+    }
     std::size_t index = 0;
     const T lr = static_cast<T>(o_.lr), mu = static_cast<T>(o_.momentum), wd = static_cast<T>(o_.weight_decay);
     model.for_each_parameter([&](std::span<T> p, std::span<T> g) {
       T* v = velocity_.buffer_for(e, index++, p.size());
-      e.for_each(static_cast<std::int64_t>(p.size()), nn::detail::kernels::sgd_update<T>{p.data(), g.data(), v, lr, mu, wd});
+      e.for_each(static_cast<std::int64_t>(p.size()),
+                 nn::detail::kernels::sgd_update<T>{p.data(), g.data(), v, lr, mu, wd, scalars});
     });
-    ++steps_;
+    if (!o_.capturable) ++steps_;
   }
 
  public:
   void save(std::ostream& os) const {
     detail::write_tag(os, tag);
-    detail::write_pod(os, steps_);
+    detail::write_pod(os, steps());
     velocity_.with_host([&](const auto& v) { detail::write_buffers(os, v); });
   }
   void load(std::istream& is) {
     detail::read_tag(is, tag);
-    steps_ = detail::read_pod<std::int64_t>(is);
-    velocity_.assign_host(detail::read_buffers<T>(is));
+    const auto steps = detail::read_pod<std::int64_t>(is);
+    if (steps < 0) throw std::runtime_error("distribute: corrupt sgd state (negative step count)");
+    auto velocity = detail::read_buffers<T>(is);
+    steps_ = steps;
+    if (o_.capturable) scalars_.assign(steps, o_.lr);
+    velocity_.assign_host(std::move(velocity));
   }
   // For verify_mirrored: equal on every replica while the copies stay in sync (device state is read
   // through the host).
   std::uint64_t state_digest() const {
-    std::uint64_t h = distribute::detail::fnv1a(&steps_, sizeof steps_);
+    const std::int64_t steps = this->steps();
+    std::uint64_t h = distribute::detail::fnv1a(&steps, sizeof steps);
     velocity_.with_host([&](const auto& buffers) {
       for (const auto& v : buffers) h = distribute::detail::fnv1a(v.data(), v.size() * sizeof(T), h);
     });
@@ -79,8 +104,9 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
  private:
   static constexpr char tag[8] = {'s', 'g', 'd', '-', 'v', '1', 0, 0};
   sgd_options o_{};
-  std::int64_t steps_ = 0;
+  std::int64_t steps_ = 0;             // the default form's step count
   detail::state_buffers<T> velocity_;  // one buffer per parameter
+  detail::step_scalars scalars_;       // capturable: the step count and lr
 };
 
 }  // namespace distribute::optim

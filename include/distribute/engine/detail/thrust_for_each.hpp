@@ -1,18 +1,15 @@
 #pragma once
-// The element-wise loops and per-plane sums of an engine, on top of Thrust: the functors of
-// nn/detail/kernels.hpp (called with an index i, or a plane s and an index i within it) run through
-// thrust::for_each_n over a counting iterator, and the plane sums through thrust::reduce_by_key. The
-// execution policy is the caller's: a GPU engine passes thrust::cuda::par_nosync.on(stream), a host
-// test thrust::cpp::par. A plain header (no CUDA syntax beyond DISTRIBUTE_HOST_DEVICE), so g++ compiles
+// The element-wise loops of an engine, on top of Thrust: the functors of nn/detail/kernels.hpp (called
+// with an index i, or a plane s and an index i within it) run through thrust::for_each_n over a
+// counting iterator. The execution policy is the caller's: a GPU engine passes
+// thrust::cuda::par_nosync.on(stream), a host test thrust::cpp::par. (The GPU engine's per-plane
+// sums are CUB's segmented reduction over the same functors: engine/cuda.cuh.) A plain header (no CUDA syntax beyond DISTRIBUTE_HOST_DEVICE), so g++ compiles
 // it wherever Thrust's headers are on the include path; only code that has Thrust includes it.
 //
 //   for_each_index(policy, n, f)                      f(i) for i in [0, n)
 //   for_each_plane_index(policy, planes, size, f)     f(s, i) for s in [0, planes), i in [0, size)
-//   plane_sums(policy, planes, size, f, out)          out[s] = sum over i of f(s, i), in double
 //
 // The calls of one pass are independent (the functors' contract), so their order is the policy's.
-// The sums are not in index order on a parallel policy: the same values as the CPU engine's
-// segmented_sum up to rounding, the same bits only on a sequential one (thrust::cpp::par).
 
 #if !__has_include(<thrust/for_each.h>)
 #  error "distribute/engine/detail/thrust_for_each.hpp needs Thrust's headers (the CUDA toolkit's include/ or include/cccl/)"
@@ -20,12 +17,8 @@
 
 #include <distribute/config.hpp>
 
-#include <thrust/fill.h>
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/discard_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
-#include <thrust/reduce.h>
 
 #include <cstdint>
 
@@ -52,10 +45,6 @@ struct plane_term {
     return static_cast<double>(f(s, j - s * size));
   }
 };
-struct plane_of {
-  index size;
-  DISTRIBUTE_HOST_DEVICE index operator()(index j) const { return j / size; }
-};
 // Where plane s starts in the flat index: s * size.
 struct plane_start {
   index size;
@@ -78,24 +67,6 @@ template <class Policy, class F>
 void for_each_plane_index(const Policy& policy, std::int64_t planes, std::int64_t plane_size, F f) {
   if (planes <= 0 || plane_size <= 0) return;
   for_each_index(policy, planes * plane_size, thrust_loops::plane_call<F>{f, plane_size});
-}
-
-// out[s] = the sum over i in [0, plane_size) of f(s, i), in double, for every plane s in
-// [0, planes): one segmented reduction over all planes (`out` in the policy's memory). Every term
-// is evaluated, some possibly twice (Thrust's CUDA reduce_by_key also reads the first value of its
-// last, partial tile as the fill of the rest): the losses, which write their gradient while their
-// value is summed, write the same value again, so f must be idempotent like them.
-template <class Policy, class F>
-void plane_sums(const Policy& policy, std::int64_t planes, std::int64_t plane_size, F f, double* out) {
-  if (planes <= 0) return;
-  if (plane_size <= 0) {
-    thrust::fill_n(policy, out, planes, 0.0);
-    return;
-  }
-  const thrust::counting_iterator<std::int64_t> first(0);
-  const auto keys = thrust::make_transform_iterator(first, thrust_loops::plane_of{plane_size});
-  const auto values = thrust::make_transform_iterator(first, thrust_loops::plane_term<F>{f, plane_size});
-  thrust::reduce_by_key(policy, keys, keys + planes * plane_size, values, thrust::make_discard_iterator(), out);
 }
 
 }  // namespace distribute::detail

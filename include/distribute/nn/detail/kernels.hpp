@@ -496,11 +496,16 @@ struct adam_update {
   T* m;
   T* v;
   T b1, b2, wd, step_size, sqrt_bc2, eps;
+  // Where the step's scalars live on the device (a capturable optimiser, step_scalars below): the
+  // step size and sqrt(1 - b2^t) are then read there instead of from the two members above.
+  const double* scalars = nullptr;
   DISTRIBUTE_HOST_DEVICE void operator()(index i) const {
+    const T size = scalars ? static_cast<T>(scalars[2]) : step_size;
+    const T bc2 = scalars ? static_cast<T>(scalars[3]) : sqrt_bc2;
     const T gi = g[i] + wd * p[i];
     m[i] = b1 * m[i] + (T(1) - b1) * gi;
     v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / sqrt_bc2 + eps);
+    p[i] -= size * m[i] / (std::sqrt(v[i]) / bc2 + eps);
   }
 };
 // SGD with momentum, PyTorch's form.
@@ -510,10 +515,45 @@ struct sgd_update {
   const T* g;
   T* v;
   T lr, mu, wd;
+  const double* scalars = nullptr;  // a capturable optimiser's: the learning rate is scalars[1]
   DISTRIBUTE_HOST_DEVICE void operator()(index i) const {
+    const T rate = scalars ? static_cast<T>(scalars[1]) : lr;
     const T gi = g[i] + wd * p[i];
     v[i] = mu * v[i] + gi;
-    p[i] -= lr * v[i];
+    p[i] -= rate * v[i];
+  }
+};
+// A loss's value from its per-example sums (n examples of `per` elements), as the host computes it
+// (nn::compute_average_loss): each example's mean rounded to T, summed in index order in double,
+// divided by the global batch size. One call (i = 0): n is a batch.
+template <class T>
+struct average_of_example_means {
+  const double* sums;
+  T* out;
+  index n, per, global_batch_size;
+  DISTRIBUTE_HOST_DEVICE void operator()(index) const {
+    double s = 0;
+    for (index e = 0; e < n; ++e) s += static_cast<double>(static_cast<T>(sums[e] / static_cast<double>(per)));
+    *out = static_cast<T>(s / static_cast<double>(global_batch_size));
+  }
+};
+
+// The per-step scalars of a capturable optimiser, s = {steps taken t, learning rate, and two of the
+// optimiser's own}, advanced by one step on the device (one call, i = 0), so that a step captured
+// into a CUDA graph counts its replays. Adam's are its bias corrections, with the host's arithmetic:
+// s[2] = lr / (1 - b1^t), s[3] = sqrt(1 - b2^t).
+struct count_step {
+  double* s;
+  DISTRIBUTE_HOST_DEVICE void operator()(index) const { s[0] += 1.0; }
+};
+struct adam_step_scalars {
+  double* s;
+  double b1, b2;
+  DISTRIBUTE_HOST_DEVICE void operator()(index) const {
+    const double t = s[0] + 1.0;
+    s[0] = t;
+    s[2] = s[1] / (1 - std::pow(b1, t));
+    s[3] = std::sqrt(1 - std::pow(b2, t));
   }
 };
 

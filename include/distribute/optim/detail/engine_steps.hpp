@@ -4,11 +4,27 @@
 // `step_on(engine, model)` (and befriends this base).
 
 #include <distribute/engine/detail/serial.hpp>
+#include <distribute/errors.hpp>
 #include <distribute/nn/parameter.hpp>
 
+#include <string>
 #include <type_traits>
 
 namespace distribute::optim::detail {
+
+// An optimiser that keeps per-step values on the host (its step count, a learning rate passed to the
+// kernels) cannot be captured into a CUDA graph: the replays would repeat the captured step's values.
+// Engines that capture (a GPU's, `capturing()`) make it throw graph_capture_error instead.
+template <class E>
+void refuse_capture(const E& e, const char* who) {
+  if constexpr (requires { e.capturing(); }) {
+    if (e.capturing())
+      throw graph_capture_error(std::string("distribute: ") + who +
+                                " was stepped while its replica's stream was being captured into a CUDA graph, but its "
+                                "step count and learning rate are host values that the graph would freeze; construct it "
+                                "with capturable = true");
+  }
+}
 
 template <class Derived, class T>
 class engine_steps {

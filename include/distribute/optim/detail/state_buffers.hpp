@@ -20,8 +20,9 @@
 // other than the CPU is complete only where that device's tensor header is included (for CUDA,
 // tensor/cuda_tensor.cuh), which is where its engine's steps are instantiated. What a device's tensor
 // must offer here: a zero-filled `tensor(shape, D)`, `from_host(shape, span<const T>, D)`, `size()`,
-// `data()` (memory that D's engine's kernels address) and `to_vector()` (a host copy, returning once
-// the values are there; it must follow the work queued on the tensor's stream).
+// `data()` (memory that D's engine's kernels address), `to_vector()` (a host copy, returning once
+// the values are there; it must follow the work queued on the tensor's stream) and
+// `copy_from_host(span<const T>)` (in place, in stream order).
 
 #include <distribute/concepts/device.hpp>
 #include <distribute/optim/detail/state_io.hpp>
@@ -51,6 +52,9 @@ class device_state {
   // A host copy of every buffer, in order (waits for the device's queued work).
   virtual std::vector<std::vector<T>> to_host() const = 0;
   virtual std::size_t count() const noexcept = 0;
+  // Copies `host` into the buffers in place (their addresses stay, for CUDA graphs that captured
+  // them) and returns true; returns false, changing nothing, if the counts or sizes differ.
+  virtual bool overwrite(const std::vector<std::vector<T>>& host) = 0;
 
  protected:
   device_state() = default;
@@ -76,6 +80,14 @@ class device_state_on final : public device_state<T> {
     out.reserve(buffers_.size());
     for (const auto& b : buffers_) out.push_back(b.to_vector());
     return out;
+  }
+
+  bool overwrite(const std::vector<std::vector<T>>& host) override {
+    if (host.size() != buffers_.size()) return false;
+    for (std::size_t i = 0; i < host.size(); ++i)
+      if (host[i].size() != buffers_[i].size()) return false;
+    for (std::size_t i = 0; i < host.size(); ++i) buffers_[i].copy_from_host(std::span<const T>(host[i].data(), host[i].size()));
+    return true;
   }
 
   // Parameter `index`'s buffer (made zero-filled on first use), as buffer_for in state_io.hpp.
@@ -130,8 +142,10 @@ class state_buffers {
   }
   std::vector<std::vector<T>> host_copy() const { return device_ ? device_->to_host() : host_; }
 
-  // Replaces the whole state with host buffers (a loaded one).
+  // Replaces the whole state with host buffers (a loaded one). State on a device with the same
+  // buffer sizes is overwritten in place: its memory stays where CUDA graphs captured it.
   void assign_host(std::vector<std::vector<T>> host) {
+    if (device_ && device_->overwrite(host)) return;
     device_.reset();
     host_ = std::move(host);
   }
