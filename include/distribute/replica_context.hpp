@@ -15,7 +15,9 @@
 #include <distribute/reduce_op.hpp>
 
 #include <array>
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <ranges>
 #include <span>
@@ -47,6 +49,24 @@ auto as_span(B&& b) {
 }
 template <class B>
 using buffer_element_t = std::remove_reference_t<std::ranges::range_reference_t<B>>;
+}  // namespace detail
+
+// What a replica allows while work of its stream is being captured into a CUDA graph.
+enum class graph_capture : std::uint8_t {
+  none,    // nothing is captured
+  passes,  // a model's passes (nn::graphed): collectives refuse, gradient announcements are held back
+  step,    // a whole step (nn::graphed_step): collectives go into the graph where the communicator can
+           // capture them (NCCL's; detail::capturing_communicator), and refuse elsewhere; gradient
+           // announcements are held back (the overlap's buckets are all-reduced in its wait)
+};
+
+namespace detail {
+// A communicator whose collectives can be queued into a CUDA graph being captured, and replayed with
+// it: comm::nccl.
+template <class C>
+concept capturing_communicator = requires(C& c) {
+  { c.take_captured() } -> std::same_as<std::size_t>;
+};
 }  // namespace detail
 
 template <device D, communicator C>
@@ -191,12 +211,18 @@ class replica_context {
     else return gradient_overlap<C>{comm_, nullptr, false, options, nullptr};
   }
 
-  // While a model's passes are captured into a CUDA graph from this replica's stream (nn::graphed
-  // sets it around the capture): collectives refuse with graph_capture_error, and gradient
-  // announcements are held back (graphed announces after launching the captured backward).
-  void set_graph_capture(bool on) noexcept {
-    if constexpr (measured) capturing_ = on;
-    else (void)on;
+  // While work of this replica's stream is captured into a CUDA graph (nn::graphed and
+  // nn::graphed_step set it around their captures; see graph_capture). Returns the mode it replaces.
+  graph_capture set_graph_capture(graph_capture mode) noexcept {
+    if constexpr (measured) return std::exchange(capturing_, mode);
+    else {
+      (void)mode;
+      return graph_capture::none;
+    }
+  }
+  graph_capture graph_capture_mode() const noexcept {
+    if constexpr (measured) return capturing_;
+    else return graph_capture::none;
   }
 
   // Says that the gradients of `layer`'s parameters are final for this step (sequential models call
@@ -205,7 +231,7 @@ class replica_context {
   template <class L>
   void gradients_ready(L& layer) {
     if constexpr (measured && requires { typename L::scalar_type; }) {
-      if (!overlap_ || capturing_) return;
+      if (!overlap_ || capturing_ != graph_capture::none) return;
       using T = typename L::scalar_type;
       layer.for_each_parameter([&](std::span<T>, std::span<T> gradient) {
         if (!gradient.empty()) overlap_->ready(gradient.data());
@@ -221,10 +247,16 @@ class replica_context {
   void communicate(const char* what, F&& collective) {
     const detail::collective_stopwatch timed{collective_meter()};
     if constexpr (measured) {
-      if (capturing_)
+      if (capturing_ == graph_capture::passes)
         throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " + what +
                                   " while its passes were being captured into a CUDA graph; a collective waits for its "
                                   "partners, which a graph being captured cannot do");
+      if constexpr (!detail::capturing_communicator<C>) {
+        if (capturing_ == graph_capture::step)
+          throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " + what +
+                                    " while its step was being captured into a CUDA graph, and the collectives of its "
+                                    "communicator cannot be captured (NCCL's can: one GPU per replica)");
+      }
       if (overlap_) {
         overlap_->communicate(std::function<void()>(std::ref(collective)));
         return;
@@ -245,7 +277,7 @@ class replica_context {
   struct no_overlap {};
   [[no_unique_address]] std::conditional_t<measured, detail::overlap_hook*, no_overlap> overlap_{};
   struct no_capture {};
-  [[no_unique_address]] std::conditional_t<measured, bool, no_capture> capturing_{};
+  [[no_unique_address]] std::conditional_t<measured, graph_capture, no_capture> capturing_{};
 };
 
 }  // namespace distribute

@@ -30,6 +30,7 @@
 #include <distribute/engine/cuda.cuh>
 #include <distribute/nn.hpp>
 #include <distribute/nn/graphed.cuh>
+#include <distribute/nn/graphed_step.cuh>
 #include <distribute/optim/adam.hpp>
 #if DISTRIBUTE_HAS_CUDNN
 #  include <distribute/engine/detail/cudnn_conv.cuh>
@@ -42,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <span>
@@ -756,6 +758,112 @@ BOOST_AUTO_TEST_CASE(a_graphed_model_that_calls_collectives_runs_eagerly,
     BOOST_TEST(dt::contains(nets[i].eager_reason(), "all_reduce"), nets[i].eager_reason());
   }
   s.verify_mirrored(nets);
+}
+
+// --- whole steps as CUDA graphs (nn/graphed_step.cuh) ---
+
+struct whole_run {
+  std::vector<float> losses;                 // each step's, read from the tensor the step returned
+  std::vector<std::vector<float>> parameters;  // replica 0's, at the end
+  std::vector<bool> replaying;               // replica 0's step, after each step
+  std::size_t captures = 0;
+  std::string eager_reason;
+  std::int64_t optimiser_steps = 0;
+};
+
+// `steps` Adam steps of make_graphable on every replica of M's strategy, each step (forward, loss
+// left on the device, backward, the gradient all-reduce, the update) run through one
+// nn::graphed_step (enabled or not), with two eager warm-up steps.
+template <class M>
+whole_run whole_steps(bool enabled, int steps, bool capturable = true) {
+  auto s = M::make();
+  const int n = M::replicas;
+  auto nets = s.mirror([](auto& device) { return make_graphable(device); });
+  auto opts = s.mirror([&](auto&) { return dist::optim::adam<float>{{.lr = 1e-2, .capturable = capturable}}; });
+  nn::graphed_step<float> whole{{.enabled = enabled, .warmup_passes = 2}};
+  whole_run out;
+  for (int step = 0; step < steps; ++step) {
+    const auto x = random_values(static_cast<std::size_t>(2 * n * 2 * 8 * 8), static_cast<std::uint32_t>(300 + step));
+    const auto t = random_values(static_cast<std::size_t>(2 * n * 2 * 8 * 8), static_cast<std::uint32_t>(400 + step), 0.5f);
+    auto xs = s.scatter(x, 2 * 8 * 8);
+    auto ts = s.scatter(t, 2 * 8 * 8);
+    const auto losses = s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& tl, auto& net,
+                                  dist::optim::adam<float>& opt) {
+      const auto shape = dist::shape::nchw(static_cast<std::int64_t>(xl.size()) / 128, 2, 8, 8);
+      const auto xg = dist::tensor<float, dist::cuda>::from_host(shape, std::span<const float>(xl), r.device());
+      const auto tg = dist::tensor<float, dist::cuda>::from_host(shape, std::span<const float>(tl), r.device());
+      const auto loss = whole.run(r, [&](const dist::tensor<float, dist::cuda>& xi, const dist::tensor<float, dist::cuda>& ti) {
+        net.zero_grad();
+        auto l = nn::mse(r, net.forward(r, xi), ti, 2 * n, nn::value_on_device);
+        net.backward(r, l.grad);
+        r.all_reduce_gradients(net);
+        opt.step(r, net);
+        return l.value;
+      }, xg, tg);
+      return on_host(loss).at(0);
+    }, xs, ts, nets, opts);
+    out.losses.push_back(losses[0]);
+    out.replaying.push_back(whole.replaying(0));
+  }
+  s.verify_mirrored(nets);
+  for (auto& v : values_of(nets[0])) out.parameters.push_back(std::move(v));
+  out.captures = whole.captures();
+  out.eager_reason = whole.eager_reason();
+  out.optimiser_steps = opts[0].steps();
+  return out;
+}
+
+void check_same_bits(const whole_run& graphed, const whole_run& eager) {
+  BOOST_TEST_REQUIRE(graphed.losses.size() == eager.losses.size());
+  for (std::size_t i = 0; i < eager.losses.size(); ++i)
+    BOOST_TEST(std::memcmp(&graphed.losses[i], &eager.losses[i], sizeof(float)) == 0, "loss of step " << i);
+  BOOST_TEST_REQUIRE(graphed.parameters.size() == eager.parameters.size());
+  for (std::size_t p = 0; p < eager.parameters.size(); ++p)
+    BOOST_TEST(dt::bit_equal(graphed.parameters[p], eager.parameters[p]), "parameter " << p);
+  BOOST_TEST(graphed.optimiser_steps == eager.optimiser_steps);
+}
+
+BOOST_AUTO_TEST_CASE(whole_steps_replay_the_eager_ones_bit_for_bit,
+                     *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  // One GPU alone, and through NCCL (its all-reduce captured into the graph and the replay met and
+  // waited for as a collective): two warm-up steps, the capture, three replays; every loss, the
+  // parameters and the optimiser's step count (counted on the device through the replays) are the
+  // eager run's.
+  auto check = [](auto maker, const char* name) {
+    using M = decltype(maker);
+    const auto eager = whole_steps<M>(false, 6);
+    const auto graphed = whole_steps<M>(true, 6);
+    BOOST_TEST(graphed.eager_reason == "", name << ": " << graphed.eager_reason);
+    BOOST_TEST(graphed.captures == static_cast<std::size_t>(M::replicas), name);
+    BOOST_TEST((graphed.replaying == std::vector<bool>{false, false, true, true, true, true}), name);
+    BOOST_TEST(graphed.optimiser_steps == 6, name);
+    check_same_bits(graphed, eager);
+  };
+  check(dt::one_gpu{}, dt::one_gpu::name);
+#if DISTRIBUTE_HAS_NCCL
+  check(dt::nccl_1{}, dt::nccl_1::name);
+#endif
+}
+
+BOOST_AUTO_TEST_CASE(a_step_a_graph_cannot_hold_runs_eagerly_and_says_why,
+                     *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  // An optimiser with host step values refuses to be captured; cuda_peer's collectives cannot be
+  // captured. Either way every replica goes on eagerly, with the eager results, and says why.
+  const auto eager = whole_steps<dt::one_gpu>(false, 4, /*capturable=*/false);
+  const auto host_adam = whole_steps<dt::one_gpu>(true, 4, /*capturable=*/false);
+  BOOST_TEST(host_adam.captures == 0u);
+  BOOST_TEST(dt::contains(host_adam.eager_reason, "capturable = true"), host_adam.eager_reason);
+  BOOST_TEST((host_adam.replaying == std::vector<bool>(4, false)));
+  check_same_bits(host_adam, eager);
+  const auto peer_eager = whole_steps<dt::peer_n<2>>(false, 4);
+  const auto peer = whole_steps<dt::peer_n<2>>(true, 4);
+  BOOST_TEST(peer.captures == 0u);
+  BOOST_TEST(dt::contains(peer.eager_reason, "cannot be captured"), peer.eager_reason);
+  check_same_bits(peer, peer_eager);
 }
 
 BOOST_AUTO_TEST_CASE(plane_sums_and_element_wise_passes_on_the_stream) {

@@ -67,7 +67,9 @@ global_data data_for_step(int step) {
   return {{x.begin(), x.end()}, {y.begin(), y.end()}};
 }
 
-std::vector<float> parameters_of(net_type& net) {
+// Every parameter of `net`, flattened in enumeration order.
+template <class Net>
+std::vector<float> parameters_of(Net& net) {
   std::vector<float> p;
   net.for_each_parameter([&](std::span<float> v, std::span<float>) { p.insert(p.end(), v.begin(), v.end()); });
   return p;
@@ -198,12 +200,6 @@ auto make_small_net(std::uint64_t seed) {
 }
 using small_net_type = decltype(make_small_net(0));
 constexpr dist::gradient_reduction small_buckets_4{.bucket_bytes = 150, .first_bucket_bytes = 10};
-
-std::vector<float> parameters_of(small_net_type& net) {
-  std::vector<float> p;
-  net.for_each_parameter([&](std::span<float> v, std::span<float>) { p.insert(p.end(), v.begin(), v.end()); });
-  return p;
-}
 
 // The number of entries of `log` equal to `what`.
 std::size_t count_of(const std::vector<std::string>& log, const std::string& what) {

@@ -34,6 +34,17 @@
 // `abandon_started()` (a replica leaving its step by an exception) aborts the communicator if what was
 // started has not completed, so that no NCCL kernel is left waiting for partners.
 //
+// Inside CUDA graphs (nn::graphed_step): while the replica's stream is being captured, a collective of
+// device buffers is queued into the graph instead of being run. The replicas of this process still
+// meet and compare it (at the capture); nothing waits for the GPU; `take_captured()` says how many
+// were captured. A split-phase all-reduce goes into the graph in order, like any other. Host buffers,
+// point-to-point calls and pending sends refuse with graph_capture_error. `replay_captured(n, launch)`
+// launches such a graph as a collective: the replicas of this process meet first (a replica replaying
+// a graph of another number of collectives, or calling something else, is a collective_mismatch; one
+// that never comes, a timeout), then the replica waits for its stream with the deadline and the
+// error polling of every collective, and a replay that does not finish in time aborts the
+// communicator, so that no NCCL kernel of the graph waits forever.
+//
 // Point-to-point: `send(buf, dst, tag)` and `recv(buf, src, tag)` between two ranks, with ncclSend /
 // ncclRecv on the replica's stream, time-bounded as the collectives are. NCCL's own send waits on
 // the GPU until its receiver is there, so a send here is deferred instead, to keep the contract of
@@ -64,6 +75,7 @@
 #include <distribute/comm/detail/nccl_p2p.cuh>
 #include <distribute/config.hpp>
 #include <distribute/device/cuda.cuh>
+#include <distribute/device/cuda_graph.cuh>
 #include <distribute/dtype.hpp>
 #include <distribute/errors.hpp>
 #include <distribute/reduce_op.hpp>
@@ -267,6 +279,10 @@ class nccl_group {
     }
   }
 
+  // Counts the communicators made (rebuild makes new ones): a CUDA graph that captured NCCL
+  // operations holds those of the communicators of its capture, and must not be replayed after.
+  std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
+
   // Whether a failure aborted the communicators; collectives then fail until `rebuild()`.
   bool broken() const noexcept { return broken_.load(std::memory_order_acquire); }
   // Replaces aborted communicators with new ones (this process's group only; between steps).
@@ -300,6 +316,7 @@ class nccl_group {
     pending_.resize(devices_.size());
     issued_.resize(devices_.size());
     sides_.resize(devices_.size());
+    captured_.assign(devices_.size(), 0);
     init(id);
   }
 
@@ -359,6 +376,7 @@ class nccl_group {
       }
     }
     broken_.store(false, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
   }
 
   void mark_broken() noexcept { broken_.store(true, std::memory_order_release); }
@@ -409,8 +427,11 @@ class nccl_group {
   std::vector<std::vector<detail::nccl_pending_send>> issued_;
   // Per local rank: where its split-phase all-reduces run (made at the first one; see the top).
   std::vector<detail::nccl_side_stream> sides_;
+  // Per local rank: collectives queued into a CUDA graph being captured, since take_captured.
+  std::vector<std::size_t> captured_;
   std::vector<ncclComm_t> comms_;
   std::atomic<bool> broken_{false};
+  std::atomic<std::uint64_t> generation_{0};
   std::function<std::optional<std::string>()> outside_;
   std::atomic<std::chrono::steady_clock::rep> next_outside_poll_{0};
 };
@@ -481,7 +502,8 @@ class nccl {
   // on a stream: such a call finishes what was started and all-reduces them at once.
   template <element T>
   void start_all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
-    if (bufs.size() > max_fused_buffers || !on_this_device(bufs) || !g_->pending_[static_cast<std::size_t>(local_)].empty()) {
+    if (bufs.size() > max_fused_buffers || !on_this_device(bufs) || !g_->pending_[static_cast<std::size_t>(local_)].empty() ||
+        distribute::detail::stream_capturing(stream())) {
       finish_started();
       all_reduce(op, bufs);
       return;
@@ -532,12 +554,7 @@ class nccl {
       abort_own();
       if (!timed_out)
         throw collective_aborted("distribute: " + what + " abandoned because " + meeting.abort_reason());
-      const collective_timeout error("distribute: " + what + " did not complete within " +
-                                     std::to_string(meeting.options().timeout.count()) +
-                                     " ms (a replica of another process may have failed, died, or called a different "
-                                     "collective); the NCCL communicator was aborted");
-      meeting.abort(std::make_exception_ptr(error), error.what());
-      throw error;
+      meeting.fail_waiting(what, timeout_reason());
     };
     after_issue([&] {
       detail::wait_for_gpu(
@@ -558,6 +575,31 @@ class nccl {
     const cudaError_t q = cudaStreamQuery(side.stream.get());
     (void)cudaGetLastError();
     if (q != cudaSuccess) abort_own();
+  }
+
+  // --- inside CUDA graphs (see the top of this file) ---
+
+  // How many collectives were queued into a graph being captured since the last call.
+  std::size_t take_captured() noexcept { return std::exchange(g_->captured_[static_cast<std::size_t>(local_)], 0); }
+  // Which communicators a graph captured now would hold (nccl_group::generation).
+  std::uint64_t generation() const noexcept { return g_->generation(); }
+
+  // Launches, by `launch()` (queuing it on this replica's stream), a graph that holds `collectives`
+  // captured collectives of this replica, and waits for it as for a collective.
+  template <class Launch>
+  void replay_captured(std::size_t collectives, Launch&& launch) {
+    flush();
+    finish_started();
+    refuse_if_broken();
+    const auto guard = current();
+    const detail::descriptor d{.kind = detail::collective_kind::graph_replay, .count = collectives};
+    const auto place = meet(d);
+    auto give_up = [&](bool timed_out) { fail_collective(d, place.seq, timed_out); };
+    auto what = [&] { return detail::describe(d); };
+    after_issue([&] {
+      launch();
+      detail::wait_for_gpu([&] { return queued_work_done(what); }, &g_->meeting_, place.deadline, give_up);
+    });
   }
 
   template <element T>
@@ -641,6 +683,7 @@ class nccl {
   template <element T>
   void send(std::span<const T> buf, int dst, int tag) {
     check_p2p("send", dst, tag);
+    refuse_in_capture("send (NCCL)");
     refuse_if_broken();
     const auto guard = current();
     auto& pending = g_->pending_[static_cast<std::size_t>(local_)];
@@ -678,6 +721,7 @@ class nccl {
   template <element T>
   void recv(std::span<T> buf, int src, int tag) {
     check_p2p("recv", src, tag);
+    refuse_in_capture("recv (NCCL)");
     refuse_if_broken();
     const auto guard = current();
     const auto mine = detail::nccl_p2p_header::of<T>(tag, buf.size(), distribute::detail::current_origin);
@@ -714,6 +758,7 @@ class nccl {
   // Issues this replica's pending sends and waits, within the timeout, until they are received.
   void flush() {
     if (g_->pending_[static_cast<std::size_t>(local_)].empty()) return;
+    refuse_in_capture("flush (NCCL sends)");
     refuse_if_broken();
     const auto guard = current();
     p2p([] {}, [&] {
@@ -731,6 +776,11 @@ class nccl {
       throw std::invalid_argument(std::string("distribute: ") + what + " on replica " + std::to_string(rank()) + " (tag " +
                                   std::to_string(tag) + ") names rank " + std::to_string(peer) +
                                   "; it must be another rank of this group (0.." + std::to_string(size() - 1) + ")");
+  }
+
+  // Point-to-point calls wait for their partner on the host: not inside a graph being captured.
+  void refuse_in_capture(const char* what) const {
+    distribute::detail::refuse_while_capturing(stream(), device().index(), what);
   }
 
   void refuse_if_broken() const {
@@ -859,6 +909,31 @@ class nccl {
     return state;
   }
 
+  // Meets the other local replicas for `d`: its number in this step, and its deadline from now.
+  struct meeting_place {
+    std::uint64_t seq;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  meeting_place meet(const detail::descriptor& d) {
+    auto& meeting = g_->meeting_;
+    const std::uint64_t seq = meeting.meet(local_, d);
+    return {seq, std::chrono::steady_clock::now() + meeting.options().timeout};
+  }
+  // Gives up collective `d` (number `seq`): aborts this replica's communicator, then throws
+  // collective_aborted (another replica failed) or collective_timeout (the deadline passed).
+  [[noreturn]] void fail_collective(const detail::descriptor& d, std::uint64_t seq, bool timed_out) {
+    abort_own();
+    if (!timed_out) g_->meeting_.fail_aborted(local_, d, seq);
+    g_->meeting_.fail_waiting(local_, d, seq, timeout_reason());
+  }
+
+  // Why work queued for NCCL is given up at the deadline (after "<what> ").
+  std::string timeout_reason() const {
+    return "did not complete within " + std::to_string(g_->meeting_.options().timeout.count()) +
+           " ms (a replica of another process may have failed, died, or called a different collective); the NCCL "
+           "communicator was aborted";
+  }
+
   ncclComm_t comm() const { return g_->comms_[static_cast<std::size_t>(local_)]; }
   detail::host_staging& staging() const noexcept { return g_->staging_[static_cast<std::size_t>(local_)]; }
   cudaStream_t stream() const { return device().stream(); }
@@ -874,22 +949,17 @@ class nccl {
   // The same on `s`; without `wait`, returns once NCCL has queued the work and `then`'s (split phase).
   template <class Issue, class Then>
   void collective(const detail::descriptor& d, cudaStream_t s, bool wait, Issue&& issue, Then&& then) {
-    if (g_->broken())
-      throw collective_aborted("distribute: the NCCL communicators were aborted by an earlier failure; " +
-                               std::string(g_->owns_bootstrap_ ? "the strategy rebuilds them at its next step"
-                                                               : "create the strategy again on every worker"));
+    refuse_if_broken();
+    // Inside a graph being captured: queued into the graph, and nothing waits (see the top).
+    const bool captured = distribute::detail::stream_capturing(s);
+    if (captured && !g_->pending_[static_cast<std::size_t>(local_)].empty())
+      throw graph_capture_error("distribute: replica " + std::to_string(rank()) + " called " + detail::describe(d) +
+                                " inside a CUDA graph being captured with NCCL sends still pending; flush them first");
     auto& meeting = g_->meeting_;
-    const std::uint64_t seq = meeting.meet(local_, d);
-    const auto deadline = std::chrono::steady_clock::now() + meeting.options().timeout;
-    auto give_up = [&](bool timed_out) {
-      abort_own();
-      if (!timed_out) meeting.fail_aborted(local_, d, seq);
-      meeting.fail_waiting(local_, d, seq,
-                           "did not complete within " + std::to_string(meeting.options().timeout.count()) +
-                               " ms (a replica of another process may have failed, died, or called a different "
-                               "collective); the NCCL communicator was aborted");
-    };
+    const auto place = meet(d);
+    auto give_up = [&](bool timed_out) { fail_collective(d, place.seq, timed_out); };
     auto what = [&] { return detail::describe(d); };
+    if (captured) wait = false;
     try {
       detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
       try {
@@ -905,10 +975,11 @@ class nccl {
       throw;
     }
     after_issue([&] {
-      detail::wait_for_gpu([&] { return nccl_state(what) == ncclSuccess; }, &meeting, deadline, give_up);
+      detail::wait_for_gpu([&] { return nccl_state(what) == ncclSuccess; }, &meeting, place.deadline, give_up);
       then();
-      if (wait) detail::wait_for_gpu([&] { return queued_work_done(what, s); }, &meeting, deadline, give_up);
+      if (wait) detail::wait_for_gpu([&] { return queued_work_done(what, s); }, &meeting, place.deadline, give_up);
     });
+    if (captured) ++g_->captured_[static_cast<std::size_t>(local_)];
     if (!wait) return;
     g_->issued_[static_cast<std::size_t>(local_)].clear();
     // Only now: a copy into pageable host memory blocks the host until the stream reaches it, which

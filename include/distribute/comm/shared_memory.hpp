@@ -58,7 +58,9 @@ class shared_memory;
 
 namespace detail {
 
-enum class collective_kind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+// graph_replay: the replay of a CUDA graph holding `count` collectives of each replica (GPU replicas
+// meet before launching it: comm/nccl.cuh).
+enum class collective_kind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier, graph_replay };
 
 inline const char* to_string(collective_kind k) noexcept {
   switch (k) {
@@ -67,6 +69,7 @@ inline const char* to_string(collective_kind k) noexcept {
     case collective_kind::all_gather: return "all_gather";
     case collective_kind::broadcast: return "broadcast";
     case collective_kind::barrier: return "barrier";
+    case collective_kind::graph_replay: return "replay of a CUDA graph";
   }
   return "collective";
 }
@@ -111,6 +114,9 @@ inline std::string describe(const descriptor& d) {
   const std::string t(distribute::to_string(d.type));
   switch (d.kind) {
     case collective_kind::barrier: return s + distribute::detail::describe_origin(d.api, d.step, d.in_step);
+    case collective_kind::graph_replay:
+      return s + " holding " + std::to_string(d.count) + " collective" + (d.count == 1 ? "" : "s") +
+             distribute::detail::describe_origin(d.api, d.step, d.in_step);
     case collective_kind::all_reduce:
     case collective_kind::reduce_scatter: s += "("; s += distribute::to_string(d.op); s += ")"; break;
     case collective_kind::broadcast: s += " from replica " + std::to_string(d.root); break;

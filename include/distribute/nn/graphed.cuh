@@ -40,6 +40,7 @@
 #include <distribute/device/cuda_graph.cuh>
 #include <distribute/nn/detail/model_wrapper.hpp>
 #include <distribute/nn/layer.hpp>
+#include <distribute/replica_context.hpp>
 #include <distribute/tensor/cuda_tensor.cuh>
 
 #include <cstddef>
@@ -61,21 +62,32 @@ struct graph_options {
 
 namespace detail {
 
-// Marks replica `r` as capturing for the scope (replica_context::set_graph_capture): its collectives
-// refuse, its gradient announcements are held back.
+inline graph_options check_graph_options(graph_options o, const char* who) {
+  if (o.warmup_passes < 1)
+    throw std::invalid_argument(std::string("distribute: ") + who + " needs warmup_passes >= 1 (an eager pass builds what a "
+                                "capture cannot), got " + std::to_string(o.warmup_passes));
+  return o;
+}
+
+// Marks replica `r` as capturing for the scope (replica_context::set_graph_capture), in `mode`
+// (passes: its collectives refuse; step: they go into the graph where they can), and restores the
+// mode it found.
 template <class R>
 class graph_capture_scope {
  public:
-  explicit graph_capture_scope(R& r) noexcept : r_{r} { set(true); }
-  ~graph_capture_scope() { set(false); }
+  graph_capture_scope(R& r, graph_capture mode) noexcept : r_{r} {
+    if constexpr (settable) before_ = r_.set_graph_capture(mode);
+  }
+  ~graph_capture_scope() {
+    if constexpr (settable) r_.set_graph_capture(before_);
+  }
   graph_capture_scope(const graph_capture_scope&) = delete;
   graph_capture_scope& operator=(const graph_capture_scope&) = delete;
 
  private:
-  void set(bool on) noexcept {
-    if constexpr (requires { r_.set_graph_capture(on); }) r_.set_graph_capture(on);
-  }
+  static constexpr bool settable = requires(R& r) { r.set_graph_capture(graph_capture::none); };
   R& r_;
+  graph_capture before_ = graph_capture::none;
 };
 
 }  // namespace detail
@@ -88,14 +100,9 @@ class graphed : public detail::model_wrapper<M> {
   using device_type = cuda;
   using tensor_type = tensor<scalar_type, cuda>;
 
-  explicit graphed(M model, graph_options options = {}) : detail::model_wrapper<M>{std::move(model)}, options_{check(options)} {}
+  explicit graphed(M model, graph_options options = {})
+      : detail::model_wrapper<M>{std::move(model)}, options_{detail::check_graph_options(options, "nn::graphed")} {}
 
-  static graph_options check(graph_options o) {
-    if (o.warmup_passes < 1)
-      throw std::invalid_argument("distribute: nn::graphed needs warmup_passes >= 1 (an eager pass builds what a capture "
-                                  "cannot), got " + std::to_string(o.warmup_passes));
-    return o;
-  }
   // A copy is the model's copy: graphs belong to the buffers they were captured over, and the copy
   // captures its own.
   graphed(const graphed& o) : detail::model_wrapper<M>{o}, options_{o.options_}, reason_{o.reason_} {}
@@ -139,10 +146,10 @@ class graphed : public detail::model_wrapper<M> {
     input_ = tensor_type(x);
     output_ = tensor_type{};  // an earlier graph's memory is freed here, not inside the capture
     const auto failure = forward_graph_.capture(r.device().index(), r.device().stream(), [&] {
-      const detail::graph_capture_scope capturing{r};
+      const detail::graph_capture_scope capturing{r, graph_capture::passes};
       output_ = model_.forward(r, input_);
     });
-    if (!failure.empty()) return give_up(r, "forward", failure, [&] { return model_.forward(r, x); });
+    if (!failure.empty()) return give_up("forward", failure, [&] { return model_.forward(r, x); });
     ++captures_;
     forward_graph_.launch(r.device().stream());
     last_ = pass::replayed;
@@ -194,12 +201,12 @@ class graphed : public detail::model_wrapper<M> {
       grad_output_[v] = tensor_type(dy);
       grad_input_[v] = tensor_type{};
       const auto failure = graph.capture(r.device().index(), r.device().stream(), [&] {
-        const detail::graph_capture_scope capturing{r};
+        const detail::graph_capture_scope capturing{r, graph_capture::passes};
         grad_input_[v] = run(grad_output_[v]);
       });
       // The saved activations are the replayed forward's: the eager backward continues from them.
       if (!failure.empty()) {
-        auto dx = give_up(r, "backward", failure, [&] { return run(dy); });
+        auto dx = give_up("backward", failure, [&] { return run(dy); });
         last_ = pass::none;
         return dx;
       }
@@ -212,8 +219,8 @@ class graphed : public detail::model_wrapper<M> {
   }
 
   // The capture failed: the model runs eagerly from now on, starting with this pass.
-  template <class R, class Eager>
-  tensor_type give_up(R&, const char* which, const std::string& failure, Eager&& eager) {
+  template <class Eager>
+  tensor_type give_up(const char* which, const std::string& failure, Eager&& eager) {
     reason_ = std::string("capturing the ") + which + " pass failed: " + failure;
     drop();
     last_ = pass::eager;

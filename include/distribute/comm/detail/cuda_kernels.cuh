@@ -6,6 +6,7 @@
 #include <distribute/comm/detail/gpu_meeting.cuh>
 #include <distribute/detail/backoff.hpp>
 #include <distribute/device/cuda.cuh>
+#include <distribute/device/cuda_graph.cuh>
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
 #include <distribute/tensor/cuda_tensor.cuh>
@@ -205,6 +206,10 @@ class host_staging {
       on_device_.push_back(device);
     }
     if (need == 0) return;
+    if (distribute::detail::stream_capturing(stream))
+      throw graph_capture_error(std::string("distribute: ") + op + " on cuda:" + std::to_string(ordinal_) +
+                                " was given host memory while its stream was being captured into a CUDA graph; a "
+                                "collective inside a graph needs buffers in the memory of the replica's GPU");
     if (need > retained_limit) {
       once_ = distribute::detail::device_allocation(ordinal_, need, stream);
       return;

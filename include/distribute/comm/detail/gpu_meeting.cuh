@@ -103,7 +103,11 @@ class gpu_meeting {
 
   // A replica that gave up waiting on the GPU fails the whole group, so that the others stop too.
   [[noreturn]] void fail_waiting(int local, const descriptor& d, std::uint64_t seq, const std::string& why) {
-    const std::string msg = "distribute: " + where(local, d, seq) + " " + why;
+    fail_waiting(where(local, d, seq), why);
+  }
+  // The same for work that is not one collective of the meeting (`what` names it).
+  [[noreturn]] void fail_waiting(const std::string& what, const std::string& why) {
+    const std::string msg = "distribute: " + what + " " + why;
     const collective_timeout error(msg);
     abort(std::make_exception_ptr(error), msg);
     throw error;
