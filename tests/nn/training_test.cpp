@@ -297,6 +297,27 @@ BOOST_AUTO_TEST_CASE(the_saved_form_is_unchanged) {
   BOOST_TEST(saved(stepped).size() == 16u + 2u * (8u + 24u + 12u));
 }
 
+// A saved state whose step count is negative is corrupt (it would drive Adam's bias corrections),
+// for either optimiser and either form; the optimiser is left as it was.
+BOOST_AUTO_TEST_CASE(a_negative_step_count_is_corrupt) {
+  auto put = [](std::string& out, const auto& v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  std::string adam_bytes("adam-v1\0", 8), sgd_bytes("sgd-v1\0\0", 8);
+  put(adam_bytes, std::int64_t{-2});
+  put(adam_bytes, std::uint64_t{0});
+  put(adam_bytes, std::uint64_t{0});
+  put(sgd_bytes, std::int64_t{-1});
+  put(sgd_bytes, std::uint64_t{0});
+  auto corrupt = [](const std::runtime_error& e) { return dist::test::mentions(e.what(), "negative step count"); };
+  for (const bool capturable : {false, true}) {
+    optim::adam<float> adam{{.capturable = capturable}};
+    optim::sgd<float> sgd{{.capturable = capturable}};
+    BOOST_CHECK_EXCEPTION(load(adam, adam_bytes), std::runtime_error, corrupt);
+    BOOST_CHECK_EXCEPTION(load(sgd, sgd_bytes), std::runtime_error, corrupt);
+    BOOST_TEST(adam.steps() == 0);
+    BOOST_TEST(sgd.steps() == 0);
+  }
+}
+
 // A copy (constructed or assigned) is deep: stepping it leaves the source as it was, and stepping a
 // copy steps exactly as the source would.
 BOOST_AUTO_TEST_CASE(copies_are_deep_and_step_as_the_source) {
