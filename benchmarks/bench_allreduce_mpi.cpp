@@ -16,7 +16,20 @@
 //     fused buckets against one MPI_Allreduce per tensor, beside the bound of one pass over the set
 //     (each process reading and writing it once, in place), the least any all-reduce of it can take.
 //
-// The last two print a table and JSON lines with "workers" (rank 0). The timed loops run inside one
+//   mpiexec -np W bench_allreduce_mpi --overlap [--set cyclegan|discriminators] [--compute-ms 400]
+//                                     [--mpi-window on|off]
+//     How the gradient all-reduce proceeds beside backward's compute, by the two ways a worker can
+//     have its collectives progress while it computes: the library's (r.overlap_gradients: the
+//     buckets run on a communication thread, announced by r.gradients_ready as each layer's compute
+//     ends) and MPI_Iallreduce (one per tensor, started as its layer's compute ends and progressed by
+//     MPI_Testall after each layer; MPI_Waitall at the end). The compute is a fixed amount of
+//     arithmetic per layer, in proportion to its size (calibrated on rank 0 to --compute-ms in all),
+//     on the replica's thread. Each way is timed alone (compute only, all-reduce only), one after the
+//     other (blocking), and overlapped, with the time the overlapped step still waits for the
+//     all-reduce after its last layer (in wait() / MPI_Waitall); hidden = 1 - that wait / the
+//     all-reduce alone.
+//
+// The last three print a table and JSON lines with "workers" (rank 0). The timed loops run inside one
 // step of the strategy, between barriers, so that the clock on rank 0 covers every replica; ours and
 // MPI alternate in rounds so that both see the same machine.
 
@@ -41,10 +54,13 @@ namespace dist = distribute;
 
 namespace {
 
-enum class mode { peer, multi_worker, gradients };
+enum class mode { peer, multi_worker, gradients, overlap };
 
 struct options {
   mode what = mode::peer;
+  std::string set = "cyclegan";    // --overlap: the parameter set
+  double compute_ms = 400;         // --overlap: the compute of one backward
+  bool mpi_window = true;          // --overlap: workers of one machine share memory (off: messages)
   std::vector<std::size_t> sizes;  // bytes per process (or replica)
   std::vector<int> replicas{1, 2};
   double min_seconds = 0.05;       // each timed repetition runs at least this long
@@ -74,15 +90,26 @@ options parse_options(int argc, char** argv) {
     const std::string_view arg = argv[i];
     if (arg == "--multi-worker") { opts.what = mode::multi_worker; continue; }
     if (arg == "--gradients") { opts.what = mode::gradients; continue; }
+    if (arg == "--overlap") { opts.what = mode::overlap; continue; }
     if (i + 1 >= argc) throw std::invalid_argument("missing value after " + std::string(arg));
     const char* value = argv[++i];
     if (arg == "--sizes") opts.sizes = parse_sizes(value);
     else if (arg == "--replicas") opts.replicas = bench::parse_int_list(value);
     else if (arg == "--min-seconds") opts.min_seconds = std::stod(value);
     else if (arg == "--repetitions") opts.repetitions = std::stoi(value);
+    else if (arg == "--set") opts.set = value;
+    else if (arg == "--compute-ms") opts.compute_ms = std::stod(value);
+    else if (arg == "--mpi-window") {
+      if (std::string_view(value) != "on" && std::string_view(value) != "off")
+        throw std::invalid_argument("--mpi-window: on or off, got " + std::string(value));
+      opts.mpi_window = std::string_view(value) == "on";
+    }
     else throw std::invalid_argument("unknown argument " + std::string(arg));
   }
-  if (opts.sizes.empty() && opts.what != mode::gradients) {
+  if (opts.set != "cyclegan" && opts.set != "discriminators")
+    throw std::invalid_argument("--set: cyclegan or discriminators, got " + opts.set);
+  if (!(opts.compute_ms > 0)) throw std::invalid_argument("--compute-ms must be positive");
+  if (opts.sizes.empty() && opts.what != mode::gradients && opts.what != mode::overlap) {
     if (opts.what == mode::peer) throw std::invalid_argument("--sizes is required");
     for (std::size_t b = 4096; b <= (std::size_t{64} << 20); b *= 4) opts.sizes.push_back(b);
   }
@@ -351,6 +378,181 @@ void gradients(int rank, int workers, const options& opts) {
                 x.set, workers, x.replicas, x.tensors, x.floats, x.buckets, x.fused, x.ours_per_tensor, x.mpi_per_tensor, x.pass);
 }
 
+// The two discriminators of cyclegan_tensors() alone (what the example mirrors): 10 tensors, 5.5 M floats.
+std::vector<std::size_t> discriminator_tensors() {
+  const auto all = cyclegan_tensors();
+  return std::vector<std::size_t>(all.end() - 20, all.end());
+}
+
+// One tensor of a gradient_set, as a layer whose backward has just finished (r.gradients_ready).
+struct one_gradient {
+  using scalar_type = float;
+  std::vector<float>* g;
+  template <class F>
+  void for_each_parameter(F&& f) {
+    f(std::span<float>(*g), std::span<float>(*g));
+  }
+};
+
+// Fixed work standing for a layer's backward: `rounds` passes of multiply-adds over a 64 KiB
+// buffer (in cache: the work is arithmetic, not memory traffic that the all-reduce would share).
+struct compute_load {
+  std::vector<float> x = std::vector<float>(16384, 1.0f);
+  void run(std::int64_t rounds) {
+    for (std::int64_t k = 0; k < rounds; ++k)
+      for (auto& v : x) v = v * 0.999999f + 1e-6f;
+  }
+  // Rounds that take about `ms` here, alone.
+  std::int64_t calibrate(double ms) {
+    std::int64_t n = 1;
+    for (;;) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run(n);
+      const double took = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (took > 20) return std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(n) * ms / took));
+      n *= 2;
+    }
+  }
+};
+
+void overlap(int rank, int workers, const options& opts) {
+  const auto tensors = opts.set == "cyclegan" ? cyclegan_tensors() : discriminator_tensors();
+  std::size_t floats = 0;
+  for (auto n : tensors) floats += n;
+  compute_load load;
+  std::int64_t total_rounds = rank == 0 ? load.calibrate(opts.compute_ms) : 0;
+  MPI_Bcast(&total_rounds, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  // Rounds per tensor, in proportion to its size (at least one).
+  std::vector<std::int64_t> rounds_of;
+  for (auto n : tensors)
+    rounds_of.push_back(std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(total_rounds) *
+                                                                            static_cast<double>(n) / static_cast<double>(floats))));
+  if (rank == 0) {
+    print_header("--overlap", workers, opts);
+    std::printf("# set %s: %zu tensors, %zu floats (%.1f MiB); compute %.0f ms per backward (calibrated on rank 0);\n"
+                "# our all-reduce between workers: %s\n",
+                opts.set.c_str(), tensors.size(), floats, static_cast<double>(floats * sizeof(float)) / (1 << 20), opts.compute_ms,
+                opts.mpi_window ? "the shared-memory window of workers on one machine" : "the ring of MPI messages");
+    std::printf("# ours = the library's bucketed all-reduce on its communication thread (25 MiB buckets); MPI = one\n"
+                "# MPI_Iallreduce per tensor, progressed by MPI_Testall after each layer; ms per step, median round\n\n");
+    std::printf("%5s  %10s  %12s  %11s  %14s  %9s  %7s\n", "way", "compute ms", "all-reduce ms", "blocking ms", "overlapped ms",
+                "waited ms", "hidden");
+    std::fflush(stdout);
+  }
+  dist::comm::mpi_options mpi_opts;
+  mpi_opts.shared_memory = opts.mpi_window;
+  dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = 1, .mpi = mpi_opts}};
+  auto models = s.values_from_function([&](int) {
+    gradient_set m;
+    for (auto n : tensors) m.grads.emplace_back(n, 0.0f);
+    return m;
+  });
+  std::vector<std::vector<float>> raw;
+  for (auto n : tensors) raw.emplace_back(n, 0.0f);
+  auto backward = [&](auto&& after_layer) {  // layers in reverse order, as backward finishes them
+    for (std::size_t i = tensors.size(); i-- > 0;) {
+      load.run(rounds_of[i]);
+      after_layer(i);
+    }
+  };
+  // The four figures of one way: compute only, all-reduce only, blocking, overlapped; and the wait
+  // at the end of the overlapped steps (summed over its calls, rank 0's).
+  enum figure { compute, reduce, blocking, overlapped };
+  double waited = 0;
+  std::int64_t waits = 0;
+  auto clock_wait = [&](auto&& wait) {
+    const auto t0 = std::chrono::steady_clock::now();
+    wait();
+    waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++waits;
+  };
+  auto time_ours = [&](figure f) {
+    return time_strategy(s, opts, [&](auto& r) {
+      auto& m = models[0];
+      return [&r, &m, &backward, &clock_wait, f] {
+        if (f == compute) backward([](std::size_t) {});
+        if (f == reduce) r.all_reduce_gradients(m);
+        if (f == blocking) {
+          backward([](std::size_t) {});
+          r.all_reduce_gradients(m);
+        }
+        if (f == overlapped) {
+          auto sync = r.overlap_gradients();
+          sync.add(m);
+          backward([&](std::size_t i) {
+            one_gradient layer{&m.grads[i]};
+            r.gradients_ready(layer);
+          });
+          clock_wait([&] { sync.wait(); });
+        }
+      };
+    });
+  };
+  std::vector<MPI_Request> requests(tensors.size(), MPI_REQUEST_NULL);
+  auto start = [&](std::size_t i) {
+    MPI_Iallreduce(MPI_IN_PLACE, raw[i].data(), static_cast<int>(raw[i].size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &requests[i]);
+  };
+  auto time_mpi = [&](figure f) {
+    return time_in_group(
+        rank == 0, opts,
+        [&] {
+          if (f == compute) backward([](std::size_t) {});
+          if (f == reduce || f == blocking) {
+            if (f == blocking) backward([](std::size_t) {});
+            for (std::size_t i = tensors.size(); i-- > 0;) start(i);
+            MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+          }
+          if (f == overlapped) {
+            backward([&](std::size_t i) {
+              start(i);
+              int done = 0;
+              MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+            });
+            clock_wait([&] { MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE); });
+          }
+        },
+        [] { MPI_Barrier(MPI_COMM_WORLD); },
+        [](std::int64_t v) {
+          MPI_Bcast(&v, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+          return v;
+        });
+  };
+  // Figures of one way: [0..3] the step times above, [4] the overlapped step's wait.
+  std::vector<double> ours[5], mpi[5];
+  auto with_wait = [&](auto&& timed, std::vector<double>* into, int f) {
+    waited = 0;
+    waits = 0;
+    into[f].push_back(timed(static_cast<figure>(f)));
+    if (f == overlapped) into[4].push_back(waits ? waited / static_cast<double>(waits) : 0.0);
+  };
+  for (int round = 0; round < rounds; ++round)
+    for (int f = 0; f < 4; ++f) {
+      with_wait(time_ours, ours, f);
+      with_wait(time_mpi, mpi, f);
+    }
+  if (rank != 0) return;
+  struct way {
+    const char* name;
+    std::vector<double>* t;
+  };
+  std::string json;
+  for (const way w : {way{"ours", ours}, way{"MPI", mpi}}) {
+    double m[5];
+    for (int f = 0; f < 5; ++f) m[f] = bench::median(w.t[f]);
+    const double hidden = 1 - m[4] / m[reduce];
+    std::printf("%5s  %10.1f  %12.1f  %11.1f  %14.1f  %9.1f  %6.0f%%\n", w.name, m[compute] * 1e3, m[reduce] * 1e3,
+                m[blocking] * 1e3, m[overlapped] * 1e3, m[4] * 1e3, hidden * 100);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "{\"bench\":\"allreduce_overlap\",\"way\":\"%s\",\"set\":\"%s\",\"workers\":%d,\"compute_seconds\":%.6f,"
+                  "\"allreduce_seconds\":%.6f,\"blocking_seconds\":%.6f,\"overlapped_seconds\":%.6f,"
+                  "\"waited_seconds\":%.6f,\"hidden\":%.4f}\n",
+                  w.name, opts.set.c_str(), workers, m[compute], m[reduce], m[blocking], m[overlapped], m[4], hidden);
+    json += line;
+  }
+  std::printf("\n%s", json.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -372,6 +574,8 @@ int main(int argc, char** argv) {
       multi_worker(rank, size, opts);
     } else if (opts.what == mode::gradients) {
       gradients(rank, size, opts);
+    } else if (opts.what == mode::overlap) {
+      overlap(rank, size, opts);
     } else {
       for (const std::size_t bytes : opts.sizes) {
         const double seconds = time_raw_mpi(bytes, rank, opts);
