@@ -281,6 +281,61 @@ BOOST_AUTO_TEST_CASE(gradients_nobody_announces_are_all_reduced_by_wait) {
   for (const auto& m : models) BOOST_REQUIRE(m.g2[0] == 18.0f);
 }
 
+BOOST_AUTO_TEST_CASE(capture_modes_decide_what_collectives_and_announcements_do) {
+  // While a replica's stream is captured into a CUDA graph (nn::graphed and nn::graphed_step set the
+  // mode; here it is set by hand on CPU replicas): a model's passes refuse collectives; a whole step
+  // refuses them where the communicator cannot capture them (every CPU one; NCCL can), on every
+  // replica alike and before anything is issued, so nothing hangs; gradient announcements are held
+  // back (the overlap's wait all-reduces those buckets). Without a capture all runs as usual.
+  using flat = two_tensors;
+  dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
+  auto models = s.mirror([](auto&) { return flat{}; });
+  struct seen {
+    dist::graph_capture before = dist::graph_capture::step;
+    std::string passes, step;
+    float sum = 0;
+    std::size_t held = 9, released = 0;
+  };
+  auto out = s.run([](dist::replica auto& r, flat& m) {
+    seen x;
+    std::vector<float> v{1.0f};
+    auto refusal = [&](dist::graph_capture mode) {
+      const auto was = r.set_graph_capture(mode);
+      std::string why;
+      try {
+        r.all_reduce(dist::reduce_op::sum, v);
+      } catch (const dist::graph_capture_error& e) {
+        why = e.what();
+      }
+      r.set_graph_capture(was);
+      return why;
+    };
+    x.before = r.graph_capture_mode();
+    x.passes = refusal(dist::graph_capture::passes);
+    x.step = refusal(dist::graph_capture::step);
+    r.all_reduce(dist::reduce_op::sum, v);
+    x.sum = v[0];
+    auto sync = r.overlap_gradients({.bucket_bytes = 1000, .first_bucket_bytes = 1000});
+    sync.add(m);
+    r.set_graph_capture(dist::graph_capture::step);
+    r.gradients_ready(m);
+    x.held = sync.started();
+    r.set_graph_capture(dist::graph_capture::none);
+    r.gradients_ready(m);
+    x.released = sync.started();
+    sync.wait();
+    return x;
+  }, models);
+  for (const auto& x : out) {
+    BOOST_TEST((x.before == dist::graph_capture::none));
+    BOOST_TEST(dist::test::mentions(x.passes, "while its passes were being captured"), x.passes);
+    BOOST_TEST(dist::test::mentions(x.step, "cannot be captured"), x.step);
+    BOOST_TEST(x.sum == 2.0f);
+    BOOST_TEST(x.held == 0u);
+    BOOST_TEST(x.released == 2u);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(collectives_called_while_open_take_their_turn) {
   // A program's own collective between add and wait goes through the overlap's queue, after the
   // buckets already started, and returns its result as usual.
