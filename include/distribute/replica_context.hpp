@@ -56,8 +56,9 @@ enum class graph_capture : std::uint8_t {
   none,    // nothing is captured
   passes,  // a model's passes (nn::graphed): collectives refuse, gradient announcements are held back
   step,    // a whole step (nn::graphed_step): collectives go into the graph where the communicator can
-           // capture them (NCCL's; detail::capturing_communicator), and refuse elsewhere; gradient
-           // announcements are held back (the overlap's buckets are all-reduced in its wait)
+           // capture them (NCCL's, detail::capturing_communicator; a group of one's, which do
+           // nothing), and refuse elsewhere; gradient announcements are held back (the overlap's
+           // buckets are all-reduced in its wait)
 };
 
 namespace detail {
@@ -251,18 +252,29 @@ class replica_context {
         throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " + what +
                                   " while its passes were being captured into a CUDA graph; a collective waits for its "
                                   "partners, which a graph being captured cannot do");
-      if constexpr (!detail::capturing_communicator<C>) {
-        if (capturing_ == graph_capture::step)
-          throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " + what +
-                                    " while its step was being captured into a CUDA graph, and the collectives of its "
-                                    "communicator cannot be captured (NCCL's can: one GPU per replica)");
-      }
+      if (capturing_ == graph_capture::step && !collectives_capturable())
+        throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " + what +
+                                  " while its step was being captured into a CUDA graph, and the collectives of its "
+                                  "communicator cannot be captured (NCCL's can: one GPU per replica)");
       if (overlap_) {
         overlap_->communicate(std::function<void()>(std::ref(collective)));
         return;
       }
     }
     collective();
+  }
+
+  // Whether this replica's collectives can go into a CUDA graph: those of a group of one (nothing to
+  // wait for) and those of a capturing communicator (NCCL; one choosing its engine at run time says
+  // with `captures()`).
+  bool collectives_capturable() const {
+    if (comm_.size() == 1) return true;
+    if constexpr (detail::capturing_communicator<C>) {
+      if constexpr (requires { comm_.captures(); }) return comm_.captures();
+      else return true;
+    } else {
+      return false;
+    }
   }
 
   // The collectives of a group of one cost nothing and are not measured: the one-device replica

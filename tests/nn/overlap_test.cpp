@@ -334,6 +334,22 @@ BOOST_AUTO_TEST_CASE(capture_modes_decide_what_collectives_and_announcements_do)
     BOOST_TEST(x.held == 0u);
     BOOST_TEST(x.released == 2u);
   }
+  // A group of one has nothing to wait for: its collectives may go into a whole-step graph.
+  dist::mirrored_strategy<> one{dist::cpu_replicas(1)};
+  const auto alone = one.run([](dist::replica auto& r) {
+    std::vector<float> v{3.0f};
+    const auto was = r.set_graph_capture(dist::graph_capture::step);
+    std::string why;
+    try {
+      r.all_reduce(dist::reduce_op::sum, v);
+    } catch (const dist::graph_capture_error& e) {
+      why = e.what();
+    }
+    r.set_graph_capture(was);
+    return std::pair{why, v[0]};
+  });
+  BOOST_TEST(alone[0].first == "");
+  BOOST_TEST(alone[0].second == 3.0f);
 }
 
 BOOST_AUTO_TEST_CASE(collectives_called_while_open_take_their_turn) {

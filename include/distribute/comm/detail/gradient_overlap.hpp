@@ -30,7 +30,8 @@
 //   stream, and `wait` waits for the communication stream. Another collective called while the
 //   overlap is open first waits for the buckets started, so the communicator still sees one order.
 // - Other communicators (cuda_peer: several replicas on one GPU) all-reduce the buckets in `wait`, as
-//   the blocking call would: correct, not overlapped.
+//   the blocking call would: correct, not overlapped. mirrored_strategy<cuda> chooses its engine when
+//   it is built, and its replicas' communicator says which at run time (`splits()`).
 // - Under one device there is nothing to combine: nothing is enumerated, nothing runs.
 //
 // Rules: add a model just before its LAST backward of the step (with gradient accumulation, or a
@@ -89,7 +90,7 @@ class gradient_overlap final : detail::overlap_hook {
   // (never with a split-phase communicator, which needs none).
   gradient_overlap(C& comm, detail::overlap_hook** slot, bool threaded, const gradient_reduction& options,
                    detail::collective_meter* meter)
-      : comm_{comm}, slot_{slot}, threaded_{threaded && !split}, options_{options}, meter_{meter} {
+      : comm_{comm}, slot_{slot}, split_{splits(comm)}, threaded_{threaded && !split_}, options_{options}, meter_{meter} {
     if (!slot_) return;
     if (*slot_)
       throw std::logic_error("distribute: replica " + std::to_string(comm.rank()) +
@@ -113,14 +114,16 @@ class gradient_overlap final : detail::overlap_hook {
         if (!at_.emplace(static_cast<const void*>(g.data()), b).second)
           throw std::invalid_argument("distribute: gradient_overlap::add got a model whose gradients it already holds");
       }
-      if constexpr (split) {
-        buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] {
-                              const collective_label label("all_reduce_gradients");
-                              comm_.start_all_reduce(op, std::span<const std::span<T>>(bucket));
-                            }});
-      } else {
-        buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] { detail::all_reduce_bucket(comm_, op, bucket); }});
+      if constexpr (can_split) {
+        if (split_) {
+          buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] {
+                                const collective_label label("all_reduce_gradients");
+                                comm_.start_all_reduce(op, std::span<const std::span<T>>(bucket));
+                              }});
+          return;
+        }
       }
+      buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] { detail::all_reduce_bucket(comm_, op, bucket); }});
     });
     return *this;
   }
@@ -134,7 +137,9 @@ class gradient_overlap final : detail::overlap_hook {
     finished_ = true;
     for (auto& b : buckets_) b.pending = 0;
     start_ready();
-    if constexpr (split) comm_.finish_started();
+    if constexpr (can_split) {
+      if (split_) comm_.finish_started();
+    }
     close_after_drain();
     return buckets_.size();
   }
@@ -143,7 +148,14 @@ class gradient_overlap final : detail::overlap_hook {
   std::size_t started() const noexcept { return next_; }
 
  private:
-  static constexpr bool split = detail::split_phase_communicator<C>;
+  // Whether C has a split phase, and whether this communicator uses it (one that chooses its engine
+  // at run time says so with `splits()`: cuda_replica, NCCL or cuda_peer).
+  static constexpr bool can_split = detail::split_phase_communicator<C>;
+  static bool splits(C& c) {
+    if constexpr (!can_split) return false;
+    else if constexpr (requires { c.splits(); }) return c.splits();
+    else return true;
+  }
 
   struct bucket {
     std::size_t pending;  // gradients not yet final
@@ -164,7 +176,9 @@ class gradient_overlap final : detail::overlap_hook {
       worker_->post([&collective] { collective(); });
       worker_->drain();
     } else {
-      if constexpr (split) comm_.finish_started();
+      if constexpr (can_split) {
+        if (split_) comm_.finish_started();
+      }
       collective();
     }
   }
@@ -176,7 +190,7 @@ class gradient_overlap final : detail::overlap_hook {
       if (threaded_) {
         if (!worker_) worker_.emplace();
         worker_->post(std::move(buckets_[next_].run));
-      } else if (split || finished_) {
+      } else if (split_ || finished_) {
         buckets_[next_].run();
       } else {
         return;  // not threaded: everything runs in `wait`, as the blocking call would
@@ -196,13 +210,14 @@ class gradient_overlap final : detail::overlap_hook {
   void close() noexcept {
     if (slot_ && *slot_ == this) *slot_ = nullptr;
     worker_.reset();
-    if constexpr (split) {
-      if (slot_ && next_ != 0) comm_.abandon_started();  // nothing left after a successful wait
+    if constexpr (can_split) {
+      if (split_ && slot_ && next_ != 0) comm_.abandon_started();  // nothing left after a successful wait
     }
   }
 
   C& comm_;
   detail::overlap_hook** slot_;
+  bool split_;
   bool threaded_;
   gradient_reduction options_;
   detail::collective_meter* meter_;

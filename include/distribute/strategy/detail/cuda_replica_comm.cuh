@@ -22,6 +22,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <span>
 #include <variant>
 
@@ -85,6 +87,49 @@ class cuda_replica {
   }
   void barrier() {
     std::visit([](auto& e) { e.barrier(); }, e_);
+  }
+
+  // NCCL's split phase (the gradient overlap's buckets on a communication stream) and its
+  // collectives inside CUDA graphs, passed through where the engine is NCCL. cuda_peer has neither:
+  // `splits()` and `captures()` say so at run time, and the overlap and the replica then do not
+  // call them (were they called, a start would all-reduce at once and a capture would count nothing).
+  bool splits() const noexcept { return uses_nccl(); }
+  bool captures() const noexcept { return uses_nccl(); }
+  template <element T>
+  void start_all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
+    std::visit([&](auto& e) {
+      if constexpr (requires { e.start_all_reduce(op, bufs); }) e.start_all_reduce(op, bufs);
+      else e.all_reduce(op, bufs);
+    }, e_);
+  }
+  void finish_started() {
+    std::visit([](auto& e) {
+      if constexpr (requires { e.finish_started(); }) e.finish_started();
+    }, e_);
+  }
+  void abandon_started() noexcept {
+    std::visit([](auto& e) {
+      if constexpr (requires { e.abandon_started(); }) e.abandon_started();
+    }, e_);
+  }
+  std::size_t take_captured() noexcept {
+    return std::visit([](auto& e) -> std::size_t {
+      if constexpr (requires { e.take_captured(); }) return e.take_captured();
+      else return 0;
+    }, e_);
+  }
+  std::uint64_t generation() const noexcept {
+    return std::visit([](const auto& e) -> std::uint64_t {
+      if constexpr (requires { e.generation(); }) return e.generation();
+      else return 0;
+    }, e_);
+  }
+  template <class Launch>
+  void replay_captured(std::size_t collectives, Launch&& launch) {
+    std::visit([&](auto& e) {
+      if constexpr (requires { e.replay_captured(collectives, launch); }) e.replay_captured(collectives, launch);
+      else launch();
+    }, e_);
   }
 
  private:
