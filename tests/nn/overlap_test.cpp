@@ -281,6 +281,25 @@ BOOST_AUTO_TEST_CASE(gradients_nobody_announces_are_all_reduced_by_wait) {
   for (const auto& m : models) BOOST_REQUIRE(m.g2[0] == 18.0f);
 }
 
+namespace {
+
+// What replica `r` says when it all-reduces `v` in capture mode `mode` (empty: it ran), the mode
+// restored after.
+template <class R>
+std::string all_reduce_refusal(R& r, dist::graph_capture mode, std::vector<float>& v) {
+  const auto was = r.set_graph_capture(mode);
+  std::string why;
+  try {
+    r.all_reduce(dist::reduce_op::sum, v);
+  } catch (const dist::graph_capture_error& e) {
+    why = e.what();
+  }
+  r.set_graph_capture(was);
+  return why;
+}
+
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(capture_modes_decide_what_collectives_and_announcements_do) {
   // While a replica's stream is captured into a CUDA graph (nn::graphed and nn::graphed_step set the
   // mode; here it is set by hand on CPU replicas): a model's passes refuse collectives; a whole step
@@ -299,20 +318,9 @@ BOOST_AUTO_TEST_CASE(capture_modes_decide_what_collectives_and_announcements_do)
   auto out = s.run([](dist::replica auto& r, flat& m) {
     seen x;
     std::vector<float> v{1.0f};
-    auto refusal = [&](dist::graph_capture mode) {
-      const auto was = r.set_graph_capture(mode);
-      std::string why;
-      try {
-        r.all_reduce(dist::reduce_op::sum, v);
-      } catch (const dist::graph_capture_error& e) {
-        why = e.what();
-      }
-      r.set_graph_capture(was);
-      return why;
-    };
     x.before = r.graph_capture_mode();
-    x.passes = refusal(dist::graph_capture::passes);
-    x.step = refusal(dist::graph_capture::step);
+    x.passes = all_reduce_refusal(r, dist::graph_capture::passes, v);
+    x.step = all_reduce_refusal(r, dist::graph_capture::step, v);
     r.all_reduce(dist::reduce_op::sum, v);
     x.sum = v[0];
     auto sync = r.overlap_gradients({.bucket_bytes = 1000, .first_bucket_bytes = 1000});
@@ -338,14 +346,7 @@ BOOST_AUTO_TEST_CASE(capture_modes_decide_what_collectives_and_announcements_do)
   dist::mirrored_strategy<> one{dist::cpu_replicas(1)};
   const auto alone = one.run([](dist::replica auto& r) {
     std::vector<float> v{3.0f};
-    const auto was = r.set_graph_capture(dist::graph_capture::step);
-    std::string why;
-    try {
-      r.all_reduce(dist::reduce_op::sum, v);
-    } catch (const dist::graph_capture_error& e) {
-      why = e.what();
-    }
-    r.set_graph_capture(was);
+    const auto why = all_reduce_refusal(r, dist::graph_capture::step, v);
     return std::pair{why, v[0]};
   });
   BOOST_TEST(alone[0].first == "");

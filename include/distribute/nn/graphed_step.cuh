@@ -190,14 +190,13 @@ class graphed_step {
 
   template <class R>
   tensor_type replay(R& r, replica_graph& g) {
-    const cudaStream_t stream = r.device().stream();
-    if constexpr (requires { r.communicator().replay_captured(std::size_t{}, [] {}); }) {
-      if (g.collectives != 0) {
-        r.communicator().replay_captured(g.collectives, [&] { g.graph.launch(stream); });
-        return tensor_type(g.output);
-      }
+    const auto launch = [&g, stream = r.device().stream()] { g.graph.launch(stream); };
+    if constexpr (requires { r.communicator().replay_captured(std::size_t{}, launch); }) {
+      if (g.collectives != 0) r.communicator().replay_captured(g.collectives, launch);
+      else launch();
+    } else {
+      launch();
     }
-    g.graph.launch(stream);
     return tensor_type(g.output);
   }
 

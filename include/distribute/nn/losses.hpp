@@ -22,6 +22,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace distribute::nn {
@@ -70,60 +71,38 @@ namespace detail {
 
 using distribute::detail::serial_engine;  // a loss called without a replica: the calling thread alone
 
-// Per example e: the sum over its elements of Kernel's value (into `sums`, n examples of `per`
-// elements), scaled so that its gradient, written into `grad` alongside, is that of the replica's share.
-template <template <class> class Kernel, class E, class T, class D>
-void example_sums(E& e, const tensor<T, D>& pred, const tensor<T, D>& target, std::int64_t n, std::int64_t per,
-                  std::int64_t global_batch_size, tensor<T, D>& grad, tensor<double, D>& sums) {
-  const double scale = 1.0 / (static_cast<double>(per) * static_cast<double>(global_batch_size));
-  e.segmented_sum(n, per, Kernel<T>{pred.data(), target.data(), grad.data(), scale, per}, sums.data());
-}
-
-inline void check_loss_operands(const shape& pred, const shape& target, std::int64_t global_batch_size, const char* name) {
-  if (pred != target)
-    throw std::invalid_argument(std::string("distribute: ") + name + " of a prediction " + pred.to_string() +
-                                " and a target " + target.to_string());
-  if (global_batch_size < 1)
-    throw std::invalid_argument(std::string("distribute: ") + name + " needs a positive global batch size, got " +
-                                std::to_string(global_batch_size));
-}
-
-// Per example e: the mean over its elements of Kernel's value; the gradient written alongside.
-template <template <class> class Kernel, class E, class T, class D>
-loss_result<T, D> per_example_loss(E& e, const tensor<T, D>& pred, const tensor<T, D>& target,
-                                   std::int64_t global_batch_size, const char* name) {
-  check_loss_operands(pred.shape(), target.shape(), global_batch_size, name);
-  const std::int64_t n = pred.shape().rank() ? pred.shape()[0] : 1;
-  const std::int64_t per = n ? static_cast<std::int64_t>(pred.size()) / n : 0;
-  loss_result<T, D> out{T(0), tensor<T, D>{pred.shape(), pred.device()}};
-  if (n == 0 || per == 0) return out;
-  tensor<double, D> sums{shape{n}, pred.device()};
-  example_sums<Kernel>(e, pred, target, n, per, global_batch_size, out.grad, sums);
-  std::vector<double> host(static_cast<std::size_t>(n));
-  e.to_host(sums.data(), host.size(), host.data());
-  std::vector<T> losses(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < host.size(); ++i) losses[i] = static_cast<T>(host[i] / static_cast<double>(per));
-  out.value = compute_average_loss(losses, global_batch_size);
-  return out;
-}
-
-// The same with the value left on the engine's device: the last step (per-example means, then
+// Per example e: the mean over its elements of Kernel's value; the gradient written alongside. The
+// value is left on the engine's device: the last step (per-example means, then
 // compute_average_loss's sum in index order) is one call of one kernel there.
 template <template <class> class Kernel, class E, class T, class D>
 device_loss_result<T, D> per_example_loss_on_device(E& e, const tensor<T, D>& pred, const tensor<T, D>& target,
                                                     std::int64_t global_batch_size, const char* name) {
-  check_loss_operands(pred.shape(), target.shape(), global_batch_size, name);
+  if (pred.shape() != target.shape())
+    throw std::invalid_argument(std::string("distribute: ") + name + " of a prediction " + pred.shape().to_string() +
+                                " and a target " + target.shape().to_string());
+  if (global_batch_size < 1)
+    throw std::invalid_argument(std::string("distribute: ") + name + " needs a positive global batch size, got " +
+                                std::to_string(global_batch_size));
   const std::int64_t n = pred.shape().rank() ? pred.shape()[0] : 1;
   const std::int64_t per = n ? static_cast<std::int64_t>(pred.size()) / n : 0;
   device_loss_result<T, D> out{tensor<T, D>{shape{1}, pred.device()}, tensor<T, D>{pred.shape(), pred.device()}};
   if (n == 0 || per == 0) return out;
+  const double scale = 1.0 / (static_cast<double>(per) * static_cast<double>(global_batch_size));
   tensor<double, D> sums{shape{n}, pred.device()};
-  example_sums<Kernel>(e, pred, target, n, per, global_batch_size, out.grad, sums);
+  e.segmented_sum(n, per, Kernel<T>{pred.data(), target.data(), out.grad.data(), scale, per}, sums.data());
   e.for_each(1, kernels::average_of_example_means<T>{sums.data(), out.value.data(), n, per, global_batch_size});
   return out;
 }
-}  // namespace detail
 
+// The same with the value read on the host (one value, after the work queued before it).
+template <template <class> class Kernel, class E, class T, class D>
+loss_result<T, D> per_example_loss(E& e, const tensor<T, D>& pred, const tensor<T, D>& target,
+                                   std::int64_t global_batch_size, const char* name) {
+  auto on_device = per_example_loss_on_device<Kernel>(e, pred, target, global_batch_size, name);
+  return {on_device.host_value(), std::move(on_device.grad)};
+}
+
+}  // namespace detail
 
 // Mean squared error per example; LSGAN's loss. With a replica, computed by its engine.
 template <class R, class T, class D>

@@ -23,9 +23,6 @@ class step_scalars {
  public:
   static constexpr std::size_t size = 4;
 
-  step_scalars() = default;
-  step_scalars(std::int64_t steps, double lr) { assign(steps, lr); }
-
   // The scalars in memory that engine `e` computes on (moved there first if they are elsewhere).
   template <class E>
   double* on(E& e) {
@@ -34,9 +31,6 @@ class step_scalars {
 
   std::int64_t steps() const {
     return s_.with_host([](const auto& b) { return static_cast<std::int64_t>(b[0][0]); });
-  }
-  double lr() const {
-    return s_.with_host([](const auto& b) { return b[0][1]; });
   }
   // In place where they are (the device's memory stays where a graph captured it).
   void assign(std::int64_t steps, double lr) { s_.assign_host({{static_cast<double>(steps), lr, 0.0, 0.0}}); }
