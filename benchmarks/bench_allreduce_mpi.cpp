@@ -10,11 +10,13 @@
 //     size per replica (hierarchical: shared memory, then MPI across workers, then fan-out), side by
 //     side with raw MPI_Allreduce of the same size per process, in the same processes.
 //
-//   mpiexec -np W bench_allreduce_mpi --gradients --replicas 1,2
+//   mpiexec -np W bench_allreduce_mpi --gradients --replicas 1,2 [--mpi-window on|off]
 //     A CycleGAN-sized parameter set (two ResNet generators, two PatchGAN discriminators: 116 tensors,
 //     28.3 M floats) and a set of many small tensors (1,024 x 256 floats): all_reduce_gradients in
 //     fused buckets against one MPI_Allreduce per tensor, beside the bound of one pass over the set
-//     (each process reading and writing it once, in place), the least any all-reduce of it can take.
+//     (each process reading and writing it once, in place), the least any all-reduce of it can take;
+//     and the fused buckets travelling as bfloat16 (gradient_compression::bfloat16: half the bytes,
+//     two conversions more).
 //
 //   mpiexec -np W bench_allreduce_mpi --overlap [--set cyclegan|discriminators] [--compute-ms 400]
 //                                     [--mpi-window on|off]
@@ -60,7 +62,7 @@ struct options {
   mode what = mode::peer;
   std::string set = "cyclegan";    // --overlap: the parameter set
   double compute_ms = 400;         // --overlap: the compute of one backward
-  bool mpi_window = true;          // --overlap: workers of one machine share memory (off: messages)
+  bool mpi_window = true;          // --overlap, --gradients: workers of one machine share memory (off: messages)
   std::vector<std::size_t> sizes;  // bytes per process (or replica)
   std::vector<int> replicas{1, 2};
   double min_seconds = 0.05;       // each timed repetition runs at least this long
@@ -287,7 +289,7 @@ void gradients(int rank, int workers, const options& opts) {
     const char* set;
     std::size_t tensors, floats;
     int replicas;
-    double fused, ours_per_tensor, mpi_per_tensor, pass;
+    double fused, ours_per_tensor, mpi_per_tensor, pass, bf16;
     std::size_t buckets;
   };
   std::vector<row> rows;
@@ -296,15 +298,17 @@ void gradients(int rank, int workers, const options& opts) {
     std::printf("# fused = all_reduce_gradients, 25 MiB buckets; per tensor = one collective per tensor (ours with\n"
                 "# bucket_bytes 0, and MPI_Allreduce); pass = every process reading and writing its whole set once,\n"
                 "# in place, all at once: the least any all-reduce of it must do, so MPI/pass bounds what fusing\n"
-                "# can gain\n");
+                "# can gain; bf16 = the fused buckets travelling as bfloat16 (gradient_compression::bfloat16)\n");
+    std::printf("# between the workers: %s\n",
+                opts.mpi_window ? "the shared-memory window of workers on one machine" : "the ring of MPI messages");
     for (const auto& set : sets) {
       std::size_t floats = 0;
       for (auto n : set.tensors) floats += n;
       std::printf("# set %s: %zu tensors, %zu floats (%.1f MiB)\n", set.name, set.tensors.size(), floats,
                   static_cast<double>(floats * sizeof(float)) / (1 << 20));
     }
-    std::printf("\n%8s  %8s  %9s  %8s  %9s  %14s  %13s  %8s  %11s  %10s\n", "set", "workers", "replicas", "buckets",
-                "fused ms", "ours/tensor ms", "MPI/tensor ms", "pass ms", "MPI / fused", "MPI / pass");
+    std::printf("\n%8s  %8s  %9s  %8s  %9s  %8s  %14s  %13s  %8s  %11s  %10s  %11s\n", "set", "workers", "replicas", "buckets",
+                "fused ms", "bf16 ms", "ours/tensor ms", "MPI/tensor ms", "pass ms", "MPI / fused", "MPI / pass", "fused / bf16");
     std::fflush(stdout);
   }
   auto time_mpi = [&](auto&& body) {
@@ -335,35 +339,39 @@ void gradients(int rank, int workers, const options& opts) {
       });
     };
     for (const int replicas : opts.replicas) {
-      dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = replicas}};
+      dist::comm::mpi_options mpi_opts;
+      mpi_opts.shared_memory = opts.mpi_window;
+      dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = replicas, .mpi = mpi_opts}};
       auto models = s.values_from_function([&](int) {
         gradient_set m;
         for (auto n : tensors) m.grads.emplace_back(n, 0.0f);
         return m;
       });
       std::size_t buckets = 0;
-      auto time_with = [&](std::size_t bucket_bytes) {
+      auto time_with = [&](std::size_t bucket_bytes, dist::gradient_compression compression = dist::gradient_compression::none) {
         return time_strategy(s, opts, [&](auto& r) {
           auto& m = models[static_cast<std::size_t>(r.replica_id() - s.first_replica_id())];
-          return [&r, &m, &buckets, bucket_bytes] {
-            const auto n = r.all_reduce_gradients(m, {.bucket_bytes = bucket_bytes});
+          return [&r, &m, &buckets, bucket_bytes, compression] {
+            const auto n = r.all_reduce_gradients(m, {.bucket_bytes = bucket_bytes, .compression = compression});
             if (r.replica_id() == 0 && bucket_bytes != 0) buckets = n;
           };
         });
       };
-      std::vector<double> mpi_rounds, fused_rounds, ours_rounds, pass_rounds;
+      std::vector<double> mpi_rounds, fused_rounds, ours_rounds, pass_rounds, bf16_rounds;
+      const std::size_t fused_cap = dist::gradient_reduction{}.bucket_bytes;
       for (int round = 0; round < rounds; ++round) {
         mpi_rounds.push_back(time_mpi_per_tensor());
         pass_rounds.push_back(time_pass());
-        fused_rounds.push_back(time_with(dist::gradient_reduction{}.bucket_bytes));
+        fused_rounds.push_back(time_with(fused_cap));
         ours_rounds.push_back(time_with(0));
+        bf16_rounds.push_back(time_with(fused_cap, dist::gradient_compression::bfloat16));
       }
       if (rank == 0) {
         const row x{set.name, tensors.size(), floats, replicas, bench::median(fused_rounds), bench::median(ours_rounds),
-                    bench::median(mpi_rounds), bench::median(pass_rounds), buckets};
-        std::printf("%8s  %8d  %9d  %8zu  %9.3f  %14.3f  %13.3f  %8.3f  %10.2fx  %9.2fx\n", x.set, workers, replicas, buckets,
-                    x.fused * 1e3, x.ours_per_tensor * 1e3, x.mpi_per_tensor * 1e3, x.pass * 1e3,
-                    x.mpi_per_tensor / x.fused, x.mpi_per_tensor / x.pass);
+                    bench::median(mpi_rounds), bench::median(pass_rounds), bench::median(bf16_rounds), buckets};
+        std::printf("%8s  %8d  %9d  %8zu  %9.3f  %8.3f  %14.3f  %13.3f  %8.3f  %10.2fx  %9.2fx  %10.2fx\n", x.set, workers, replicas,
+                    buckets, x.fused * 1e3, x.bf16 * 1e3, x.ours_per_tensor * 1e3, x.mpi_per_tensor * 1e3, x.pass * 1e3,
+                    x.mpi_per_tensor / x.fused, x.mpi_per_tensor / x.pass, x.fused / x.bf16);
         std::fflush(stdout);
         rows.push_back(x);
       }
@@ -374,8 +382,9 @@ void gradients(int rank, int workers, const options& opts) {
   for (const auto& x : rows)
     std::printf("{\"bench\":\"gradient_allreduce\",\"set\":\"%s\",\"workers\":%d,\"replicas_per_worker\":%d,\"tensors\":%zu,"
                 "\"floats\":%zu,\"buckets\":%zu,\"fused_seconds\":%.6f,\"ours_per_tensor_seconds\":%.6f,"
-                "\"mpi_per_tensor_seconds\":%.6f,\"pass_seconds\":%.6f}\n",
-                x.set, workers, x.replicas, x.tensors, x.floats, x.buckets, x.fused, x.ours_per_tensor, x.mpi_per_tensor, x.pass);
+                "\"mpi_per_tensor_seconds\":%.6f,\"pass_seconds\":%.6f,\"bfloat16_fused_seconds\":%.6f,\"mpi_window\":%s}\n",
+                x.set, workers, x.replicas, x.tensors, x.floats, x.buckets, x.fused, x.ours_per_tensor, x.mpi_per_tensor, x.pass,
+                x.bf16, opts.mpi_window ? "true" : "false");
 }
 
 // The two discriminators of cyclegan_tensors() alone (what the example mirrors): 10 tensors, 5.5 M floats.

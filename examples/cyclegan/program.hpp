@@ -95,6 +95,9 @@ training
   --seed N                         initialisation, data order and pool (default 1)
   --overlap on|off                 all-reduce each network's gradients while its backward runs
                                    (default on; off: after it; the same results either way)
+  --gradient-compression none|bfloat16
+                                   what the gradients travel as between replicas (default none;
+                                   bfloat16: half the bytes, bfloat16's precision)
   --graphs on|off                  --device cuda: replay each network's forward and backward as CUDA
                                    graphs once captured (default off; the same results either way)
 data
@@ -146,6 +149,10 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
       .integer("--pool-size", t.pool_size, std::size_t{0}, max_pool)
       .integer("--seed", t.seed, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max())
       .choice("--overlap", {"on", "off"}, [&](const std::string& v) { t.overlap = v == "on"; })
+      .choice("--gradient-compression", {"none", "bfloat16"},
+              [&](const std::string& v) {
+                t.compression = v == "bfloat16" ? dist::gradient_compression::bfloat16 : dist::gradient_compression::none;
+              })
       .choice("--graphs", {"on", "off"}, [&](const std::string& v) { t.graphs = v == "on"; })
       .path("--fmnist-dir", st.fmnist_dir)
       .path("--data-dir", st.data_dir)
@@ -391,6 +398,8 @@ summary run_with(S& strategy, settings st) {
                   d.name_a.c_str(), d.name_b.c_str(), strategy.num_replicas_in_sync(), st.strategy.c_str(), device_word(st),
                   name_of(st.train.place), static_cast<long long>(global), static_cast<long long>(st.train.total_steps),
                   static_cast<long long>(per_epoch));
+    if (!st.quiet && st.train.compression != dist::gradient_compression::none)
+      std::printf("gradients all-reduced as %s\n", std::string(dist::to_string(st.train.compression)).c_str());
     if (!st.quiet)
       std::printf("generators: %lld parameters each (filters %lld, %d residual blocks); discriminators: %lld (filters %lld, %d layers, %s norm)\n",
                   static_cast<long long>(parameter_count(tr.g_ab().primary())), static_cast<long long>(st.train.gen.filters),

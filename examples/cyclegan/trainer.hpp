@@ -82,6 +82,9 @@ struct train_options {
   // Each network's gradient all-reduce overlapped with the backward that finishes it (the same bits
   // as after it: replica_context::overlap_gradients).
   bool overlap = true;
+  // What the gradients travel as between replicas (gradient_compression::bfloat16: half the bytes,
+  // bfloat16's precision; every replica still holds the same bits).
+  dist::gradient_compression compression = dist::gradient_compression::none;
   // GPU replicas: each network's forward and backward replayed as CUDA graphs (nn::graphed; the same
   // bits as eager). Refused on the CPU.
   bool graphs = false;
@@ -355,6 +358,9 @@ class trainer {
   discriminators& d_b() noexcept { return d_b_; }
 
  private:
+  // How each network's gradients are all-reduced: DDP's buckets, travelling as o_.compression says.
+  dist::gradient_reduction reduction() const noexcept { return {.compression = o_.compression}; }
+
   using result = generator_result<device_type>;
 
   adam make_adam() const { return adam{{.lr = o_.lr, .beta1 = o_.beta1, .beta2 = o_.beta2}}; }
@@ -425,7 +431,7 @@ class trainer {
     std::vector<device_loss> cycle, adversarial;  // per path, in order
     // With overlap, the second path holds both generators' last backward: each network joins the
     // overlap just before it, and its buckets go while the rest of the step computes.
-    auto sync = r.overlap_gradients();
+    auto sync = r.overlap_gradients(reduction());
     auto path = [&](const device_tensor& real, generator_type& g, generator_type& back, discriminator_type& d, bool last) {
       device_tensor fake = g.forward(r, real);
       const auto& cyc = cycle.emplace_back(nn::l1(r, back.forward(r, fake), real, n, nn::value_on_device));
@@ -444,8 +450,8 @@ class trainer {
     out.fake_a = path(b, gba, gab, da, true);
     sync.wait();
     if (!o_.overlap) {
-      r.all_reduce_gradients(gab);
-      r.all_reduce_gradients(gba);
+      r.all_reduce_gradients(gab, reduction());
+      r.all_reduce_gradients(gba, reduction());
     }
     oab.step(r, gab);
     oba.step(r, gba);
@@ -464,7 +470,7 @@ class trainer {
     step_losses out;
     // With overlap, D_A's buckets go while D_B computes and D_B's while its own backward finishes;
     // both updates wait for the end (neither network reads the other).
-    auto sync = r.overlap_gradients();
+    auto sync = r.overlap_gradients(reduction());
     std::vector<device_loss> on_real, on_fake;  // D_A's, then D_B's
     on_real.reserve(2);
     on_fake.reserve(2);
@@ -477,7 +483,7 @@ class trainer {
       const auto& lf = on_fake.emplace_back(nn::mse(r, sf, filled_like(sf, 0.0f), n, nn::value_on_device));
       if (o_.overlap) sync.add(d);
       d.backward(r, scaled(r, lf.grad, 0.5), nn::no_input_gradient);
-      if (!o_.overlap) r.all_reduce_gradients(d);
+      if (!o_.overlap) r.all_reduce_gradients(d, reduction());
     };
     one(da, real_a, fake_a);
     if (!o_.overlap) oa.step(r, da);

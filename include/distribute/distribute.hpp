@@ -3,6 +3,7 @@
 
 #include <distribute/config.hpp>
 
+#include <distribute/bfloat16.hpp>
 #include <distribute/collective_options.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/errors.hpp>

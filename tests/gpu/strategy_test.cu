@@ -8,6 +8,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -62,6 +63,21 @@ std::vector<double> train_linear(S& s, int steps) {
 }
 
 }  // namespace
+
+// A model of float gradients in device memory (for all_reduce_gradients, which needs no layers).
+struct device_gradients {
+  using scalar_type = float;
+  std::vector<dist::tensor<float, dist::cuda>> values, gradients;
+  template <class F>
+  void for_each_parameter(F&& f) {
+    for (std::size_t i = 0; i < values.size(); ++i) f(values[i].values(), gradients[i].values());
+  }
+};
+
+// Replica r's gradient element i: irregular, of several magnitudes.
+float device_gradient_value(int r, std::size_t i) {
+  return static_cast<float>(std::ldexp(std::sin(0.41 * static_cast<double>(i) + 1.7 * r), static_cast<int>(i % 19) - 12));
+}
 
 BOOST_AUTO_TEST_SUITE(strategy)
 
@@ -173,6 +189,71 @@ BOOST_AUTO_TEST_CASE(reductions_are_bit_identical_run_to_run) {
   };
   const auto first = once();
   for (int i = 0; i < 5; ++i) BOOST_TEST(dt::bit_equal(once(), first));
+}
+
+// Gradients all-reduced as bfloat16 between GPU replicas (gradient_reduction::compression): narrowed
+// and widened on the replica's stream (Thrust, CUDA's conversions), reduced in bfloat16 by the
+// engine. With two replicas every one holds bfloat16(bfloat16(a) + bfloat16(b)) widened, which the
+// CPU computes here with the library's bfloat16; blocking and overlapped alike. cuda_peer (logical
+// replicas on cuda:0) always; NCCL where there are two GPUs (NCCL takes one rank per GPU).
+BOOST_AUTO_TEST_CASE(gradients_all_reduced_as_bfloat16_on_gpu_replicas) {
+  const std::vector<std::size_t> sizes = {5, 3000, 1, 700};
+  auto check = [&](dist::mirrored_strategy<dist::cuda>& s, const char* engine) {
+    for (const bool overlap : {false, true}) {
+      auto models = s.mirror([&](auto& device) {
+        device_gradients m;
+        for (const auto n : sizes) {
+          m.values.emplace_back(dist::shape{static_cast<std::int64_t>(n)}, device);
+          m.gradients.emplace_back(dist::shape{static_cast<std::int64_t>(n)}, device);
+        }
+        return m;
+      });
+      // Each replica writes its own gradients in the step.
+      s.run(
+          [&](dist::replica auto& r, device_gradients& m) {
+            std::size_t at = 0;
+            for (auto& g : m.gradients) {
+              std::vector<float> mine(static_cast<std::size_t>(g.size()));
+              for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = device_gradient_value(r.replica_id(), at + i);
+              g.copy_from_host(mine);
+              at += mine.size();
+            }
+            const dist::gradient_reduction how{.bucket_bytes = 4096, .first_bucket_bytes = 64,
+                                               .compression = dist::gradient_compression::bfloat16};
+            if (overlap) {
+              auto sync = r.overlap_gradients(how);
+              sync.add(m);
+              sync.wait();
+            } else {
+              r.all_reduce_gradients(m, how);
+            }
+          },
+          models);
+      for (int r = 0; r < 2; ++r) {
+        std::size_t at = 0, wrong = 0;
+        for (const auto& g : models[static_cast<std::size_t>(r)].gradients) {
+          const auto got = g.to_vector();
+          for (std::size_t i = 0; i < got.size(); ++i, ++at) {
+            const auto want = dist::bfloat16(device_gradient_value(0, at)) + dist::bfloat16(device_gradient_value(1, at));
+            wrong += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(static_cast<float>(want));
+          }
+        }
+        BOOST_TEST(wrong == 0u, engine << (overlap ? ", overlapped" : ", blocking") << ", replica " << r);
+      }
+    }
+  };
+  dist::mirrored_strategy<dist::cuda> peer{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  check(peer, "cuda_peer");
+#if DISTRIBUTE_HAS_NCCL
+  if (dist::cuda_device_count() >= 2) {
+    auto devices = dist::all_cuda_devices();
+    devices.resize(2);
+    dist::mirrored_strategy<dist::cuda> nccl{devices, {}, dist::cuda_engine::nccl};
+    check(nccl, "NCCL");
+  } else {
+    BOOST_TEST_MESSAGE("NCCL's bfloat16 gradient all-reduce needs two GPUs; this machine has one");
+  }
+#endif
 }
 
 BOOST_AUTO_TEST_SUITE_END()

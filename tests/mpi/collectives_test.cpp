@@ -8,6 +8,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -188,6 +189,36 @@ BOOST_AUTO_TEST_CASE(barriers_and_other_arithmetic_types) {
   std::vector<std::uint16_t> u(10, static_cast<std::uint16_t>(c.rank() + 1));
   c.all_reduce(reduce_op::sum, std::span<std::uint16_t>(u));
   BOOST_TEST(u[9] == c.size() * (c.size() + 1) / 2);
+}
+
+BOOST_AUTO_TEST_CASE(bfloat16_is_reduced_with_a_rounding_per_addition_on_every_path) {
+  // What gradients travel as under gradient_compression::bfloat16: every worker gets the same bits,
+  // each addition rounded to bfloat16 (with two workers: exactly bfloat16(a + b)).
+  for (auto* path : all_reduce_paths()) {
+    auto& c = *path;
+    const std::size_t n = 70001;
+    auto value = [](int rank, std::size_t i) { return std::ldexp(std::sin(0.37 * static_cast<double>(i) + rank), static_cast<int>(i % 23) - 15); };
+    std::vector<dist::bfloat16> buf(n);
+    for (std::size_t i = 0; i < n; ++i) buf[i] = dist::bfloat16(value(c.rank(), i));
+    c.all_reduce(reduce_op::sum, std::span<dist::bfloat16>(buf));
+    std::size_t wrong = 0, far = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double exact = 0, magnitude = 0;
+      for (int w = 0; w < c.size(); ++w) {
+        exact += static_cast<double>(dist::bfloat16(value(w, i)));
+        magnitude += std::abs(value(w, i));
+      }
+      if (c.size() == 2)
+        wrong += buf[i].bits() != (dist::bfloat16(value(0, i)) + dist::bfloat16(value(1, i))).bits();
+      far += std::abs(static_cast<double>(buf[i]) - exact) > c.size() * 0x1p-8 * magnitude;
+    }
+    BOOST_TEST(wrong == 0u, path_name(c));
+    BOOST_TEST(far == 0u, path_name(c));
+    const std::uint64_t digest = dist::detail::fnv1a(buf.data(), buf.size() * sizeof(dist::bfloat16));
+    std::vector<std::uint64_t> digests(static_cast<std::size_t>(c.size()));
+    c.all_gather(std::span<const std::uint64_t>(&digest, 1), std::span<std::uint64_t>(digests));
+    for (auto x : digests) BOOST_TEST(x == digests[0], "every worker holds the same bits, " << path_name(c));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(floats_are_bit_identical_on_every_worker_and_every_run) {

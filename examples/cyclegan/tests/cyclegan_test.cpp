@@ -280,9 +280,11 @@ BOOST_AUTO_TEST_SUITE(placements_agree)
 
 template <class S>
 std::vector<std::vector<std::vector<float>>> train_three_steps(S& s, placement place, std::size_t threshold, const domains& d,
-                                                                bool overlap = true) {
+                                                                bool overlap = true,
+                                                                dist::gradient_compression compression = dist::gradient_compression::none) {
   train_options o;
   o.overlap = overlap;
+  o.compression = compression;
   o.gen = {.channels = 1, .filters = 4, .blocks = 1};
   o.disc = {.channels = 1, .filters = 4, .layers = 2};
   o.batch = 4 / s.num_replicas_in_sync();  // global batch 4 everywhere
@@ -343,6 +345,11 @@ BOOST_AUTO_TEST_CASE(overlapped_all_reduce_changes_no_bit) {
     const auto off = train_three_steps(s, place, 4, d, false);
     BOOST_TEST((on == off), name_of(place));
   }
+  // With the gradients travelling as bfloat16 too; and they do travel so (not the float bits).
+  const auto bf16 = dist::gradient_compression::bfloat16;
+  const auto on = train_three_steps(s, placement::full, 4, d, true, bf16);
+  BOOST_TEST((on == train_three_steps(s, placement::full, 4, d, false, bf16)), "bfloat16 gradients");
+  BOOST_TEST(!(on == train_three_steps(s, placement::full, 4, d, true)), "bfloat16 gradients are not the float ones");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -504,6 +511,7 @@ BOOST_AUTO_TEST_CASE(every_bad_value_names_the_flag_the_value_and_the_range) {
       {{"--image-size", "5"}, "--image-size: 5 is out of range (accepted: an integer from 8 to 1024)"},
       {{"--image-size", "20000"}, "--image-size: 20000 is out of range"},
       {{"--norm", "layer"}, "--norm: 'layer' is not one of instance, batch, sync_batch"},
+      {{"--gradient-compression", "fp8"}, "--gradient-compression: 'fp8' is not one of none, bfloat16"},
       {{"--batch"}, "--batch needs a value"},
       {{"--resume"}, "--resume needs --checkpoint-dir"},
       {{"--bogus"}, "unknown flag '--bogus'"},

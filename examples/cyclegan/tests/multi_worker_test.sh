@@ -4,7 +4,7 @@
 # the multi-worker run is stopped halfway and resumed; only the chief prints and writes (its
 # pictures, and with --tensorboard one event file). Then 2
 # workers x 2 replicas against mirrored --replicas 4: byte-identical too (every stage sums in the
-# same tree over replica order).
+# same tree over replica order), also with the gradients travelling as bfloat16.
 #
 #   multi_worker_test.sh CYCLEGAN_TRAIN MPIEXEC "MPIEXEC_PREFLAGS" WORK_DIR
 # Exits 77 (skipped) when Fashion-MNIST is not installed.
@@ -49,5 +49,18 @@ mpirun 2 "$train" "${common[@]}" --batch 1 --strategy multi_worker --replicas 2 
 a=$(latest "$work/m4/ckpt") b=$(latest "$work/w4/ckpt")
 cmp "$a" "$b" || fail "2 workers x 2 differs from mirrored --replicas 4 ($(cmp -l "$a" "$b" | wc -l) bytes)"
 echo "2 workers x 2 replicas: final checkpoint byte-identical to mirrored --replicas 4"
+
+# Gradients travelling as bfloat16: 2 workers x 2 replicas against 4 replicas in one process, byte
+# for byte again (each addition rounded to bfloat16 in the same tree), and not the float run.
+bf16=(--gradient-compression bfloat16)
+"$train" "${common[@]}" "${bf16[@]}" --batch 1 --strategy mirrored --replicas 4 --quiet --out "$work/m4h" \
+  --checkpoint-dir "$work/m4h/ckpt"
+mpirun 2 "$train" "${common[@]}" "${bf16[@]}" --batch 1 --strategy multi_worker --replicas 2 --out "$work/w4h" \
+  --checkpoint-dir "$work/w4h/ckpt" > "$work/w4h.log" 2>&1 || { cat "$work/w4h.log"; fail "the bfloat16 2 x 2 job failed"; }
+grep -q '^gradients all-reduced as bfloat16' "$work/w4h.log" || { cat "$work/w4h.log"; fail "the chief must say the gradients travel as bfloat16"; }
+a=$(latest "$work/m4h/ckpt") b=$(latest "$work/w4h/ckpt")
+cmp "$a" "$b" || fail "bfloat16 gradients: 2 workers x 2 differs from mirrored --replicas 4 ($(cmp -l "$a" "$b" | wc -l) bytes)"
+if cmp -s "$a" "$(latest "$work/m4/ckpt")"; then fail "bfloat16 gradients gave the float run's checkpoint"; fi
+echo "bfloat16 gradients, 2 workers x 2 replicas: final checkpoint byte-identical to mirrored --replicas 4, not the float run's"
 rm -rf "$work"
 echo "PASS"

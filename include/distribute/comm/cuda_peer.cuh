@@ -15,6 +15,7 @@
 // staged through the device. Every collective has completed when it returns.
 
 #include <distribute/collective_options.hpp>
+#include <distribute/comm/detail/bfloat16_wire.cuh>
 #include <distribute/comm/detail/check.hpp>
 #include <distribute/comm/detail/cuda_kernels.cuh>
 #include <distribute/comm/detail/gpu_meeting.cuh>
@@ -104,6 +105,11 @@ class cuda_peer {
   void all_reduce(reduce_op op, std::span<T> buf) {
     const std::span<T> one[1] = {buf};
     all_reduce(op, std::span<const std::span<T>>(one));
+  }
+
+  // Float buffers all-reduced as bfloat16 (gradient_reduction::compression): comm/detail/bfloat16_wire.cuh.
+  void all_reduce_as_bfloat16(reduce_op op, std::span<const std::span<float>> bufs) {
+    detail::all_reduce_as_bfloat16(*this, op, bufs, device().index(), stream());
   }
 
   template <element T>

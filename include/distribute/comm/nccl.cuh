@@ -69,6 +69,7 @@
 //   aborts the communicator, as a failed collective does.
 
 #include <distribute/collective_options.hpp>
+#include <distribute/comm/detail/bfloat16_wire.cuh>
 #include <distribute/comm/detail/check.hpp>
 #include <distribute/comm/detail/cuda_kernels.cuh>
 #include <distribute/comm/detail/gpu_meeting.cuh>
@@ -502,41 +503,39 @@ class nccl {
   // on a stream: such a call finishes what was started and all-reduces them at once.
   template <element T>
   void start_all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
-    if (bufs.size() > max_fused_buffers || !on_this_device(bufs) || !g_->pending_[static_cast<std::size_t>(local_)].empty() ||
-        distribute::detail::stream_capturing(stream())) {
+    if (!can_start(bufs)) {
       finish_started();
       all_reduce(op, bufs);
       return;
     }
     const auto guard = current();
-    auto& side = g_->sides_[static_cast<std::size_t>(local_)];
-    side.open(device().index());
-    const cudaStream_t s = side.stream.get();
-    std::size_t total = 0;
+    const cudaStream_t s = side_after_compute();
     std::vector<detail::segment> segs;
     segs.reserve(bufs.size());
-    for (auto b : bufs) {
-      segs.push_back({static_cast<void*>(b.data()), b.size()});
-      total += b.size();
+    for (auto b : bufs) segs.push_back({static_cast<void*>(b.data()), b.size()});
+    start_on_side<T>(op, segs, s);
+  }
+
+  // Float buffers all-reduced as bfloat16 (gradient_reduction::compression): narrowed on the
+  // replica's stream into one buffer of the stream's memory pool, all-reduced by NCCL in bfloat16
+  // (NCCL rounds each partial sum to bfloat16), widened back. Host buffers go through the host.
+  void all_reduce_as_bfloat16(reduce_op op, std::span<const std::span<float>> bufs) {
+    detail::all_reduce_as_bfloat16(*this, op, bufs, device().index(), stream());
+  }
+  // The same, started on the communication stream (narrowing, all-reduce and widening all there).
+  void start_all_reduce_as_bfloat16(reduce_op op, std::span<const std::span<float>> bufs) {
+    if (!can_start(bufs)) {
+      finish_started();
+      all_reduce_as_bfloat16(op, bufs);
+      return;
     }
-    detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
-                         .segs = segs.data(), .n_segs = segs.size()};
-    distribute::detail::cuda_check(cudaEventRecord(side.ready, stream()), "cudaEventRecord", device().index());
-    distribute::detail::cuda_check(cudaStreamWaitEvent(s, side.ready, 0), "cudaStreamWaitEvent", device().index());
-    collective(
-        d, s, /*wait=*/false,
-        [&] {
-          for (const auto& seg : segs)
-            if (seg.size != 0)
-              detail::nccl_check(ncclAllReduce(seg.data, seg.data, seg.size, detail::nccl_type<T>(), detail::nccl_op<T>(op, size()),
-                                               comm(), s),
-                                 "ncclAllReduce", comm());
-        },
-        [&] {
-          if (detail::divide_after_nccl<T>(op, size()))
-            for (const auto& seg : segs) detail::launch_divide(static_cast<T*>(seg.data), seg.size, size(), device().index(), s);
-        });
-    ++side.started;
+    const auto guard = current();
+    const cudaStream_t s = side_after_compute();
+    const detail::bfloat16_wire wire(bufs, device().index(), s);
+    const auto w = wire.span();
+    const detail::segment seg{static_cast<void*>(w.data()), w.size()};
+    start_on_side<__nv_bfloat16>(op, std::span<const detail::segment>(&seg, 1), s);
+    wire.widen(bufs);
   }
 
   // Waits until every all-reduce this replica started has completed; a failure, another replica's
@@ -879,6 +878,46 @@ class nccl {
   template <class What>
   bool queued_work_done(What&& what) {
     return queued_work_done(what, stream());
+  }
+
+  // Whether `bufs` can be started on the communication stream: device buffers of this replica's
+  // GPU, nothing pending, the compute stream not being captured.
+  template <element T>
+  bool can_start(std::span<const std::span<T>> bufs) const {
+    return bufs.size() <= max_fused_buffers && on_this_device(bufs) && g_->pending_[static_cast<std::size_t>(local_)].empty() &&
+           !distribute::detail::stream_capturing(stream());
+  }
+
+  // This replica's communication stream, made to wait for the work queued on its compute stream.
+  cudaStream_t side_after_compute() {
+    auto& side = g_->sides_[static_cast<std::size_t>(local_)];
+    side.open(device().index());
+    distribute::detail::cuda_check(cudaEventRecord(side.ready, stream()), "cudaEventRecord", device().index());
+    distribute::detail::cuda_check(cudaStreamWaitEvent(side.stream.get(), side.ready, 0), "cudaStreamWaitEvent", device().index());
+    return side.stream.get();
+  }
+
+  // One started all-reduce of `segs` (of T, on this device) on the communication stream `s`.
+  template <element T>
+  void start_on_side(reduce_op op, std::span<const detail::segment> segs, cudaStream_t s) {
+    std::size_t total = 0;
+    for (const auto& seg : segs) total += seg.size;
+    detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
+                         .segs = segs.data(), .n_segs = segs.size()};
+    collective(
+        d, s, /*wait=*/false,
+        [&] {
+          for (const auto& seg : segs)
+            if (seg.size != 0)
+              detail::nccl_check(ncclAllReduce(seg.data, seg.data, seg.size, detail::nccl_type<T>(), detail::nccl_op<T>(op, size()),
+                                               comm(), s),
+                                 "ncclAllReduce", comm());
+        },
+        [&] {
+          if (detail::divide_after_nccl<T>(op, size()))
+            for (const auto& seg : segs) detail::launch_divide(static_cast<T*>(seg.data), seg.size, size(), device().index(), s);
+        });
+    ++g_->sides_[static_cast<std::size_t>(local_)].started;
   }
 
   template <element T>

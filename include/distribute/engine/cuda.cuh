@@ -26,6 +26,7 @@
 // plane sums are not in index order, so they match the CPU engine's to rounding, not in every bit.
 
 #include <distribute/config.hpp>
+#include <distribute/device/detail/half_conversions.cuh>
 #include <distribute/device/cuda.cuh>
 #include <distribute/device/cuda_graph.cuh>
 #include <distribute/engine/conv_geometry.hpp>
@@ -105,15 +106,6 @@ class cublas_handle {
   int ordinal_;
   cublasHandle_t h_ = nullptr;
   cublasMath_t mode_ = CUBLAS_PEDANTIC_MATH;
-};
-
-// Mixed precision's conversions (Thrust functors): float to a 16-bit type, round to nearest even.
-template <class H>
-struct narrow_to {
-  DISTRIBUTE_HOST_DEVICE H operator()(float v) const {
-    if constexpr (std::is_same_v<H, __half>) return __float2half_rn(v);
-    else return __float2bfloat16_rn(v);
-  }
 };
 
 // p[i] = v (a kernel's functor: a namespace-scope type, which the generated launch code can name).

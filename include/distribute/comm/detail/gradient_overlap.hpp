@@ -105,9 +105,10 @@ class gradient_overlap final : detail::overlap_hook {
   // the model's last backward of the step.
   template <gradient_enumerable M>
   gradient_overlap& add(M& model) {
+    using T = typename M::scalar_type;
+    detail::check_compression<T>(options_);
     if (!slot_) return *this;
     if (finished_) throw std::logic_error("distribute: gradient_overlap::add after wait()");
-    using T = typename M::scalar_type;
     detail::for_each_gradient_bucket(model, options_, [&](std::vector<std::span<T>>&& bucket) {
       const std::size_t b = buckets_.size();
       for (const auto g : bucket) {
@@ -115,15 +116,20 @@ class gradient_overlap final : detail::overlap_hook {
           throw std::invalid_argument("distribute: gradient_overlap::add got a model whose gradients it already holds");
       }
       if constexpr (can_split) {
-        if (split_) {
-          buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] {
+        if (split_ && starts(options_.compression)) {
+          buckets_.push_back({bucket.size(), [this, op = options_.op, compressed = options_.compression != gradient_compression::none,
+                                              bucket = std::move(bucket)] {
                                 const collective_label label("all_reduce_gradients");
-                                comm_.start_all_reduce(op, std::span<const std::span<T>>(bucket));
+                                const std::span<const std::span<T>> buffers(bucket);
+                                if constexpr (can_split_compressed && std::is_same_v<T, float>) {
+                                  if (compressed && comm_.size() > 1) return comm_.start_all_reduce_as_bfloat16(op, buffers);
+                                }
+                                comm_.start_all_reduce(op, buffers);
                               }});
           return;
         }
       }
-      buckets_.push_back({bucket.size(), [this, op = options_.op, bucket = std::move(bucket)] { detail::all_reduce_bucket(comm_, op, bucket); }});
+      buckets_.push_back({bucket.size(), [this, bucket = std::move(bucket)] { detail::all_reduce_bucket(comm_, options_, bucket); }});
     });
     return *this;
   }
@@ -151,6 +157,11 @@ class gradient_overlap final : detail::overlap_hook {
   // Whether C has a split phase, and whether this communicator uses it (one that chooses its engine
   // at run time says so with `splits()`: cuda_replica, NCCL or cuda_peer).
   static constexpr bool can_split = detail::split_phase_communicator<C>;
+  static constexpr bool can_split_compressed = requires(C& c, std::span<const std::span<float>> buffers) {
+    c.start_all_reduce_as_bfloat16(reduce_op::sum, buffers);
+  };
+  // Whether a bucket of this compression is started in the split phase (else it runs in `wait`).
+  static constexpr bool starts(gradient_compression c) noexcept { return c == gradient_compression::none || can_split_compressed; }
   static bool splits(C& c) {
     if constexpr (!can_split) return false;
     else if constexpr (requires { c.splits(); }) return c.splits();

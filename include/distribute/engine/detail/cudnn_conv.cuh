@@ -60,6 +60,7 @@
 // are not floor((H + 2p - k) / s) + 1 (the only ones cuDNN computes), is an std::invalid_argument.
 
 #include <distribute/config.hpp>
+#include <distribute/device/detail/half_conversions.cuh>
 
 #if !DISTRIBUTE_HAS_CUDA
 #  error "<distribute/engine/detail/cudnn_conv.cuh> needs nvcc and the CUDA toolkit (link distribute::cuda)"
@@ -122,25 +123,10 @@ __global__ void accumulate(T* to, const T* from, std::int64_t n) {
     to[i] += from[i];
 }
 
-// Mixed precision's conversions, run by Thrust on the stream: float to a 16-bit type (round to
-// nearest even), a 16-bit value back to float (exact), and a float plus a 16-bit value.
-template <class H>
-struct narrow {
-  __host__ __device__ H operator()(float v) const {
-    if constexpr (std::is_same_v<H, __half>) return __float2half_rn(v);
-    else return __float2bfloat16_rn(v);
-  }
-};
-template <class H>
-struct widen {
-  __host__ __device__ float operator()(H v) const {
-    if constexpr (std::is_same_v<H, __half>) return __half2float(v);
-    else return __bfloat162float(v);
-  }
-};
+// A float plus a 16-bit value (mixed precision's conversions: device/detail/half_conversions.cuh).
 template <class H>
 struct add_widened {
-  __host__ __device__ float operator()(float a, H b) const { return a + widen<H>{}(b); }
+  __host__ __device__ float operator()(float a, H b) const { return a + distribute::detail::widen_from<H>{}(b); }
 };
 
 // db[c] += the sum of dy's channel c over the batch and the plane: block c, each thread summing a
@@ -404,11 +390,11 @@ class cudnn_convolutions {
   }
   template <class H>
   void narrow_into(const float* from, std::int64_t n, H* to) {
-    thrust::transform(thrust::cuda::par_nosync.on(stream_), from, from + n, to, cudnn_conv_kernels::narrow<H>{});
+    thrust::transform(thrust::cuda::par_nosync.on(stream_), from, from + n, to, distribute::detail::narrow_to<H>{});
   }
   template <class H>
   void widen_into(const H* from, std::int64_t n, float* to) {
-    thrust::transform(thrust::cuda::par_nosync.on(stream_), from, from + n, to, cudnn_conv_kernels::widen<H>{});
+    thrust::transform(thrust::cuda::par_nosync.on(stream_), from, from + n, to, distribute::detail::widen_from<H>{});
   }
 
   void check_launch(pass p, const conv_geometry& g, const char* kernel) const {

@@ -73,6 +73,9 @@ class cuda_replica {
   void all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
     std::visit([&](auto& e) { e.all_reduce(op, bufs); }, e_);
   }
+  void all_reduce_as_bfloat16(reduce_op op, std::span<const std::span<float>> bufs) {
+    std::visit([&](auto& e) { e.all_reduce_as_bfloat16(op, bufs); }, e_);
+  }
   template <element T>
   void reduce_scatter(reduce_op op, std::span<const T> in, std::span<T> out) {
     std::visit([&](auto& e) { e.reduce_scatter(op, in, out); }, e_);
@@ -100,6 +103,12 @@ class cuda_replica {
     std::visit([&](auto& e) {
       if constexpr (requires { e.start_all_reduce(op, bufs); }) e.start_all_reduce(op, bufs);
       else e.all_reduce(op, bufs);
+    }, e_);
+  }
+  void start_all_reduce_as_bfloat16(reduce_op op, std::span<const std::span<float>> bufs) {
+    std::visit([&](auto& e) {
+      if constexpr (requires { e.start_all_reduce_as_bfloat16(op, bufs); }) e.start_all_reduce_as_bfloat16(op, bufs);
+      else e.all_reduce_as_bfloat16(op, bufs);
     }, e_);
   }
   void finish_started() {
