@@ -50,19 +50,17 @@ class adam : public detail::engine_steps<adam<T>, T> {
   using scalar_type = T;
 
   adam() = default;
-  explicit adam(adam_options o) : o_{o} {
-    if (o_.capturable) scalars_.assign(0, o_.lr);
-  }
+  explicit adam(adam_options o) : o_{o}, count_{o.capturable, o.lr} {}
 
   const adam_options& options() const noexcept { return o_; }
   // For schedules such as CycleGAN's linear decay. Capturable: also written where the state is (a
   // wait for the device; not while a graph is being captured).
   void set_lr(double lr) {
     o_.lr = lr;
-    if (o_.capturable) scalars_.set_lr(lr);
+    count_.set_lr(lr);
   }
   // Steps taken (capturable: read where the state is, counting a graph's replays).
-  std::int64_t steps() const { return o_.capturable ? scalars_.steps() : steps_; }
+  std::int64_t steps() const { return count_.steps(); }
 
   // step(model) on the calling thread, step(r, model) on replica r's engine: detail/engine_steps.hpp.
   using detail::engine_steps<adam<T>, T>::step;
@@ -74,13 +72,12 @@ class adam : public detail::engine_steps<adam<T>, T> {
     const double* scalars = nullptr;
     T step_size{}, sqrt_bc2{};
     if (o_.capturable) {
-      double* s = scalars_.on(e);
+      double* s = count_.scalars_on(e);
       e.for_each(1, nn::detail::kernels::adam_step_scalars{s, o_.beta1, o_.beta2});
       scalars = s;
     } else {
       detail::refuse_capture(e, "optim::adam");
-      ++steps_;
-      const double t = static_cast<double>(steps_);
+      const double t = static_cast<double>(count_.count_on_host());
       step_size = static_cast<T>(o_.lr / (1 - std::pow(o_.beta1, t)));
       sqrt_bc2 = static_cast<T>(std::sqrt(1 - std::pow(o_.beta2, t)));
     }
@@ -105,13 +102,11 @@ class adam : public detail::engine_steps<adam<T>, T> {
   }
   void load(std::istream& is) {
     detail::read_tag(is, tag);
-    const auto steps = detail::read_pod<std::int64_t>(is);
-    if (steps < 0) throw std::runtime_error("distribute: corrupt adam state (negative step count)");
+    const auto steps = detail::step_count::read_steps(is, "adam");
     auto m = detail::read_buffers<T>(is);
     auto v = detail::read_buffers<T>(is);
     if (m.size() != v.size()) throw std::runtime_error("distribute: corrupt adam state (moment counts differ)");
-    steps_ = steps;
-    if (o_.capturable) scalars_.assign(steps, o_.lr);
+    count_.load(steps, o_.lr);
     m_.assign_host(std::move(m));
     v_.assign_host(std::move(v));
   }
@@ -130,9 +125,8 @@ class adam : public detail::engine_steps<adam<T>, T> {
  private:
   static constexpr char tag[8] = {'a', 'd', 'a', 'm', '-', 'v', '1', 0};
   adam_options o_{};
-  std::int64_t steps_ = 0;  // the default form's step count
+  detail::step_count count_;        // on the host, or with the state (capturable: with lr and bias corrections)
   detail::state_buffers<T> m_, v_;  // the moments, one buffer per parameter
-  detail::step_scalars scalars_;    // capturable: the step count, lr and bias corrections
 };
 
 }  // namespace distribute::optim

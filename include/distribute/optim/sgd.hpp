@@ -38,17 +38,15 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
   using scalar_type = T;
 
   sgd() = default;
-  explicit sgd(sgd_options o) : o_{o} {
-    if (o_.capturable) scalars_.assign(0, o_.lr);
-  }
+  explicit sgd(sgd_options o) : o_{o}, count_{o.capturable, o.lr} {}
 
   const sgd_options& options() const noexcept { return o_; }
   // Capturable: also written where the state is (a wait for the device; not during a capture).
   void set_lr(double lr) {
     o_.lr = lr;
-    if (o_.capturable) scalars_.set_lr(lr);
+    count_.set_lr(lr);
   }
-  std::int64_t steps() const { return o_.capturable ? scalars_.steps() : steps_; }
+  std::int64_t steps() const { return count_.steps(); }
 
   // step(model) on the calling thread, step(r, model) on replica r's engine: detail/engine_steps.hpp.
   using detail::engine_steps<sgd<T>, T>::step;
@@ -59,7 +57,7 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
   void step_on(E& e, M& model) {
     const double* scalars = nullptr;
     if (o_.capturable) {
-      double* s = scalars_.on(e);
+      double* s = count_.scalars_on(e);
       e.for_each(1, nn::detail::kernels::count_step{s});
       scalars = s;
     } else {
@@ -72,7 +70,7 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
       e.for_each(static_cast<std::int64_t>(p.size()),
                  nn::detail::kernels::sgd_update<T>{p.data(), g.data(), v, lr, mu, wd, scalars});
     });
-    if (!o_.capturable) ++steps_;
+    if (!o_.capturable) count_.count_on_host();
   }
 
  public:
@@ -83,11 +81,9 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
   }
   void load(std::istream& is) {
     detail::read_tag(is, tag);
-    const auto steps = detail::read_pod<std::int64_t>(is);
-    if (steps < 0) throw std::runtime_error("distribute: corrupt sgd state (negative step count)");
+    const auto steps = detail::step_count::read_steps(is, "sgd");
     auto velocity = detail::read_buffers<T>(is);
-    steps_ = steps;
-    if (o_.capturable) scalars_.assign(steps, o_.lr);
+    count_.load(steps, o_.lr);
     velocity_.assign_host(std::move(velocity));
   }
   // For verify_mirrored: equal on every replica while the copies stay in sync (device state is read
@@ -104,9 +100,8 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
  private:
   static constexpr char tag[8] = {'s', 'g', 'd', '-', 'v', '1', 0, 0};
   sgd_options o_{};
-  std::int64_t steps_ = 0;             // the default form's step count
+  detail::step_count count_;           // on the host, or with the state (capturable: with lr)
   detail::state_buffers<T> velocity_;  // one buffer per parameter
-  detail::step_scalars scalars_;       // capturable: the step count and lr
 };
 
 }  // namespace distribute::optim

@@ -9,11 +9,18 @@
 // derives per step}. They live where the optimiser's other state does (state_buffers.hpp): host
 // memory when a host engine steps it, the replica's GPU otherwise. `set_lr` and `load` write them in
 // place, so a captured graph sees the new values; reading them (`steps`, save) waits for the device.
+//
+// `step_count` is what an optimiser holds: its step count in the form its options chose, the host's
+// (the default) or these scalars (capturable), behind one interface.
 
+#include <distribute/optim/detail/state_io.hpp>
 #include <distribute/optim/detail/state_buffers.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <istream>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,6 +49,46 @@ class step_scalars {
 
  private:
   state_buffers<double> s_;
+};
+
+// An optimiser's step count (and, capturable, its learning rate) in either form.
+class step_count {
+ public:
+  step_count() = default;
+  step_count(bool capturable, double lr) : capturable_{capturable} {
+    if (capturable_) scalars_.assign(0, lr);
+  }
+
+  // Steps taken (capturable: read where the state is, counting a graph's replays).
+  std::int64_t steps() const { return capturable_ ? scalars_.steps() : host_; }
+  // Capturable: the learning rate written where the state is (a wait for the device).
+  void set_lr(double lr) {
+    if (capturable_) scalars_.set_lr(lr);
+  }
+  // A loaded count (read_steps) and the optimiser's learning rate.
+  void load(std::int64_t steps, double lr) {
+    host_ = steps;
+    if (capturable_) scalars_.assign(steps, lr);
+  }
+  // The default form: one more step, counted on the host; the new count.
+  std::int64_t count_on_host() noexcept { return ++host_; }
+  // Capturable: the scalars in memory that engine `e` computes on.
+  template <class E>
+  double* scalars_on(E& e) {
+    return scalars_.on(e);
+  }
+
+  // A saved count, refused when negative (`who`: the optimiser, for the message).
+  static std::int64_t read_steps(std::istream& is, const char* who) {
+    const auto steps = read_pod<std::int64_t>(is);
+    if (steps < 0) throw std::runtime_error(std::string("distribute: corrupt ") + who + " state (negative step count)");
+    return steps;
+  }
+
+ private:
+  bool capturable_ = false;
+  std::int64_t host_ = 0;  // the default form's count
+  step_scalars scalars_;   // capturable: the count, lr and what the optimiser derives per step
 };
 
 }  // namespace distribute::optim::detail
