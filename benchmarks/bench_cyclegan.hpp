@@ -21,6 +21,9 @@
 // replicas' mean), the communication share of the blocking step, the share of it that overlap hid
 // (1 - communication on / communication off) and what the step time says of it.
 //
+// --precision bf16 on the CPU: convolutions on oneDNN's bf16 kernels where the CPU has bf16 units
+// (the engine refuses otherwise, with the reason).
+//
 // --device cuda (in builds with CUDA: bench_cyclegan_cuda.cu) runs the same trainer on GPU replicas
 // (one_device: cuda:0; mirrored: --replicas logical replicas dealt over the visible GPUs), in float32
 // unless --tf32 or --precision bf16|fp16 (mixed precision: convolutions and products on 16-bit
@@ -69,7 +72,7 @@ struct options {
   std::string strategy = "one_device";
   std::string device = "cpu";  // cpu or cuda (where the build has CUDA)
   bool tf32 = false;           // cuda: TF32 tensor-core convolutions and products
-  std::string precision = "float32";  // cuda: float32, bf16 or fp16 convolutions and products (engine_options::precision)
+  std::string precision = "float32";  // float32, bf16 or fp16 (cuda) convolutions and products (engine_options::precision)
   int replicas = 2;
   int size = 28, channels = 1, filters = 16, blocks = 3, d_layers = 2, batch = 8;
   int steps = 5, warmup = 1;
@@ -81,6 +84,14 @@ struct options {
   bool mpi_window = true;      // multi_worker: all-reduce through a shared-memory window on one machine (off: the ring of messages used between machines)
   int rounds = 3;
 };
+
+// The engine options of --tf32 and --precision.
+inline dist::engine_options engine_options_for(const options& o) {
+  return {.tf32 = o.tf32,
+          .precision = o.precision == "bf16"   ? dist::compute_precision::bfloat16
+                       : o.precision == "fp16" ? dist::compute_precision::float16
+                                               : dist::compute_precision::float32};
+}
 
 [[noreturn]] inline void usage(const char* why) {
   std::fprintf(stderr,
@@ -138,7 +149,7 @@ inline options parse(int argc, char** argv) {
   if (o.rounds < 1) usage("--rounds must be positive");
   if (o.device != "cpu" && o.device != "cuda") usage("--device must be cpu or cuda");
   if (o.precision != "float32" && o.precision != "bf16" && o.precision != "fp16") usage("--precision must be float32, bf16 or fp16");
-  if (o.precision != "float32" && o.device != "cuda") usage("--precision bf16|fp16 needs --device cuda (the CPU engine computes in float32)");
+  if (o.precision == "fp16" && o.device != "cuda") usage("--precision fp16 needs --device cuda (the CPU engine computes in float32 or bf16)");
   if (o.graphs && o.device != "cuda") usage("--graphs on needs --device cuda");
   if (o.strategy == "one_device") o.replicas = 1;
   if (o.replicas < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0) usage("replicas, batch and steps must be positive");
@@ -304,8 +315,8 @@ int run(S& s, const options& o, const device_report& dev = {}) {
               s.num_replicas_in_sync(), o.size, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
   say("  parameters: G %lld, D %lld (each of two)\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
   if (dev.name.empty())
-    say("  %s, %d cores in this process's affinity, load %s\n", bench::cpu_model().c_str(), affinity_cores(),
-                bench::load_average().c_str());
+    say("  %s, %d cores in this process's affinity, %s, load %s\n", bench::cpu_model().c_str(), affinity_cores(),
+        o.precision.c_str(), bench::load_average().c_str());
   else
     say("  %s, %s (host: %s), load %s\n", dev.name.c_str(), o.precision != "float32" ? o.precision.c_str() : o.tf32 ? "TF32" : "float32",
         bench::cpu_model().c_str(),

@@ -51,10 +51,7 @@ std::string product_name(int ordinal) {
 int run_on_cuda(const options& o) {
   const int gpus = dist::cuda_device_count();
   if (gpus == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
-  const dist::engine_options engine{.tf32 = o.tf32,
-                                    .precision = o.precision == "bf16"   ? dist::compute_precision::bfloat16
-                                                 : o.precision == "fp16" ? dist::compute_precision::float16
-                                                                         : dist::compute_precision::float32};
+  const dist::engine_options engine = engine_options_for(o);
   if (o.strategy == "one_device") {
     dist::one_device_strategy<dist::cuda> s{dist::cuda{0}};
     s.set_engine_options(engine);

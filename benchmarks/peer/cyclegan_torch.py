@@ -285,6 +285,8 @@ def report(o, mode, world, threads, g_params, d_params, times, first, rss, impor
     if o.device == "cuda":
         label = f"{torch.cuda.get_device_name(0)}, " + (f"autocast {o.amp}" if o.amp != "none" else ("TF32" if o.tf32 else "float32"))
         label += ", CUDA graphs" if getattr(o, "graphs", False) else ""
+    elif getattr(o, "amp", "none") != "none":
+        label += f", autocast {o.amp}"
 
     print(f"cyclegan_torch: torch {torch.__version__}, {label}, {o.size}x{o.size}x{o.channels}, {o.filters} filters, "
           f"{o.blocks} blocks, {o.d_layers} d-layers, global batch {o.batch}")
@@ -346,7 +348,7 @@ def run_single(o):
         fp32_step = step
 
         def step(a, b):
-            with torch.autocast(device_type="cuda", dtype=dtype):
+            with torch.autocast(device_type=o.device, dtype=dtype):
                 return fp32_step(a, b)
     if o.graphs:
         graph_networks(step, a, o)
@@ -379,6 +381,12 @@ def ddp_worker(rank, o, port):
     a, b = a[rank * share:(rank + 1) * share], b[rank * share:(rank + 1) * share]
     wrap = lambda m: DDP(m)  # no buffers to broadcast: instance norm keeps no running statistics
     step = Step(wrap(g_ab), wrap(g_ba), wrap(d_a), wrap(d_b), seed=o.seed + rank)
+    if o.amp != "none":  # the step under autocast, as in the single process
+        fp32_step = step
+
+        def step(a, b):
+            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                return fp32_step(a, b)
     times, first = timed_steps(step, a, b, o, barrier=dist.barrier)
     # Losses are per-rank means; the global mean is their average. Times are rank 0's, RSS the maximum.
     keys = ("d_a", "d_b", "gan_ab", "gan_ba", "cycle", "identity")
@@ -520,7 +528,7 @@ def main():
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the step on GPU 0 (single process)")
     p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 in convolutions and matrix products")
     p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
-                   help="cuda: the step under torch.autocast in bfloat16 or float16 (no GradScaler, as the C++ side's trainer)")
+                   help="the step under torch.autocast in bfloat16 (cpu or cuda) or float16 (cuda; no GradScaler, as the C++ side's trainer)")
     p.add_argument("--graphs", action="store_true",
                    help="cuda: each network's forward and backward as CUDA graphs (torch.cuda.make_graphed_callables)")
     p.add_argument("--world-size", type=int, default=2)
@@ -529,8 +537,8 @@ def main():
     p.add_argument("--loss-tol", type=float, default=1e-5)
     p.add_argument("--grad-tol", type=float, default=1e-4)
     o = p.parse_args()
-    if o.amp != "none" and o.device != "cuda":
-        p.error("--amp needs --device cuda")
+    if o.amp == "fp16" and o.device != "cuda":
+        p.error("--amp fp16 needs --device cuda (on the CPU: --amp bf16)")
     if o.graphs and (o.device != "cuda" or o.ddp):
         p.error("--graphs needs --device cuda (single process)")
     if o.params_only:

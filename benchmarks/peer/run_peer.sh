@@ -18,7 +18,7 @@
 #
 #   benchmarks/peer/run_peer.sh [--build-dir build/release] [--venv build/peer-venv] [--rounds 3]
 #       [--steps 20] [--warmup 3] [--paper-steps 1] [--paper-warmup 1] [--quick] [--check]
-#       [--no-build] [--json FILE] [--gpu [--tf32] [--precision bf16|fp16] [--graphs]]
+#       [--no-build] [--json FILE] [--precision bf16] [--gpu [--tf32] [--precision bf16|fp16] [--graphs]]
 #
 #   --quick   skips (d)
 #   --check   also the step-1 check: both sides train one step from the same initial weights and
@@ -28,6 +28,8 @@
 #   --gpu     the GPU configurations (g1-g4) in place of (a)-(d); --quick skips (g3)
 #   --graphs  with --gpu: each network's passes as CUDA graphs on both sides (ours --graphs on,
 #             the peer torch.cuda.make_graphed_callables)
+#   --precision bf16  mixed precision on both sides (ours --precision bf16: on the CPU oneDNN's bf16
+#             kernels, where it has bf16 units; the peer the step under torch.autocast); fp16: --gpu only
 #
 # The virtual environment (created once) holds a pinned CPU build of torch: from the PyTorch CPU
 # wheel index when it is reachable, else PyPI's build (which brings CUDA libraries it does not use
@@ -81,6 +83,7 @@ while [[ $# -gt 0 ]]; do
 done
 cd "$root"
 [[ $graphs == 1 && $gpu == 0 ]] && die "--graphs needs --gpu"
+[[ $gpu == 0 && " ${precision[*]} " == *" fp16 "* ]] && die "--precision fp16 needs --gpu (on the CPU: bf16, where it has bf16 units)"
 [[ -n "$json" ]] && json=$(realpath -m "$json")
 cores=$(nproc)
 logs=$build_dir/peer-logs
@@ -210,14 +213,14 @@ for ((r = 1; r <= rounds; r++)); do
   echo "-- round $r"
   for c in "${configs[@]}"; do
     case $c in
-      a) measure "$r" a ours "$ours" --strategy one_device "${demo[@]}" --steps "$steps" --warmup "$warmup"
-         measure "$r" a peer "$py" "$peer" "${demo[@]}" --threads "$cores" --steps "$steps" --warmup "$warmup" ;;
-      b) measure "$r" b ours taskset -c 0 "$ours" --strategy one_device "${demo[@]}" --steps "$steps" --warmup "$warmup"
-         measure "$r" b peer taskset -c 0 "$py" "$peer" "${demo[@]}" --threads 1 --steps "$steps" --warmup "$warmup" ;;
-      c) measure "$r" c ours "$ours" --strategy mirrored --replicas 2 "${demo[@]}" --steps "$steps" --warmup "$warmup"
-         measure "$r" c peer "$py" "$peer" "${demo[@]}" --ddp --world-size 2 --steps "$steps" --warmup "$warmup" ;;
-      d) measure "$r" d ours "$ours" --strategy one_device "${paper[@]}" --steps "$paper_steps" --warmup "$paper_warmup"
-         measure "$r" d peer "$py" "$peer" "${paper[@]}" --threads "$cores" --steps "$paper_steps" --warmup "$paper_warmup" ;;
+      a) measure "$r" a ours "$ours" --strategy one_device "${precision[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup"
+         measure "$r" a peer "$py" "$peer" "${amp[@]}" "${demo[@]}" --threads "$cores" --steps "$steps" --warmup "$warmup" ;;
+      b) measure "$r" b ours taskset -c 0 "$ours" --strategy one_device "${precision[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup"
+         measure "$r" b peer taskset -c 0 "$py" "$peer" "${amp[@]}" "${demo[@]}" --threads 1 --steps "$steps" --warmup "$warmup" ;;
+      c) measure "$r" c ours "$ours" --strategy mirrored --replicas 2 "${precision[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup"
+         measure "$r" c peer "$py" "$peer" "${amp[@]}" "${demo[@]}" --ddp --world-size 2 --steps "$steps" --warmup "$warmup" ;;
+      d) measure "$r" d ours "$ours" --strategy one_device "${precision[@]}" "${paper[@]}" --steps "$paper_steps" --warmup "$paper_warmup"
+         measure "$r" d peer "$py" "$peer" "${amp[@]}" "${paper[@]}" --threads "$cores" --steps "$paper_steps" --warmup "$paper_warmup" ;;
       g1) measure "$r" g1 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy one_device "${demo[@]}" --steps "$steps" --warmup "$warmup"
           measure "$r" g1 peer "$py" "$peer" --device cuda "${tf32[@]}" "${amp[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
       g2) measure "$r" g2 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy one_device "${paper[@]}" --steps "$steps" --warmup "$warmup"

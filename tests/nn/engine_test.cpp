@@ -10,10 +10,12 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace dist = distribute;
@@ -296,8 +298,9 @@ BOOST_AUTO_TEST_CASE(bad_geometry_is_refused_with_its_extents) {
 BOOST_AUTO_TEST_SUITE_END()
 
 // --- mixed precision on the CPU (nn::with_precision, compute_precision): float32 and tf32 are the
-// model itself, bit for bit; bfloat16 and float16 are refused with the reason, leaving the engine as
-// it was; the engine's precision comes back after a pass that throws.
+// model itself, bit for bit; bfloat16 computes on a CPU with bf16 units; float16, and bfloat16
+// without bf16 units, are refused with the reason, leaving the engine as it was; the engine's
+// precision comes back after a pass that throws.
 
 namespace {
 
@@ -358,20 +361,118 @@ BOOST_AUTO_TEST_CASE(float32_and_tf32_are_the_model_itself_bit_for_bit) {
   BOOST_TEST(dist::test::relative_error_of<float>(plain, p0) > 1e-3);  // the steps moved the parameters
 }
 
-BOOST_AUTO_TEST_CASE(half_precision_on_the_cpu_is_refused_with_the_reason) {
-  for (const auto p : {compute_precision::bfloat16, compute_precision::float16}) {
+BOOST_AUTO_TEST_CASE(float16_on_the_cpu_is_refused_and_bfloat16_without_bf16_units) {
+  std::vector<compute_precision> refused{compute_precision::float16};
+  if (!dist::detail::cpu_has_bf16_units()) refused.push_back(compute_precision::bfloat16);
+  for (const auto p : refused) {
     auto net = nn::with_precision{precision_net(), p};
     auto r = nn::local();
     const auto x = dist::test::random_tensor<float>(shape::nchw(1, 1, 6, 6), 3);
     const std::string said = dist::test::error_of([&] { net.forward(r, x); });
-    BOOST_TEST(said.find("computes in float32 only, not " + std::string(dist::to_string(p))) != std::string::npos, said);
-    BOOST_TEST(said.find("bf16 units") != std::string::npos, said);
+    const std::string expected = p == compute_precision::float16 ? "computes in float32 or bfloat16, not float16"
+                                                                   : "bfloat16 only on a CPU with bf16 units";
+    BOOST_TEST(said.find(expected) != std::string::npos, said);
     BOOST_TEST((r.engine().precision() == compute_precision::float32));  // unchanged
+    // Asked of the engine directly, the same.
+    dist::engine<dist::cpu> e;
+    BOOST_CHECK_THROW(e.use_precision(p), std::invalid_argument);
+    BOOST_TEST((e.precision() == compute_precision::float32));
   }
-  // Asked of the engine directly, the same.
-  dist::engine<dist::cpu> e;
-  BOOST_CHECK_THROW(e.use_precision(compute_precision::bfloat16), std::invalid_argument);
-  BOOST_TEST((e.precision() == compute_precision::float32));
+}
+
+// bfloat16 on a CPU with bf16 units: each convolution through oneDNN's bf16 kernels agrees with the
+// reference engine's convolution of the inputs rounded to bfloat16 (the same exact products, summed
+// in float32 in another order) and is measurably not the float32 convolution; matrix products are
+// the float32 product of the rounded inputs, bit for bit. Where the CPU has no bf16 units, the
+// refusal is the previous test's.
+BOOST_AUTO_TEST_CASE(bfloat16_convolutions_and_products_on_a_cpu_with_bf16_units) {
+  if (!dist::detail::cpu_has_bf16_units()) {
+    BOOST_TEST_MESSAGE("this CPU has no bf16 units: the CPU engine refuses bfloat16 (tested above)");
+    dist::engine<dist::cpu> e;
+    BOOST_CHECK_THROW(e.use_precision(compute_precision::bfloat16), std::invalid_argument);
+    return;
+  }
+  auto rounded = [](std::vector<float> v) {
+    for (auto& x : v) x = static_cast<float>(dist::bfloat16(x));
+    return v;
+  };
+  auto values = [](std::size_t n, std::uint32_t seed) {
+    const auto t = dist::test::random_tensor<float>(shape{static_cast<std::int64_t>(n)}, seed);
+    return std::vector<float>(t.begin(), t.end());
+  };
+  auto max_relative = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double scale = 0, worst = 0;
+    for (const float v : b) scale = std::max(scale, std::abs(static_cast<double>(v)));
+    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) / scale);
+    return worst;
+  };
+  // A generator's first layer (an image's 3 channels, plain layouts), a 3x3 and a strided 4x4 of
+  // blocked channels, a 1-channel 7x7.
+  const dist::conv_geometry geometries[] = {dist::conv_geometry::of(2, 3, 20, 20, 16, 7, 1, 3),
+                                             dist::conv_geometry::of(2, 32, 12, 12, 32, 3, 1, 1),
+                                             dist::conv_geometry::of(2, 16, 16, 16, 32, 4, 2, 1),
+                                             dist::conv_geometry::of(1, 1, 9, 9, 8, 7, 1, 3)};
+  for (const auto& g : geometries) {
+    BOOST_TEST_CONTEXT("conv " << g.in_channels << "->" << g.out_channels << " k" << g.kernel << " s" << g.stride) {
+      const auto x = values(static_cast<std::size_t>(g.input_size()), 11), w = values(static_cast<std::size_t>(g.weight_size()), 12);
+      const auto bias = values(static_cast<std::size_t>(g.out_channels), 13), dy = values(static_cast<std::size_t>(g.output_size()), 14);
+      struct results {
+        std::vector<float> y, dx, dw, db;
+      };
+      auto run = [&](bool reference, compute_precision p, const std::vector<float>& xs, const std::vector<float>& ws,
+                     const std::vector<float>& dys) {
+        dist::engine<dist::cpu> e{{.threads = 1, .reference = reference}};
+        e.use_precision(p);
+        results out{std::vector<float>(static_cast<std::size_t>(g.output_size())), std::vector<float>(static_cast<std::size_t>(g.input_size())),
+                    std::vector<float>(static_cast<std::size_t>(g.weight_size()), 0.0f), std::vector<float>(static_cast<std::size_t>(g.out_channels), 0.0f)};
+        e.conv_forward(g, xs.data(), ws.data(), bias.data(), out.y.data());
+        e.conv_backward_data(g, dys.data(), ws.data(), out.dx.data());
+        e.conv_backward_weights(g, xs.data(), dys.data(), out.dw.data(), out.db.data());
+        return out;
+      };
+      const auto ours = run(false, compute_precision::bfloat16, x, w, dy);
+      const auto emulated = run(true, compute_precision::float32, rounded(x), rounded(w), rounded(dy));
+      const auto reference_half = run(true, compute_precision::bfloat16, x, w, dy);
+      const auto full = run(false, compute_precision::float32, x, w, dy);
+      for (auto [mine, theirs, what] : {std::tuple{&ours.y, &emulated.y, "forward"}, std::tuple{&ours.dx, &emulated.dx, "data gradient"},
+                                        std::tuple{&ours.dw, &emulated.dw, "weight gradient"}, std::tuple{&ours.db, &emulated.db, "bias gradient"}}) {
+        BOOST_TEST(max_relative(*mine, *theirs) < 1e-5, what << ": oneDNN's bfloat16 against rounded inputs, " << max_relative(*mine, *theirs));
+      }
+      // The reference engine in bfloat16 rounds its inputs itself: the emulation's bits.
+      BOOST_TEST((reference_half.y == emulated.y));
+      BOOST_TEST((reference_half.dx == emulated.dx));
+      BOOST_TEST((reference_half.dw == emulated.dw));
+      BOOST_TEST((reference_half.db == emulated.db));
+      // And bfloat16 is not float32: inputs off by up to 2^-9 move the results by more than float32's rounding.
+      BOOST_TEST(max_relative(ours.y, full.y) > 1e-4);
+      BOOST_TEST(max_relative(ours.dw, full.dw) > 1e-4);
+      BOOST_TEST(max_relative(ours.y, full.y) < 2e-2);
+    }
+  }
+  // Products: the float32 product of the rounded operands, bit for bit (whole batch and row by row).
+  for (const bool split : {false, true}) {
+    const dist::gemm_geometry g{.m = 5, .n = 7, .k = 33};
+    const auto a = values(5 * 33, 21), b = values(33 * 7, 22);
+    std::vector<float> ours(35), theirs(35);
+    dist::engine<dist::cpu> e{{.threads = 1, .split_independent = split}};
+    e.use_precision(compute_precision::bfloat16);
+    e.gemm(g, a.data(), b.data(), ours.data());
+    e.use_precision(compute_precision::float32);
+    const auto ra = rounded(a), rb = rounded(b);
+    e.gemm(g, ra.data(), rb.data(), theirs.data());
+    BOOST_TEST((ours == theirs), "split_independent " << split);
+    std::vector<float> plain(35);
+    e.gemm(g, a.data(), b.data(), plain.data());
+    BOOST_TEST(!(ours == plain));
+  }
+  // Training: the same steps on every replica (train_three_steps verifies), near float32's, not it.
+  const auto plain = train_three_steps(precision_net());
+  const auto half = train_three_steps(nn::with_precision{precision_net(), compute_precision::bfloat16});
+  BOOST_TEST(!(half == plain));
+  const double err = dist::test::relative_error_of<float>(half, plain);
+  BOOST_TEST(err < 2e-2, "bfloat16 moved 3 Adam steps' parameters " << err << " from float32's");
+  BOOST_TEST_MESSAGE("bfloat16 on the CPU: 3 Adam steps' parameters " << err << " from float32's");
+  BOOST_TEST((train_three_steps(nn::with_precision{precision_net(), compute_precision::bfloat16}) == half));  // repeatable
 }
 
 BOOST_AUTO_TEST_CASE(the_engine_precision_comes_back_after_a_pass_that_throws) {

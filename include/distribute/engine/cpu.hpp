@@ -11,6 +11,7 @@
 // oneDNN's weight gradients, whose order depends on the thread count but not on timing: a fixed
 // configuration gives the same bits from run to run.
 
+#include <distribute/bfloat16.hpp>
 #include <distribute/detail/hardware.hpp>
 #include <distribute/device/cpu.hpp>
 #include <distribute/engine/conv_geometry.hpp>
@@ -60,6 +61,7 @@ class engine<cpu> {
   explicit engine(engine_options options = {}, int share = 0) : options_{options} {
     const int cores = static_cast<int>(std::max(1u, detail::usable_hardware_threads()));
     threads_ = options.threads > 0 ? options.threads : (share > 0 ? share : cores);
+    use_precision(default_precision(options));  // refused here, with the reason, where this CPU cannot
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -67,18 +69,23 @@ class engine<cpu> {
   int threads() const noexcept { return threads_; }
   const engine_options& options() const noexcept { return options_; }
 
-  // Mixed precision (engine.hpp): this engine computes in float32, and takes `tf32` as float32 (a
-  // GPU's rounding of product inputs; nothing to round here). bfloat16 and float16 are refused with
-  // the reason: a CPU without bf16 units (AVX512-BF16, AMX-BF16) would only emulate them, slower
-  // than float32, and on one with them this engine does not use them yet.
+  // Mixed precision (engine.hpp). `tf32` is float32 here (a GPU's rounding of product inputs;
+  // nothing to round on a CPU). `bfloat16` on a CPU with bf16 units (AVX512-BF16, AMX-BF16): each
+  // convolution runs on bfloat16 copies of its two inputs with float32 accumulation and a float32
+  // result, through oneDNN's bf16 kernels; a convolution oneDNN takes no bfloat16 for (or every one,
+  // with `reference`) and each matrix product compute on float32 copies of their inputs rounded to
+  // bfloat16, which is bfloat16's arithmetic (a product of two bfloat16 values is exact in float32)
+  // at float32's speed. Refused with the reason: bfloat16 on a CPU without bf16 units (it would be
+  // emulated, slower than float32), and float16 (no CPU float16 path).
   compute_precision precision() const noexcept { return precision_; }
   void use_precision(compute_precision p) {
-    if (is_half(p))
-      throw std::invalid_argument(std::string("distribute: the CPU engine computes in float32 only, not ") +
-                                  std::string(to_string(p)) + " (this CPU " +
-                                  (detail::cpu_has_bf16_units() ? "has bf16 units, which the engine does not use yet"
-                                                                 : "has no bf16 units: half precision would be emulated, slower than float32") +
-                                  "); keep float32 models on CPU replicas");
+    if (p == compute_precision::float16)
+      throw std::invalid_argument("distribute: the CPU engine computes in float32 or bfloat16, not float16; use bfloat16 on "
+                                  "a CPU with bf16 units, float16 on GPU replicas");
+    if (p == compute_precision::bfloat16 && !detail::cpu_has_bf16_units())
+      throw std::invalid_argument("distribute: the CPU engine computes in bfloat16 only on a CPU with bf16 units (AVX512-BF16, "
+                                  "AMX-BF16); this CPU has none: half precision would be emulated, slower than float32; "
+                                  "keep float32 models on CPU replicas");
     precision_ = p;
   }
   // What computes the convolutions, for logs: "oneDNN" or "reference (im2col + Eigen)".
@@ -105,8 +112,10 @@ class engine<cpu> {
       T* yn = y + n * g.out_channels * g.out_height * g.out_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e)) return enter(), dnnl().forward(e, xn, w, bias, yn, arena_);
+        if (use_dnnl(e) && (enter(), dnnl().forward(e, xn, w, bias, yn, arena_, half()))) return;
 #endif
+      if (half()) return detail::reference_conv<T>::forward(e, rounded(xn, e.input_size(), detail::arena::src),
+                                                            rounded(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e));
       detail::reference_conv<T>::forward(e, xn, w, bias, yn, columns<T>(e));
     });
   }
@@ -118,8 +127,10 @@ class engine<cpu> {
       T* dxn = dx + n * g.in_channels * g.in_height * g.in_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e)) return enter(), dnnl().backward_data(e, dyn, w, dxn, arena_);
+        if (use_dnnl(e) && (enter(), dnnl().backward_data(e, dyn, w, dxn, arena_, half()))) return;
 #endif
+      if (half()) return detail::reference_conv<T>::backward_data(e, rounded(dyn, e.output_size(), detail::arena::dst),
+                                                                  rounded(w, e.weight_size(), detail::arena::weights), dxn, columns<T>(e));
       detail::reference_conv<T>::backward_data(e, dyn, w, dxn, columns<T>(e));
     });
   }
@@ -131,8 +142,12 @@ class engine<cpu> {
       const T* dyn = dy + n * g.out_channels * g.out_height * g.out_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e)) return enter(), dnnl().backward_weights(e, xn, dyn, dw, db, arena_);
+        if (use_dnnl(e) && (enter(), dnnl().backward_weights(e, xn, dyn, dw, db, arena_, half()))) return;
 #endif
+      // (The bias gradient then sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
+      if (half()) return detail::reference_conv<T>::backward_weights(e, rounded(xn, e.input_size(), detail::arena::src),
+                                                                     rounded(dyn, e.output_size(), detail::arena::dst), dw, db,
+                                                                     columns<T>(e));
       detail::reference_conv<T>::backward_weights(e, xn, dyn, dw, db, columns<T>(e));
     });
   }
@@ -149,9 +164,9 @@ class engine<cpu> {
     g.check();
     if (g.m == 0 || g.n == 0) return;
     enter_openmp();
-    const T* bs = aligned_operand(b, g.b_size(), detail::arena::weights);
+    const T* bs = half() ? rounded(b, g.b_size(), detail::arena::weights) : aligned_operand(b, g.b_size(), detail::arena::weights);
     if (!options_.split_independent || g.m == 1) {
-      const T* as = aligned_operand(a, g.a_size(), detail::arena::src);
+      const T* as = half() ? rounded(a, g.a_size(), detail::arena::src) : aligned_operand(a, g.a_size(), detail::arena::src);
       T* cs = !g.accumulate && is_aligned(c) ? c : arena_.get<T>(detail::arena::dst, static_cast<std::size_t>(g.c_size()));
       detail::eigen_gemm(g, as, bs, cs);
       if (cs != c) store(cs, c, g.c_size(), g.accumulate);
@@ -167,6 +182,7 @@ class engine<cpu> {
         for (std::int64_t j = 0; j < g.k; ++j) as[j] = a[j * g.m + i];
       else
         std::copy(a + i * g.k, a + (i + 1) * g.k, as);
+      if (half()) round_in_place(as, g.k);
       detail::eigen_gemm(row, static_cast<const T*>(as), bs, cs);
       store(cs, c + i * g.n, g.n, g.accumulate);
     }
@@ -257,6 +273,21 @@ class engine<cpu> {
 #endif
   }
   static bool is_aligned(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p) % 64 == 0; }
+  bool half() const noexcept { return precision_ == compute_precision::bfloat16; }
+  // Values rounded to bfloat16 (nearest, ties to even), kept in T.
+  template <class T>
+  static void round_in_place(T* p, std::int64_t n) noexcept {
+    DISTRIBUTE_OMP_SIMD
+    for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<float>(bfloat16(static_cast<float>(p[i]))));
+  }
+  // A copy of `p` rounded to bfloat16, in scratch slot `s`.
+  template <class T>
+  const T* rounded(const T* p, std::int64_t n, detail::arena::slot s) {
+    T* copy = arena_.get<T>(s, static_cast<std::size_t>(n));
+    std::copy(p, p + n, copy);
+    round_in_place(copy, n);
+    return copy;
+  }
   // `p` itself where it is 64-byte aligned, a copy in scratch slot `s` otherwise.
   template <class T>
   const T* aligned_operand(const T* p, std::int64_t n, detail::arena::slot s) {

@@ -34,7 +34,8 @@ namespace distribute {
 // `bfloat16` or `float16` an engine that supports it runs each convolution and product on 16-bit
 // copies of its operands with float32 accumulation (tensor cores on a GPU) and writes float32
 // results, as PyTorch's autocast runs those ops; `tf32` keeps float32 operands and rounds the
-// products' inputs to TF32. The CPU engine computes in float32 only (see engine<cpu>::use_precision).
+// products' inputs to TF32. The CPU engine computes in float32, and in bfloat16 on a CPU with bf16
+// units (see engine<cpu>::use_precision).
 enum class compute_precision : std::uint8_t { float32, tf32, bfloat16, float16 };
 
 constexpr std::string_view to_string(compute_precision p) noexcept {

@@ -20,9 +20,9 @@
 // so it needs no loss scaling; float16 does: pair it with optim::loss_scaler.
 //
 // Where the engine cannot compute in that precision, the first pass says so: the CPU engine computes
-// in float32 only (bfloat16 and float16 are refused with the reason; float32 and tf32 run as
-// float32), a GPU needs compute capability 8.0 for bfloat16. `precision = float32` is the model
-// itself, bit for bit.
+// in float32, or in bfloat16 on a CPU with bf16 units (float16, and bfloat16 without them, are
+// refused with the reason; float32 and tf32 run as float32), a GPU needs compute capability 8.0 for
+// bfloat16. `precision = float32` is the model itself, bit for bit.
 
 #include <distribute/engine/engine.hpp>
 #include <distribute/nn/detail/model_wrapper.hpp>

@@ -1,12 +1,16 @@
 #pragma once
-// Convolutions through oneDNN: forward, data gradient and weight gradient of float32 NCHW tensors.
+// Convolutions through oneDNN: forward, data gradient and weight gradient of float32 NCHW tensors,
+// computed in float32 or, with `half`, on bfloat16 copies of the two inputs with float32
+// accumulation and float32 results (mixed precision on a CPU with bf16 units: AVX512-BF16, AMX).
 //
 // Each distinct (pass, geometry, bias) gets a plan once: oneDNN picks the layouts its fastest kernel
 // wants (blocked channels, `format_tag::any`), and the plan holds the primitive, the reorders between
 // the caller's NCHW and those layouts, and the memory objects they run on. A call points the memory
 // objects at the caller's tensors and at arena scratch, reorders in, runs, and reorders out: no
 // descriptor is built and nothing is allocated in steady state. oneDNN's workspace also comes from
-// the arena (user scratchpad mode).
+// the arena (user scratchpad mode). In bfloat16 the reorders in are also the conversions (rounding
+// to nearest even); a pass oneDNN has no bfloat16 kernel for returns false, and the engine computes
+// it another way.
 //
 // Written against oneDNN's C API: its C++ API is header code that every program including the
 // layers would compile (measured: +7.8 CPU-seconds on the CycleGAN trainer's translation unit).
@@ -47,9 +51,11 @@ class dnnl_conv {
     return right_pad(g.in_height, g.out_height, g) >= 0 && right_pad(g.in_width, g.out_width, g) >= 0;
   }
 
-  // y = conv(x, w) + bias (bias may be null).
-  void forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a) {
-    plan& p = plan_for(pass::forward, g, bias != nullptr);
+  // y = conv(x, w) + bias (bias may be null). False (nothing done) where `half` has no kernel.
+  bool forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a, bool half = false) {
+    plan* found = plan_for(pass::forward, g, bias != nullptr, half);
+    if (!found) return false;
+    plan& p = *found;
     dnnl_memory_t src = p.a.in(stream(), x, a, arena::src);
     dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights);
     dnnl_memory_t dst = p.c.out(y, a, arena::dst);
@@ -58,11 +64,14 @@ class dnnl_conv {
     run(p, args, a);
     p.c.back(stream(), y);
     check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
+    return true;
   }
 
-  // dx = the data gradient of conv for dy (overwritten).
-  void backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a) {
-    plan& p = plan_for(pass::backward_data, g, false);
+  // dx = the data gradient of conv for dy (overwritten). False where `half` has no kernel.
+  bool backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a, bool half = false) {
+    plan* found = plan_for(pass::backward_data, g, false, half);
+    if (!found) return false;
+    plan& p = *found;
     dnnl_memory_t ddst = p.a.in(stream(), dy, a, arena::dst);
     dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights);
     dnnl_memory_t dsrc = p.c.out(dx, a, arena::src);
@@ -70,11 +79,16 @@ class dnnl_conv {
     run(p, args, a);
     p.c.back(stream(), dx);
     check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
+    return true;
   }
 
-  // dw += the weight gradient for (x, dy); db += the sum of dy per channel (db may be null).
-  void backward_weights(const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a) {
-    plan& p = plan_for(pass::backward_weights, g, db != nullptr);
+  // dw += the weight gradient for (x, dy); db += the sum of dy per channel (db may be null). False
+  // where `half` has no kernel.
+  bool backward_weights(const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a,
+                        bool half = false) {
+    plan* found = plan_for(pass::backward_weights, g, db != nullptr, half);
+    if (!found) return false;
+    plan& p = *found;
     dnnl_memory_t src = p.a.in(stream(), x, a, arena::src);
     dnnl_memory_t ddst = p.b.in(stream(), dy, a, arena::dst);
     // The gradient lands in scratch (oneDNN overwrites), then is added in the caller's layout.
@@ -92,10 +106,15 @@ class dnnl_conv {
     for (std::int64_t i = 0; i < g.weight_size(); ++i) dw[i] += dw_user[i];
     if (db)
       for (std::int64_t i = 0; i < g.out_channels; ++i) db[i] += db_user[i];
+    return true;
   }
 
-  // The implementation oneDNN chose for a pass (for example "jit:avx2"), for logs and benchmarks.
-  std::string implementation(pass which, const conv_geometry& g, bool bias) { return plan_for(which, g, bias).impl; }
+  // The implementation oneDNN chose for a pass (for example "jit:avx2", "jit_bf16:avx512_core_bf16"),
+  // for logs and benchmarks; "" where `half` has no kernel.
+  std::string implementation(pass which, const conv_geometry& g, bool bias, bool half = false) {
+    const plan* p = plan_for(which, g, bias, half);
+    return p ? p->impl : std::string();
+  }
   std::size_t plans() const noexcept { return plans_.size(); }
 
  private:
@@ -118,9 +137,9 @@ class dnnl_conv {
   static std::int64_t right_pad(std::int64_t in, std::int64_t out, const conv_geometry& g) noexcept {
     return (out - 1) * g.stride + g.kernel - in - g.pad;
   }
-  static dnnl_memory_desc_t md(const std::vector<dnnl_dim_t>& dims, dnnl_format_tag_t tag) {
+  static dnnl_memory_desc_t md(const std::vector<dnnl_dim_t>& dims, dnnl_format_tag_t tag, dnnl_data_type_t type = dnnl_f32) {
     dnnl_memory_desc_t d;
-    check(dnnl_memory_desc_init_by_tag(&d, static_cast<int>(dims.size()), dims.data(), dnnl_f32, tag),
+    check(dnnl_memory_desc_init_by_tag(&d, static_cast<int>(dims.size()), dims.data(), type, tag),
           "dnnl_memory_desc_init_by_tag");
     return d;
   }
@@ -195,7 +214,7 @@ class dnnl_conv {
     operand a, b, c;  // forward: src, weights, dst; data gradient: diff_dst, weights, diff_src;
                       // weight gradient: src, diff_dst, diff_weights
   };
-  using key = std::array<std::int64_t, 12>;
+  using key = std::array<std::int64_t, 13>;
 
   dnnl_stream_t stream() const noexcept { return stream_.get(); }
 
@@ -205,23 +224,32 @@ class dnnl_conv {
     check(dnnl_primitive_execute(p.prim.get(), stream(), static_cast<int>(args.size()), args.data()), "convolution");
   }
 
-  plan& plan_for(pass which, const conv_geometry& g, bool bias) {
-    const key k{static_cast<std::int64_t>(which), bias, g.batch, g.in_channels, g.in_height, g.in_width,
+  // The plan of a pass, made on first use; null where `half` has no kernel (remembered too).
+  plan* plan_for(pass which, const conv_geometry& g, bool bias, bool half) {
+    const key k{static_cast<std::int64_t>(which), bias, half, g.batch, g.in_channels, g.in_height, g.in_width,
                 g.out_channels, g.kernel, g.stride, g.pad, g.out_height, g.out_width};
     auto it = plans_.find(k);
-    if (it != plans_.end()) return *it->second;
-    return *plans_.emplace(k, make_plan(which, g, bias)).first->second;
+    if (it != plans_.end()) return it->second.get();
+    return plans_.emplace(k, make_plan(which, g, bias, half)).first->second.get();
   }
 
-  std::unique_ptr<plan> make_plan(pass which, const conv_geometry& g, bool bias) {
+  std::unique_ptr<plan> make_plan(pass which, const conv_geometry& g, bool bias, bool half) {
     const std::vector<dnnl_dim_t> src{g.batch, g.in_channels, g.in_height, g.in_width};
     const std::vector<dnnl_dim_t> wei{g.out_channels, g.in_channels, g.kernel, g.kernel};
     const std::vector<dnnl_dim_t> dst{g.batch, g.out_channels, g.out_height, g.out_width};
     dnnl_dims_t strides{g.stride, g.stride}, pad_l{g.pad, g.pad};
     dnnl_dims_t pad_r{right_pad(g.in_height, g.out_height, g), right_pad(g.in_width, g.out_width, g)};
-    const dnnl_memory_desc_t src_any = md(src, dnnl_format_tag_any), wei_any = md(wei, dnnl_format_tag_any),
-                             dst_any = md(dst, dnnl_format_tag_any);
+    // What each operand is in: the pass's two inputs in bfloat16 with `half`, everything else float32.
+    const dnnl_data_type_t in_type = half ? dnnl_bf16 : dnnl_f32;
+    const bool src_in = which != pass::backward_data, wei_in = which != pass::backward_weights, dst_in = which != pass::forward;
+    const dnnl_memory_desc_t src_any = md(src, dnnl_format_tag_any, src_in ? in_type : dnnl_f32),
+                             wei_any = md(wei, dnnl_format_tag_any, wei_in ? in_type : dnnl_f32),
+                             dst_any = md(dst, dnnl_format_tag_any, dst_in ? in_type : dnnl_f32);
     const dnnl_memory_desc_t src_user = md(src, dnnl_nchw), wei_user = md(wei, dnnl_oihw), dst_user = md(dst, dnnl_nchw);
+    // The plain layouts the data gradient may ask for (below), in the pass's types.
+    const dnnl_memory_desc_t src_plain = md(src, dnnl_nchw, src_in ? in_type : dnnl_f32),
+                             wei_plain = md(wei, dnnl_oihw, wei_in ? in_type : dnnl_f32),
+                             dst_plain = md(dst, dnnl_nchw, dst_in ? in_type : dnnl_f32);
     const dnnl_memory_desc_t bias_md = md({g.out_channels}, dnnl_x);
 
     dnnl_primitive_attr_t attr_raw = nullptr;
@@ -229,12 +257,16 @@ class dnnl_conv {
     const handle<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy> attr{attr_raw};
     check(dnnl_primitive_attr_set_scratchpad_mode(attr_raw, dnnl_scratchpad_mode_user), "set_scratchpad_mode");
 
-    // The forward descriptor is also the hint the two backward passes are built from.
+    // The forward descriptor is also the hint the two backward passes are built from (in bfloat16:
+    // bfloat16 inputs, a float32 output, as the forward pass itself).
+    const dnnl_memory_desc_t fwd_src = md(src, dnnl_format_tag_any, in_type), fwd_wei = md(wei, dnnl_format_tag_any, in_type);
+    const dnnl_memory_desc_t fwd_dst = md(dst, dnnl_format_tag_any);
     dnnl_convolution_desc_t fd;
-    check(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &src_any, &wei_any,
-                                             bias ? &bias_md : nullptr, &dst_any, strides, pad_l, pad_r),
+    check(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &fwd_src, &fwd_wei,
+                                             bias ? &bias_md : nullptr, &fwd_dst, strides, pad_l, pad_r),
           "dnnl_convolution_forward_desc_init");
-    const desc_handle fwd = create(&fd, attr_raw, nullptr);
+    desc_handle fwd = create(&fd, attr_raw, nullptr, half);
+    if (!fwd) return nullptr;
     auto p = std::make_unique<plan>();
     p->bias.make(engine_raw_, bias_md);
     desc_handle bwd;
@@ -251,11 +283,12 @@ class dnnl_conv {
         // channels, 7x7, on AVX2).
         const bool plain = g.in_channels < 8;
         dnnl_convolution_desc_t bd;
-        check(dnnl_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct, plain ? &src_user : &src_any,
-                                                       plain ? &wei_user : &wei_any, plain ? &dst_user : &dst_any, strides,
+        check(dnnl_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct, plain ? &src_plain : &src_any,
+                                                       plain ? &wei_plain : &wei_any, plain ? &dst_plain : &dst_any, strides,
                                                        pad_l, pad_r),
               "dnnl_convolution_backward_data_desc_init");
-        bwd = create(&bd, attr_raw, fwd.get());
+        bwd = create(&bd, attr_raw, fwd.get(), half);
+        if (!bwd) return nullptr;
         pd = bwd.get();
         p->a.set(engine_raw_, dst_user, query(pd, dnnl_query_diff_dst_md), true);
         p->b.set(engine_raw_, wei_user, query(pd, dnnl_query_weights_md), true);
@@ -267,7 +300,8 @@ class dnnl_conv {
         check(dnnl_convolution_backward_weights_desc_init(&wd, dnnl_convolution_direct, &src_any, &wei_any,
                                                           bias ? &bias_md : nullptr, &dst_any, strides, pad_l, pad_r),
               "dnnl_convolution_backward_weights_desc_init");
-        bwd = create(&wd, attr_raw, fwd.get());
+        bwd = create(&wd, attr_raw, fwd.get(), half);
+        if (!bwd) return nullptr;
         pd = bwd.get();
         p->a.set(engine_raw_, src_user, query(pd, dnnl_query_src_md), true);
         p->b.set(engine_raw_, dst_user, query(pd, dnnl_query_diff_dst_md), true);
@@ -285,9 +319,13 @@ class dnnl_conv {
     return p;
   }
 
-  desc_handle create(const void* op, const_dnnl_primitive_attr_t attr, const_dnnl_primitive_desc_t hint) {
+  // Null where `may_lack` and oneDNN has no kernel for the descriptor (bfloat16 on some CPUs and
+  // geometries); any other failure throws.
+  desc_handle create(const void* op, const_dnnl_primitive_attr_t attr, const_dnnl_primitive_desc_t hint, bool may_lack) {
     dnnl_primitive_desc_t raw = nullptr;
-    check(dnnl_primitive_desc_create(&raw, op, attr, engine_raw_, hint), "dnnl_primitive_desc_create (convolution)");
+    const dnnl_status_t s = dnnl_primitive_desc_create(&raw, op, attr, engine_raw_, hint);
+    if (s == dnnl_unimplemented && may_lack) return desc_handle{};
+    check(s, "dnnl_primitive_desc_create (convolution)");
     return desc_handle{raw};
   }
 
