@@ -26,6 +26,9 @@ namespace cyclegan {
 struct settings {
   std::string strategy = "mirrored";
   std::string device = "cpu";     // cpu or cuda
+  // What convolutions and matrix products compute in (engine_options::precision): float32, or
+  // bfloat16 (GPUs; CPUs with bf16 units). float16 would need loss scaling, which the trainer has not.
+  distribute::compute_precision precision = distribute::compute_precision::float32;
   int replicas = 0;               // of the process (under multi_worker, each worker's); 0: the device's default
   train_options train{};
   int epochs = 1;
@@ -95,6 +98,8 @@ training
   --seed N                         initialisation, data order and pool (default 1)
   --overlap on|off                 all-reduce each network's gradients while its backward runs
                                    (default on; off: after it; the same results either way)
+  --precision float32|bf16         what convolutions and products compute in (default float32; bf16 on
+                                   GPUs and on CPUs with bf16 units, float32 master weights)
   --gradient-compression none|bfloat16
                                    what the gradients travel as between replicas (default none;
                                    bfloat16: half the bytes, bfloat16's precision)
@@ -149,6 +154,10 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
       .integer("--pool-size", t.pool_size, std::size_t{0}, max_pool)
       .integer("--seed", t.seed, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max())
       .choice("--overlap", {"on", "off"}, [&](const std::string& v) { t.overlap = v == "on"; })
+      .choice("--precision", {"float32", "bf16"},
+              [&](const std::string& v) {
+                st.precision = v == "bf16" ? distribute::compute_precision::bfloat16 : distribute::compute_precision::float32;
+              })
       .choice("--gradient-compression", {"none", "bfloat16"},
               [&](const std::string& v) {
                 t.compression = v == "bfloat16" ? dist::gradient_compression::bfloat16 : dist::gradient_compression::none;
@@ -197,6 +206,8 @@ inline void validate(const settings& st) {
     throw std::invalid_argument("--strategy must be one_device, mirrored or multi_worker, not '" + st.strategy + "'");
   if (st.device != "cpu" && st.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda, not '" + st.device + "'");
   if (t.graphs && st.device != "cuda") throw std::invalid_argument("--graphs on needs --device cuda (CUDA graphs replay GPU work)");
+  if (st.precision == distribute::compute_precision::float16)
+    throw std::invalid_argument("--precision float16 needs loss scaling, which this trainer has not; use bf16");
   check("--replicas", st.replicas, 0, max_replicas);  // 0: the default
   check("--filters", t.gen.filters, std::int64_t{1}, max_filters);
   check("--blocks", t.gen.blocks, 0, max_blocks);
@@ -293,6 +304,8 @@ summary run_with(S& strategy, settings st) {
   // Every worker trains; the chief alone prints and writes (the others run the same steps quietly).
   sum.chief = strategy.is_chief();
   if (!sum.chief) st.quiet = true;
+  // Before any data is read: an engine that cannot compute in this precision says why here.
+  if (st.precision != distribute::compute_precision::float32) strategy.set_engine_options({.precision = st.precision});
   domains d = st.data_dir.empty() ? load_fashion_mnist(st.fmnist_dir) : load_folders(st.data_dir, st.channels, st.image_size);
   if (st.train_limit) {
     d.a.resize(std::min(d.a.size(), st.train_limit));
@@ -398,6 +411,8 @@ summary run_with(S& strategy, settings st) {
                   d.name_a.c_str(), d.name_b.c_str(), strategy.num_replicas_in_sync(), st.strategy.c_str(), device_word(st),
                   name_of(st.train.place), static_cast<long long>(global), static_cast<long long>(st.train.total_steps),
                   static_cast<long long>(per_epoch));
+    if (!st.quiet && st.precision != distribute::compute_precision::float32)
+      std::printf("convolutions and products in %s\n", std::string(distribute::to_string(st.precision)).c_str());
     if (!st.quiet && st.train.compression != dist::gradient_compression::none)
       std::printf("gradients all-reduced as %s\n", std::string(dist::to_string(st.train.compression)).c_str());
     if (!st.quiet)

@@ -235,6 +235,33 @@ BOOST_AUTO_TEST_CASE(each_placement_trains_and_draws) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(bfloat16_trains_where_the_cpu_has_bf16_units_and_is_refused_by_name_elsewhere) {
+  require_data();
+  settings st = tiny("smoke_bf16");
+  st.precision = dist::compute_precision::bfloat16;
+  st.verify_every = 1;
+  if (dist::detail::cpu_has_bf16_units()) {
+    const summary sum = run(st);
+    BOOST_TEST(sum.finite);
+    BOOST_TEST(sum.steps == 4);
+  } else {
+    try {
+      (void)run(st);
+      BOOST_TEST(false, "bfloat16 was not refused on a CPU without bf16 units");
+    } catch (const std::invalid_argument& e) {
+      BOOST_TEST(std::string(e.what()).find("bf16 units") != std::string::npos, e.what());
+    }
+  }
+  fs::remove_all(st.out_dir);
+  st.precision = dist::compute_precision::float16;  // settings built in code: refused before anything runs
+  try {
+    (void)run(st);
+    BOOST_TEST(false, "float16 was not refused");
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(std::string(e.what()).find("needs loss scaling") != std::string::npos, e.what());
+  }
+}
+
 BOOST_AUTO_TEST_CASE(learning_rate_schedule) {
   dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(2)};
   train_options o;
@@ -512,6 +539,7 @@ BOOST_AUTO_TEST_CASE(every_bad_value_names_the_flag_the_value_and_the_range) {
       {{"--image-size", "20000"}, "--image-size: 20000 is out of range"},
       {{"--norm", "layer"}, "--norm: 'layer' is not one of instance, batch, sync_batch"},
       {{"--gradient-compression", "fp8"}, "--gradient-compression: 'fp8' is not one of none, bfloat16"},
+      {{"--precision", "fp16"}, "--precision: 'fp16' is not one of float32, bf16"},
       {{"--batch"}, "--batch needs a value"},
       {{"--resume"}, "--resume needs --checkpoint-dir"},
       {{"--bogus"}, "unknown flag '--bogus'"},
