@@ -114,9 +114,8 @@ class engine<cpu> {
       if constexpr (std::is_same_v<T, float>)
         if (use_dnnl(e) && (enter(), dnnl().forward(e, xn, w, bias, yn, arena_, half()))) return;
 #endif
-      if (half()) return detail::reference_conv<T>::forward(e, rounded(xn, e.input_size(), detail::arena::src),
-                                                            rounded(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e));
-      detail::reference_conv<T>::forward(e, xn, w, bias, yn, columns<T>(e));
+      detail::reference_conv<T>::forward(e, input(xn, e.input_size(), detail::arena::src),
+                                         input(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e));
     });
   }
   // dx = the data gradient of the convolution for dy (overwritten).
@@ -129,9 +128,8 @@ class engine<cpu> {
       if constexpr (std::is_same_v<T, float>)
         if (use_dnnl(e) && (enter(), dnnl().backward_data(e, dyn, w, dxn, arena_, half()))) return;
 #endif
-      if (half()) return detail::reference_conv<T>::backward_data(e, rounded(dyn, e.output_size(), detail::arena::dst),
-                                                                  rounded(w, e.weight_size(), detail::arena::weights), dxn, columns<T>(e));
-      detail::reference_conv<T>::backward_data(e, dyn, w, dxn, columns<T>(e));
+      detail::reference_conv<T>::backward_data(e, input(dyn, e.output_size(), detail::arena::dst),
+                                               input(w, e.weight_size(), detail::arena::weights), dxn, columns<T>(e));
     });
   }
   // dw += the weight gradient for (x, dy); db += the sum of dy per output channel (db may be null).
@@ -144,11 +142,9 @@ class engine<cpu> {
       if constexpr (std::is_same_v<T, float>)
         if (use_dnnl(e) && (enter(), dnnl().backward_weights(e, xn, dyn, dw, db, arena_, half()))) return;
 #endif
-      // (The bias gradient then sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
-      if (half()) return detail::reference_conv<T>::backward_weights(e, rounded(xn, e.input_size(), detail::arena::src),
-                                                                     rounded(dyn, e.output_size(), detail::arena::dst), dw, db,
-                                                                     columns<T>(e));
-      detail::reference_conv<T>::backward_weights(e, xn, dyn, dw, db, columns<T>(e));
+      // (In bfloat16 the bias gradient sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
+      detail::reference_conv<T>::backward_weights(e, input(xn, e.input_size(), detail::arena::src),
+                                                  input(dyn, e.output_size(), detail::arena::dst), dw, db, columns<T>(e));
     });
   }
 
@@ -164,9 +160,9 @@ class engine<cpu> {
     g.check();
     if (g.m == 0 || g.n == 0) return;
     enter_openmp();
-    const T* bs = half() ? rounded(b, g.b_size(), detail::arena::weights) : aligned_operand(b, g.b_size(), detail::arena::weights);
+    const T* bs = aligned_operand(b, g.b_size(), detail::arena::weights);
     if (!options_.split_independent || g.m == 1) {
-      const T* as = half() ? rounded(a, g.a_size(), detail::arena::src) : aligned_operand(a, g.a_size(), detail::arena::src);
+      const T* as = aligned_operand(a, g.a_size(), detail::arena::src);
       T* cs = !g.accumulate && is_aligned(c) ? c : arena_.get<T>(detail::arena::dst, static_cast<std::size_t>(g.c_size()));
       detail::eigen_gemm(g, as, bs, cs);
       if (cs != c) store(cs, c, g.c_size(), g.accumulate);
@@ -280,20 +276,20 @@ class engine<cpu> {
     DISTRIBUTE_OMP_SIMD
     for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<float>(bfloat16(static_cast<float>(p[i]))));
   }
-  // A copy of `p` rounded to bfloat16, in scratch slot `s`.
+  // What a reference convolution reads of its input `p`: `p` itself, or in bfloat16 a copy rounded
+  // to bfloat16 in scratch slot `s`.
   template <class T>
-  const T* rounded(const T* p, std::int64_t n, detail::arena::slot s) {
-    T* copy = arena_.get<T>(s, static_cast<std::size_t>(n));
-    std::copy(p, p + n, copy);
-    round_in_place(copy, n);
-    return copy;
+  const T* input(const T* p, std::int64_t n, detail::arena::slot s) {
+    return half() ? aligned_operand(p, n, s) : p;
   }
-  // `p` itself where it is 64-byte aligned, a copy in scratch slot `s` otherwise.
+  // What a product reads of its operand `p`: `p` itself where it is 64-byte aligned, a copy in scratch
+  // slot `s` otherwise; in bfloat16 always a copy, rounded to bfloat16.
   template <class T>
   const T* aligned_operand(const T* p, std::int64_t n, detail::arena::slot s) {
-    if (is_aligned(p)) return p;
+    if (is_aligned(p) && !half()) return p;
     T* copy = arena_.get<T>(s, static_cast<std::size_t>(n));
     std::copy(p, p + n, copy);
+    if (half()) round_in_place(copy, n);
     return copy;
   }
   template <class T>

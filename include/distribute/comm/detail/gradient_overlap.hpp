@@ -117,14 +117,14 @@ class gradient_overlap final : detail::overlap_hook {
       }
       if constexpr (can_split) {
         if (split_ && starts(options_.compression)) {
-          buckets_.push_back({bucket.size(), [this, op = options_.op, compressed = options_.compression != gradient_compression::none,
-                                              bucket = std::move(bucket)] {
+          buckets_.push_back({bucket.size(), [this, bucket = std::move(bucket)] {
                                 const collective_label label("all_reduce_gradients");
                                 const std::span<const std::span<T>> buffers(bucket);
                                 if constexpr (can_split_compressed && std::is_same_v<T, float>) {
-                                  if (compressed && comm_.size() > 1) return comm_.start_all_reduce_as_bfloat16(op, buffers);
+                                  if (options_.compression != gradient_compression::none && comm_.size() > 1)
+                                    return comm_.start_all_reduce_as_bfloat16(options_.op, buffers);
                                 }
-                                comm_.start_all_reduce(op, buffers);
+                                comm_.start_all_reduce(options_.op, buffers);
                               }});
           return;
         }
