@@ -12,6 +12,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -286,6 +289,88 @@ BOOST_AUTO_TEST_CASE(optimisers_on_a_replicas_engine_give_the_same_bits) {
   BOOST_TEST((c.value == d.value));
   BOOST_TEST(oa.state_digest() == ob.state_digest());
   BOOST_TEST(oc.state_digest() == od.state_digest());
+}
+
+namespace {
+
+// The documented order of a plane's sum, written out independently: term i into running sum
+// i mod 32 while whole rows of 32 last, the rest into a sum of their own in index order, the 32
+// folded pairwise (l += l + 16, + 8, ..., + 1), the rest added last.
+double documented_plane_sum(const std::vector<double>& terms) {
+  double lane[32] = {};
+  const std::size_t whole = terms.size() / 32 * 32;
+  for (std::size_t i = 0; i < whole; ++i) lane[i % 32] += terms[i];
+  double rest = 0;
+  for (std::size_t i = whole; i < terms.size(); ++i) rest += terms[i];
+  for (std::size_t w = 16; w > 0; w /= 2)
+    for (std::size_t l = 0; l < w; ++l) lane[l] += lane[l + w];
+  return lane[0] + rest;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(plane_sums_add_in_the_documented_order_on_any_thread_count) {
+  // Terms whose sum depends on the order: large values that cancel, and small ones between.
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<double> small(-1.0, 1.0);
+  std::bernoulli_distribution large(0.1);
+  bool some_differ_from_index_order = false;
+  for (const std::int64_t length : {0, 1, 31, 32, 33, 64, 95, 1000, 4099, 70001}) {
+    const std::int64_t planes = 3;
+    std::vector<float> x(static_cast<std::size_t>(planes * length));
+    for (float& v : x) v = static_cast<float>(large(gen) ? small(gen) * 1e8 : small(gen));
+    std::vector<std::vector<double>> results;
+    for (const int threads : {1, 2}) {
+      dist::engine<dist::cpu> e{{.threads = threads}};
+      std::vector<double> sums(static_cast<std::size_t>(planes), -1.0);
+      e.segmented_sum(planes, length, nn::detail::kernels::value_of<float>{x.data(), length}, sums.data());
+      results.push_back(sums);
+    }
+    std::vector<double> serial(static_cast<std::size_t>(planes), -1.0);
+    dist::detail::serial_engine{}.segmented_sum(planes, length, nn::detail::kernels::value_of<float>{x.data(), length}, serial.data());
+    results.push_back(serial);
+    for (std::int64_t s = 0; s < planes; ++s) {
+      const std::vector<double> terms(x.begin() + s * length, x.begin() + (s + 1) * length);
+      const double want = documented_plane_sum(terms);
+      double index_order = 0;
+      for (const double t : terms) index_order += t;
+      some_differ_from_index_order = some_differ_from_index_order || index_order != want;
+      for (std::size_t k = 0; k < results.size(); ++k)
+        BOOST_TEST(std::memcmp(&results[k][static_cast<std::size_t>(s)], &want, sizeof want) == 0,
+                   "length " << length << " plane " << s << " engine " << k << ": " << results[k][static_cast<std::size_t>(s)]
+                             << " against " << want);
+    }
+  }
+  // The test tells the orders apart: these terms do not sum to the same bits in index order.
+  BOOST_TEST(some_differ_from_index_order);
+}
+
+BOOST_AUTO_TEST_CASE(relu_gradients_pass_dy_only_where_the_input_is_positive) {
+  // Past the parallel grain (2^15 elements) on two threads, and small on one: dx is dy where x > 0
+  // and exactly zero elsewhere (x = 0, -0, negative, NaN), whatever dy is there (NaN, infinity).
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float xs[] = {-1.0f, 0.0f, -0.0f, nan, 2.0f, 1e-30f, -inf, inf};
+  const float dys[] = {nan, inf, -inf, 5.0f, 3.0f, -7.0f, nan, 0.5f};
+  for (const std::int64_t n : {8, 40000}) {
+    std::vector<float> x(static_cast<std::size_t>(n)), dy(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      x[i] = xs[i % 8];
+      dy[i] = dys[(i / 8 + i) % 8];
+    }
+    for (const int threads : {1, 2}) {
+      dist::engine<dist::cpu> e{{.threads = threads}};
+      std::vector<float> dx(x.size(), -9.0f), leaky(x.size(), -9.0f);
+      e.for_each(n, nn::detail::kernels::relu_backward<float>{x.data(), dy.data(), dx.data()});
+      e.for_each(n, nn::detail::kernels::leaky_relu_backward<float>{x.data(), dy.data(), leaky.data(), 0.25f});
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const float want = x[i] > 0.0f ? dy[i] : 0.0f, want_leaky = x[i] > 0.0f ? dy[i] : 0.25f * dy[i];
+        if (std::memcmp(&dx[i], &want, sizeof want) != 0) ++bad;
+        if (std::memcmp(&leaky[i], &want_leaky, sizeof want) != 0 && !(std::isnan(leaky[i]) && std::isnan(want_leaky))) ++bad;
+      }
+      BOOST_TEST(bad == 0u, n << " elements, " << threads << " threads: " << bad << " wrong");
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(bad_geometry_is_refused_with_its_extents) {

@@ -9,6 +9,8 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
+#include <random>
+#include <tuple>
 #include <vector>
 
 namespace dist = distribute;
@@ -144,6 +146,29 @@ BOOST_AUTO_TEST_CASE(reflection_padding_matches_its_definition) {
   BOOST_TEST(std::vector<double>(y.begin(), y.end()) == expected, boost::test_tools::per_element());
   // Padding as large as the plane has no reflection.
   BOOST_CHECK_THROW(pad.forward(r, tensor<double>{shape::nchw(1, 1, 2, 2)}), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(reflection_padding_gradient_is_its_adjoint_added_in_a_fixed_order) {
+  // The backward kernel against the definition: each padded position's gradient added onto the
+  // source position it copied, rows in order and positions in order within a row (one reflect() per
+  // element), bit for bit; the kernel splits each row into its borders and a vectorised interior.
+  namespace kernels = nn::detail::kernels;
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (const auto& [h, w, p] : {std::tuple{3, 3, 1}, std::tuple{4, 7, 3}, std::tuple{9, 5, 2}, std::tuple{16, 33, 3}, std::tuple{2, 9, 1}}) {
+    const std::int64_t planes = 3, ph = h + 2 * p, pw = w + 2 * p;
+    std::vector<float> dy(static_cast<std::size_t>(planes * ph * pw));
+    for (float& v : dy) v = d(gen);
+    std::vector<float> got(static_cast<std::size_t>(planes * h * w), 7.0f), want(got.size(), 0.0f);
+    dist::engine<dist::cpu> e{{.threads = 2}};
+    e.for_each(planes, kernels::reflect_pad_backward_plane<float>{dy.data(), got.data(), h, w, p});
+    for (std::int64_t s = 0; s < planes; ++s)
+      for (std::int64_t i = 0; i < ph; ++i)
+        for (std::int64_t j = 0; j < pw; ++j)
+          want[static_cast<std::size_t>((s * h + kernels::reflect(i - p, h)) * w + kernels::reflect(j - p, w))] +=
+              dy[static_cast<std::size_t>((s * ph + i) * pw + j)];
+    BOOST_TEST(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0, h << "x" << w << " pad " << p);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(output_shapes_follow_the_formulas) {

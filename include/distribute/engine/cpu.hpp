@@ -191,8 +191,14 @@ class engine<cpu> {
   void for_each(std::int64_t n, F f) {
 #if defined(_OPENMP)
     if (threads_ > 1 && n >= parallel_grain) {
-#  pragma omp parallel for simd num_threads(threads_) schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) f(i);
+#  pragma omp parallel num_threads(threads_)
+      {
+        // Each thread's own copy: a local whose address never escapes, so the compiler keeps its
+        // pointers in registers instead of reloading them after every store.
+        const F g = f;
+#  pragma omp for simd schedule(static)
+        for (std::int64_t i = 0; i < n; ++i) g(i);
+      }
       return;
     }
 #endif
@@ -205,15 +211,16 @@ class engine<cpu> {
   template <class F>
   void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) {
     over_segments(segments, length, [&](std::int64_t s) {
+      const F g = f;  // as in for_each
       DISTRIBUTE_OMP_SIMD
-      for (std::int64_t i = 0; i < length; ++i) f(s, i);
+      for (std::int64_t i = 0; i < length; ++i) g(s, i);
     });
   }
-  // out[s] = sum over i in [0, length) of f(s, i), in double and in index order: the same bits for
-  // any thread count.
+  // out[s] = sum over i in [0, length) of f(s, i), in double and in a fixed order
+  // (detail::fixed_order_sum): the same bits for any thread count.
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
-    over_segments(segments, length, [&](std::int64_t s) { out[s] = distribute::detail::index_order_sum(f, s, length); });
+    over_segments(segments, length, [&](std::int64_t s) { out[s] = distribute::detail::fixed_order_sum(f, s, length); });
   }
   // Small results (statistics, loss values) where the host reads them: a copy on the CPU.
   template <class T>

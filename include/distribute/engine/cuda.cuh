@@ -23,7 +23,7 @@
 //
 // Determinism: a fixed configuration gives the same bits run to run (cuDNN plans are chosen once per
 // shape and kept; CUB's segmented reductions and cuBLAS's products are deterministic for fixed sizes). The
-// plane sums are not in index order, so they match the CPU engine's to rounding, not in every bit.
+// plane sums are not in the CPU engine's order, so they match its sums to rounding, not in every bit.
 
 #include <distribute/config.hpp>
 #include <distribute/device/detail/half_conversions.cuh>

@@ -13,7 +13,7 @@
 //     of plain headers (DISTRIBUTE_HOST_DEVICE), so the same one can run on a GPU;
 //   - `for_each_in_segments(segments, length, f)`: f(s, i) over a grid of planes and their elements;
 //   - `segmented_sum(segments, length, f, out)`: out[s] = the sum over i of f(s, i), accumulated in
-//     double and in index order, so the bits do not depend on the number of threads;
+//     double in an order fixed by the length, so the bits do not depend on the number of threads;
 //   - `to_host(src, n, dst)`: small results (statistics, loss values) copied where the host reads them;
 //   - its options and thread count.
 // An engine holds per-replica state (cached primitives, one scratch arena) and is used by one

@@ -9,13 +9,26 @@
 
 namespace distribute::detail {
 
-// The sum over i in [0, length) of f(s, i), in double and in index order: every engine's
-// segmented_sum adds this way, so their results are the same bits.
+// The sum over i in [0, length) of f(s, i), in double, in an order fixed by `length` alone: term i
+// goes to running sum i mod 32 while whole rows of 32 terms last, the rest (fewer than 32) onto a sum
+// of their own in index order; the 32 running sums are then folded pairwise (sum l += sum l + 16,
+// then + 8, ..., + 1) and the rest added last. Every engine's segmented_sum on the host adds this
+// way, so their results are the same bits whatever the thread count. (One running sum in index
+// order is a chain of dependent additions: a quarter of the speed of memory for a plane in cache;
+// 32 of them vectorise.)
+inline constexpr std::int64_t fixed_order_lanes = 32;
 template <class F>
-double index_order_sum(F& f, std::int64_t s, std::int64_t length) {
-  double acc = 0;
-  for (std::int64_t i = 0; i < length; ++i) acc += static_cast<double>(f(s, i));
-  return acc;
+double fixed_order_sum(const F& term, std::int64_t s, std::int64_t length) {
+  const F f = term;  // a local copy: its pointers stay in registers across the loop's stores
+  double acc[fixed_order_lanes] = {};
+  const std::int64_t whole = length - length % fixed_order_lanes;
+  for (std::int64_t i = 0; i < whole; i += fixed_order_lanes)
+    for (std::int64_t l = 0; l < fixed_order_lanes; ++l) acc[l] += static_cast<double>(f(s, i + l));
+  double rest = 0;
+  for (std::int64_t i = whole; i < length; ++i) rest += static_cast<double>(f(s, i));
+  for (std::int64_t w = fixed_order_lanes / 2; w > 0; w /= 2)
+    for (std::int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0] + rest;
 }
 
 struct serial_engine {
@@ -25,7 +38,7 @@ struct serial_engine {
   }
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) const {
-    for (std::int64_t s = 0; s < segments; ++s) out[s] = index_order_sum(f, s, length);
+    for (std::int64_t s = 0; s < segments; ++s) out[s] = fixed_order_sum(f, s, length);
   }
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {

@@ -26,7 +26,12 @@ struct relu_backward {
   const T* x;
   const T* dy;
   T* dx;
-  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { dx[i] = x[i] > T(0) ? dy[i] : T(0); }
+  // dy[i] is read whatever the sign (not only where it is kept), so that the loop vectorises: a
+  // load under the condition stays a scalar branch per element (a 10x slower backward pass).
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const {
+    const T g = dy[i];
+    dx[i] = x[i] > T(0) ? g : T(0);
+  }
 };
 template <class T>
 struct leaky_relu_forward {
@@ -315,10 +320,15 @@ struct reflect_pad_backward_plane {
     const index ph = height + 2 * pad, pw = width + 2 * pad;
     T* plane = dx + s * height * width;
     for (index k = 0; k < height * width; ++k) plane[k] = T(0);
+    // Row by row, and within a row the left border, the interior, the right border: j in increasing
+    // order for every source position, as one loop over j with reflect() would add them, but with a
+    // contiguous (vectorised) interior.
     for (index i = 0; i < ph; ++i) {
       T* line = plane + reflect(i - pad, height) * width;
       const T* in = dy + (s * ph + i) * pw;
-      for (index j = 0; j < pw; ++j) line[reflect(j - pad, width)] += in[j];
+      for (index j = 0; j < pad; ++j) line[pad - j] += in[j];
+      for (index j = 0; j < width; ++j) line[j] += in[pad + j];
+      for (index j = 0; j < pad; ++j) line[width - 2 - j] += in[pad + width + j];
     }
   }
 };

@@ -14,7 +14,8 @@
 
 namespace distribute::nn::detail {
 
-// Moments (count, mean, M2) of each of `planes` planes of `plane` values: two passes, in index order.
+// Moments (count, mean, M2) of each of `planes` planes of `plane` values: two passes of the engine's
+// segmented_sum (in double, in its fixed order).
 template <class E, class T, class D>
 std::vector<moments> plane_moments(E& e, const tensor<T, D>& x, std::int64_t planes, std::int64_t plane) {
   const auto n = static_cast<std::size_t>(planes);
