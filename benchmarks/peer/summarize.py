@@ -52,6 +52,10 @@ def main():
         print(f"{TITLES.get(c, c):<44} {os_:>11.4f} {oi:>7.3g} {ps_:>11.4f} {pi:>7.3g} {ratio:>9.2f} "
               f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>13} {rss_o:>7.0f}Mi {f'{rss_p:.0f}Mi ({imp:.0f})':>18} "
               f"{f'{l0}->{l1}':>16}")
+        aborted = [k for k in rounds if peer[k].get("exit_status", 0) != 0]
+        if aborted:
+            print(f"{'':<44} the peer exited with a failure after reporting its result in round(s) "
+                  f"{', '.join(str(k) for k in aborted)} (kept: the measurement had ended)")
         dev_o = max(ours[k].get("peak_device_mib", -1) for k in rounds)
         dev_p = max(peer[k].get("peak_device_mib", -1) for k in rounds)
         if dev_o >= 0 or dev_p >= 0:
