@@ -233,6 +233,40 @@ BOOST_AUTO_TEST_CASE(gradients_travel_as_bfloat16_and_every_replica_gets_the_sam
   }
 }
 
+BOOST_AUTO_TEST_CASE(the_narrowing_buffer_kept_per_thread_is_bounded_by_the_bucket_cap) {
+  // Each replica thread keeps its bfloat16 buffer for the next step, but only up to the largest
+  // bucket the cap makes: a gradient larger than the cap (a bucket of its own) gets a buffer of its
+  // own, returned after.
+  std::size_t total = 0;
+  for (const auto n : toy_sizes) total += n;
+  const std::size_t largest = 1000;  // the largest of toy_sizes
+  for (const std::size_t cap : {std::size_t{25} << 20, std::size_t{1200}}) {
+    dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
+    auto models = s.mirror([](auto&) { return toy_model{toy_sizes}; });
+    // (Default caps: one bucket of every gradient.)
+    const dist::gradient_reduction how{.bucket_bytes = cap, .first_bucket_bytes = cap > 1200 ? std::size_t{1} << 20 : 100,
+                                       .compression = dist::gradient_compression::bfloat16};
+    const auto kept = s.run(
+        [&](dist::replica auto& r, toy_model& m) {
+          auto& buffer = dist::detail::kept_narrowing_buffer<bfloat16>();
+          buffer = {};
+          for (auto& g : m.gradients) g = gradients_for(r.replica_id(), g.size());
+          r.all_reduce_gradients(m, how);
+          return buffer.size();
+        },
+        models);
+    for (const std::size_t k : kept) {
+      if (cap == (std::size_t{25} << 20)) {
+        BOOST_TEST(k == total, "one bucket of every gradient: its buffer is kept");
+      } else {
+        BOOST_TEST(k <= cap / sizeof(float), "kept " << k << " elements under a cap of " << cap / sizeof(float));
+        BOOST_TEST(k > 0u, "the buckets under the cap kept a buffer");
+        BOOST_TEST(k < largest);
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(nothing_is_rounded_where_nothing_travels) {
   // One device and a group of one replica send nothing: the gradients keep their float bits.
   const auto g = gradients_for(0, 1372);
