@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <stdexcept>
 #include <string_view>
 #include <thread>
 
@@ -197,6 +198,15 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_and_keep_their_device) {
   empty = t;  // a default-constructed tensor takes the source's device
   BOOST_TEST((empty.device() == t.device()));
   BOOST_TEST((empty.to_host() == host));
+
+  // A range fill (an optimiser's learning rate between captured steps): that range alone, queued on
+  // the tensor's stream; a range past the end refused before anything is queued.
+  dist::tensor<float, dist::cuda> ranged(dist::shape{10}, d);
+  ranged.fill(1.0f);
+  ranged.fill(5.0f, 3, 2);
+  BOOST_TEST(ranged.to_vector() == (std::vector<float>{1, 1, 1, 5, 5, 1, 1, 1, 1, 1}));
+  BOOST_CHECK_THROW(ranged.fill(0.0f, 8, 3), std::out_of_range);
+  BOOST_TEST(ranged.to_vector() == (std::vector<float>{1, 1, 1, 5, 5, 1, 1, 1, 1, 1}));
 }
 
 // An input batch (NHWC bytes) to an NCHW tensor on the GPU in one call: the same values as on the CPU.

@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -89,6 +90,22 @@ BOOST_AUTO_TEST_CASE(shape_and_storage) {
   BOOST_CHECK_THROW(t.reshape(shape{7}), std::invalid_argument);
   BOOST_CHECK_THROW((shape{1, 2, 3, 4, 5}), std::invalid_argument);
   BOOST_CHECK_THROW((shape{-1}), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(a_range_fill_writes_that_range_alone) {
+  dist::tensor<float> t{shape{10}};
+  t.fill(1.0f);
+  t.fill(5.0f, 3, 2);
+  const std::vector<float> want{1, 1, 1, 5, 5, 1, 1, 1, 1, 1};
+  BOOST_TEST(std::vector<float>(t.begin(), t.end()) == want, boost::test_tools::per_element());
+  t.fill(9.0f, 10, 0);  // empty, at the end: nothing
+  BOOST_TEST(std::vector<float>(t.begin(), t.end()) == want, boost::test_tools::per_element());
+  BOOST_CHECK_EXCEPTION(t.fill(0.0f, 8, 3), std::out_of_range, [](const std::out_of_range& e) {
+    return std::string(e.what()).find("[8, 8 + 3) outside its 10 elements") != std::string::npos;
+  });
+  BOOST_CHECK_THROW(t.fill(0.0f, 11, 0), std::out_of_range);
+  BOOST_CHECK_THROW(t.fill(0.0f, 1, std::size_t(-1)), std::out_of_range);  // no overflow past the check
+  BOOST_TEST(std::vector<float>(t.begin(), t.end()) == want, boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(eigen_views_alias_the_storage) {

@@ -64,6 +64,15 @@ std::map<const void*, host_memory_device>& device_buffers() {
   static std::map<const void*, host_memory_device> live;
   return live;
 }
+// What the host asked of the test device's memory: reads (each a wait for a GPU) and copies up
+// (from pageable memory, also a wait), and element fills (queued, no wait).
+struct device_traffic {
+  int reads = 0, copies_up = 0, fills = 0;
+};
+device_traffic& traffic() {
+  static device_traffic t;
+  return t;
+}
 
 }  // namespace
 
@@ -90,10 +99,19 @@ class distribute::tensor<T, host_memory_device> {
   }
   std::size_t size() const noexcept { return size_; }
   T* data() noexcept { return data_.get(); }
-  std::vector<T> to_vector() const { return std::vector<T>(data_.get(), data_.get() + size_); }
+  std::vector<T> to_vector() const {
+    ++traffic().reads;
+    return std::vector<T>(data_.get(), data_.get() + size_);
+  }
   void copy_from_host(std::span<const T> values) {
+    ++traffic().copies_up;
     BOOST_TEST_REQUIRE(values.size() == size_);
     std::copy(values.begin(), values.end(), data_.get());
+  }
+  void fill(T v, std::size_t offset, std::size_t count) {
+    ++traffic().fills;
+    BOOST_TEST_REQUIRE(offset + count <= size_);
+    std::fill_n(data_.get() + offset, count, v);
   }
 
  private:
@@ -552,11 +570,17 @@ BOOST_AUTO_TEST_CASE(capturable_optimisers_step_as_the_default_form) {
   for (int t = 0; t < 6; ++t) {
     if (t == 3) {
       for (const auto& [ptr, where] : device_buffers()) scalars_before.push_back(ptr);
+      const device_traffic before = traffic();
       for (auto* o : {&adam, &host_adam, &dev_adam}) o->set_lr(0.005);
       for (auto* o : {&sgd, &host_sgd, &dev_sgd}) o->set_lr(0.01);
       std::vector<const void*> now;
       for (const auto& [ptr, where] : device_buffers()) now.push_back(ptr);
       BOOST_TEST(now == scalars_before);  // written in place on the device
+      // One element written on the device per optimiser there, nothing read back or copied up (on
+      // a GPU each of those would wait for the stream).
+      BOOST_TEST(traffic().fills - before.fills == 2);
+      BOOST_TEST(traffic().reads == before.reads);
+      BOOST_TEST(traffic().copies_up == before.copies_up);
     }
     for (auto* m : {&reference, &on_host, &on_device}) set_gradients(*m, t);
     adam.step(reference);

@@ -53,8 +53,8 @@ class adam : public detail::engine_steps<adam<T>, T> {
   explicit adam(adam_options o) : o_{o}, count_{o.capturable, o.lr} {}
 
   const adam_options& options() const noexcept { return o_; }
-  // For schedules such as CycleGAN's linear decay. Capturable: also written where the state is (a
-  // wait for the device; not while a graph is being captured).
+  // For schedules such as CycleGAN's linear decay. Capturable: also written where the state is (in
+  // the order of the device's stream, without waiting for it; not while a graph is being captured).
   void set_lr(double lr) {
     o_.lr = lr;
     count_.set_lr(lr);

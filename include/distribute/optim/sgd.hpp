@@ -41,7 +41,8 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
   explicit sgd(sgd_options o) : o_{o}, count_{o.capturable, o.lr} {}
 
   const sgd_options& options() const noexcept { return o_; }
-  // Capturable: also written where the state is (a wait for the device; not during a capture).
+  // Capturable: also written where the state is (in the device's stream order, without a wait; not
+  // during a capture).
   void set_lr(double lr) {
     o_.lr = lr;
     count_.set_lr(lr);

@@ -309,6 +309,16 @@ class tensor<T, cuda> {
     thrust::fill_n(thrust::cuda::par_nosync.on(device_.stream()), data(), size(), v);
     detail::cuda_check(cudaPeekAtLastError(), "thrust::fill_n", device_.index());
   }
+  // Elements [offset, offset + count) set to `v`, in the order of the tensor's stream and without a
+  // wait: the value travels as a kernel argument, where a copy from pageable host memory would first
+  // wait for the stream (an optimiser's learning rate changed between captured steps).
+  void fill(T v, std::size_t offset, std::size_t count) {
+    detail::check_fill_range(offset, count, size());
+    if (count == 0) return;
+    detail::device_guard g(device_.index());
+    thrust::fill_n(thrust::cuda::par_nosync.on(device_.stream()), data() + offset, count, v);
+    detail::cuda_check(cudaPeekAtLastError(), "thrust::fill_n", device_.index());
+  }
   // The same values under another shape of as many elements.
   tensor reshaped(distribute::shape s) const& {
     tensor out{*this};

@@ -41,6 +41,12 @@ struct default_init_allocator : std::allocator<T> {
     ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
   }
 };
+// Refuses a range [offset, offset + count) that does not lie within `size` elements.
+inline void check_fill_range(std::size_t offset, std::size_t count, std::size_t size) {
+  if (offset > size || count > size - offset)
+    throw std::out_of_range("distribute: a tensor fill of elements [" + std::to_string(offset) + ", " + std::to_string(offset) +
+                            " + " + std::to_string(count) + ") outside its " + std::to_string(size) + " elements");
+}
 }  // namespace detail
 
 template <class T, device D = cpu>
@@ -95,6 +101,11 @@ class tensor<T, cpu> {
   }
 
   void fill(T v) { std::fill(data_.begin(), data_.end(), v); }
+  // Elements [offset, offset + count) set to `v` (the device tensors' form; std::out_of_range past the end).
+  void fill(T v, std::size_t offset, std::size_t count) {
+    detail::check_fill_range(offset, count, size());
+    std::fill_n(data_.begin() + static_cast<std::ptrdiff_t>(offset), count, v);
+  }
   // Keeps the storage when the element count allows (no reallocation in steady-state training).
   void resize(distribute::shape s) {
     shape_ = s;

@@ -55,6 +55,9 @@ class device_state {
   // Copies `host` into the buffers in place (their addresses stay, for CUDA graphs that captured
   // them) and returns true; returns false, changing nothing, if the counts or sizes differ.
   virtual bool overwrite(const std::vector<std::vector<T>>& host) = 0;
+  // Element `at` of buffer `b` set to `v` in place, in the order of the device's queue and without
+  // waiting for it; false, changing nothing, where there is no such element.
+  virtual bool set(std::size_t b, std::size_t at, T v) = 0;
 
  protected:
   device_state() = default;
@@ -87,6 +90,12 @@ class device_state_on final : public device_state<T> {
     for (std::size_t i = 0; i < host.size(); ++i)
       if (host[i].size() != buffers_[i].size()) return false;
     for (std::size_t i = 0; i < host.size(); ++i) buffers_[i].copy_from_host(std::span<const T>(host[i].data(), host[i].size()));
+    return true;
+  }
+
+  bool set(std::size_t b, std::size_t at, T v) override {
+    if (b >= buffers_.size() || at >= buffers_[b].size()) return false;
+    buffers_[b].fill(v, at, 1);
     return true;
   }
 
@@ -148,6 +157,15 @@ class state_buffers {
     if (device_ && device_->overwrite(host)) return;
     device_.reset();
     host_ = std::move(host);
+  }
+
+  // Element `at` of buffer `b` set to `v` where the state is, in place (on a device without waiting
+  // for it); false, changing nothing, where there is no such element.
+  bool set(std::size_t b, std::size_t at, T v) {
+    if (device_) return device_->set(b, at, v);
+    if (b >= host_.size() || at >= host_[b].size()) return false;
+    host_[b][at] = v;
+    return true;
   }
 
   std::size_t count() const noexcept { return device_ ? device_->count() : host_.size(); }

@@ -8,7 +8,8 @@
 // Four doubles, nn::detail::kernels' layout: {steps taken, learning rate, two values the optimiser
 // derives per step}. They live where the optimiser's other state does (state_buffers.hpp): host
 // memory when a host engine steps it, the replica's GPU otherwise. `set_lr` and `load` write them in
-// place, so a captured graph sees the new values; reading them (`steps`, save) waits for the device.
+// place, so a captured graph sees the new values (`set_lr` in the stream's order, without waiting for
+// the device); reading them (`steps`, save) waits for the device.
 //
 // `step_count` is what an optimiser holds: its step count in the form its options chose, the host's
 // (the default) or these scalars (capturable), behind one interface.
@@ -41,10 +42,11 @@ class step_scalars {
   }
   // In place where they are (the device's memory stays where a graph captured it).
   void assign(std::int64_t steps, double lr) { s_.assign_host({{static_cast<double>(steps), lr, 0.0, 0.0}}); }
+  // The learning rate alone, in place: on a device in the order of its stream, without a wait.
   void set_lr(double lr) {
-    auto host = s_.host_copy();
-    host[0][1] = lr;
-    s_.assign_host(std::move(host));
+    if (s_.set(0, 1, lr)) return;
+    if (s_.count() != 0) throw std::logic_error("distribute: an optimiser's step scalars are not the four it keeps");
+    assign(0, lr);  // none yet
   }
 
  private:
@@ -61,7 +63,7 @@ class step_count {
 
   // Steps taken (capturable: read where the state is, counting a graph's replays).
   std::int64_t steps() const { return capturable_ ? scalars_.steps() : host_; }
-  // Capturable: the learning rate written where the state is (a wait for the device).
+  // Capturable: the learning rate written where the state is (in the device's stream order).
   void set_lr(double lr) {
     if (capturable_) scalars_.set_lr(lr);
   }
