@@ -207,6 +207,19 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_and_keep_their_device) {
   BOOST_TEST(ranged.to_vector() == (std::vector<float>{1, 1, 1, 5, 5, 1, 1, 1, 1, 1}));
   BOOST_CHECK_THROW(ranged.fill(0.0f, 8, 3), std::out_of_range);
   BOOST_TEST(ranged.to_vector() == (std::vector<float>{1, 1, 1, 5, 5, 1, 1, 1, 1, 1}));
+  // Not into a graph being captured (it would replay the captured value): refused, and nothing
+  // written.
+  cudaStream_t side = nullptr;
+  BOOST_TEST_REQUIRE((cudaStreamCreate(&side) == cudaSuccess));
+  {
+    dist::tensor<float, dist::cuda> on_side(dist::shape{4}, d.on(side));
+    dist::detail::cuda_graph graph;
+    const std::string why = graph.capture(d.index(), side, [&] { on_side.fill(2.0f, 1, 1); });
+    BOOST_TEST(dt::contains(why, "range fill on cuda:0 while its stream is being captured"), why);
+    BOOST_TEST(!graph);
+    BOOST_TEST(on_side.to_vector() == std::vector<float>(4, 0.0f));
+  }
+  BOOST_TEST((cudaStreamDestroy(side) == cudaSuccess));
 }
 
 // An input batch (NHWC bytes) to an NCHW tensor on the GPU in one call: the same values as on the CPU.

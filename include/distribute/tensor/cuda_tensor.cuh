@@ -311,10 +311,15 @@ class tensor<T, cuda> {
   }
   // Elements [offset, offset + count) set to `v`, in the order of the tensor's stream and without a
   // wait: the value travels as a kernel argument, where a copy from pageable host memory would first
-  // wait for the stream (an optimiser's learning rate changed between captured steps).
+  // wait for the stream (an optimiser's learning rate changed between captured steps). Refused
+  // (graph_capture_error) while the stream is being captured: a graph would replay the value.
   void fill(T v, std::size_t offset, std::size_t count) {
     detail::check_fill_range(offset, count, size());
     if (count == 0) return;
+    if (detail::stream_capturing(device_.stream()))
+      throw graph_capture_error("distribute: a tensor's range fill on " + device_.name() +
+                                " while its stream is being captured: the graph would replay the captured value; set "
+                                "such values (an optimiser's learning rate) between captured steps");
     detail::device_guard g(device_.index());
     thrust::fill_n(thrust::cuda::par_nosync.on(device_.stream()), data() + offset, count, v);
     detail::cuda_check(cudaPeekAtLastError(), "thrust::fill_n", device_.index());
