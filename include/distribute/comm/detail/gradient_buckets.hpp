@@ -14,7 +14,6 @@
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -169,11 +168,6 @@ void all_reduce_narrowed_on_host(C& comm, reduce_op op, std::span<const std::spa
     for (float& v : g) v = static_cast<float>(wire[at++]);
 }
 
-// The largest bucket `options` make, in float elements (what the narrowing buffer is kept for).
-inline std::size_t kept_elements(const gradient_reduction& options) noexcept {
-  return std::max(options.bucket_bytes, options.first_bucket_bytes) / sizeof(float);
-}
-
 // One bucket's collective.
 template <class C, class T>
 void all_reduce_bucket(C& comm, const gradient_reduction& options, const std::vector<std::span<T>>& bucket) {
@@ -182,8 +176,12 @@ void all_reduce_bucket(C& comm, const gradient_reduction& options, const std::ve
   if constexpr (std::is_same_v<T, float>) {
     // A group of one sends nothing, so nothing is rounded (as under one_device_strategy).
     if (options.compression == gradient_compression::bfloat16 && comm.size() > 1) {
-      if constexpr (bfloat16_compressing_communicator<C>) comm.all_reduce_as_bfloat16(options.op, buffers);
-      else all_reduce_narrowed_on_host<bfloat16>(comm, options.op, buffers, kept_elements(options));
+      if constexpr (bfloat16_compressing_communicator<C>) {
+        comm.all_reduce_as_bfloat16(options.op, buffers);
+      } else {
+        // The thread's buffer is kept up to the largest cap, bucket_bytes (the first bucket's is never more).
+        all_reduce_narrowed_on_host<bfloat16>(comm, options.op, buffers, options.bucket_bytes / sizeof(float));
+      }
       return;
     }
   }
