@@ -305,9 +305,7 @@ class tensor<T, cuda> {
   void fill(T v) {
     if (empty()) return;
     if (v == T(0)) return fill_zero();
-    detail::device_guard g(device_.index());
-    thrust::fill_n(thrust::cuda::par_nosync.on(device_.stream()), data(), size(), v);
-    detail::cuda_check(cudaPeekAtLastError(), "thrust::fill_n", device_.index());
+    queue_fill(v, 0, size());
   }
   // Elements [offset, offset + count) set to `v`, in the order of the tensor's stream and without a
   // wait: the value travels as a kernel argument, where a copy from pageable host memory would first
@@ -320,9 +318,7 @@ class tensor<T, cuda> {
       throw graph_capture_error("distribute: a tensor's range fill on " + device_.name() +
                                 " while its stream is being captured: the graph would replay the captured value; set "
                                 "such values (an optimiser's learning rate) between captured steps");
-    detail::device_guard g(device_.index());
-    thrust::fill_n(thrust::cuda::par_nosync.on(device_.stream()), data() + offset, count, v);
-    detail::cuda_check(cudaPeekAtLastError(), "thrust::fill_n", device_.index());
+    queue_fill(v, offset, count);
   }
   // The same values under another shape of as many elements.
   tensor reshaped(distribute::shape s) const& {
@@ -362,6 +358,13 @@ class tensor<T, cuda> {
   // In the order of the tensor's stream: neither allocating nor freeing waits for the device.
   static detail::device_allocation allocate(const cuda& device, const distribute::shape& s) {
     return detail::device_allocation(device.index(), static_cast<std::size_t>(s.numel()) * sizeof(T), device.stream());
+  }
+
+  // Elements [offset, offset + count) set to `v` by Thrust on the tensor's stream (no wait).
+  void queue_fill(T v, std::size_t offset, std::size_t count) {
+    detail::device_guard g(device_.index());
+    thrust::fill_n(thrust::cuda::par_nosync.on(device_.stream()), data() + offset, count, v);
+    detail::cuda_check(cudaPeekAtLastError(), "thrust::fill_n", device_.index());
   }
 
   void check_host_size(std::size_t n, const char* op) const {
