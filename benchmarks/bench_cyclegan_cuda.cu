@@ -4,6 +4,7 @@
 #include "graphs.cuh"
 
 #include <distribute/device/cuda.cuh>
+#include <distribute/device/cuda_memory.cuh>
 #include <distribute/engine/cuda.cuh>
 #include <distribute/strategy/mirrored_strategy_cuda.cuh>
 #include <distribute/strategy/one_device_strategy_cuda.cuh>
@@ -18,24 +19,25 @@ namespace bench_cyclegan {
 
 namespace {
 
-// The high-water mark of the stream-ordered pool of GPU 0, where the tensors live (cuBLAS' and
-// cuDNN's own workspaces are allocated elsewhere and not counted).
+// The high-water mark of the library's memory on GPU 0, where the tensors and workspaces live, plus
+// that of the memory CUDA graphs own (what their captured steps allocated; 0 without --graphs): a
+// bound from above where both are used, since the two peaks need not coincide. cuBLAS' own
+// workspace is allocated elsewhere and not counted.
 device_report report_of(const std::string& name) {
   device_report r;
   r.name = name;
   r.reset_peak = [] {
-    cudaMemPool_t pool{};
-    if (cudaDeviceGetDefaultMemPool(&pool, 0) != cudaSuccess) return;
+    dist::cuda_reset_memory_peaks(0);
     cuuint64_t zero = 0;
-    (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
+    if (cudaDeviceSetGraphMemAttribute(0, cudaGraphMemAttrUsedMemHigh, &zero) != cudaSuccess) (void)cudaGetLastError();
   };
   r.peak_mib = [] {
-    cudaMemPool_t pool{};
-    cuuint64_t high = 0;
-    if (cudaDeviceGetDefaultMemPool(&pool, 0) != cudaSuccess ||
-        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) != cudaSuccess)
-      return -1.0;
-    return static_cast<double>(high) / (1024.0 * 1024.0);
+    cuuint64_t graphs = 0;
+    if (cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemHigh, &graphs) != cudaSuccess) {
+      (void)cudaGetLastError();
+      graphs = 0;
+    }
+    return static_cast<double>(dist::cuda_memory_usage(0).peak_in_use + graphs) / (1024.0 * 1024.0);
   };
   return r;
 }

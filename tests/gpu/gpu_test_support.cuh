@@ -24,6 +24,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -101,5 +103,41 @@ std::vector<float> as_floats(const std::vector<T>& v) {
 }
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Kernels that keep a stream busy, for tests of what waits for the device and what does not. In an
+// unnamed namespace: each test unit that uses them has its own.
+namespace {
+
+// Keeps the GPU busy on its stream for about `ns` nanoseconds (the global timer, whatever the clocks).
+__global__ void spin_kernel(unsigned long long ns) {
+  unsigned long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+__global__ void spin_then_fill(float* p, std::size_t n, float value, unsigned long long ns) {
+  if (threadIdx.x == 0) {
+    unsigned long long start = 0, now = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+  }
+  __syncthreads();
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+__global__ void noop_kernel() {}
+
+void spin(cudaStream_t stream, std::chrono::milliseconds ms) {
+  spin_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(ms.count()) * 1000000ull);
+  detail::cuda_check(cudaGetLastError(), "launching spin_kernel");
+}
+
+}  // namespace
 
 }  // namespace distribute::test

@@ -38,35 +38,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Keeps the GPU busy on `stream` for about `ns` nanoseconds (the global timer, whatever the clocks).
-__global__ void spin_kernel(unsigned long long ns) {
-  unsigned long long start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-__global__ void spin_then_fill(float* p, std::size_t n, float value, unsigned long long ns) {
-  if (threadIdx.x == 0) {
-    unsigned long long start = 0, now = 0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-  }
-  __syncthreads();
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    p[i] = value;
-}
-
-__global__ void noop_kernel() {}
-
-void spin(cudaStream_t stream, std::chrono::milliseconds ms) {
-  spin_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(ms.count()) * 1000000ull);
-  dist::detail::cuda_check(cudaGetLastError(), "launching spin_kernel");
-}
+using dt::noop_kernel;
+using dt::spin;
+using dt::spin_then_fill;
 
 std::size_t free_device_memory() {
   dist::detail::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");

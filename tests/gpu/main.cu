@@ -222,6 +222,71 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_and_keep_their_device) {
   BOOST_TEST((cudaStreamDestroy(side) == cudaSuccess));
 }
 
+// The library's memory pool: what tensors allocate is counted; memory a tensor frees stays with the
+// pool across synchronisations (the device's default pool would give it back to the driver there)
+// and serves the next allocation without taking more; `cuda_release_cached_memory` gives back what
+// is not in use; the peaks start again when reset.
+BOOST_AUTO_TEST_CASE(the_librarys_pool_keeps_freed_memory_until_asked_to_release_it) {
+  const dist::detail::device_guard on(0);
+  dist::detail::owned_stream stream(0);
+  const dist::cuda d = dist::cuda{0}.on(stream.get());
+  constexpr std::uint64_t mib = 1u << 20;
+  const auto elements = [](std::uint64_t bytes) { return dist::shape{static_cast<std::int64_t>(bytes / sizeof(float))}; };
+  BOOST_TEST_REQUIRE((cudaDeviceSynchronize() == cudaSuccess));
+  const auto before = dist::cuda_memory_usage(0);
+  {
+    dist::tensor<float, dist::cuda> t(elements(64 * mib), d, dist::uninitialized);
+    d.synchronize();
+    const auto held = dist::cuda_memory_usage(0);
+    BOOST_TEST(held.in_use >= before.in_use + 64 * mib);
+    BOOST_TEST(held.reserved >= held.in_use);
+    BOOST_TEST(held.peak_in_use >= held.in_use);
+    BOOST_TEST(held.peak_reserved >= held.reserved);
+  }
+  BOOST_TEST_REQUIRE((cudaDeviceSynchronize() == cudaSuccess));
+  const auto cached = dist::cuda_memory_usage(0);
+  BOOST_TEST(cached.in_use == before.in_use);
+  BOOST_TEST(cached.reserved >= cached.in_use + 64 * mib, "the freed 64 MiB stayed with the pool across a synchronisation");
+  {
+    dist::tensor<float, dist::cuda> again(elements(64 * mib), d, dist::uninitialized);
+    d.synchronize();
+    BOOST_TEST(dist::cuda_memory_usage(0).reserved == cached.reserved, "the second allocation reused the cached memory");
+  }
+  dist::cuda_release_cached_memory(0);
+  const auto released = dist::cuda_memory_usage(0);
+  BOOST_TEST(released.reserved + 64 * mib <= cached.reserved, "the unused memory went back to the driver");
+  BOOST_TEST(released.reserved >= released.in_use);
+
+  dist::cuda_reset_memory_peaks(0);
+  dist::tensor<float, dist::cuda> small(elements(8 * mib), d, dist::uninitialized);
+  d.synchronize();
+  const auto now = dist::cuda_memory_usage(0);
+  BOOST_TEST(now.peak_in_use >= 8 * mib);
+  BOOST_TEST(now.peak_in_use <= now.in_use, "the peak counts from the reset on, not the earlier 64 MiB");
+  BOOST_TEST(now.peak_in_use < before.in_use + 64 * mib);
+
+  // A device that is not there is a clear error, not an index out of bounds.
+  BOOST_CHECK_THROW(dist::cuda_memory_usage(-1), std::invalid_argument);
+  BOOST_CHECK_THROW(dist::cuda_memory_usage(1000), std::invalid_argument);
+}
+
+// A zero-filled tensor on a stream of its own is written in that stream's order, without waiting
+// for the device; on the default stream it waits (so that any stream may use it).
+BOOST_AUTO_TEST_CASE(zero_filled_tensors_wait_for_the_device_only_on_the_default_stream) {
+  const dist::detail::device_guard on(0);
+  dist::detail::owned_stream stream(0);
+  const dist::cuda d = dist::cuda{0}.on(stream.get());
+  dt::spin(stream.get(), std::chrono::milliseconds(500));
+  dist::tensor<float, dist::cuda> queued(dist::shape{1 << 16}, d);
+  BOOST_TEST(!dist::detail::stream_idle(stream.get(), 0), "the constructor returned while the stream was still busy");
+  BOOST_TEST(queued.to_vector() == std::vector<float>(1 << 16, 0.0f));
+
+  dt::spin(nullptr, std::chrono::milliseconds(200));
+  dist::tensor<float, dist::cuda> waited(dist::shape{1 << 16}, dist::cuda{0});
+  BOOST_TEST(dist::detail::stream_idle(nullptr, 0), "on the default stream the constructor waited for the zeros");
+  BOOST_TEST(waited.to_vector() == std::vector<float>(1 << 16, 0.0f));
+}
+
 // An input batch (NHWC bytes) to an NCHW tensor on the GPU in one call: the same values as on the CPU.
 BOOST_AUTO_TEST_CASE(batches_become_tensors_on_the_gpu) {
   const dist::cuda d{0};

@@ -16,6 +16,7 @@
 #include <distribute/detail/digest.hpp>
 #include <distribute/device/cuda.cuh>
 #include <distribute/device/cuda_graph.cuh>
+#include <distribute/device/cuda_memory.cuh>
 #include <distribute/tensor/shape.hpp>
 #include <distribute/tensor/tensor.hpp>
 
@@ -38,163 +39,6 @@
 
 namespace distribute {
 
-namespace detail {
-
-// Whether `ordinal` allocates in stream order (cudaMallocAsync); every GPU of the last decade does,
-// under Linux.
-inline bool stream_ordered_allocation(int ordinal) {
-  constexpr int cached = 64;
-  static std::atomic<signed char> known[cached]{};  // 0 unknown, 1 yes, -1 no
-  if (ordinal >= 0 && ordinal < cached) {
-    if (const auto k = known[ordinal].load(std::memory_order_relaxed); k != 0) return k > 0;
-  }
-  int supported = 0;
-  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, ordinal) != cudaSuccess) {
-    (void)cudaGetLastError();
-    supported = 0;
-  }
-  if (ordinal >= 0 && ordinal < cached) known[ordinal].store(supported ? 1 : -1, std::memory_order_relaxed);
-  return supported != 0;
-}
-
-// Lets GPU `reader` use memory from the default pool of GPU `owner` (stream-ordered allocations, as
-// tensors make): peer access between devices does not extend to pool memory. Also enables peer
-// access. Returns false, changing nothing, where the two GPUs cannot access each other.
-inline bool share_pool(int reader, int owner) {
-  if (reader == owner) return true;
-  int can = 0;
-  cuda_check(cudaDeviceCanAccessPeer(&can, reader, owner), "cudaDeviceCanAccessPeer", reader);
-  if (!can) return false;
-  {
-    device_guard g(reader);
-    const cudaError_t rc = cudaDeviceEnablePeerAccess(owner, 0);
-    if (rc == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
-    else cuda_check(rc, "cudaDeviceEnablePeerAccess", reader);
-  }
-  if (stream_ordered_allocation(owner)) {
-    cudaMemPool_t pool = nullptr;
-    cuda_check(cudaDeviceGetDefaultMemPool(&pool, owner), "cudaDeviceGetDefaultMemPool", owner);
-    cudaMemAccessDesc access{};
-    access.location.type = cudaMemLocationTypeDevice;
-    access.location.id = reader;
-    access.flags = cudaMemAccessFlagsProtReadWrite;
-    cuda_check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess", owner);
-  }
-  return true;
-}
-
-// Device memory of one GPU, freed on that GPU. Made with a stream, it is allocated and freed in that
-// stream's order (cudaMallocAsync / cudaFreeAsync, from the device's memory pool): neither call waits
-// for the device, where cudaFree waits for every stream of it. The stream must then live as long as
-// the memory: the strategies' streams do (detail::stream_pool), as does a device's default stream.
-// Made without one, it is plain cudaMalloc / cudaFree. Made while its stream is captured into a CUDA
-// graph (device/cuda_graph.cuh), it is that graph's memory; memory of no graph released during a
-// capture is freed when the capture ends (a graph may free only graph memory).
-class device_allocation {
- public:
-  device_allocation() = default;
-  device_allocation(int ordinal, std::size_t bytes) : ordinal_{ordinal}, bytes_{bytes} {
-    if (bytes == 0) return;
-    device_guard g(ordinal);
-    cuda_check(cudaMalloc(&ptr_, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str(), ordinal);
-  }
-  device_allocation(int ordinal, std::size_t bytes, cudaStream_t stream) : ordinal_{ordinal}, bytes_{bytes} {
-    if (bytes == 0) return;
-    device_guard g(ordinal);
-    if (!stream_ordered_allocation(ordinal)) {
-      cuda_check(cudaMalloc(&ptr_, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str(), ordinal);
-      return;
-    }
-    cuda_check(cudaMallocAsync(&ptr_, bytes, stream), ("cudaMallocAsync of " + std::to_string(bytes) + " bytes").c_str(),
-               ordinal);
-    stream_ = stream;
-    ordered_ = true;
-    in_graph_ = stream_capturing(stream);
-  }
-  device_allocation(device_allocation&& o) noexcept
-      : ordinal_{o.ordinal_},
-        bytes_{std::exchange(o.bytes_, 0)},
-        ptr_{std::exchange(o.ptr_, nullptr)},
-        stream_{o.stream_},
-        ordered_{o.ordered_},
-        in_graph_{o.in_graph_} {}
-  device_allocation& operator=(device_allocation&& o) noexcept {
-    if (this != &o) {
-      release();
-      ordinal_ = o.ordinal_;
-      bytes_ = std::exchange(o.bytes_, 0);
-      ptr_ = std::exchange(o.ptr_, nullptr);
-      stream_ = o.stream_;
-      ordered_ = o.ordered_;
-      in_graph_ = o.in_graph_;
-    }
-    return *this;
-  }
-  ~device_allocation() { release(); }
-
-  void* get() const noexcept { return ptr_; }
-  std::size_t bytes() const noexcept { return bytes_; }
-  int ordinal() const noexcept { return ordinal_; }
-  // The stream the memory is ordered on (null for plain cudaMalloc memory, or the default stream).
-  cudaStream_t stream() const noexcept { return stream_; }
-
- private:
-  void release() noexcept {
-    if (ptr_ == nullptr) return;
-    // Memory of no graph, released while its stream is captured: freed once the capture ends.
-    if (ordered_ && !in_graph_ && stream_capturing(stream_)) {
-      try {
-        deferred_frees::instance().add(ordinal_, ptr_, stream_);
-      } catch (...) {
-        // No memory for the list: the allocation is leaked rather than freed inside the graph.
-      }
-      ptr_ = nullptr;
-      bytes_ = 0;
-      return;
-    }
-    device_guard g(ordinal_, std::nothrow);
-    const cudaError_t rc = ordered_ ? cudaFreeAsync(ptr_, stream_) : cudaFree(ptr_);
-    if (rc != cudaSuccess) (void)cudaGetLastError();
-    ptr_ = nullptr;
-    bytes_ = 0;
-  }
-  int ordinal_ = 0;
-  std::size_t bytes_ = 0;
-  void* ptr_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  bool ordered_ = false;
-  bool in_graph_ = false;  // allocated while its stream was captured: memory of that graph
-};
-
-// Page-locked host memory: host<->device copies from it are DMA transfers that can run asynchronously.
-class pinned_allocation {
- public:
-  pinned_allocation() = default;
-  explicit pinned_allocation(std::size_t bytes) : bytes_{bytes} {
-    if (bytes != 0) cuda_check(cudaMallocHost(&ptr_, bytes), ("cudaMallocHost of " + std::to_string(bytes) + " bytes").c_str());
-  }
-  pinned_allocation(pinned_allocation&& o) noexcept : bytes_{std::exchange(o.bytes_, 0)}, ptr_{std::exchange(o.ptr_, nullptr)} {}
-  pinned_allocation& operator=(pinned_allocation&& o) noexcept {
-    if (this != &o) {
-      if (ptr_) (void)cudaFreeHost(ptr_);
-      bytes_ = std::exchange(o.bytes_, 0);
-      ptr_ = std::exchange(o.ptr_, nullptr);
-    }
-    return *this;
-  }
-  ~pinned_allocation() {
-    if (ptr_) (void)cudaFreeHost(ptr_);
-  }
-  void* get() const noexcept { return ptr_; }
-  std::size_t bytes() const noexcept { return bytes_; }
-
- private:
-  std::size_t bytes_ = 0;
-  void* ptr_ = nullptr;
-};
-
-}  // namespace detail
-
 template <class T>
 class pinned_staging;
 
@@ -210,13 +54,17 @@ class tensor<T, cuda> {
   static constexpr distribute::layout layout = distribute::layout::nchw;
 
   tensor() = default;
-  // Zero-filled, on `device`.
+  // Zero-filled, on `device`. On a stream of its own (a replica's: `r.device()`), the zeros are
+  // written in that stream's order, as every other piece of the tensor's work is, and the call
+  // returns without waiting for the device: a loss's value and gradient, made each step, cost no
+  // wait. On the default stream (a `cuda` made by hand), which the strategies' streams do not wait
+  // for, it waits until the zeros are written, so that the tensor may be used from any stream. Inside
+  // a CUDA graph's capture the memset is a node of the graph, ordered before its users.
   explicit tensor(distribute::shape s, cuda device = {}) : device_{device}, shape_{s}, storage_{allocate(device, s)} {
     if (!empty()) {
       detail::device_guard g(device_.index());
       detail::cuda_check(cudaMemsetAsync(data(), 0, bytes(), device_.stream()), "cudaMemsetAsync", device_.index());
-      // Inside a CUDA graph's capture the memset is a node of the graph, ordered before its users.
-      if (!detail::stream_capturing(device_.stream())) device_.synchronize();
+      if (device_.stream() == nullptr && !detail::stream_capturing(device_.stream())) device_.synchronize();
     }
   }
   // Values left unset, for an output that is about to be overwritten in full (no memset).
