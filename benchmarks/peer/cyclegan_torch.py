@@ -297,7 +297,7 @@ def report(o, mode, world, threads, g_params, d_params, times, first, rss, impor
           + (f", peak device memory {device_mib:.1f} MiB" if device_mib is not None else ""))
     print(json.dumps({
         "bench": "cyclegan", "side": "peer", "framework": "torch", "version": torch.__version__, "mode": mode,
-        "device": torch.cuda.get_device_name(0) if o.device == "cuda" else "cpu", "tf32": o.tf32, "precision": getattr(o, "amp", "none"),
+        "device": torch.cuda.get_device_name(0) if o.device == "cuda" else "cpu", "tf32": o.tf32, "autotune": getattr(o, "autotune", False), "precision": getattr(o, "amp", "none"),
         "graphs": getattr(o, "graphs", False),
         "peak_device_mib": round(device_mib, 1) if device_mib is not None else -1,
         "world_size": world, "threads": threads, "size": o.size, "channels": o.channels, "filters": o.filters,
@@ -337,6 +337,8 @@ def run_single(o):
         # Eager mode as users run it; TF32 only when asked (both sides then use tensor cores).
         torch.backends.cuda.matmul.allow_tf32 = o.tf32
         torch.backends.cudnn.allow_tf32 = o.tf32
+        # --autotune: cuDNN's algorithms timed per shape (ours: engine_options::conv_autotune).
+        torch.backends.cudnn.benchmark = o.autotune
         dev = torch.device("cuda", 0)
         g_ab, g_ba, d_a, d_b = (m.to(dev) for m in (g_ab, g_ba, d_a, d_b))
         a, b = a.to(dev), b.to(dev)
@@ -527,6 +529,7 @@ def main():
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel, gloo, --world-size ranks of 1 thread")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the step on GPU 0 (single process)")
     p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 in convolutions and matrix products")
+    p.add_argument("--autotune", action="store_true", help="cuda: torch.backends.cudnn.benchmark (time cuDNN's algorithms per shape)")
     p.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
                    help="the step under torch.autocast in bfloat16 (cpu or cuda) or float16 (cuda; no GradScaler, as the C++ side's trainer)")
     p.add_argument("--graphs", action="store_true",

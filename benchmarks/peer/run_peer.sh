@@ -18,7 +18,7 @@
 #
 #   benchmarks/peer/run_peer.sh [--build-dir build/release] [--venv build/peer-venv] [--rounds 3]
 #       [--steps 20] [--warmup 3] [--paper-steps 1] [--paper-warmup 1] [--quick] [--check]
-#       [--no-build] [--json FILE] [--precision bf16] [--gpu [--tf32] [--precision bf16|fp16] [--graphs]]
+#       [--no-build] [--json FILE] [--precision bf16] [--gpu [--tf32] [--precision bf16|fp16] [--graphs] [--autotune]]
 #
 #   --quick   skips (d)
 #   --check   also the step-1 check: both sides train one step from the same initial weights and
@@ -28,6 +28,8 @@
 #   --gpu     the GPU configurations (g1-g4) in place of (a)-(d); --quick skips (g3)
 #   --graphs  with --gpu: each network's passes as CUDA graphs on both sides (ours --graphs on,
 #             the peer torch.cuda.make_graphed_callables)
+#   --autotune with --gpu: cuDNN's engines timed per convolution shape on both sides (ours
+#             --autotune, engine_options::conv_autotune; the peer torch.backends.cudnn.benchmark)
 #   --precision bf16  mixed precision on both sides (ours --precision bf16: on the CPU oneDNN's bf16
 #             kernels, where it has bf16 units; the peer the step under torch.autocast); fp16: --gpu only
 #
@@ -53,10 +55,11 @@ check=0
 build=1
 json=""
 gpu=0
-tf32=()
+gpu_flags=()  # --tf32, --autotune: the same flag to both sides
 precision=()  # --precision bf16|fp16: ours --precision, the peer --amp
 amp=()
 graphs=0
+autotune=0
 
 die() { echo "run_peer.sh: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
@@ -73,16 +76,18 @@ while [[ $# -gt 0 ]]; do
     --no-build) build=0; shift ;;
     --json) json=$2; shift 2 ;;
     --gpu) gpu=1; shift ;;
-    --tf32) tf32=(--tf32); shift ;;
+    --tf32) gpu_flags+=(--tf32); shift ;;
     --precision) [[ $2 == bf16 || $2 == fp16 ]] || die "--precision must be bf16 or fp16"
                  precision+=(--precision "$2"); amp+=(--amp "$2"); shift 2 ;;
     --graphs) graphs=1; precision+=(--graphs on); amp+=(--graphs); shift ;;
+    --autotune) autotune=1; gpu_flags+=(--autotune); shift ;;
     -h|--help) sed -n '2,40p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
 cd "$root"
 [[ $graphs == 1 && $gpu == 0 ]] && die "--graphs needs --gpu"
+[[ $autotune == 1 && $gpu == 0 ]] && die "--autotune needs --gpu"
 [[ $gpu == 0 && " ${precision[*]} " == *" fp16 "* ]] && die "--precision fp16 needs --gpu (on the CPU: bf16, where it has bf16 units)"
 [[ -n "$json" ]] && json=$(realpath -m "$json")
 cores=$(nproc)
@@ -232,14 +237,14 @@ for ((r = 1; r <= rounds; r++)); do
          measure "$r" c peer "$py" "$peer" "${amp[@]}" "${demo[@]}" --ddp --world-size 2 --steps "$steps" --warmup "$warmup" ;;
       d) measure "$r" d ours "$ours" --strategy one_device "${precision[@]}" "${paper[@]}" --steps "$paper_steps" --warmup "$paper_warmup"
          measure "$r" d peer "$py" "$peer" "${amp[@]}" "${paper[@]}" --threads "$cores" --steps "$paper_steps" --warmup "$paper_warmup" ;;
-      g1) measure "$r" g1 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy one_device "${demo[@]}" --steps "$steps" --warmup "$warmup"
-          measure "$r" g1 peer "$py" "$peer" --device cuda "${tf32[@]}" "${amp[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
-      g2) measure "$r" g2 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy one_device "${paper[@]}" --steps "$steps" --warmup "$warmup"
-          measure "$r" g2 peer "$py" "$peer" --device cuda "${tf32[@]}" "${amp[@]}" "${paper[@]}" --steps "$steps" --warmup "$warmup" ;;
-      g3) measure "$r" g3 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy one_device "${paper4[@]}" --steps "$steps" --warmup "$warmup"
-          measure "$r" g3 peer "$py" "$peer" --device cuda "${tf32[@]}" "${amp[@]}" "${paper4[@]}" --steps "$steps" --warmup "$warmup" ;;
-      g4) measure "$r" g4 ours "$ours" --device cuda "${tf32[@]}" "${precision[@]}" --strategy mirrored --replicas 2 "${demo[@]}" --steps "$steps" --warmup "$warmup"
-          measure "$r" g4 peer "$py" "$peer" --device cuda "${tf32[@]}" "${amp[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g1) measure "$r" g1 ours "$ours" --device cuda "${gpu_flags[@]}" "${precision[@]}" --strategy one_device "${demo[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g1 peer "$py" "$peer" --device cuda "${gpu_flags[@]}" "${amp[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g2) measure "$r" g2 ours "$ours" --device cuda "${gpu_flags[@]}" "${precision[@]}" --strategy one_device "${paper[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g2 peer "$py" "$peer" --device cuda "${gpu_flags[@]}" "${amp[@]}" "${paper[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g3) measure "$r" g3 ours "$ours" --device cuda "${gpu_flags[@]}" "${precision[@]}" --strategy one_device "${paper4[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g3 peer "$py" "$peer" --device cuda "${gpu_flags[@]}" "${amp[@]}" "${paper4[@]}" --steps "$steps" --warmup "$warmup" ;;
+      g4) measure "$r" g4 ours "$ours" --device cuda "${gpu_flags[@]}" "${precision[@]}" --strategy mirrored --replicas 2 "${demo[@]}" --steps "$steps" --warmup "$warmup"
+          measure "$r" g4 peer "$py" "$peer" --device cuda "${gpu_flags[@]}" "${amp[@]}" "${demo[@]}" --steps "$steps" --warmup "$warmup" ;;
     esac
   done
 done

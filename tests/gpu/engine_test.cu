@@ -41,6 +41,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -129,12 +130,14 @@ std::string compare(const std::vector<float>& got, const std::vector<float>& wan
   return s.str();
 }
 
-// Every pass of `g` on the GPU against the CPU reference.
-void check_against_reference(const named_geometry& ng, dist::compute_precision precision, double tolerance) {
+// Every pass of `g` on the GPU against the CPU reference; with `autotune`, each plan's engine chosen by
+// timing (the outputs the timing runs write are written again, and dw still takes one gradient).
+void check_against_reference(const named_geometry& ng, dist::compute_precision precision, double tolerance,
+                             bool autotune = false) {
   const dist::conv_geometry& g = ng.g;
   dist::detail::owned_stream stream(0);
   const dist::cuda d = dist::cuda{0}.on(stream.get());
-  dist::detail::cudnn_convolutions gpu(0, stream.get());
+  dist::detail::cudnn_convolutions gpu(0, stream.get(), autotune);
   dist::engine<dist::cpu> cpu{dist::engine_options{.reference = true}};
 
   const auto x = random_values(g.input_size(), 1);
@@ -177,6 +180,8 @@ void check_against_reference(const named_geometry& ng, dist::compute_precision p
   // forward, forward with a bias, backward data, backward weights (16 bits: the bias is added after
   // the convolution, so one forward plan serves both).
   BOOST_TEST(gpu.cached_plans() == (dist::is_half(precision) ? 3u : 4u), where);
+  BOOST_TEST(gpu.tuned_plans() == (autotune ? gpu.cached_plans() : 0u), where);
+  BOOST_TEST(gpu.tuned_candidates() >= gpu.tuned_plans(), where);
   for (const auto& why : gpu.precision_fallbacks()) BOOST_TEST_MESSAGE(where << ": TF32 instead of 16 bits: " << why);
   BOOST_TEST((cudaGetLastError() == cudaSuccess));
 }
@@ -198,6 +203,33 @@ BOOST_AUTO_TEST_CASE(every_pass_of_the_cyclegan_convolutions_matches_the_cpu_in_
     check_against_reference(ng, dist::compute_precision::bfloat16, 3e-2);
     check_against_reference(ng, dist::compute_precision::float16, 5e-3);
   }
+}
+
+// conv_autotune: every pass computes what the heuristics' engine computes, within the same tolerances.
+BOOST_AUTO_TEST_CASE(autotuned_convolutions_match_the_cpu) {
+  for (const auto& ng : cyclegan_geometries()) {
+    check_against_reference(ng, dist::compute_precision::float32, 1e-4, true);
+    check_against_reference(ng, dist::compute_precision::bfloat16, 3e-2, true);
+  }
+}
+
+// A tuned plan is timed once: later runs of its shape use the engine chosen, with the same bits.
+BOOST_AUTO_TEST_CASE(a_plan_is_tuned_once_and_then_reused) {
+  dist::detail::owned_stream stream(0);
+  const dist::cuda d = dist::cuda{0}.on(stream.get());
+  dist::detail::cudnn_convolutions gpu(0, stream.get(), true);
+  const auto g = dist::conv_geometry::of(2, 16, 10, 10, 16, 3, 1, 0);
+  const auto x = upload(random_values(g.input_size(), 1), d), w = upload(random_values(g.weight_size(), 2), d);
+  device_tensor y(dist::shape{g.output_size()}, d);
+  gpu.forward(g, x.data(), w.data(), nullptr, y.data());
+  BOOST_TEST(gpu.tuned_plans() == 1u);
+  const std::size_t candidates = gpu.tuned_candidates();
+  BOOST_TEST(candidates >= 1u);
+  const auto first = y.to_vector();
+  gpu.forward(g, x.data(), w.data(), nullptr, y.data());
+  BOOST_TEST(gpu.tuned_plans() == 1u);
+  BOOST_TEST(gpu.tuned_candidates() == candidates);
+  BOOST_TEST(y.to_vector() == first);
 }
 
 BOOST_AUTO_TEST_CASE(plans_are_built_once_per_geometry_and_pass) {
@@ -1083,6 +1115,31 @@ BOOST_AUTO_TEST_CASE(losses_match_the_cpu) {
     check_close(on_host(mse.grad), on_host(gm.grad), "mse gradient");
     check_close(on_host(l1.grad), on_host(gl.grad), "l1 gradient");
     check_close(on_host(bce.grad), on_host(gb.grad), "bce_with_logits gradient");
+  });
+}
+
+// A loss left on the device, made in every step, queues its work on the replica's stream and
+// returns at once: nothing in it waits for the device (its zero-filled outputs included), so the
+// host keeps queueing the step's work while the GPU computes.
+BOOST_AUTO_TEST_CASE(losses_on_the_device_queue_their_work_without_waiting) {
+  const shape s = shape::nchw(2, 1, 8, 8);
+  const auto p = random_values(static_cast<std::size_t>(s.numel()), 3, 3.0f), t = random_values(static_cast<std::size_t>(s.numel()), 4);
+  const dist::tensor<float, dist::cpu> pc{s, p}, tc{s, t};
+  auto r = nn::local();
+  const auto mse = nn::mse(r, pc, tc, 2), l1 = nn::l1(r, pc, tc, 2);
+  dist::one_device_strategy<dist::cuda> gpu;
+  gpu.run([&](dist::replica auto& rg) {
+    const auto pg = dist::tensor<float, dist::cuda>::from_host(s, std::span<const float>(p), rg.device());
+    const auto tg = dist::tensor<float, dist::cuda>::from_host(s, std::span<const float>(t), rg.device());
+    dt::spin(rg.device().stream(), std::chrono::milliseconds(500));
+    const auto gm = nn::mse(rg, pg, tg, 2, nn::value_on_device);
+    const auto gl = nn::l1(rg, pg, tg, 2, nn::value_on_device);
+    BOOST_TEST(!dist::detail::stream_idle(rg.device().stream(), rg.device().index()),
+               "the losses returned while the stream was still busy");
+    BOOST_TEST(gm.host_value() == mse.value, boost::test_tools::tolerance(1e-5f));
+    BOOST_TEST(gl.host_value() == l1.value, boost::test_tools::tolerance(1e-5f));
+    check_close(on_host(mse.grad), on_host(gm.grad), "mse gradient");
+    check_close(on_host(l1.grad), on_host(gl.grad), "l1 gradient");
   });
 }
 

@@ -296,6 +296,14 @@ class engine<cuda> {
     return 0;
 #endif
   }
+  // Of those, the plans whose engine was chosen by timing (engine_options::conv_autotune).
+  std::size_t tuned_plans() const noexcept {
+#if DISTRIBUTE_CUDA_ENGINE_HAS_CUDNN
+    return cudnn_ ? cudnn_->tuned_plans() : 0;
+#else
+    return 0;
+#endif
+  }
 
  private:
   // Where Thrust runs: the replica's stream, without a synchronisation after each algorithm.
@@ -354,7 +362,7 @@ class engine<cuda> {
     static_assert(std::is_same_v<T, float>, "distribute: the GPU engine's convolutions are float32");
     (void)pass;
     g.check();
-    if (!cudnn_) cudnn_ = std::make_unique<detail::cudnn_convolutions>(device_.index(), stream());
+    if (!cudnn_) cudnn_ = std::make_unique<detail::cudnn_convolutions>(device_.index(), stream(), options_.conv_autotune);
     return *cudnn_;
   }
   std::unique_ptr<detail::cudnn_convolutions> cudnn_;

@@ -75,6 +75,13 @@ struct engine_options {
   // `float32` here with `tf32` true means `tf32`. A model can choose its own for its passes
   // (nn::with_precision), whatever the engine's default.
   compute_precision precision = compute_precision::float32;
+  // GPU engines: time, at its first run, every engine cuDNN offers for each convolution (shape,
+  // pass, precision) and keep the fastest, as PyTorch's torch.backends.cudnn.benchmark does; off,
+  // the first of cuDNN's heuristics. Often faster, and the first run of each shape is slower. Which
+  // engine wins depends on timing, so two runs (or a run and its resumption) may compute a
+  // convolution with different engines and differ in the last bits; off, every run computes alike.
+  // Engines that are not deterministic are excluded either way. The CPU engine ignores it.
+  bool conv_autotune = false;
 };
 
 // The precision an engine with `options` computes in when no model chose one.

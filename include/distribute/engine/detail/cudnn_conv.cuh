@@ -37,6 +37,14 @@
 // the call's device pointers. Pointers that are not all 16-byte aligned (a tensor inside a larger
 // buffer) get a plan of their own, built for 4-byte alignment.
 //
+// Autotune (engine_options::conv_autotune, off by default): build_plans builds every engine that
+// passes the filters, and the plan's first run outside a CUDA graph's capture times each of them on
+// that call's operands (the cudnn-frontend's autotune: a warm-up run, then timed runs until the time
+// stops improving by 5%, waiting for the device) and keeps the fastest, as PyTorch's
+// cudnn.benchmark does. The timing runs write the call's outputs (a weight gradient: its scratch),
+// which the call then writes again. The engine that wins depends on timing, so two runs may compute
+// a shape with different engines; each engine is deterministic either way.
+//
 // Engine filters. TF32 is chosen by the call's precision, never by default: under `float32`,
 // engines with the TENSOR_CORE or DOWN_CONVERT_INPUTS numerical notes are removed (on Ampere and
 // later those compute float32 convolutions in TF32, a 10-bit mantissa), so the results match the
@@ -52,7 +60,7 @@
 // instead, and `precision_fallbacks()` says why; the plan key holds the precision asked for.
 //
 // Workspace: one device buffer per object, grown when a plan needs more, allocated and freed in the
-// order of the replica's stream (cudaMallocAsync / cudaFreeAsync), so growing it waits for nothing.
+// order of the replica's stream (the library's pool, device/cuda_memory.cuh), so growing it waits for nothing.
 //
 // Errors: every cuDNN, frontend or CUDA failure is an exception naming the pass, the geometry and
 // the device, with cuDNN's message: "distribute: cuDNN conv forward [2x3x16x16 -> 8x16x16, kernel 3,
@@ -156,8 +164,11 @@ __global__ void __launch_bounds__(threads)
 class cudnn_convolutions {
  public:
   // One per replica engine: `ordinal` the GPU, `stream` the replica's stream. Each call says the
-  // precision it computes in (engine.hpp's compute_precision, the engine's current one).
-  cudnn_convolutions(int ordinal, cudaStream_t stream) : ordinal_{ordinal}, stream_{stream} {
+  // precision it computes in (engine.hpp's compute_precision, the engine's current one). `autotune`
+  // (engine_options::conv_autotune): each plan times every engine cuDNN offers for it at its first
+  // eager run and keeps the fastest (see the top of this file).
+  cudnn_convolutions(int ordinal, cudaStream_t stream, bool autotune = false)
+      : ordinal_{ordinal}, stream_{stream}, autotune_{autotune} {
     device_guard guard(ordinal_);
     if (const cudnnStatus_t rc = cudnnCreate(&handle_); rc != CUDNN_STATUS_SUCCESS) {
       handle_ = nullptr;
@@ -188,7 +199,7 @@ class cudnn_convolutions {
     if (g.batch == 0) return;
     device_guard guard(ordinal_);
     if (is_half(precision)) {
-      const plan& h = plan_for(pass::forward, g, false, true, precision);
+      plan& h = plan_for(pass::forward, g, false, true, precision);
       if (is_half(h.precision)) {
         with_half_type(h.precision, [&](auto tag) {
           using H = decltype(tag);
@@ -204,7 +215,7 @@ class cudnn_convolutions {
       }
       precision = h.precision;  // no 16-bit plan for this geometry: the fallback's
     }
-    const plan& p = plan_for(pass::forward, g, bias != nullptr, aligned({x, w, bias, y}), precision);
+    plan& p = plan_for(pass::forward, g, bias != nullptr, aligned({x, w, bias, y}), precision);
     std::unordered_map<std::int64_t, void*> pack{
         {uid_x, const_cast<float*>(x)}, {uid_w, const_cast<float*>(w)}, {uid_y, y}};
     if (bias != nullptr && p.fused_bias) pack.emplace(uid_bias, const_cast<float*>(bias));
@@ -219,7 +230,7 @@ class cudnn_convolutions {
     if (g.batch == 0) return;
     device_guard guard(ordinal_);
     if (is_half(precision)) {
-      const plan& h = plan_for(pass::backward_data, g, false, true, precision);
+      plan& h = plan_for(pass::backward_data, g, false, true, precision);
       if (is_half(h.precision)) {
         with_half_type(h.precision, [&](auto tag) {
           using H = decltype(tag);
@@ -234,7 +245,7 @@ class cudnn_convolutions {
       }
       precision = h.precision;
     }
-    const plan& p = plan_for(pass::backward_data, g, false, aligned({dy, w, dx}), precision);
+    plan& p = plan_for(pass::backward_data, g, false, aligned({dy, w, dx}), precision);
     std::unordered_map<std::int64_t, void*> pack{
         {uid_y, const_cast<float*>(dy)}, {uid_w, const_cast<float*>(w)}, {uid_x, dx}};
     execute(pass::backward_data, g, p, pack, 0);
@@ -249,7 +260,7 @@ class cudnn_convolutions {
     const std::int64_t n = g.weight_size();
     bool done = false;
     if (is_half(precision)) {
-      const plan& h = plan_for(pass::backward_weights, g, false, true, precision);
+      plan& h = plan_for(pass::backward_weights, g, false, true, precision);
       if (is_half(h.precision)) {
         // The 16-bit gradient goes to scratch behind cuDNN's workspace and is added to dw in float.
         with_half_type(h.precision, [&](auto tag) {
@@ -272,7 +283,7 @@ class cudnn_convolutions {
     }
     if (!done) {
       // The gradient is written to scratch behind cuDNN's workspace, then added to dw.
-      const plan& p = plan_for(pass::backward_weights, g, false, aligned({x, dy}), precision);
+      plan& p = plan_for(pass::backward_weights, g, false, aligned({x, dy}), precision);
       void* scratch = nullptr;
       std::unordered_map<std::int64_t, void*> pack{{uid_x, const_cast<float*>(x)}, {uid_y, const_cast<float*>(dy)}};
       execute(pass::backward_weights, g, p, pack, static_cast<std::size_t>(n) * sizeof(float), &scratch);
@@ -290,6 +301,18 @@ class cudnn_convolutions {
 
   // Plans built so far (one per geometry, pass and variant): for tests.
   std::size_t cached_plans() const noexcept { return plans_.size(); }
+  // Plans whose engine was chosen by timing (conv_autotune), and the engine configurations cuDNN
+  // listed for them in all (those that did not build were not timed): for tests and logs.
+  std::size_t tuned_plans() const noexcept {
+    std::size_t n = 0;
+    for (const auto& [key, p] : plans_) n += p->tuned_from > 0;
+    return n;
+  }
+  std::size_t tuned_candidates() const noexcept {
+    std::size_t n = 0;
+    for (const auto& [key, p] : plans_) n += static_cast<std::size_t>(p->tuned_from);
+    return n;
+  }
   // Why 16-bit plans were replaced by TF32 ones (no cuDNN engine for that geometry in 16 bits), one
   // line each: for logs.
   std::vector<std::string> precision_fallbacks() const {
@@ -322,6 +345,8 @@ class cudnn_convolutions {
     std::string unfused_because;  // why not, where it was asked for
     compute_precision precision = compute_precision::float32;  // what the plan computes in
     std::string fallback_because;  // a 16-bit plan was asked for: why this one is TF32
+    bool tune = false;             // every engine built, to be timed at the first eager run
+    std::int64_t tuned_from = 0;   // how many were timed (0: the heuristics' first choice)
   };
   using plan_key = std::array<std::int64_t, 14>;
 
@@ -413,7 +438,7 @@ class cudnn_convolutions {
     return true;
   }
 
-  const plan& plan_for(pass p, const conv_geometry& g, bool bias, bool aligned16, compute_precision precision) {
+  plan& plan_for(pass p, const conv_geometry& g, bool bias, bool aligned16, compute_precision precision) {
     const plan_key key{g.batch,      g.in_channels, g.in_height, g.in_width,          g.out_channels,
                        g.kernel,     g.stride,      g.pad,       g.out_height,         g.out_width,
                        int(p),       int(bias),     int(aligned16), int(precision)};
@@ -548,7 +573,11 @@ class cudnn_convolutions {
       fail(p, g, std::string("deselect_numeric_notes: ") + e.what());
     }
     step(p, g, "check_support", [&] { return graph.check_support(); });
-    step(p, g, "build_plans", [&] { return graph.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE); });
+    // Timed later: every engine that builds, the heuristics' first one chosen until then.
+    result->tune = autotune_;
+    step(p, g, "build_plans", [&] {
+      return graph.build_plans(autotune_ ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+    });
     step(p, g, "get_workspace_size", [&] { return graph.get_workspace_size(result->workspace); });
     return result;
   }
@@ -562,10 +591,22 @@ class cudnn_convolutions {
 
   // Runs plan `p` on the stream with `pack`, in a workspace of cuDNN's bytes plus `scratch_bytes` of
   // scratch behind them (returned in `*scratch`, which the pack gets as the weight gradient).
-  void execute(pass ps, const conv_geometry& g, const plan& p, std::unordered_map<std::int64_t, void*>& pack,
+  void execute(pass ps, const conv_geometry& g, plan& p, std::unordered_map<std::int64_t, void*>& pack,
                std::size_t scratch_bytes, void** scratch = nullptr) {
+    if (p.tune && !stream_capturing(stream_)) tune(ps, g, p, pack, scratch_bytes);
     const std::size_t offset = scratch_offset(p.workspace);
-    const std::size_t need = scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(p.workspace);
+    char* base = workspace(ps, g, scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(p.workspace));
+    if (scratch != nullptr) {
+      *scratch = base + offset;
+      pack[uid_w] = *scratch;
+    }
+    step(ps, g, p.unfused_because.empty() ? "execute" : "execute (the bias unfused)", [&] {
+      return p.graph->execute(handle_, pack, p.workspace > 0 ? static_cast<void*>(base) : nullptr);
+    });
+  }
+
+  // The workspace, grown to `need` bytes where it is smaller.
+  char* workspace(pass ps, const conv_geometry& g, std::size_t need) {
     if (need > workspace_.bytes()) {
       try {
         workspace_ = device_allocation(ordinal_, need, stream_);
@@ -573,18 +614,29 @@ class cudnn_convolutions {
         fail(ps, g, std::string("allocating its workspace: ") + e.what());
       }
     }
-    char* base = static_cast<char*>(workspace_.get());
-    if (scratch != nullptr) {
-      *scratch = base + offset;
-      pack.emplace(uid_w, *scratch);
-    }
-    step(ps, g, p.unfused_because.empty() ? "execute" : "execute (the bias unfused)", [&] {
-      return p.graph->execute(handle_, pack, p.workspace > 0 ? static_cast<void*>(base) : nullptr);
-    });
+    return static_cast<char*>(workspace_.get());
+  }
+
+  // conv_autotune: runs every engine built for plan `p` on this call's operands (the outputs it
+  // writes are written again by the call itself; a weight gradient goes to scratch) in a workspace
+  // large enough for the largest, and keeps the fastest (the cudnn-frontend's autotune: cuDNN's
+  // timing loop, which waits for the device). Not inside a CUDA graph's capture, where nothing may
+  // wait: the plan is then timed at its next eager run.
+  void tune(pass ps, const conv_geometry& g, plan& p, std::unordered_map<std::int64_t, void*>& pack,
+            std::size_t scratch_bytes) {
+    const std::int64_t candidates = p.graph->get_execution_plan_count();
+    const std::size_t offset = scratch_offset(p.graph->get_autotune_workspace_size());
+    char* base = workspace(ps, g, offset + scratch_bytes);
+    if (scratch_bytes > 0) pack[uid_w] = base + offset;
+    step(ps, g, "autotune", [&] { return p.graph->autotune(handle_, pack, base); });
+    step(ps, g, "get_workspace_size (after autotune)", [&] { return p.graph->get_workspace_size(p.workspace); });
+    p.tune = false;
+    p.tuned_from = candidates;
   }
 
   int ordinal_;
   cudaStream_t stream_;
+  bool autotune_ = false;
   cudnnHandle_t handle_ = nullptr;
   device_allocation workspace_;
   device_allocation halves_;  // the 16-bit operands of mixed-precision passes
