@@ -237,6 +237,7 @@ class replica_context {
       layer.for_each_parameter([&](std::span<T>, std::span<T> gradient) {
         if (!gradient.empty()) overlap_->ready(gradient.data());
       });
+      overlap_->announced();
     }
   }
 

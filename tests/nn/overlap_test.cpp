@@ -83,6 +83,7 @@ struct run_record {
   std::vector<float> parameters;
   std::vector<std::size_t> collectives;   // per step, replica 0
   std::vector<std::size_t> started_early;  // per step, replica 0: buckets started before backward ended
+  std::vector<std::size_t> held_back;      // per step, replica 0: buckets that waited for an earlier one
 };
 
 // Adam steps on a different global batch each step; checks that every replica holds the same bits.
@@ -96,6 +97,7 @@ run_record train(S& s, bool overlap, const dist::gradient_reduction& how, int st
     auto xs = s.scatter(data.x, 36);
     auto ys = s.scatter(data.y, 18);
     std::vector<std::size_t> started(static_cast<std::size_t>(s.num_replicas_in_sync()));
+    std::vector<std::size_t> held(started.size());
     auto counts = s.run(
         [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net,
             optim::adam<float>& opt) {
@@ -110,6 +112,7 @@ run_record train(S& s, bool overlap, const dist::gradient_reduction& how, int st
             net.get<0>().on_backward = [&](int id) { started[static_cast<std::size_t>(id)] = sync.started(); };
             net.backward(r, loss.grad);
             net.get<0>().on_backward = nullptr;
+            held[static_cast<std::size_t>(r.replica_id())] = sync.held_back();
             collectives = sync.wait();
           } else {
             net.backward(r, loss.grad);
@@ -121,6 +124,7 @@ run_record train(S& s, bool overlap, const dist::gradient_reduction& how, int st
         xs, ys, nets, opts);
     out.collectives.push_back(counts[0]);
     out.started_early.push_back(started[0]);
+    out.held_back.push_back(held[0]);
   }
   s.verify_mirrored(nets);
   out.parameters = parameters_of(nets[0]);
@@ -227,6 +231,8 @@ BOOST_AUTO_TEST_CASE(overlapped_all_reduce_has_the_bits_of_the_blocking_one) {
       // Every parameter's gradient was announced before the first layer's backward: all buckets
       // had started while backward ran.
       BOOST_TEST(overlapped.started_early == overlapped.collectives);
+      // ...each in its turn: backward finished the buckets in plan order.
+      BOOST_TEST(overlapped.held_back == (std::vector<std::size_t>{0, 0, 0}));
       if (how.bucket_bytes == small_buckets.bucket_bytes) BOOST_TEST(blocking.collectives[0] > 3u);
     }
   }
@@ -297,6 +303,81 @@ BOOST_AUTO_TEST_CASE(gradients_nobody_announces_are_all_reduced_by_wait) {
   }, models);
   for (auto c : none) BOOST_TEST(c == 0u);
   for (const auto& m : models) BOOST_REQUIRE(m.g2[0] == 18.0f);
+}
+
+namespace {
+
+// Two convolutions that run first -> second but enumerate their parameters second first: the bucket
+// plan (reverse enumeration) holds `first` before `second`, while backward finishes `second` first.
+// A container written so is correct (it announces each child as sequential does), only its buckets
+// wait for their turn.
+struct enumerated_backwards {
+  using scalar_type = float;
+  nn::conv2d<float> first{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1}, 5};
+  nn::conv2d<float> second{{.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 1, .padding = 1}, 6};
+  template <class R>
+  tensor<float> forward(R& r, const tensor<float>& x) { return second.forward(r, first.forward(r, x)); }
+  template <class R>
+  tensor<float> backward(R& r, const tensor<float>& dy) {
+    auto d = second.backward(r, dy);
+    r.gradients_ready(second);
+    d = first.backward(r, d);
+    r.gradients_ready(first);
+    return d;
+  }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    second.for_each_parameter(f);
+    first.for_each_parameter(f);
+  }
+  void zero_grad() {
+    first.zero_grad();
+    second.zero_grad();
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(buckets_finished_out_of_plan_order_are_counted_and_still_sum_right) {
+  // held_back() is what would tell a model that gains from buckets rebuilt in ready order: every
+  // sequential gives 0 (overlapped_all_reduce_has_the_bits_of_the_blocking_one), this model does
+  // not. Its results are still the blocking all-reduce's, bit for bit.
+  using model = enumerated_backwards;
+  // One bucket per tensor: first.w (144 B), first.b, second.w (288 B), second.b; the plan is
+  // first.b, first.w, second.b, second.w, and backward finishes second's two before first's.
+  const dist::gradient_reduction per_tensor{.bucket_bytes = 1, .first_bucket_bytes = 1};
+  const auto data = data_for_step(0);
+  std::vector<float> gradients[2];  // overlapped, blocking
+  for (const bool overlap : {true, false}) {
+    dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
+    auto models = s.mirror([](auto&) { return model{}; });
+    auto xs = s.scatter(data.x, 36);
+    const auto held = s.run([&](dist::replica auto& r, const std::vector<float>& xl, model& m) {
+      const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+      const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
+      m.zero_grad();
+      const auto y = m.forward(r, x);
+      const auto loss = nn::mse(y, tensor<float>(y.shape()), global_batch);
+      if (!overlap) {
+        m.backward(r, loss.grad);
+        return std::pair{std::size_t{0}, r.all_reduce_gradients(m, per_tensor)};
+      }
+      auto sync = r.overlap_gradients(per_tensor);
+      sync.add(m);
+      m.backward(r, loss.grad);
+      const auto h = sync.held_back();
+      return std::pair{h, sync.wait()};
+    }, xs, models);
+    for (const auto [h, buckets] : held) {
+      BOOST_TEST(buckets == 4u);
+      // second.b and second.w were final while first.b, the plan's first bucket, still waited.
+      BOOST_TEST(h == (overlap ? 2u : 0u));
+    }
+    auto& g = gradients[overlap ? 0 : 1];
+    models[0].for_each_parameter([&](std::span<float>, std::span<float> d) { g.insert(g.end(), d.begin(), d.end()); });
+    BOOST_TEST(std::any_of(g.begin(), g.end(), [](float v) { return v != 0.0f; }));
+  }
+  BOOST_TEST((gradients[0] == gradients[1]), "the overlapped all-reduce's gradients are the blocking one's");
 }
 
 namespace {

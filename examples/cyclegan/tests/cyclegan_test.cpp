@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -377,6 +378,46 @@ BOOST_AUTO_TEST_CASE(overlapped_all_reduce_changes_no_bit) {
   const auto on = train_three_steps(s, placement::full, 4, d, true, bf16);
   BOOST_TEST((on == train_three_steps(s, placement::full, 4, d, false, bf16)), "bfloat16 gradients");
   BOOST_TEST(!(on == train_three_steps(s, placement::full, 4, d, true)), "bfloat16 gradients are not the float ones");
+}
+
+BOOST_AUTO_TEST_CASE(every_network_finishes_its_buckets_in_plan_order) {
+  // The bucket plan (reverse enumeration) is the order backward finishes the gradients of both
+  // networks (generator: the residual blocks inside `repeated`; discriminator: its patch stages), so
+  // no bucket waits behind an earlier one and a plan rebuilt in ready order would be this one.
+  // Every tensor a bucket of its own: the finest plan, the one most easily out of order.
+  const dist::gradient_reduction small{.bucket_bytes = 1, .first_bucket_bytes = 1};
+  dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(2)};
+  auto gens = s.mirror([](auto&) { return make_generator(generator_options{}, 7); });
+  auto discs = s.mirror([](auto&) { return make_discriminator(discriminator_options{}, 8); });
+  std::vector<float> x(2 * 28 * 28);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+  auto xs = s.scatter(x, 28 * 28);
+  const auto counts = s.run([&](dist::replica auto& r, const std::vector<float>& xl, generator& g, discriminator& d) {
+    const tensor in{dist::shape::nchw(static_cast<std::int64_t>(xl.size()) / (28 * 28), 1, 28, 28), xl};
+    std::array<std::size_t, 4> out{};  // generator held back, its buckets, discriminator held back, its buckets
+    auto pass = [&](auto& net, std::size_t at) {
+      net.zero_grad();
+      const tensor y = net.forward(r, in);
+      auto sync = r.overlap_gradients(small);
+      sync.add(net);
+      net.backward(r, tensor(y.shape(), std::vector<float>(static_cast<std::size_t>(y.shape().numel()), 1e-3f)));
+      out[at] = sync.held_back();
+      std::size_t tensors = 0;
+      net.for_each_parameter([&](auto, auto) { ++tensors; });
+      out[at + 1] = sync.wait() == tensors ? tensors : 0;  // one bucket per tensor, or 0
+    };
+    pass(g, 0);
+    pass(d, 2);
+    return out;
+  }, xs, gens, discs);
+  for (const auto& c : counts) {
+    BOOST_TEST(c[0] == 0u);
+    // Instance norm has no parameters (the reference's): the generator's 12 convolution weights (6
+    // in the residual blocks) and its last bias; the discriminator's 4 weights and 2 biases.
+    BOOST_TEST(c[1] == 13u);
+    BOOST_TEST(c[2] == 0u);
+    BOOST_TEST(c[3] == 6u);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -74,6 +74,8 @@ class overlap_hook {
  public:
   // The gradient whose data starts at `gradient` is final.
   virtual void ready(const void* gradient) = 0;
+  // The gradients named by `ready` since the last call were final together (one layer's).
+  virtual void announced() = 0;
   // A collective the replica calls while the overlap is open: run in its turn, waited for.
   virtual void communicate(const std::function<void()>& collective) = 0;
 
@@ -153,6 +155,17 @@ class gradient_overlap final : detail::overlap_hook {
   // The number of bucket collectives started so far (for tests and benchmarks).
   std::size_t started() const noexcept { return next_; }
 
+  // The buckets whose gradients all became final while an earlier bucket of the plan still waited
+  // for some of its own: each had to wait its turn. Buckets are planned in reverse enumeration
+  // order, which is the order backward finishes them in every model built from `nn::sequential`
+  // (and in every container that enumerates its children in forward order and announces them in
+  // reverse), so there it is 0 and the plan needs no rebuilding in ready order (DDP rebuilds its
+  // buckets once, after a first step, for models whose definition order is not their execution
+  // order). Anything else here points at a model whose `for_each_parameter` order is not its
+  // forward order, at models added in another order than their backward runs, or at gradients
+  // nobody announces (they wait for `wait`, and so does every bucket after theirs).
+  std::size_t held_back() const noexcept { return held_back_; }
+
  private:
   // Whether C has a split phase, and whether this communicator uses it (one that chooses its engine
   // at run time says so with `splits()`: cuda_replica, NCCL or cuda_peer).
@@ -177,9 +190,17 @@ class gradient_overlap final : detail::overlap_hook {
     const auto it = at_.find(gradient);
     if (it == at_.end() || finished_) return;
     auto& b = buckets_[it->second];
+    if (b.pending && --b.pending == 0) finished_now_.push_back(it->second);
     at_.erase(it);  // once only
-    if (b.pending) --b.pending;
     start_ready();
+  }
+
+  // A layer's gradients are final together, whatever order it enumerates them in: a bucket waits
+  // its turn only behind one that is still waiting after the whole announcement.
+  void announced() override {
+    while (first_waiting_ < buckets_.size() && buckets_[first_waiting_].pending == 0) ++first_waiting_;
+    for (const auto b : finished_now_) held_back_ += b > first_waiting_ ? 1 : 0;
+    finished_now_.clear();
   }
 
   void communicate(const std::function<void()>& collective) override {
@@ -236,6 +257,9 @@ class gradient_overlap final : detail::overlap_hook {
   std::vector<bucket> buckets_;
   std::unordered_map<const void*, std::size_t> at_;  // gradient data -> its bucket, until final
   std::size_t next_ = 0;                               // the next bucket to start
+  std::size_t first_waiting_ = 0;                      // the first bucket with gradients not yet final
+  std::size_t held_back_ = 0;                          // see held_back()
+  std::vector<std::size_t> finished_now_;              // buckets the current announcement finished
   std::optional<detail::ordered_worker> worker_;
 };
 
