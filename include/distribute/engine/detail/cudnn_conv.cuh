@@ -345,8 +345,9 @@ class cudnn_convolutions {
     std::string unfused_because;  // why not, where it was asked for
     compute_precision precision = compute_precision::float32;  // what the plan computes in
     std::string fallback_because;  // a 16-bit plan was asked for: why this one is TF32
-    bool tune = false;             // every engine built, to be timed at the first eager run
-    std::int64_t tuned_from = 0;   // how many were timed (0: the heuristics' first choice)
+    // How many engines were timed (conv_autotune; every one built at least one). 0: not timed yet,
+    // or no autotune (the heuristics' first choice).
+    std::int64_t tuned_from = 0;
   };
   using plan_key = std::array<std::int64_t, 14>;
 
@@ -573,8 +574,8 @@ class cudnn_convolutions {
       fail(p, g, std::string("deselect_numeric_notes: ") + e.what());
     }
     step(p, g, "check_support", [&] { return graph.check_support(); });
-    // Timed later: every engine that builds, the heuristics' first one chosen until then.
-    result->tune = autotune_;
+    // With autotune, timed at the first eager run: every engine that builds, the heuristics' first
+    // one chosen until then.
     step(p, g, "build_plans", [&] {
       return graph.build_plans(autotune_ ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
     });
@@ -593,7 +594,7 @@ class cudnn_convolutions {
   // scratch behind them (returned in `*scratch`, which the pack gets as the weight gradient).
   void execute(pass ps, const conv_geometry& g, plan& p, std::unordered_map<std::int64_t, void*>& pack,
                std::size_t scratch_bytes, void** scratch = nullptr) {
-    if (p.tune && !stream_capturing(stream_)) tune(ps, g, p, pack, scratch_bytes);
+    if (autotune_ && p.tuned_from == 0 && !stream_capturing(stream_)) tune(ps, g, p, pack, scratch_bytes);
     const std::size_t offset = scratch_offset(p.workspace);
     char* base = workspace(ps, g, scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(p.workspace));
     if (scratch != nullptr) {
@@ -630,8 +631,7 @@ class cudnn_convolutions {
     if (scratch_bytes > 0) pack[uid_w] = base + offset;
     step(ps, g, "autotune", [&] { return p.graph->autotune(handle_, pack, base); });
     step(ps, g, "get_workspace_size (after autotune)", [&] { return p.graph->get_workspace_size(p.workspace); });
-    p.tune = false;
-    p.tuned_from = candidates;
+    p.tuned_from = std::max<std::int64_t>(candidates, 1);
   }
 
   int ordinal_;
