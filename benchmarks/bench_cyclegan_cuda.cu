@@ -55,7 +55,8 @@ int run_on_cuda(const options& o) {
   if (gpus == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
   const dist::engine_options engine = engine_options_for(o);
   if (o.strategy == "one_device") {
-    dist::one_device_strategy<dist::cuda> s{dist::cuda{0}};
+    const dist::cuda_stream stream(0);  // the legacy default stream cannot be captured (--graphs on)
+    dist::one_device_strategy<dist::cuda> s{dist::cuda{0}.on(stream.get())};
     s.set_engine_options(engine);
     return run(s, o, report_of(product_name(0)));
   }

@@ -33,7 +33,9 @@ summary run_on_cuda(const settings& st) {
   validate(st);
   if (st.strategy == "one_device") {
     (void)replica_devices(1);  // a clear error where no GPU is visible
-    distribute::one_device_strategy<distribute::cuda> s{distribute::cuda{0}};
+    // A stream of its own: --graphs on captures the networks, which the legacy default stream refuses.
+    const distribute::cuda_stream stream(0);
+    distribute::one_device_strategy<distribute::cuda> s{distribute::cuda{0}.on(stream.get())};
     return run_with(s, st);
   }
   if (st.strategy == "mirrored") {

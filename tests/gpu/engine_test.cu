@@ -661,11 +661,12 @@ struct graph_run {
 };
 
 // Adam steps of `make(device)` (plain or graphed), made on the replica's device of a one_device
-// strategy on cuda:0, one batch size per step: every step's output and input gradient, and the
-// parameters at the end.
+// strategy on cuda:0 (on a stream of its own unless `legacy_stream`), one batch size per step: every
+// step's output and input gradient, and the parameters at the end.
 template <class Make>
-graph_run steps_of(Make make, const std::vector<std::int64_t>& batches) {
-  dist::one_device_strategy<dist::cuda> s{dist::cuda{0}};
+graph_run steps_of(Make make, const std::vector<std::int64_t>& batches, bool legacy_stream = false) {
+  const dist::cuda_stream stream(0);
+  dist::one_device_strategy<dist::cuda> s{legacy_stream ? dist::cuda{0} : dist::cuda{0}.on(stream.get())};
   auto net = make(s.device());
   auto opt = dist::optim::adam<float>{{.lr = 1e-2}};
   graph_run out;
@@ -719,6 +720,49 @@ BOOST_AUTO_TEST_CASE(graphed_passes_replay_the_eager_ones_bit_for_bit,
   BOOST_TEST(graphed.captures == 2u);
   BOOST_TEST((graphed.replaying == std::vector<bool>{false, true, true, true, false, true, true, false}));
   check_same_bits(graphed, eager);
+}
+
+BOOST_AUTO_TEST_CASE(on_the_legacy_default_stream_graphs_fall_back_to_eager_and_say_how_to_capture,
+                     *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  // CUDA refuses to capture the legacy default stream (a one_device strategy given cuda{0} alone):
+  // the model runs eagerly, with the eager results, and the reason names the remedy.
+  const std::vector<std::int64_t> batches{2, 2, 2};
+  const auto eager = steps_of([](dist::cuda d) { return make_graphable(d); }, batches, /*legacy_stream=*/true);
+  const auto graphed = steps_of([](dist::cuda d) { return nn::graphed{make_graphable(d)}; }, batches, /*legacy_stream=*/true);
+  BOOST_TEST(graphed.captures == 0u);
+  BOOST_TEST((graphed.replaying == std::vector<bool>(3, false)));
+  BOOST_TEST(dt::contains(graphed.eager_reason, "legacy default stream"), graphed.eager_reason);
+  BOOST_TEST(dt::contains(graphed.eager_reason, "cuda{0}.on(stream)"), graphed.eager_reason);
+  check_same_bits(graphed, eager);
+}
+
+BOOST_AUTO_TEST_CASE(a_graphed_copy_warms_up_before_it_captures,
+                     *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  // Assigning a graphed model drops its graphs and its warm-up count: the next pass is eager.
+  const dist::cuda_stream stream(0);
+  dist::one_device_strategy<dist::cuda> s{dist::cuda{0}.on(stream.get())};
+  auto a = nn::graphed{make_graphable(s.device())};
+  const auto b = nn::graphed{make_graphable(s.device())};
+  const auto x = random_values(2 * 2 * 8 * 8, 7);
+  auto pass = [&](auto& net) {
+    s.run([&](dist::replica auto& r) {
+      const auto xg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(2, 2, 8, 8), std::span<const float>(x), r.device());
+      net.backward(r, net.forward(r, xg));
+    });
+  };
+  pass(a);
+  pass(a);
+  BOOST_TEST_REQUIRE(a.replaying());
+  a = b;
+  BOOST_TEST(!a.replaying());
+  pass(a);
+  BOOST_TEST(!a.replaying(), "the first pass after the assignment is a warm-up");
+  pass(a);
+  BOOST_TEST(a.replaying());
 }
 
 BOOST_AUTO_TEST_CASE(a_model_a_graph_cannot_hold_runs_eagerly_and_says_why,
@@ -873,7 +917,7 @@ BOOST_AUTO_TEST_CASE(whole_steps_replay_the_eager_ones_bit_for_bit,
     BOOST_TEST(graphed.optimiser_steps == 6, name);
     check_same_bits(graphed, eager);
   };
-  check(dt::one_gpu{}, dt::one_gpu::name);
+  check(dt::one_gpu_own_stream{}, dt::one_gpu_own_stream::name);
 #if DISTRIBUTE_HAS_NCCL
   check(dt::nccl_1{}, dt::nccl_1::name);
 #endif
@@ -885,8 +929,8 @@ BOOST_AUTO_TEST_CASE(a_step_a_graph_cannot_hold_runs_eagerly_and_says_why,
                      })) {
   // An optimiser with host step values refuses to be captured; cuda_peer's collectives cannot be
   // captured. Either way every replica goes on eagerly, with the eager results, and says why.
-  const auto eager = whole_steps<dt::one_gpu>(false, 4, /*capturable=*/false);
-  const auto host_adam = whole_steps<dt::one_gpu>(true, 4, /*capturable=*/false);
+  const auto eager = whole_steps<dt::one_gpu_own_stream>(false, 4, /*capturable=*/false);
+  const auto host_adam = whole_steps<dt::one_gpu_own_stream>(true, 4, /*capturable=*/false);
   BOOST_TEST(host_adam.captures == 0u);
   BOOST_TEST(dt::contains(host_adam.eager_reason, "capturable = true"), host_adam.eager_reason);
   BOOST_TEST((host_adam.replaying == std::vector<bool>(4, false)));
@@ -896,6 +940,11 @@ BOOST_AUTO_TEST_CASE(a_step_a_graph_cannot_hold_runs_eagerly_and_says_why,
   BOOST_TEST(peer.captures == 0u);
   BOOST_TEST(dt::contains(peer.eager_reason, "cannot be captured"), peer.eager_reason);
   check_same_bits(peer, peer_eager);
+  // On the legacy default stream no capture can begin: eager, and the reason says so.
+  const auto legacy = whole_steps<dt::one_gpu>(true, 4);
+  BOOST_TEST(legacy.captures == 0u);
+  BOOST_TEST(dt::contains(legacy.eager_reason, "legacy default stream"), legacy.eager_reason);
+  check_same_bits(legacy, whole_steps<dt::one_gpu>(false, 4));
 }
 
 BOOST_AUTO_TEST_CASE(plane_sums_and_element_wise_passes_on_the_stream) {

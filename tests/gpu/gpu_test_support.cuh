@@ -39,6 +39,15 @@ struct one_gpu {
   static constexpr const char* name = "one_device_strategy<cuda>";
   static one_device_strategy<cuda> make(collective_options = {}) { return one_device_strategy<cuda>{cuda{0}}; }
 };
+// One GPU on a stream of its own: CUDA graphs cannot be captured on the legacy default stream.
+struct one_gpu_own_stream {
+  static constexpr int replicas = 1;
+  static constexpr const char* name = "one_device_strategy<cuda> on a stream of its own";
+  static one_device_strategy<cuda> make(collective_options = {}) {
+    static cuda_stream* const stream = new cuda_stream(0);  // kept for the process: strategies made here use it
+    return one_device_strategy<cuda>{cuda{0}.on(stream->get())};
+  }
+};
 // N logical replicas on cuda:0, reduced by the cuda_peer kernels.
 template <int N>
 struct peer_n {

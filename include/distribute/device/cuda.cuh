@@ -364,4 +364,15 @@ struct device_memory<cuda> {
 };
 
 }  // namespace detail
+
+// A stream of its own for a strategy that would otherwise queue on the device's legacy default
+// stream, on which CUDA graphs (nn::graphed, nn::graphed_step) cannot be captured:
+//
+//   distribute::cuda_stream stream(0);
+//   distribute::one_device_strategy<distribute::cuda> s{distribute::cuda{0}.on(stream.get())};
+//
+// Non-blocking with respect to the legacy default stream; declared before the strategy, it outlives
+// it, and it is drained when it goes. (mirrored strategies make one per replica themselves.)
+using cuda_stream = detail::owned_stream;
+
 }  // namespace distribute

@@ -102,6 +102,9 @@ class cuda_graph {
   template <class Body>
   std::string capture(int ordinal, cudaStream_t stream, Body&& body) {
     reset();
+    if (legacy_default(stream))
+      return "CUDA cannot capture work queued on the legacy default stream; give the strategy a stream of its own "
+             "(one_device_strategy<cuda>{cuda{0}.on(stream)}; mirrored strategies have one per replica)";
     const device_guard g(ordinal);
     cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture", ordinal);
     std::string failure;
@@ -139,6 +142,16 @@ class cuda_graph {
     if (exec_ == nullptr) throw std::logic_error("distribute: launch of a CUDA graph that was never captured");
     const device_guard g(ordinal_);
     cuda_check(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch", ordinal_);
+  }
+
+  // Whether `stream` is the legacy default stream, on which no capture can begin (the null stream is
+  // that one unless the program is built with per-thread default streams).
+  static bool legacy_default(cudaStream_t stream) noexcept {
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+    return stream == cudaStreamLegacy;
+#else
+    return stream == nullptr || stream == cudaStreamLegacy;
+#endif
   }
 
   void reset() noexcept {

@@ -112,6 +112,8 @@ class graphed : public detail::model_wrapper<M> {
       model_ = o.model_;
       options_ = o.options_;
       reason_ = o.reason_;
+      key_ = key{};  // the next pass warms up again before anything is captured
+      eager_pairs_ = 0;
     }
     return *this;
   }
@@ -128,14 +130,17 @@ class graphed : public detail::model_wrapper<M> {
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
-    last_ = pass::eager;
-    if (!options_.enabled || !reason_.empty()) return model_.forward(r, x);
+    if (!options_.enabled || !reason_.empty()) {
+      last_ = pass::eager;
+      return model_.forward(r, x);
+    }
     const key k{x.shape(), training_};
     if (!(k == key_)) {
       drop();
       key_ = k;
       eager_pairs_ = 0;
     }
+    last_ = pass::eager;  // after drop(), so that this pass's backward counts as a warm-up pair
     if (forward_graph_) {
       input_ = x;  // same size: copied into the graph's input buffer, on the stream
       forward_graph_.launch(r.device().stream());
@@ -143,7 +148,9 @@ class graphed : public detail::model_wrapper<M> {
       return output_;
     }
     if (eager_pairs_ < options_.warmup_passes) return model_.forward(r, x);
-    input_ = tensor_type(x);
+    // The graph's input buffer is on the replica's stream, whichever stream made x.
+    input_ = tensor_type(x.shape(), r.device(), uninitialized);
+    input_ = x;
     output_ = tensor_type{};  // an earlier graph's memory is freed here, not inside the capture
     const auto failure = forward_graph_.capture(r.device().index(), r.device().stream(), [&] {
       const detail::graph_capture_scope capturing{r, graph_capture::passes};
@@ -198,7 +205,8 @@ class graphed : public detail::model_wrapper<M> {
     const std::size_t v = input_gradient ? 1 : 0;
     auto& graph = backward_graphs_[v];
     if (!graph) {
-      grad_output_[v] = tensor_type(dy);
+      grad_output_[v] = tensor_type(dy.shape(), r.device(), uninitialized);
+      grad_output_[v] = dy;
       grad_input_[v] = tensor_type{};
       const auto failure = graph.capture(r.device().index(), r.device().stream(), [&] {
         const detail::graph_capture_scope capturing{r, graph_capture::passes};
