@@ -270,6 +270,43 @@ BOOST_AUTO_TEST_CASE(the_librarys_pool_keeps_freed_memory_until_asked_to_release
   BOOST_CHECK_THROW(dist::cuda_memory_usage(1000), std::invalid_argument);
 }
 
+// A buffer kept between calls (a convolution's workspace, 16-bit copies): growing frees the old one
+// unless a CUDA graph captured it; then it is kept, as the graph replays its address.
+BOOST_AUTO_TEST_CASE(a_scratch_buffer_keeps_the_memory_a_graph_captured) {
+  const dist::detail::device_guard on(0);
+  dist::detail::owned_stream stream(0);
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  dist::detail::scratch_buffer b;
+  void* first = b.get(0, mib, stream.get());
+  BOOST_TEST(first != nullptr);
+  BOOST_TEST(b.get(0, mib / 2, stream.get()) == first, "a smaller request gets the same memory");
+  b.get(0, 2 * mib + 256, stream.get());
+  BOOST_TEST(b.bytes() == 2 * mib + 256, "grown to the size asked for");
+  BOOST_TEST(b.retired_bytes() == 0u, "no capture used the first buffer: freed, not kept");
+
+  cudaGraph_t graph = nullptr;
+  BOOST_TEST_REQUIRE((cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal) == cudaSuccess));
+  void* captured = b.get(0, mib, stream.get());
+  BOOST_TEST_REQUIRE((cudaMemsetAsync(captured, 1, mib, stream.get()) == cudaSuccess));
+  BOOST_TEST_REQUIRE((cudaStreamEndCapture(stream.get(), &graph) == cudaSuccess));
+  cudaGraphExec_t exec = nullptr;
+  BOOST_TEST_REQUIRE((cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess));
+
+  void* grown = b.get(0, 3 * mib, stream.get());
+  BOOST_TEST(grown != captured);
+  BOOST_TEST(b.retired_bytes() == 2 * mib + 256, "the captured buffer is kept");
+  BOOST_TEST(b.bytes() == 2 * (2 * mib + 256), "and its successor is twice its size");
+  {
+    // Memory asked for now cannot be the captured buffer, which the graph still writes.
+    const dist::detail::device_allocation other(0, 2 * mib + 256, stream.get());
+    BOOST_TEST(other.get() != captured);
+    BOOST_TEST((cudaGraphLaunch(exec, stream.get()) == cudaSuccess));
+    BOOST_TEST((cudaStreamSynchronize(stream.get()) == cudaSuccess));
+  }
+  BOOST_TEST((cudaGraphExecDestroy(exec) == cudaSuccess));
+  BOOST_TEST((cudaGraphDestroy(graph) == cudaSuccess));
+}
+
 // A zero-filled tensor on a stream of its own is written in that stream's order, without waiting
 // for the device; on the default stream it waits (so that any stream may use it).
 BOOST_AUTO_TEST_CASE(zero_filled_tensors_wait_for_the_device_only_on_the_default_stream) {

@@ -16,10 +16,12 @@
 //     (`cuda_reset_memory_peaks` starts them again);
 //   - `cuda_release_cached_memory(ordinal)` waits for the device and gives back what is not in use
 //     (PyTorch's torch.cuda.empty_cache), for memory the program needs elsewhere;
-//   - an allocation that finds the device full does the same once and tries again (the memory freed
-//     on other streams is then reusable, and what was cached in pieces too small is returned), and
-//     only then fails, with a `cuda_error` that says how much the pool holds and the device has free.
-//     Inside a CUDA graph's capture it fails at once (waiting is not possible there).
+//   - an allocation that finds the device full waits for its own stream, gives back what the pool
+//     holds unused (what was cached in pieces too small for it), tries once more, and only then
+//     fails, with a `cuda_error` that says how much the pool holds and the device has free. It does
+//     not wait for the whole device: another thread may be capturing a CUDA graph on it, which a
+//     device-wide synchronisation would break. Inside a capture it fails at once (waiting is not
+//     possible there).
 //
 // Memory allocated while its stream is being captured into a CUDA graph belongs to the graph (the
 // pool lends only its properties), as for cudaMallocAsync. Memory made without a stream, and on a GPU
@@ -30,6 +32,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -39,6 +42,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace distribute {
 
@@ -136,7 +140,8 @@ inline void* allocate_from_pool(int ordinal, std::size_t bytes, cudaStream_t str
   cudaError_t rc = cudaMallocFromPoolAsync(&p, bytes, pool, stream);
   if (rc == cudaErrorMemoryAllocation && !stream_capturing(stream)) {
     (void)cudaGetLastError();
-    release_unused(ordinal, pool);
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (before returning cached memory)", ordinal);
+    cuda_check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo", ordinal);
     rc = cudaMallocFromPoolAsync(&p, bytes, pool, stream);
   }
   if (rc == cudaErrorMemoryAllocation) {
@@ -263,6 +268,41 @@ class device_allocation {
   cudaStream_t stream_ = nullptr;
   bool ordered_ = false;
   bool in_graph_ = false;  // allocated while its stream was captured: memory of that graph
+};
+
+// A device buffer kept between calls and grown on demand, in a stream's order: a convolution's
+// workspace, the 16-bit copies of a mixed-precision pass. A CUDA graph replays the addresses it
+// captured, so a buffer that a capture used is not freed when a larger one replaces it (another
+// model on the same engine may still be replaying graphs that read it): it is kept until the owner
+// goes. One no capture used is freed in the stream's order as before. A buffer that is kept is
+// replaced by one of at least twice its size, so what is kept stays below the size in use.
+class scratch_buffer {
+ public:
+  // At least `bytes`, on GPU `ordinal` in `stream`'s order; the same memory until a call asks for
+  // more.
+  void* get(int ordinal, std::size_t bytes, cudaStream_t stream) {
+    if (bytes > current_.bytes()) {
+      const std::size_t grown = captured_ ? std::max(bytes, 2 * current_.bytes()) : bytes;
+      device_allocation next(ordinal, grown, stream);
+      if (captured_) retired_.push_back(std::move(current_));
+      current_ = std::move(next);
+      captured_ = false;
+    }
+    if (!captured_ && stream_capturing(stream)) captured_ = true;
+    return current_.get();
+  }
+  // Bytes of the buffer in use, and of those kept for graphs that may still read them.
+  std::size_t bytes() const noexcept { return current_.bytes(); }
+  std::size_t retired_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const auto& r : retired_) n += r.bytes();
+    return n;
+  }
+
+ private:
+  device_allocation current_;
+  bool captured_ = false;  // a capture used current_
+  std::vector<device_allocation> retired_;
 };
 
 // Page-locked host memory: host<->device copies from it are DMA transfers that can run asynchronously.

@@ -93,9 +93,10 @@ class cublas_handle {
     }
   }
   cublasHandle_t get() const noexcept { return h_; }
-  // Pedantic float32, or TF32 tensor cores allowed; set only when it changes.
-  void set_tf32(bool on) {
-    const cublasMath_t mode = on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+  // The math mode, set only when it changes: pedantic for float32 products, TF32 tensor cores where
+  // asked for, the default for 16-bit inputs (pedantic mode asks for standardised arithmetic in every
+  // phase, which may keep 16-bit products off the tensor cores; they still accumulate in float32).
+  void set_mode(cublasMath_t mode) {
     if (mode == mode_) return;
     const device_guard current(ordinal_);
     cublas_check(cublasSetMathMode(h_, mode), "cublasSetMathMode", ordinal_);
@@ -190,6 +191,7 @@ class engine<cuda> {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "distribute: the GPU engine's gemm is float or double");
     g.check();
     if (g.m == 0 || g.n == 0) return;
+    const detail::device_guard current(device_.index());  // cuBLAS's handle and Thrust's launches are the device's
     const T alpha = 1, beta = g.accumulate ? T(1) : T(0);
     if (g.k == 0) {
       if (!g.accumulate) fill(c, g.c_size(), T(0));
@@ -202,11 +204,12 @@ class engine<cuda> {
     const int lda = g.transpose_a ? m : k;
     if constexpr (std::is_same_v<T, float>) {
       if (is_half(precision_)) {
-        // 16-bit copies of a and b (Thrust, on the stream), a float c, float accumulation.
+        // 16-bit copies of a and b (Thrust, on the stream), a float c, float accumulation; b's copy
+        // starts 256-byte aligned, as cuBLAS's fastest kernels want.
         const bool bf16 = precision_ == compute_precision::bfloat16;
-        const std::int64_t na = g.m * g.k, nb = g.k * g.n;
-        void* ha = halves(na + nb);
-        void* hb = static_cast<char*>(ha) + static_cast<std::size_t>(na) * 2;
+        const std::int64_t na = g.m * g.k, nb = g.k * g.n, na_padded = (na + 127) / 128 * 128;
+        void* ha = halves(na_padded + nb);
+        void* hb = static_cast<char*>(ha) + static_cast<std::size_t>(na_padded) * 2;
         if (bf16) {
           narrow(a, na, static_cast<__nv_bfloat16*>(ha));
           narrow(b, nb, static_cast<__nv_bfloat16*>(hb));
@@ -215,17 +218,21 @@ class engine<cuda> {
           narrow(b, nb, static_cast<__half*>(hb));
         }
         const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-        detail::cublas_check(cublasGemmEx(blas(), op_b, op_a, n, m, k, &alpha, hb, type, ldb, ha, type, lda, &beta, c, CUDA_R_32F,
+        const cublasHandle_t h = blas();
+        blas_->set_mode(CUBLAS_DEFAULT_MATH);
+        detail::cublas_check(cublasGemmEx(h, op_b, op_a, n, m, k, &alpha, hb, type, ldb, ha, type, lda, &beta, c, CUDA_R_32F,
                                           n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                              bf16 ? "cublasGemmEx (bfloat16)" : "cublasGemmEx (float16)", device_.index());
         return;
       }
       const cublasHandle_t h = blas();
-      blas_->set_tf32(precision_ == compute_precision::tf32);
+      blas_->set_mode(precision_ == compute_precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH);
       detail::cublas_check(cublasSgemm(h, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, n), "cublasSgemm",
                            device_.index());
     } else {
-      detail::cublas_check(cublasDgemm(blas(), op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, n), "cublasDgemm",
+      const cublasHandle_t h = blas();
+      blas_->set_mode(CUBLAS_PEDANTIC_MATH);
+      detail::cublas_check(cublasDgemm(h, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, n), "cublasDgemm",
                            device_.index());
     }
   }
@@ -235,12 +242,14 @@ class engine<cuda> {
   // f(i) for every i in [0, n), on the replica's stream.
   template <class F>
   void for_each(std::int64_t n, F f) {
+    const detail::device_guard current(device_.index());
     detail::for_each_index(policy(), n, f);
     check_launch("for_each");
   }
   // f(s, i) for every segment s in [0, segments) and i in [0, length).
   template <class F>
   void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) {
+    const detail::device_guard current(device_.index());
     detail::for_each_plane_index(policy(), segments, length, f);
     check_launch("for_each_in_segments");
   }
@@ -251,12 +260,12 @@ class engine<cuda> {
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
     if (segments <= 0) return;
+    const detail::device_guard current(device_.index());
     if (length <= 0) {
       thrust::fill_n(policy(), out, segments, 0.0);
       check_launch("segmented_sum");
       return;
     }
-    const detail::device_guard current(device_.index());
     const thrust::counting_iterator<std::int64_t> first(0);
     const auto values = thrust::make_transform_iterator(first, detail::thrust_loops::plane_term<F>{f, length});
     const auto starts = thrust::make_transform_iterator(first, detail::thrust_loops::plane_start{length});
@@ -334,11 +343,10 @@ class engine<cuda> {
     return blas_->get();
   }
 
-  // A device buffer of at least `count` 16-bit values, kept between calls (grown in stream order).
+  // A device buffer of at least `count` 16-bit values, kept between calls (grown in stream order; a
+  // scratch_buffer, which CUDA graphs that captured it keep alive).
   void* halves(std::int64_t count) {
-    const std::size_t need = static_cast<std::size_t>(count) * 2 + 256;
-    if (need > halves_.bytes()) halves_ = detail::device_allocation(device_.index(), need, stream());
-    return halves_.get();
+    return halves_.get(device_.index(), static_cast<std::size_t>(count) * 2, stream());
   }
   template <class H>
   void narrow(const float* from, std::int64_t n, H* to) {
@@ -389,7 +397,7 @@ class engine<cuda> {
   compute_precision precision_;
   std::unique_ptr<detail::cublas_handle> blas_;
   int capability_major_ = -1;  // the device's compute capability (major), once asked
-  detail::device_allocation halves_;  // 16-bit operands of mixed-precision products
+  detail::scratch_buffer halves_;  // 16-bit operands of mixed-precision products
 };
 
 static_assert(compute_engine<engine<cuda>>);

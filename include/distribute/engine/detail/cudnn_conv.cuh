@@ -187,8 +187,8 @@ class cudnn_convolutions {
   ~cudnn_convolutions() {
     device_guard guard(ordinal_, std::nothrow);
     plans_.clear();
-    workspace_ = device_allocation{};  // freed in the stream's order, after the work that used it
-    halves_ = device_allocation{};
+    workspace_ = scratch_buffer{};  // freed in the stream's order, after the work that used it
+    halves_ = scratch_buffer{};
     if (handle_ != nullptr) (void)cudnnDestroy(handle_);
   }
 
@@ -323,6 +323,8 @@ class cudnn_convolutions {
   }
   // Bytes of the workspace (cuDNN's, and the weight-gradient scratch) held now.
   std::size_t workspace_bytes() const noexcept { return workspace_.bytes(); }
+  // Bytes of replaced workspaces and 16-bit buffers kept because a CUDA graph captured them.
+  std::size_t retired_bytes() const noexcept { return workspace_.retired_bytes() + halves_.retired_bytes(); }
 
  private:
   enum class pass { forward, backward_data, backward_weights };
@@ -403,15 +405,15 @@ class cudnn_convolutions {
     else f(__half{});
   }
   // Three 16-bit buffers of a, b and c elements, 256-byte aligned, in one allocation kept between
-  // calls (grown in the stream's order, as the workspace is).
+  // calls (grown in the stream's order, as the workspace is: a scratch_buffer, which graphs that
+  // captured it keep alive).
   template <class H>
   std::array<H*, 3> halves(std::int64_t a, std::int64_t b, std::int64_t c) {
     const auto round = [](std::int64_t n) {
       return (static_cast<std::size_t>(n) * sizeof(H) + scratch_alignment - 1) / scratch_alignment * scratch_alignment;
     };
     const std::size_t need = round(a) + round(b) + round(c);
-    if (need > halves_.bytes()) halves_ = device_allocation(ordinal_, need, stream_);
-    char* base = static_cast<char*>(halves_.get());
+    char* base = static_cast<char*>(halves_.get(ordinal_, need, stream_));
     return {reinterpret_cast<H*>(base), reinterpret_cast<H*>(base + round(a)), reinterpret_cast<H*>(base + round(a) + round(b))};
   }
   template <class H>
@@ -606,16 +608,14 @@ class cudnn_convolutions {
     });
   }
 
-  // The workspace, grown to `need` bytes where it is smaller.
+  // The workspace, grown to `need` bytes where it is smaller (a scratch_buffer: one a CUDA graph
+  // captured stays valid for its replays).
   char* workspace(pass ps, const conv_geometry& g, std::size_t need) {
-    if (need > workspace_.bytes()) {
-      try {
-        workspace_ = device_allocation(ordinal_, need, stream_);
-      } catch (const std::exception& e) {
-        fail(ps, g, std::string("allocating its workspace: ") + e.what());
-      }
+    try {
+      return static_cast<char*>(workspace_.get(ordinal_, need, stream_));
+    } catch (const std::exception& e) {
+      fail(ps, g, std::string("allocating its workspace: ") + e.what());
     }
-    return static_cast<char*>(workspace_.get());
   }
 
   // conv_autotune: runs every engine built for plan `p` on this call's operands (the outputs it
@@ -638,8 +638,8 @@ class cudnn_convolutions {
   cudaStream_t stream_;
   bool autotune_ = false;
   cudnnHandle_t handle_ = nullptr;
-  device_allocation workspace_;
-  device_allocation halves_;  // the 16-bit operands of mixed-precision passes
+  scratch_buffer workspace_;
+  scratch_buffer halves_;  // the 16-bit operands of mixed-precision passes
   std::map<plan_key, std::unique_ptr<plan>> plans_;
 };
 
