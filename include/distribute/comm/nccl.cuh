@@ -56,7 +56,10 @@
 //   do not deadlock (each one's send goes out with its receive), nor does a pipeline stage that
 //   sends several messages forward before it receives one back. But:
 //   * a rank that sends and then waits for something outside this communicator must call `flush()`
-//     first, or its receiver waits for the message until the timeout;
+//     first, or its receiver waits for the message until the timeout; so must a rank that sends and
+//     then calls a collective while its receiver is still in a receive for that message (the send
+//     would go out only with the collective, which needs the receiver's collective first: within a
+//     process the replicas meet before issuing, and NCCL runs a group's collective before its sends);
 //   * a receive returns only once the receivers of this replica's pending sends have received them:
 //     two ranks that each send the other two messages and then receive two wait for each other
 //     (each one's first receive waits for its second message to be received) until the timeout.
@@ -96,6 +99,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -258,9 +262,22 @@ class nccl_group {
   // still waiting for partners after a failure then ends.
   void abort_replica(int local) noexcept {
     mark_broken();
+    destroy_graphs(local);
     auto& c = comms_[static_cast<std::size_t>(local)];
     if (c != nullptr) (void)ncclCommAbort(c);
     c = nullptr;
+  }
+
+  // CUDA graphs that captured operations of local replica `local`'s communicator. NCCL does not let
+  // a communicator go (ncclCommAbort, ncclCommDestroy) while a graph that captured its operations
+  // exists: it waits for those graphs to be destroyed, which would be forever for a graph its owner
+  // keeps. So they are destroyed first, by `destroy()`, held here as a weak reference (the owner
+  // dropping its graph, or going away, ends it).
+  void hold_graph(int local, std::weak_ptr<std::function<void()>> destroy) {
+    const std::lock_guard lock{graphs_m_};
+    auto& held = graphs_[static_cast<std::size_t>(local)];
+    std::erase_if(held, [](const auto& w) { return w.expired(); });
+    held.push_back(std::move(destroy));
   }
 
   // A failure outside this process: `watch()` returns what failed (a worker, and why), or nothing
@@ -289,10 +306,16 @@ class nccl_group {
   // Replaces aborted communicators with new ones (this process's group only; between steps).
   void rebuild() {
     if (!broken()) return;
-    if (!owns_bootstrap_)
+    // A group spanning processes needs every process to agree on a new id; one process alone (a
+    // single worker) makes its own.
+    if (!owns_bootstrap_ && world_ != local_size())
       throw collective_aborted("distribute: the NCCL communicators spanning processes were aborted after a failure and "
                                "cannot be rebuilt by one process; create the strategy again on every worker");
     destroy(/*graceful=*/false);
+    // Messages of the failed step do not go out on the new communicators.
+    for (auto& p : pending_) p.clear();
+    for (auto& i : issued_) i.clear();
+    captured_.assign(devices_.size(), 0);
     init(new_unique_id());
   }
 
@@ -318,6 +341,7 @@ class nccl_group {
     issued_.resize(devices_.size());
     sides_.resize(devices_.size());
     captured_.assign(devices_.size(), 0);
+    graphs_.resize(devices_.size());
     init(id);
   }
 
@@ -382,7 +406,26 @@ class nccl_group {
 
   void mark_broken() noexcept { broken_.store(true, std::memory_order_release); }
 
+  // Destroys the graphs holding operations of local replica `local`'s communicator (hold_graph).
+  void destroy_graphs(int local) noexcept {
+    std::vector<std::weak_ptr<std::function<void()>>> held;
+    {
+      const std::lock_guard lock{graphs_m_};
+      held.swap(graphs_[static_cast<std::size_t>(local)]);
+    }
+    for (const auto& w : held) {
+      if (const auto destroy = w.lock()) {
+        try {
+          (*destroy)();
+        } catch (...) {
+          // Destroying a graph does not throw; nothing to add to the failure being handled.
+        }
+      }
+    }
+  }
+
   void abort_all() noexcept {
+    for (std::size_t i = 0; i < comms_.size(); ++i) destroy_graphs(static_cast<int>(i));
     for (auto& c : comms_) {
       if (c != nullptr) (void)ncclCommAbort(c);
       c = nullptr;
@@ -391,6 +434,7 @@ class nccl_group {
 
   // Flushes and destroys the communicators; gives up on flushing after a while (then aborts).
   void destroy(bool graceful) noexcept {
+    for (std::size_t i = 0; i < comms_.size(); ++i) destroy_graphs(static_cast<int>(i));
     if (graceful) {
       // One thread finalising several communicators of one clique: in one group, so that their
       // flushes progress together.
@@ -431,6 +475,9 @@ class nccl_group {
   // Per local rank: collectives queued into a CUDA graph being captured, since take_captured.
   std::vector<std::size_t> captured_;
   std::vector<ncclComm_t> comms_;
+  // Per local rank: the graphs that captured its communicator's operations (hold_graph).
+  std::mutex graphs_m_;
+  std::vector<std::vector<std::weak_ptr<std::function<void()>>>> graphs_;
   std::atomic<bool> broken_{false};
   std::atomic<std::uint64_t> generation_{0};
   std::function<std::optional<std::string>()> outside_;
@@ -582,6 +629,9 @@ class nccl {
   std::size_t take_captured() noexcept { return std::exchange(g_->captured_[static_cast<std::size_t>(local_)], 0); }
   // Which communicators a graph captured now would hold (nccl_group::generation).
   std::uint64_t generation() const noexcept { return g_->generation(); }
+  // Registers a graph that holds this replica's captured collectives: `destroy` (kept as a weak
+  // reference) is called before the communicator is aborted or destroyed (nccl_group::hold_graph).
+  void hold_graph(std::weak_ptr<std::function<void()>> destroy) { g_->hold_graph(local_, std::move(destroy)); }
 
   // Launches, by `launch()` (queuing it on this replica's stream), a graph that holds `collectives`
   // captured collectives of this replica, and waits for it as for a collective.
@@ -836,6 +886,8 @@ class nccl {
       }
       detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm());
     } catch (const nccl_error& e) {
+      // The communicator is in error: aborted, so that the group is rebuilt at the next step.
+      abort_own();
       meeting.abort(std::current_exception(), e.what());
       throw;
     }
@@ -865,6 +917,7 @@ class nccl {
 
   void abort_own() noexcept {
     g_->mark_broken();
+    g_->destroy_graphs(local_);
     if (comm() != nullptr) (void)ncclCommAbort(comm());
     g_->comms_[static_cast<std::size_t>(local_)] = nullptr;
   }
@@ -1010,6 +1063,8 @@ class nccl {
       }
       detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm());
     } catch (const nccl_error& e) {
+      // The communicator is in error: aborted, so that the group is rebuilt at the next step.
+      abort_own();
       meeting.abort(std::current_exception(), e.what());
       throw;
     }

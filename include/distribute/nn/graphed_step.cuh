@@ -60,7 +60,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -105,7 +107,13 @@ class graphed_step {
       return step(inputs...);
     }
     g.inputs.clear();
-    (g.inputs.push_back(tensor_type(inputs)), ...);
+    // The graph's input buffers are on the replica's stream, whichever stream made the inputs.
+    auto on_replica = [&](const tensor_type& in) {
+      tensor_type buffer(in.shape(), r.device(), uninitialized);
+      buffer = in;
+      return buffer;
+    };
+    (g.inputs.push_back(on_replica(inputs)), ...);
     g.output = tensor_type{};
     const auto failure = g.graph.capture(r.device().index(), r.device().stream(), [&] {
       const detail::graph_capture_scope capturing{r, graph_capture::step};
@@ -118,6 +126,7 @@ class graphed_step {
       return step(inputs...);
     }
     captures_.fetch_add(1, std::memory_order_relaxed);
+    hold(r, g);
     return replay(r, g);
   }
 
@@ -150,7 +159,11 @@ class graphed_step {
     tensor_type output;               // what the captured step returned: the graph writes it
     std::size_t collectives = 0;      // captured collectives of this replica
     std::uint64_t generation = 0;     // of the communicators they belong to
+    // What destroys the graph, registered with the communicator when the graph holds its collectives
+    // (NCCL lets no communicator go while such a graph exists): dropping it unregisters.
+    std::shared_ptr<std::function<void()>> destroy;
     void drop() {
+      destroy.reset();
       graph.reset();
       eager_steps = 0;
       collectives = 0;
@@ -177,6 +190,16 @@ class graphed_step {
   static std::size_t take_captured(R& r) {
     if constexpr (requires { r.communicator().take_captured(); }) return r.communicator().take_captured();
     else return 0;
+  }
+
+  // A graph holding collectives is destroyed before its communicator is aborted or destroyed.
+  template <class R>
+  static void hold(R& r, replica_graph& g) {
+    if constexpr (requires { r.communicator().hold_graph(std::weak_ptr<std::function<void()>>{}); }) {
+      if (g.collectives == 0) return;
+      g.destroy = std::make_shared<std::function<void()>>([&graph = g.graph] { graph.reset(); });
+      r.communicator().hold_graph(g.destroy);
+    }
   }
 
   // Every replica says whether its capture succeeded (one all-reduce, outside any capture).

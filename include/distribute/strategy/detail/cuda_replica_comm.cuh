@@ -24,6 +24,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <variant>
 
@@ -131,6 +133,11 @@ class cuda_replica {
     return std::visit([](const auto& e) -> std::uint64_t {
       if constexpr (requires { e.generation(); }) return e.generation();
       else return 0;
+    }, e_);
+  }
+  void hold_graph(std::weak_ptr<std::function<void()>> destroy) {
+    std::visit([&](auto& e) {
+      if constexpr (requires { e.hold_graph(destroy); }) e.hold_graph(std::move(destroy));
     }, e_);
   }
   template <class Launch>

@@ -190,6 +190,10 @@ class worker_group<cuda, comm::nccl> {
     }
     for (int d : ordinals) streams_.emplace_back(d);
     for (std::size_t r = 0; r < ordinals.size(); ++r) devices_.push_back(cuda{ordinals[r]}.on(streams_[r].get()));
+    // NCCL reads and writes peer GPUs' buffers directly within a process; the library's tensors come
+    // from its memory pools, which peer access alone does not open (as in mirrored_strategy<cuda>).
+    for (const auto& a : devices_)
+      for (const auto& b : devices_) (void)share_pool(a.index(), b.index());
     nccl_ = std::make_unique<comm::nccl_group>(devices_, id, first_replica(worker_index()), total_replicas(),
                                                options_.collectives);
     if (num_workers() > 1) {
