@@ -178,8 +178,10 @@ void check_against_reference(const named_geometry& ng, dist::compute_precision p
     BOOST_TEST(err_b.empty(), where << ": backward weights (db " << (with_db ? "+=): " : "untouched): ") << err_b);
   }
   // forward, forward with a bias, backward data, backward weights (16 bits: the bias is added after
-  // the convolution, so one forward plan serves both).
-  BOOST_TEST(gpu.cached_plans() == (dist::is_half(precision) ? 3u : 4u), where);
+  // the convolution, so one forward plan serves both; a pass that fell back to TF32 has the TF32
+  // plans instead, the forward pass two).
+  if (gpu.precision_fallbacks().empty()) BOOST_TEST(gpu.cached_plans() == (dist::is_half(precision) ? 3u : 4u), where);
+  else BOOST_TEST((gpu.cached_plans() >= 3u && gpu.cached_plans() <= 4u), where);
   BOOST_TEST(gpu.tuned_plans() == (autotune ? gpu.cached_plans() : 0u), where);
   BOOST_TEST(gpu.tuned_candidates() >= gpu.tuned_plans(), where);
   for (const auto& why : gpu.precision_fallbacks()) BOOST_TEST_MESSAGE(where << ": TF32 instead of 16 bits: " << why);

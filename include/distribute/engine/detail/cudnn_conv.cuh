@@ -299,8 +299,13 @@ class cudnn_convolutions {
     }
   }
 
-  // Plans built so far (one per geometry, pass and variant): for tests.
-  std::size_t cached_plans() const noexcept { return plans_.size(); }
+  // Plans built so far (one per geometry, pass and variant; a 16-bit request that fell back to TF32
+  // is not one): for tests.
+  std::size_t cached_plans() const noexcept {
+    std::size_t n = 0;
+    for (const auto& [key, p] : plans_) n += p->graph != nullptr;
+    return n;
+  }
   // Plans whose engine was chosen by timing (conv_autotune), and the engine configurations cuDNN
   // listed for them in all (those that did not build were not timed): for tests and logs.
   std::size_t tuned_plans() const noexcept {
@@ -449,10 +454,13 @@ class cudnn_convolutions {
     std::unique_ptr<plan> made;
     if (is_half(precision)) {
       // A 16-bit plan where cuDNN has an engine for this geometry; TF32 otherwise, saying why.
+      // The fallback is recorded as a plan without a graph: the call then asks for the TF32 plan
+      // of its own pointers' alignment (and bias), which is built once under its own key.
       try {
         made = build(p, g, false, true, precision);
       } catch (const std::runtime_error& e) {
-        made = build(p, g, false, true, compute_precision::tf32);
+        made = std::make_unique<plan>();
+        made->precision = compute_precision::tf32;
         made->fallback_because = e.what();
       }
     } else if (p == pass::forward && bias) {
