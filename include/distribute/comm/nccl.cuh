@@ -424,8 +424,12 @@ class nccl_group {
     }
   }
 
-  void abort_all() noexcept {
+  void destroy_all_graphs() noexcept {
     for (std::size_t i = 0; i < comms_.size(); ++i) destroy_graphs(static_cast<int>(i));
+  }
+
+  void abort_all() noexcept {
+    destroy_all_graphs();
     for (auto& c : comms_) {
       if (c != nullptr) (void)ncclCommAbort(c);
       c = nullptr;
@@ -434,7 +438,7 @@ class nccl_group {
 
   // Flushes and destroys the communicators; gives up on flushing after a while (then aborts).
   void destroy(bool graceful) noexcept {
-    for (std::size_t i = 0; i < comms_.size(); ++i) destroy_graphs(static_cast<int>(i));
+    destroy_all_graphs();  // before finalising: NCCL waits for them
     if (graceful) {
       // One thread finalising several communicators of one clique: in one group, so that their
       // flushes progress together.
@@ -875,6 +879,19 @@ class nccl {
       throw collective_aborted("distribute: point-to-point on replica " + std::to_string(rank()) + " was abandoned because " +
                                meeting.abort_reason());
     };
+    issue_in_group(issue);
+    after_issue([&] {
+      auto what = [] { return std::string("point-to-point"); };
+      detail::wait_for_gpu([&] { return nccl_state(what) == ncclSuccess; }, &meeting, deadline, give_up);
+      detail::wait_for_gpu([&] { return queued_work_done(what); }, &meeting, deadline, give_up);
+    });
+    g_->issued_[static_cast<std::size_t>(local_)].clear();
+  }
+
+  // This replica's pending sends and `issue`'s operations in one NCCL group call. An NCCL error
+  // aborts the communicator (the group is rebuilt at the next step) and fails the process's group.
+  template <class Issue>
+  void issue_in_group(Issue&& issue) {
     try {
       detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
       try {
@@ -886,17 +903,10 @@ class nccl {
       }
       detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm());
     } catch (const nccl_error& e) {
-      // The communicator is in error: aborted, so that the group is rebuilt at the next step.
       abort_own();
-      meeting.abort(std::current_exception(), e.what());
+      g_->meeting_.abort(std::current_exception(), e.what());
       throw;
     }
-    after_issue([&] {
-      auto what = [] { return std::string("point-to-point"); };
-      detail::wait_for_gpu([&] { return nccl_state(what) == ncclSuccess; }, &meeting, deadline, give_up);
-      detail::wait_for_gpu([&] { return queued_work_done(what); }, &meeting, deadline, give_up);
-    });
-    g_->issued_[static_cast<std::size_t>(local_)].clear();
   }
 
   // Runs what follows a successful ncclGroupEnd. Whatever fails there while this replica's
@@ -1052,22 +1062,7 @@ class nccl {
     auto give_up = [&](bool timed_out) { fail_collective(d, place.seq, timed_out); };
     auto what = [&] { return detail::describe(d); };
     if (captured) wait = false;
-    try {
-      detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
-      try {
-        issue_pending();  // this replica's sends go out with it (see send)
-        issue();
-      } catch (...) {
-        (void)ncclGroupEnd();
-        throw;
-      }
-      detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm());
-    } catch (const nccl_error& e) {
-      // The communicator is in error: aborted, so that the group is rebuilt at the next step.
-      abort_own();
-      meeting.abort(std::current_exception(), e.what());
-      throw;
-    }
+    issue_in_group(issue);  // this replica's sends go out with it (see send)
     after_issue([&] {
       detail::wait_for_gpu([&] { return nccl_state(what) == ncclSuccess; }, &meeting, place.deadline, give_up);
       then();

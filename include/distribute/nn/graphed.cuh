@@ -90,6 +90,15 @@ class graph_capture_scope {
   graph_capture before_ = graph_capture::none;
 };
 
+// A copy of `t` in a new buffer on replica `r`'s stream, whichever stream made `t` (the assignment
+// waits where the streams differ): the buffers a graph reads its inputs from.
+template <class T, class R>
+tensor<T, cuda> on_replica_stream(R& r, const tensor<T, cuda>& t) {
+  tensor<T, cuda> buffer(t.shape(), r.device(), uninitialized);
+  buffer = t;
+  return buffer;
+}
+
 }  // namespace detail
 
 template <class M>
@@ -148,9 +157,7 @@ class graphed : public detail::model_wrapper<M> {
       return output_;
     }
     if (eager_pairs_ < options_.warmup_passes) return model_.forward(r, x);
-    // The graph's input buffer is on the replica's stream, whichever stream made x.
-    input_ = tensor_type(x.shape(), r.device(), uninitialized);
-    input_ = x;
+    input_ = detail::on_replica_stream(r, x);
     output_ = tensor_type{};  // an earlier graph's memory is freed here, not inside the capture
     const auto failure = forward_graph_.capture(r.device().index(), r.device().stream(), [&] {
       const detail::graph_capture_scope capturing{r, graph_capture::passes};
@@ -205,8 +212,7 @@ class graphed : public detail::model_wrapper<M> {
     const std::size_t v = input_gradient ? 1 : 0;
     auto& graph = backward_graphs_[v];
     if (!graph) {
-      grad_output_[v] = tensor_type(dy.shape(), r.device(), uninitialized);
-      grad_output_[v] = dy;
+      grad_output_[v] = detail::on_replica_stream(r, dy);
       grad_input_[v] = tensor_type{};
       const auto failure = graph.capture(r.device().index(), r.device().stream(), [&] {
         const detail::graph_capture_scope capturing{r, graph_capture::passes};

@@ -107,13 +107,7 @@ class graphed_step {
       return step(inputs...);
     }
     g.inputs.clear();
-    // The graph's input buffers are on the replica's stream, whichever stream made the inputs.
-    auto on_replica = [&](const tensor_type& in) {
-      tensor_type buffer(in.shape(), r.device(), uninitialized);
-      buffer = in;
-      return buffer;
-    };
-    (g.inputs.push_back(on_replica(inputs)), ...);
+    (g.inputs.push_back(detail::on_replica_stream(r, inputs)), ...);
     g.output = tensor_type{};
     const auto failure = g.graph.capture(r.device().index(), r.device().stream(), [&] {
       const detail::graph_capture_scope capturing{r, graph_capture::step};
