@@ -195,6 +195,21 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_and_keep_their_device) {
 
   dist::tensor<float, dist::cuda> empty;
   BOOST_TEST(empty.empty());
+  BOOST_TEST(empty.size() == 0u);
+  {
+    // Copies of an empty tensor read nothing (a model never run, copied or assigned: its kept inputs
+    // are default-made) and are empty; so is a full tensor assigned an empty one.
+    const dist::tensor<float, dist::cuda> copy_of_empty{empty};
+    BOOST_TEST(copy_of_empty.empty());
+    dist::tensor<float, dist::cuda> full(dist::shape{4}, d);
+    full = empty;
+    BOOST_TEST(full.empty());
+    BOOST_CHECK_THROW(empty.reshape(dist::shape{1}), std::invalid_argument);
+    dist::tensor<float, dist::cuda> grown;
+    grown.resize(dist::shape{1});
+    BOOST_TEST(grown.size() == 1u);
+    BOOST_TEST((grown.data() != nullptr));
+  }
   empty = t;  // a default-constructed tensor takes the source's device
   BOOST_TEST((empty.device() == t.device()));
   BOOST_TEST((empty.to_host() == host));

@@ -92,6 +92,25 @@ BOOST_AUTO_TEST_CASE(shape_and_storage) {
   BOOST_CHECK_THROW((shape{-1}), std::invalid_argument);
 }
 
+// The contract both devices' tensors keep (the CUDA suite checks the same on a GPU): a default-made
+// tensor is empty although its rank-0 shape counts one element; copying it, or assigning it over a
+// full one, gives an empty tensor and reads nothing; it cannot be reshaped to one element.
+BOOST_AUTO_TEST_CASE(a_default_tensor_is_empty_and_copies_as_empty) {
+  dist::tensor<float> empty;
+  BOOST_TEST(empty.empty());
+  BOOST_TEST(empty.size() == 0u);
+  BOOST_TEST(empty.shape().numel() == 1);  // rank 0: the reason size() cannot be the shape's count
+  const dist::tensor<float> copy{empty};
+  BOOST_TEST(copy.empty());
+  dist::tensor<float> full{shape{2, 3}};
+  full = empty;
+  BOOST_TEST(full.empty());
+  BOOST_CHECK_THROW(empty.reshape(shape{1}), std::invalid_argument);
+  dist::tensor<float> grown;
+  grown.resize(shape{1});
+  BOOST_TEST(grown.size() == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(a_range_fill_writes_that_range_alone) {
   dist::tensor<float> t{shape{10}};
   t.fill(1.0f);

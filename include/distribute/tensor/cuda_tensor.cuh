@@ -91,13 +91,19 @@ class tensor<T, cuda> {
     return t;
   }
 
-  tensor(const tensor& o) : device_{o.device_}, shape_{o.shape_}, storage_{allocate(o.device_, o.shape_)} {
+  tensor(const tensor& o)
+      : device_{o.device_}, shape_{o.shape_}, storage_{o.empty() ? detail::device_allocation{} : allocate(o.device_, o.shape_)} {
     copy_device_values(o);
   }
   tensor& operator=(const tensor& o) {
     if (this == &o) return *this;
-    if (storage_.get() == nullptr && !o.empty()) device_ = o.device_;
-    if (size() != o.size() || (storage_.get() == nullptr && !o.empty())) storage_ = allocate(device_, o.shape_);
+    if (o.empty()) {  // an empty source (default-constructed, moved from) leaves this one empty too
+      storage_ = detail::device_allocation{};
+      shape_ = o.shape_;
+      return *this;
+    }
+    if (storage_.get() == nullptr) device_ = o.device_;
+    if (size() != o.size()) storage_ = allocate(device_, o.shape_);
     shape_ = o.shape_;
     copy_device_values(o);
     return *this;
@@ -107,7 +113,9 @@ class tensor<T, cuda> {
 
   const cuda& device() const noexcept { return device_; }
   const distribute::shape& shape() const noexcept { return shape_; }
-  std::size_t size() const noexcept { return static_cast<std::size_t>(shape_.numel()); }
+  // A default-constructed (or moved-from) tensor holds no storage and is empty, as on the CPU,
+  // although its rank-0 shape counts one element: a copy of it must not read a null pointer.
+  std::size_t size() const noexcept { return storage_.get() == nullptr ? 0 : static_cast<std::size_t>(shape_.numel()); }
   std::size_t bytes() const noexcept { return size() * sizeof(T); }
   bool empty() const noexcept { return size() == 0; }
   // Device memory.
@@ -181,11 +189,11 @@ class tensor<T, cuda> {
 
   // Keeps the storage when the element count is unchanged; otherwise reallocates (contents undefined).
   void resize(distribute::shape s) {
-    if (s.numel() != shape_.numel()) storage_ = allocate(device_, s);
+    if (static_cast<std::size_t>(s.numel()) != size()) storage_ = allocate(device_, s);
     shape_ = s;
   }
   void reshape(distribute::shape s) {
-    if (s.numel() != shape_.numel())
+    if (static_cast<std::size_t>(s.numel()) != size())
       throw std::invalid_argument("distribute: cannot reshape " + shape_.to_string() + " to " + s.to_string());
     shape_ = s;
   }

@@ -118,7 +118,7 @@ class tensor<T, cpu> {
     return t;
   }
   void reshape(distribute::shape s) {
-    if (s.numel() != shape_.numel())
+    if (static_cast<std::size_t>(s.numel()) != size())
       throw std::invalid_argument("distribute: cannot reshape " + shape_.to_string() + " to " + s.to_string());
     shape_ = s;
   }
