@@ -6,8 +6,8 @@
 // The protocol is the CPU engine's (comm/shared_memory.hpp), with GPU kernels as the work: every
 // replica waits for its stream (its buffers are then final), posts where its buffers are, meets the
 // others (timeouts, failures and mismatches as on the CPU, see detail/gpu_meeting.cuh), reduces its
-// own slice of the flattened buffers over every replica's copy, in replica order, writing the result
-// into every copy, waits for its kernel and meets again. Results are bit-identical on every replica
+// own slice of the flattened buffers over every replica's copy, in the CPU engine's tree over replica
+// order, writing the result into every copy, waits for its kernel and meets again. Results are bit-identical on every replica
 // and from run to run, and each element is combined in the CPU engine's order, so they are also the
 // CPU engine's bits.
 //
@@ -128,12 +128,9 @@ class cuda_peer {
     detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
                          .segs = segs.data(), .n_segs = segs.size()};
     collective(d, [&](std::uint64_t seq) {
-      // This replica's slice of the flattened buffers, in whole 256-element units so that vector
-      // loads stay aligned.
+      // This replica's slice of the flattened buffers (comm/detail/peer_reduction.hpp).
       const int n = size();
-      const std::size_t unit = 256, units = (total + unit - 1) / unit;
-      const std::size_t lo = std::min(total, units * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n) * unit);
-      const std::size_t hi = std::min(total, units * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n) * unit);
+      const auto [lo, hi] = detail::slice_of(total, rank_, n);
       std::size_t offset = 0;
       for (std::size_t i = 0; i < segs.size() && offset < hi; offset += segs[i].size, ++i) {
         const std::size_t b = std::max(lo, offset), e = std::min(hi, offset + segs[i].size);

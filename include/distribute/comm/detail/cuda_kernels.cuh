@@ -4,6 +4,7 @@
 // queued GPU work that gives up at a deadline instead of hanging.
 
 #include <distribute/comm/detail/gpu_meeting.cuh>
+#include <distribute/comm/detail/peer_reduction.hpp>
 #include <distribute/detail/backoff.hpp>
 #include <distribute/device/cuda.cuh>
 #include <distribute/device/cuda_graph.cuh>
@@ -37,6 +38,7 @@ namespace comm::detail {
 
 // The most replicas one `cuda_peer` kernel reduces over: their pointers travel as kernel parameters.
 inline constexpr int max_peer_replicas = 32;
+static_assert(max_peer_replicas <= max_tree_sources, "the reduction's tree stack must hold every replica");
 
 template <class T>
 struct peer_pointers {
@@ -54,14 +56,15 @@ __device__ __forceinline__ T combine_on_device(T a, T b) {
 
 template <class T, reduce_op Op>
 __device__ __forceinline__ void reduce_element(const peer_pointers<T>& p, int n_src, int n_dst, std::size_t i) {
-  T acc = p.src[0][i];
-  for (int r = 1; r < n_src; ++r) acc = combine_on_device<T, Op>(acc, p.src[r][i]);
+  T acc = tree_combine<T>([&](int r) { return p.src[r][i]; }, n_src,
+                          [](T a, T b) { return combine_on_device<T, Op>(a, b); });
   if constexpr (Op == reduce_op::mean) acc = static_cast<T>(acc / static_cast<T>(n_src));
   for (int d = 0; d < n_dst; ++d) p.dst[d][i] = acc;
 }
 
-// Element i of the result is src[0][i] combined with src[1][i], ..., src[n-1][i], in that order,
-// whichever thread computes it: the same bits on every replica and from run to run. Works in 16-byte
+// Element i of the result is src[0][i], ..., src[n-1][i] combined in the CPU engine's tree over rank
+// order (comm/detail/peer_reduction.hpp), whichever thread computes it: the same bits on every
+// replica, from run to run, and as the CPU engine's. Works in 16-byte
 // vectors when every pointer has the same offset from a 16-byte boundary: the first `head` elements
 // (up to that boundary) and the tail are done one by one. Sources and destinations may be the same
 // buffers: a thread reads all of its elements before writing them, and no other thread touches them.
@@ -75,12 +78,12 @@ __global__ void reduce_kernel(peer_pointers<T> p, int n_src, int n_dst, std::siz
   const std::size_t packs = vectorised ? (count - head) / width : 0;
   for (std::size_t i = first; i < head; i += stride) reduce_element<T, Op>(p, n_src, n_dst, i);
   for (std::size_t i = first; i < packs; i += stride) {
-    pack acc = reinterpret_cast<const pack*>(p.src[0] + head)[i];
-    for (int r = 1; r < n_src; ++r) {
-      const pack x = reinterpret_cast<const pack*>(p.src[r] + head)[i];
+    pack acc = tree_combine<pack>([&](int r) { return reinterpret_cast<const pack*>(p.src[r] + head)[i]; }, n_src,
+                                  [](pack a, const pack& b) {
 #pragma unroll
-      for (int j = 0; j < width; ++j) acc.v[j] = combine_on_device<T, Op>(acc.v[j], x.v[j]);
-    }
+                                    for (int j = 0; j < width; ++j) a.v[j] = combine_on_device<T, Op>(a.v[j], b.v[j]);
+                                    return a;
+                                  });
     if constexpr (Op == reduce_op::mean) {
       const T n = static_cast<T>(n_src);
 #pragma unroll
