@@ -99,9 +99,12 @@ BOOST_AUTO_TEST_CASE(engines_follow_the_device_list) {
   BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2)}.engine() == dist::cuda_engine::cuda_peer));
   BOOST_CHECK_THROW((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2), {}, dist::cuda_engine::nccl}), std::invalid_argument);
   BOOST_CHECK_THROW(dist::mirrored_strategy<dist::cuda>{std::vector<dist::cuda>{}}, std::invalid_argument);
+  // One replica talks to nobody: cuda_peer, unless NCCL is asked for by name.
+  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(1)}.engine() == dist::cuda_engine::cuda_peer));
 #if DISTRIBUTE_HAS_NCCL
+  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{{dist::cuda{0}}, {}, dist::cuda_engine::nccl}.engine() == dist::cuda_engine::nccl));
   dist::mirrored_strategy<dist::cuda> all;
-  BOOST_TEST((all.engine() == dist::cuda_engine::nccl));
+  BOOST_TEST((all.engine() == (dist::cuda_device_count() >= 2 ? dist::cuda_engine::nccl : dist::cuda_engine::cuda_peer)));
   BOOST_TEST(all.num_replicas_in_sync() == dist::cuda_device_count());
 #endif
   // Every replica gets a stream of its own.

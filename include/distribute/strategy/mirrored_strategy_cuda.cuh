@@ -9,8 +9,9 @@
 //   mirrored_strategy<cuda> s{cuda_replicas(4)};                4 logical replicas sharing cuda:0
 //   mirrored_strategy<cuda> s{devices, {}, cuda_engine::cuda_peer};   the engine forced
 //
-// The engine: NCCL when every replica has its own GPU (and NCCL is available), else our cuda_peer
-// kernels (logical replicas sharing a GPU, or GPUs with peer access); `s.engine()` says which.
+// The engine: NCCL when two or more replicas each have their own GPU (and NCCL is available), else
+// our cuda_peer kernels (one replica, logical replicas sharing a GPU, or GPUs with peer access);
+// `s.engine()` says which.
 //
 // The step semantics are the CPU strategy's: per-replica arguments unwrapped, a throwing replica
 // makes the others' collectives fail at once and `run` rethrows it, a collective a replica never

@@ -144,7 +144,9 @@ struct device_policy<cuda> {
         throw std::invalid_argument("distribute: NCCL takes one replica per GPU, and the device list repeats a GPU "
                                     "(use cuda_engine::cuda_peer, or automatic, for logical replicas on one GPU)");
       if (requested != cuda_engine::automatic) return requested;
-      return distinct && DISTRIBUTE_HAS_NCCL ? cuda_engine::nccl : cuda_engine::cuda_peer;
+      // One replica talks to nobody: cuda_peer's collectives are then its own buffers, where an NCCL
+      // communicator of one rank would cost its start-up and device memory for nothing.
+      return distinct && devices.size() >= 2 && DISTRIBUTE_HAS_NCCL ? cuda_engine::nccl : cuda_engine::cuda_peer;
     }
 
     std::vector<owned_stream> streams_;
