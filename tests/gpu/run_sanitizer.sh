@@ -18,4 +18,9 @@ if [[ -z $sanitizer ]]; then
   echo "run_sanitizer: compute-sanitizer is not installed here; skipped"
   exit 77
 fi
-exec "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 50 "$binary" --run_test="$suites"
+# CUDA API calls that return an error are not reported: the suites make them on purpose (an invalid
+# device ordinal, a capture on the legacy stream, each checked for its error), and NCCL probes its
+# kernels with calls that fail with cudaErrorNoKernelImageForDevice on every GPU while its
+# communicator starts. Those are answers the code handles, not faults; memory errors, races and
+# invalid synchronisation still fail the test.
+exec "$sanitizer" --tool "$tool" --report-api-errors no --error-exitcode 1 --print-limit 50 "$binary" --run_test="$suites"
