@@ -43,6 +43,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace dist = distribute;
@@ -319,8 +320,10 @@ BOOST_AUTO_TEST_CASE(average_pooling_matches_the_layer) {
     }
 }
 
-// reflect_pad_rows and reflect_pad_backward_plane: a 1x1 convolution with identity weights and
-// reflection padding returns the padded input, and its input gradient is the padding's adjoint.
+// reflect_pad and reflect_pad_backward, one call per element as the GPU engine runs them: a 1x1
+// convolution with identity weights and reflection padding returns the padded input, and its input
+// gradient is the padding's adjoint. The layer runs on the CPU engine (a plane per call, through the
+// functors' whole_segment); the bits must be the same.
 BOOST_AUTO_TEST_CASE(reflection_padding_matches_conv2d) {
   auto r = nn::local();
   for (const std::int64_t p : {1, 3})
@@ -338,12 +341,50 @@ BOOST_AUTO_TEST_CASE(reflection_padding_matches_conv2d) {
       BOOST_TEST_REQUIRE((ly.shape() == padded), "conv2d 1x1 gave " << ly.shape() << ", expected " << padded);
       const auto ldx = conv.backward(r, dy);
       std::vector<float> y(static_cast<std::size_t>(padded.numel())), dx(x.size());
-      for_each_plane_index(par, s.n() * C, H + 2 * p, kernels::reflect_pad_rows<float>{x.data(), y.data(), H, W, p});
-      for_each_index(par, s.n() * C, kernels::reflect_pad_backward_plane<float>{dy.data(), dx.data(), H, W, p});
+      for_each_plane_index(par, s.n() * C, (H + 2 * p) * (W + 2 * p), kernels::reflect_pad<float>{x.data(), y.data(), H, W, p});
+      for_each_plane_index(par, s.n() * C, H * W, kernels::reflect_pad_backward<float>{dy.data(), dx.data(), H, W, p});
       const std::string at = " pad " + std::to_string(p) + " " + s.to_string();
       check_close("reflection padding forward" + at, y, ly.values());
       check_close("reflection padding backward" + at, dx, ldx.values());
+      BOOST_TEST(std::memcmp(y.data(), ly.data(), y.size() * sizeof(float)) == 0, "forward not bit for bit" << at);
+      BOOST_TEST(std::memcmp(dx.data(), ldx.data(), dx.size() * sizeof(float)) == 0, "backward not bit for bit" << at);
     }
+}
+
+// The per-element passes against the CPU engine's per-plane loops (whole_segment), bit for bit, on
+// the shapes where a position has the most sources: padding of half the plane or more (a source
+// row copied into both borders, so up to nine padded positions add onto it), planes of 2, and the
+// paper's 7x7 and 3x3 reflection paddings at sizes that are not multiples of the vector width.
+BOOST_AUTO_TEST_CASE(reflection_padding_per_element_has_the_cpu_bits) {
+  dist::engine<dist::cpu> e{{.threads = 2}};
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (const auto& [planes, h, w, p] : {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>{3, 3, 3, 2},
+                                        {2, 2, 9, 1}, {4, 5, 3, 2}, {2, 4, 7, 3}, {3, 9, 5, 4}, {5, 37, 41, 3},
+                                        {2, 64, 64, 1}, {70, 17, 19, 3}}) {
+    const std::int64_t ph = h + 2 * p, pw = w + 2 * p;
+    std::vector<float> x(static_cast<std::size_t>(planes * h * w)), dy(static_cast<std::size_t>(planes * ph * pw));
+    for (float& v : x) v = d(gen);
+    for (float& v : dy) v = d(gen);
+    dy[0] = -0.0f;  // both forms add onto +0: a negative zero must not survive in one of them only
+    std::vector<float> y_cpu(dy.size()), y_elem(dy.size()), dx_cpu(x.size(), 7.0f), dx_elem(x.size(), 7.0f);
+    e.for_each_in_segments(planes, ph * pw, kernels::reflect_pad<float>{x.data(), y_cpu.data(), h, w, p});
+    e.for_each_in_segments(planes, h * w, kernels::reflect_pad_backward<float>{dy.data(), dx_cpu.data(), h, w, p});
+    for_each_plane_index(par, planes, ph * pw, kernels::reflect_pad<float>{x.data(), y_elem.data(), h, w, p});
+    for_each_plane_index(par, planes, h * w, kernels::reflect_pad_backward<float>{dy.data(), dx_elem.data(), h, w, p});
+    BOOST_TEST_CONTEXT(planes << " planes " << h << "x" << w << " pad " << p) {
+      BOOST_TEST(std::memcmp(y_cpu.data(), y_elem.data(), y_cpu.size() * sizeof(float)) == 0);
+      BOOST_TEST(std::memcmp(dx_cpu.data(), dx_elem.data(), dx_cpu.size() * sizeof(float)) == 0);
+      // And the definition: each padded position's gradient added onto its source, in row-major order.
+      std::vector<float> want(x.size(), 0.0f);
+      for (std::int64_t s = 0; s < planes; ++s)
+        for (std::int64_t i = 0; i < ph; ++i)
+          for (std::int64_t j = 0; j < pw; ++j)
+            want[static_cast<std::size_t>((s * h + kernels::reflect(i - p, h)) * w + kernels::reflect(j - p, w))] +=
+                dy[static_cast<std::size_t>((s * ph + i) * pw + j)];
+      BOOST_TEST(std::memcmp(want.data(), dx_elem.data(), want.size() * sizeof(float)) == 0);
+    }
+  }
 }
 
 // add_channel_bias: conv_transpose2d's output with its bias against the same without it, plus the
@@ -366,6 +407,7 @@ BOOST_AUTO_TEST_CASE(channel_bias_matches_conv_transpose2d) {
   std::vector<float> grad(static_cast<std::size_t>(C), 0.0f);
   for (const std::uint32_t seed : {11u, 12u}) {
     const auto dy = random_tensor(out, seed);
+    if (seed != 11u) layer.forward(r, x);  // each backward has a forward of its own
     layer.backward(r, dy, nn::no_input_gradient);
     std::vector<double> sums(static_cast<std::size_t>(planes));
     plane_sums(par, planes, plane, kernels::value_of<float>{dy.data(), plane}, sums.data());
@@ -402,6 +444,7 @@ BOOST_AUTO_TEST_CASE(row_bias_matches_linear) {
   std::vector<float> grad(static_cast<std::size_t>(out), 0.0f);
   for (const std::uint32_t seed : {15u, 16u}) {
     const auto dy = random_tensor(shape{n, out}, seed);
+    if (seed != 15u) layer.forward(r, x);  // each backward has a forward of its own
     layer.backward(r, dy, nn::no_input_gradient);
     std::vector<double> sums(static_cast<std::size_t>(out));
     plane_sums(par, out, n, kernels::column_of<float>{dy.data(), out}, sums.data());

@@ -18,9 +18,11 @@
 #include <distribute/engine/detail/arena.hpp>
 #include <distribute/engine/detail/eigen_gemm.hpp>
 #include <distribute/engine/detail/reference_conv.hpp>
+#include <distribute/engine/detail/segmented_sum_plan.hpp>
 #include <distribute/engine/detail/serial.hpp>
 #include <distribute/engine/engine.hpp>
 #include <distribute/engine/gemm_geometry.hpp>
+#include <distribute/engine/pass_observer.hpp>
 
 // nvcc's front end cannot parse oneDNN's C++ API: in CUDA translation units the CPU engine computes
 // with the reference (a GPU program's layers run on the GPU engine). The engine's layout is the same
@@ -189,6 +191,7 @@ class engine<cpu> {
   // f(i) for every i in [0, n), split statically over the engine's threads.
   template <class F>
   void for_each(std::int64_t n, F f) {
+    detail::record_pass(pass_kind::for_each, n, f);
 #if defined(_OPENMP)
     if (threads_ > 1 && n >= parallel_grain) {
 #  pragma omp parallel num_threads(threads_)
@@ -207,19 +210,27 @@ class engine<cpu> {
     for (std::int64_t i = 0; i < n; ++i) f(i);
   }
   // f(s, i) for every segment s in [0, segments) and i in [0, length): per-plane work (a plane's
-  // statistics, its channel's bias), split over the engine's threads by segment.
+  // statistics, its channel's bias), split over the engine's threads by segment. A functor with a
+  // `whole_segment(s)` (the same values as its f(s, i) for every i, in loops that vectorise where a
+  // call per element would not) is called with that instead.
   template <class F>
   void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) {
+    detail::record_pass(pass_kind::for_each_in_segments, segments * length, f);
     over_segments(segments, length, [&](std::int64_t s) {
       const F g = f;  // as in for_each
-      DISTRIBUTE_OMP_SIMD
-      for (std::int64_t i = 0; i < length; ++i) g(s, i);
+      if constexpr (requires { g.whole_segment(s); }) {
+        g.whole_segment(s);
+      } else {
+        DISTRIBUTE_OMP_SIMD
+        for (std::int64_t i = 0; i < length; ++i) g(s, i);
+      }
     });
   }
   // out[s] = sum over i in [0, length) of f(s, i), in double and in a fixed order
   // (detail::fixed_order_sum): the same bits for any thread count.
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
+    detail::record_pass(pass_kind::segmented_sum, detail::plan_segmented_sum(segments, length).work_items(), f);
     over_segments(segments, length, [&](std::int64_t s) { out[s] = distribute::detail::fixed_order_sum(f, s, length); });
   }
   // Small results (statistics, loss values) where the host reads them: a copy on the CPU.

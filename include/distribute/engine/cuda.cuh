@@ -22,17 +22,23 @@
 // weights). The element-wise layers and sums stay float32.
 //
 // Determinism: a fixed configuration gives the same bits run to run (cuDNN plans are chosen once per
-// shape and kept; CUB's segmented reductions and cuBLAS's products are deterministic for fixed sizes). The
-// plane sums are not in the CPU engine's order, so they match its sums to rounding, not in every bit.
+// shape and kept, among deterministic engines; CUB's segmented reductions and cuBLAS's products
+// are deterministic for fixed sizes). The plane sums are
+// not in the CPU engine's order, so they match its sums to rounding, not in every bit.
+//
+// Every element-wise pass offers a GPU one work item per element (engine/pass_observer.hpp records
+// them): functors that loop over a plane or a row per call belong to the CPU's loops only.
 
 #include <distribute/config.hpp>
 #include <distribute/device/detail/half_conversions.cuh>
 #include <distribute/device/cuda.cuh>
 #include <distribute/device/cuda_graph.cuh>
 #include <distribute/engine/conv_geometry.hpp>
+#include <distribute/engine/detail/segmented_sum_plan.hpp>
 #include <distribute/engine/detail/thrust_for_each.hpp>
 #include <distribute/engine/engine.hpp>
 #include <distribute/engine/gemm_geometry.hpp>
+#include <distribute/engine/pass_observer.hpp>
 #include <distribute/tensor/cuda_tensor.cuh>
 #if defined(DISTRIBUTE_HAS_CUDNN) && DISTRIBUTE_HAS_CUDNN
 #  include <distribute/engine/detail/cudnn_conv.cuh>
@@ -242,23 +248,30 @@ class engine<cuda> {
   // f(i) for every i in [0, n), on the replica's stream.
   template <class F>
   void for_each(std::int64_t n, F f) {
+    detail::record_pass(pass_kind::for_each, n, f);
     const detail::device_guard current(device_.index());
     detail::for_each_index(policy(), n, f);
     check_launch("for_each");
   }
-  // f(s, i) for every segment s in [0, segments) and i in [0, length).
+  // f(s, i) for every segment s in [0, segments) and i in [0, length): one work item per element
+  // (a functor's whole_segment, the CPU's form, is not used here).
   template <class F>
   void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) {
+    detail::record_pass(pass_kind::for_each_in_segments, segments * length, f);
     const detail::device_guard current(device_.index());
     detail::for_each_plane_index(policy(), segments, length, f);
     check_launch("for_each_in_segments");
   }
   // out[s] = the sum over i of f(s, i), in double; `out` in device memory. CUB's segmented reduction
-  // (one block a plane, a fixed order: the same bits run to run), queued without waiting for the
+  // (one block a segment, a fixed order: the same bits run to run), queued without waiting for the
   // device: Thrust's reduce_by_key reads its segment count back to the host, which waits for the
-  // stream and cannot be captured into a CUDA graph. Scratch comes from the stream's pool.
+  // stream and cannot be captured into a CUDA graph. Long segments are cut into chunks summed by
+  // blocks of their own, then the chunks' sums by a second reduction (detail/segmented_sum_plan.hpp).
+  // Scratch comes from the stream's pool.
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
+    const detail::segmented_sum_plan plan = detail::plan_segmented_sum(segments, length);
+    detail::record_pass(pass_kind::segmented_sum, plan.work_items(), f);
     if (segments <= 0) return;
     const detail::device_guard current(device_.index());
     if (length <= 0) {
@@ -268,14 +281,20 @@ class engine<cuda> {
     }
     const thrust::counting_iterator<std::int64_t> first(0);
     const auto values = thrust::make_transform_iterator(first, detail::thrust_loops::plane_term<F>{f, length});
-    const auto starts = thrust::make_transform_iterator(first, detail::thrust_loops::plane_start{length});
-    std::size_t bytes = 0;
-    detail::cuda_check(cub::DeviceSegmentedReduce::Sum(nullptr, bytes, values, out, segments, starts, starts + 1, stream()),
-                       "cub::DeviceSegmentedReduce::Sum (sizing)", device_.index());
-    const detail::device_allocation scratch(device_.index(), bytes, stream());
-    detail::cuda_check(cub::DeviceSegmentedReduce::Sum(scratch.get(), bytes, values, out, segments, starts, starts + 1, stream()),
-                       "cub::DeviceSegmentedReduce::Sum", device_.index());
-    check_launch("segmented_sum");
+    if (!plan.two_stage()) {
+      const auto starts = thrust::make_transform_iterator(first, detail::thrust_loops::plane_start{length});
+      segmented_reduce(values, out, segments, starts, starts + 1);
+      return;
+    }
+    const auto chunk_starts =
+        thrust::make_transform_iterator(first, detail::chunk_start{plan.length, plan.chunks, plan.chunk});
+    const auto chunk_ends = thrust::make_transform_iterator(first, detail::chunk_end{plan.length, plan.chunks, plan.chunk});
+    const detail::device_allocation partial(device_.index(), static_cast<std::size_t>(plan.blocks()) * sizeof(double),
+                                            stream());
+    double* sums = static_cast<double*>(partial.get());
+    segmented_reduce(values, sums, plan.blocks(), chunk_starts, chunk_ends);
+    const auto starts = thrust::make_transform_iterator(first, detail::thrust_loops::plane_start{plan.chunks});
+    segmented_reduce(static_cast<const double*>(sums), out, segments, starts, starts + 1);
   }
   // Small results (statistics, loss values) copied from device memory to the host, waiting for them.
   template <class T>
@@ -318,6 +337,18 @@ class engine<cuda> {
   // Where Thrust runs: the replica's stream, without a synchronisation after each algorithm.
   using policy_type = decltype(thrust::cuda::par_nosync.on(cudaStream_t{}));
   policy_type policy() const { return thrust::cuda::par_nosync.on(stream()); }
+
+  // out[k] = the sum of values[begins[k], ends[k]), k in [0, segments): CUB's, on the stream.
+  template <class Values, class Begins, class Ends>
+  void segmented_reduce(Values values, double* out, std::int64_t segments, Begins begins, Ends ends) {
+    std::size_t bytes = 0;
+    detail::cuda_check(cub::DeviceSegmentedReduce::Sum(nullptr, bytes, values, out, segments, begins, ends, stream()),
+                       "cub::DeviceSegmentedReduce::Sum (sizing)", device_.index());
+    const detail::device_allocation scratch(device_.index(), bytes, stream());
+    detail::cuda_check(cub::DeviceSegmentedReduce::Sum(scratch.get(), bytes, values, out, segments, begins, ends, stream()),
+                       "cub::DeviceSegmentedReduce::Sum", device_.index());
+    check_launch("segmented_sum");
+  }
 
   void check_launch(const char* what) const {
     const cudaError_t rc = cudaPeekAtLastError();

@@ -81,8 +81,8 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
     if (reflects()) {
       const std::int64_t p = o_.padding, h = x.shape().h(), w = x.shape().w();
       input_ = tensor_type{shape::nchw(x.shape().n(), x.shape().c(), h + 2 * p, w + 2 * p), device_, uninitialized};
-      e.for_each_in_segments(x.shape().n() * x.shape().c(), h + 2 * p,
-                             detail::kernels::reflect_pad_rows<T>{x.data(), input_.data(), h, w, p});
+      e.for_each_in_segments(x.shape().n() * x.shape().c(), (h + 2 * p) * (w + 2 * p),
+                             detail::kernels::reflect_pad<T>{x.data(), input_.data(), h, w, p});
     } else {
       input_ = x;
     }
@@ -115,8 +115,9 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
     }
     tensor_type dpadded{input_.shape(), device_, uninitialized};
     e.conv_backward_data(g, dy.data(), weight_.value.data(), dpadded.data());
-    e.for_each(in_shape_.n() * in_shape_.c(), detail::kernels::reflect_pad_backward_plane<T>{
-                                                   dpadded.data(), dx.data(), in_shape_.h(), in_shape_.w(), o_.padding});
+    e.for_each_in_segments(in_shape_.n() * in_shape_.c(), in_shape_.h() * in_shape_.w(),
+                           detail::kernels::reflect_pad_backward<T>{dpadded.data(), dx.data(), in_shape_.h(),
+                                                                    in_shape_.w(), o_.padding});
     return dx;
   }
 

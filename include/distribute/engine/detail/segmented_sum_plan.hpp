@@ -1,0 +1,69 @@
+#pragma once
+// How the GPU engine splits a segmented sum (out[s] = the sum over i of f(s, i)) over its threads. CUB's
+// segmented reduction gives each segment one block of 256 threads: enough for many short segments,
+// but a few long ones (an instance norm's 64 planes of 256x256, a loss over one 3x256x256 image)
+// leave each thread summing hundreds of values serially on a handful of multiprocessors (130 us for
+// 64 planes of 64K values on an H100, where memory bandwidth allows 6 us). Segments longer than
+// `chunk_limit` are cut into equal chunks, each summed by a block of its own, and the chunks' sums
+// of each segment are then summed by a second segmented reduction: two fixed orders, so the bits
+// still do not change from run to run.
+//
+// A plain header: the CPU engine reports the same work items for the pass (engine/pass_observer.hpp),
+// and tests check the plan without a GPU.
+
+#include <distribute/config.hpp>
+
+#include <cstdint>
+
+namespace distribute::detail {
+
+struct segmented_sum_plan {
+  // Threads of one block of CUB's segmented reduction (its policy for double sums).
+  static constexpr std::int64_t block_threads = 256;
+  // The most values a block sums: 32 a thread, half of what leaves a pass short of one work item
+  // per 64 elements (the bound engine/pass_observer.hpp's users check).
+  static constexpr std::int64_t chunk_limit = 32 * block_threads;
+
+  std::int64_t segments = 0;
+  std::int64_t length = 0;
+  std::int64_t chunks = 1;  // chunks per segment; 1: one reduction straight into the output
+  std::int64_t chunk = 0;   // values per chunk (the last chunk of a segment may have fewer)
+
+  constexpr bool two_stage() const noexcept { return chunks > 1; }
+  // Blocks of the first (or only) reduction.
+  constexpr std::int64_t blocks() const noexcept { return segments * chunks; }
+  // The threads that sum in parallel: the pass's work items.
+  constexpr std::int64_t work_items() const noexcept { return blocks() * block_threads; }
+};
+
+constexpr segmented_sum_plan plan_segmented_sum(std::int64_t segments, std::int64_t length) noexcept {
+  segmented_sum_plan p;
+  p.segments = segments > 0 ? segments : 0;
+  p.length = length > 0 ? length : 0;
+  if (p.length <= segmented_sum_plan::chunk_limit) {
+    p.chunk = p.length;
+    return p;
+  }
+  p.chunks = (p.length + segmented_sum_plan::chunk_limit - 1) / segmented_sum_plan::chunk_limit;
+  p.chunk = (p.length + p.chunks - 1) / p.chunks;  // equal chunks, the last one shorter
+  return p;
+}
+
+// Chunk k of the first reduction (segment k / chunks, chunk k % chunks) over the flat index
+// s * length + i: where it starts and where it ends.
+struct chunk_start {
+  std::int64_t length, chunks, chunk;
+  DISTRIBUTE_HOST_DEVICE std::int64_t operator()(std::int64_t k) const {
+    const std::int64_t s = k / chunks;
+    return s * length + (k - s * chunks) * chunk;
+  }
+};
+struct chunk_end {
+  std::int64_t length, chunks, chunk;
+  DISTRIBUTE_HOST_DEVICE std::int64_t operator()(std::int64_t k) const {
+    const std::int64_t s = k / chunks, end = s * length + (k - s * chunks + 1) * chunk;
+    return end < (s + 1) * length ? end : (s + 1) * length;
+  }
+};
+
+}  // namespace distribute::detail

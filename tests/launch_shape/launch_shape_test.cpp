@@ -1,0 +1,255 @@
+// Every element-wise pass of a CycleGAN training step offers a GPU enough work items: a pass over a
+// tensor of 64K elements or more must offer at least one work item per 64 elements. Run on the CPU
+// engine, whose pass records (engine/pass_observer.hpp) are the shape every engine launches.
+//
+// What tensor a pass covers is found without the pass's help: this binary replaces the global
+// operator new to remember every block of 256 KiB or more (64K floats; a CPU tensor's storage is a
+// std::vector), and each recorded pass's functor is read word by word for pointers into those
+// blocks. The largest block it points into is its tensor. So a new functor that walks a plane or a
+// row per call is caught whatever it is called, with no annotation to forget.
+#define BOOST_TEST_MODULE distribute_launch_shape
+#ifndef BOOST_TEST_DYN_LINK
+#define BOOST_TEST_DYN_LINK
+#endif
+#include <boost/test/unit_test.hpp>
+
+#include "models.hpp"
+#include "trainer.hpp"
+
+#include <distribute/distribute.hpp>
+#include <distribute/engine/detail/segmented_sum_plan.hpp>
+#include <distribute/engine/pass_observer.hpp>
+#include <distribute/nn/detail/kernels.hpp>
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace dist = distribute;
+namespace kernels = distribute::nn::detail::kernels;
+
+// --- large heap blocks ---------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::size_t tracked_bytes = std::size_t{64} * 1024 * sizeof(float);
+
+// The registry's own nodes come from malloc, so that recording a block allocates nothing through
+// the operator new being replaced.
+template <class T>
+struct malloc_allocator {
+  using value_type = T;
+  malloc_allocator() = default;
+  template <class U>
+  malloc_allocator(const malloc_allocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    if (void* p = std::malloc(n * sizeof(T))) return static_cast<T*>(p);
+    throw std::bad_alloc();
+  }
+  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  template <class U>
+  bool operator==(const malloc_allocator<U>&) const noexcept { return true; }
+};
+
+struct block_registry {
+  std::mutex m;
+  std::map<std::uintptr_t, std::size_t, std::less<>, malloc_allocator<std::pair<const std::uintptr_t, std::size_t>>> blocks;
+};
+block_registry& registry() {
+  static block_registry* r = new (std::malloc(sizeof(block_registry))) block_registry;  // never destroyed
+  return *r;
+}
+
+// The size of the tracked block containing address a, 0 where none does.
+std::size_t tracked_block_of(std::uintptr_t a) {
+  auto& r = registry();
+  const std::lock_guard lock(r.m);
+  auto it = r.blocks.upper_bound(a);
+  if (it == r.blocks.begin()) return 0;
+  --it;
+  return a < it->first + it->second ? it->second : 0;
+}
+
+}  // namespace
+
+void* operator new(std::size_t bytes) {
+  void* p = std::malloc(bytes > 0 ? bytes : 1);
+  if (p == nullptr) throw std::bad_alloc();
+  if (bytes >= tracked_bytes) {
+    auto& r = registry();
+    const std::lock_guard lock(r.m);
+    r.blocks[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+  }
+  return p;
+}
+void operator delete(void* p) noexcept {
+  if (p == nullptr) return;
+  {
+    auto& r = registry();
+    const std::lock_guard lock(r.m);
+    r.blocks.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
+
+// --- the observer --------------------------------------------------------------------------------------
+
+namespace {
+
+std::string demangled(const std::type_info& t) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && name != nullptr ? name : t.name();
+  std::free(name);
+  return out;
+}
+
+const char* kind_name(dist::pass_kind k) {
+  switch (k) {
+    case dist::pass_kind::for_each: return "for_each";
+    case dist::pass_kind::for_each_in_segments: return "for_each_in_segments";
+    case dist::pass_kind::segmented_sum: return "segmented_sum";
+  }
+  return "?";
+}
+
+// The launch-shape rule: a pass over `elements` (64K or more) offers at least elements / 64 work items.
+constexpr std::int64_t large_tensor = 64 * 1024;
+constexpr std::int64_t elements_per_work_item = 64;
+
+struct launch_shapes final : dist::pass_observer {
+  struct pass {
+    std::string kind, functor;
+    std::int64_t work_items, elements;
+  };
+  std::mutex m;
+  std::vector<pass> passes;     // every pass over a tracked block
+  std::vector<pass> too_narrow;  // those that break the rule
+  std::int64_t seen = 0;
+
+  void on_pass(const dist::pass_record& r) override {
+    // The largest tracked block any word of the functor points into (its elements counted as floats).
+    std::size_t largest = 0;
+    const auto* bytes = static_cast<const unsigned char*>(r.functor);
+    for (std::size_t off = 0; off + sizeof(std::uintptr_t) <= r.functor_bytes; off += alignof(std::uintptr_t)) {
+      std::uintptr_t word = 0;
+      std::memcpy(&word, bytes + off, sizeof word);
+      largest = std::max(largest, tracked_block_of(word));
+    }
+    const std::lock_guard lock(m);
+    ++seen;
+    if (largest == 0) return;
+    const pass p{kind_name(r.kind), demangled(*r.functor_type), r.work_items, static_cast<std::int64_t>(largest / sizeof(float))};
+    passes.push_back(p);
+    if (p.elements >= large_tensor && p.work_items < p.elements / elements_per_work_item) too_narrow.push_back(p);
+  }
+};
+
+std::string describe(const launch_shapes::pass& p) {
+  return p.kind + " of " + p.functor + ": " + std::to_string(p.work_items) + " work items over a tensor of " +
+         std::to_string(p.elements) + " elements";
+}
+
+}  // namespace
+
+// --- the tests -----------------------------------------------------------------------------------------
+
+// The detector itself: a pass shaped like the reflection padding's old backward (a plane per work
+// item) is caught, its per-element form is not.
+BOOST_AUTO_TEST_CASE(a_plane_per_work_item_is_caught) {
+  const std::int64_t planes = 16, h = 64, w = 64, p = 3, ph = h + 2 * p, pw = w + 2 * p;
+  std::vector<float> dy(static_cast<std::size_t>(planes * ph * pw), 1.0f), dx(static_cast<std::size_t>(planes * h * w));
+  dist::engine<dist::cpu> e{{.threads = 1}};
+  {
+    launch_shapes shapes;
+    const dist::observe_passes observing(shapes);
+    e.for_each(planes, kernels::reflect_pad_backward_plane<float>{dy.data(), dx.data(), h, w, p});
+    BOOST_TEST_REQUIRE(shapes.too_narrow.size() == 1u);
+    BOOST_TEST_MESSAGE(describe(shapes.too_narrow[0]));
+    BOOST_TEST(shapes.too_narrow[0].elements == planes * ph * pw);
+  }
+  {
+    launch_shapes shapes;
+    const dist::observe_passes observing(shapes);
+    e.for_each_in_segments(planes, h * w, kernels::reflect_pad_backward<float>{dy.data(), dx.data(), h, w, p});
+    BOOST_TEST(shapes.passes.size() == 1u);
+    BOOST_TEST(shapes.too_narrow.empty());
+  }
+}
+
+// A segmented sum over few long segments (a loss over one image, an instance norm's planes of a
+// 256x256 tensor) is planned as chunks, so it too offers a work item per 64 elements or fewer.
+BOOST_AUTO_TEST_CASE(segmented_sums_are_planned_in_chunks) {
+  namespace d = dist::detail;
+  for (const auto& [segments, length] : {std::pair<std::int64_t, std::int64_t>{1, 3 * 256 * 256}, {64, 256 * 256}, {256, 16384},
+                                        {1, 1}, {7, 8193}, {3, 8192}, {1000, 10}}) {
+    const d::segmented_sum_plan plan = d::plan_segmented_sum(segments, length);
+    BOOST_TEST_CONTEXT(segments << " x " << length) {
+      BOOST_TEST(plan.work_items() * elements_per_work_item >= segments * length);
+      BOOST_TEST(plan.chunk <= d::segmented_sum_plan::chunk_limit);
+      BOOST_TEST(plan.chunk * plan.chunks >= length);
+      BOOST_TEST((plan.chunks - 1) * plan.chunk < length);  // no empty chunk
+      BOOST_TEST(plan.two_stage() == (length > d::segmented_sum_plan::chunk_limit));
+      // The chunks tile each segment in order, without gaps or overlaps.
+      const d::chunk_start start{plan.length, plan.chunks, plan.chunk};
+      const d::chunk_end end{plan.length, plan.chunks, plan.chunk};
+      for (std::int64_t s : {std::int64_t{0}, segments - 1}) {
+        std::int64_t at = s * length;
+        for (std::int64_t k = s * plan.chunks; k < (s + 1) * plan.chunks; ++k) {
+          BOOST_TEST(start(k) == at);
+          BOOST_TEST(end(k) > start(k));
+          at = end(k);
+        }
+        BOOST_TEST(at == (s + 1) * length);
+      }
+    }
+  }
+}
+
+// One training step of the CycleGAN example (both generators and discriminators, forward, backward,
+// losses and Adam) on the CPU engine, at a size where its tensors reach well past 64K elements: every
+// pass over a large tensor offers a work item per 64 elements.
+BOOST_AUTO_TEST_CASE(every_pass_of_a_cyclegan_step_is_parallel_over_its_elements) {
+  dist::one_device_strategy<dist::cpu> s;
+  cyclegan::train_options t;
+  t.gen = {.channels = 3, .filters = 16, .blocks = 2};
+  t.disc = {.channels = 3, .filters = 16, .layers = 3, .norm = cyclegan::norm_kind::instance};
+  t.batch = 1;
+  t.total_steps = 1;
+  t.decay_fraction = 0;
+  t.place = cyclegan::placement::full;
+  const int size = 128;
+  cyclegan::trainer<dist::one_device_strategy<dist::cpu>> tr(s, t, 3, size, size);
+  const auto image = dist::shape::nchw(1, 3, size, size);
+  std::mt19937_64 rng{7};
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  cyclegan::tensor a{image}, b{image};
+  for (auto& v : a) v = uniform(rng);
+  for (auto& v : b) v = uniform(rng);
+
+  launch_shapes shapes;
+  {
+    const dist::observe_passes observing(shapes);
+    tr.step(a, b);
+  }
+  std::int64_t largest = 0;
+  for (const auto& p : shapes.passes) largest = std::max(largest, p.elements);
+  BOOST_TEST_MESSAGE(shapes.seen << " passes, " << shapes.passes.size() << " over tensors of 256 KiB or more (the largest "
+                                 << largest << " elements), " << shapes.too_narrow.size() << " too narrow");
+  BOOST_TEST(shapes.seen > 100);  // the step ran through the observer
+  BOOST_TEST(largest >= 16 * size * size);  // and over tensors the rule applies to
+  std::map<std::string, int> narrow;
+  for (const auto& p : shapes.too_narrow) ++narrow[describe(p)];
+  for (const auto& [what, times] : narrow) BOOST_ERROR(what << " (" << times << " times): too few work items for a GPU");
+}
+
