@@ -8,7 +8,7 @@
 //   bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] [--replicas N] [--size 28]
 //                  [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8] [--steps 5] [--warmup 1]
 //                  [--overlap on|off|both] [--rounds 3] [--mpi-window on|off] [--precision float32|bf16|fp16]
-//                  [--graphs on|off] [--autotune]
+//                  [--graphs on|off] [--autotune] [--nondeterministic]
 //                  [--seed 1] [--check-dir DIR] [--params-only]
 //
 // --strategy multi_worker (builds with MPI; start it under mpirun -np K) runs K workers of --replicas
@@ -32,7 +32,9 @@
 // nn::graphed: its forward and backward are captured as CUDA graphs in the warm-up steps and replayed
 // in the timed ones (the line "CUDA graphs:" says whether each network replays, or why it does not).
 // --autotune times cuDNN's engines for each convolution in the warm-up steps and keeps the fastest
-// (engine_options::conv_autotune; the peer's torch.backends.cudnn.benchmark).
+// (engine_options::conv_autotune; the peer's torch.backends.cudnn.benchmark). --nondeterministic lets
+// cuDNN pick engines whose sums depend on timing (engine_options::deterministic = false), as the
+// peer's default (torch.backends.cudnn.deterministic = False) does.
 //
 // --batch is the GLOBAL batch (split between the replicas). Every step trains on the same random
 // batch (uniform in [-1, 1]); the image pool is the trainer's own (50 images).
@@ -84,24 +86,26 @@ struct options {
   std::string overlap = "on";  // on, off or both (alternating, --rounds times)
   bool graphs = false;         // cuda: each network's passes replayed as CUDA graphs (nn::graphed)
   bool autotune = false;       // cuda: cuDNN's engines timed per convolution (engine_options::conv_autotune)
+  bool nondeterministic = false;  // cuda: any cuDNN engine (engine_options::deterministic = false)
   bool mpi_window = true;      // multi_worker: all-reduce through a shared-memory window on one machine (off: the ring of messages used between machines)
   int rounds = 3;
 };
 
-// The engine options of --tf32, --precision and --autotune.
+// The engine options of --tf32, --precision, --autotune and --nondeterministic.
 inline dist::engine_options engine_options_for(const options& o) {
   return {.tf32 = o.tf32,
           .precision = o.precision == "bf16"   ? dist::compute_precision::bfloat16
                        : o.precision == "fp16" ? dist::compute_precision::float16
                                                : dist::compute_precision::float32,
-          .conv_autotune = o.autotune};
+          .conv_autotune = o.autotune,
+          .deterministic = !o.nondeterministic};
 }
 
 [[noreturn]] inline void usage(const char* why) {
   std::fprintf(stderr,
                "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] "
                "[--replicas N] [--size S]\n       [--channels C] [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] "
-               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--graphs on|off] [--autotune] [--seed S]\n"
+               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--graphs on|off] [--autotune] [--nondeterministic] [--seed S]\n"
                "       [--check-dir DIR] [--params-only]\n",
                why);
   std::exit(2);
@@ -120,6 +124,7 @@ inline options parse(int argc, char** argv) {
     else if (a == "--device") o.device = value();
     else if (a == "--tf32") o.tf32 = true;
     else if (a == "--autotune") o.autotune = true;
+    else if (a == "--nondeterministic") o.nondeterministic = true;
     else if (a == "--precision") o.precision = value();
     else if (a == "--replicas") o.replicas = integer();
     else if (a == "--size") o.size = integer();
@@ -367,11 +372,11 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   }
 
   say(
-      "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"precision\":\"%s\",\"graphs\":%s,\"autotune\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
+      "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"precision\":\"%s\",\"graphs\":%s,\"autotune\":%s,\"deterministic\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
       "\"blocks\":%d,\"d_layers\":%d,\"global_batch\":%d,\"steps\":%d,\"warmup\":%d,\"g_params\":%lld,\"d_params\":%lld,"
       "\"s_per_step\":%.6f,\"s_per_step_mean\":%.6f,\"images_per_s\":%.4f,\"peak_rss_mib\":%.1f,\"cores\":%d,\"load\":\"%s\","
       "\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
-      dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", o.precision.c_str(), o.graphs ? "true" : "false", o.autotune ? "true" : "false", device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
+      dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", o.precision.c_str(), o.graphs ? "true" : "false", o.autotune ? "true" : "false", o.nondeterministic ? "false" : "true", device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
       static_cast<long long>(g_params), static_cast<long long>(d_params), per_step, mean, images, rss, affinity_cores(),
       bench::load_average().c_str(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
   return 0;

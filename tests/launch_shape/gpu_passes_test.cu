@@ -1,6 +1,8 @@
 // The GPU engine's side of the launch shape (label `gpu`; exit 77, skipped, without a device): the
 // per-element reflection padding has the CPU's bits on the GPU too; segmented sums cut into chunks
-// match the CPU's to double rounding and repeat bit for bit.
+// match the CPU's to double rounding and repeat bit for bit; cuDNN convolutions with
+// engine_options::deterministic on and off both match the CPU reference to float32 rounding,
+// deterministic ones repeat bit for bit, and no plan's workspace passes conv_workspace_limit.
 #define BOOST_TEST_MODULE distribute_gpu_passes
 #define BOOST_TEST_NO_MAIN
 #ifndef BOOST_TEST_DYN_LINK
@@ -122,5 +124,54 @@ BOOST_AUTO_TEST_CASE(segmented_sums_in_chunks_match_the_cpu_and_repeat) {
     }
   }
 }
+
+#if DISTRIBUTE_HAS_CUDNN
+// The paper generator's residual convolution (256 channels at 64x64) and its first 7x7 one, each pass
+// with deterministic engines and with any engine.
+BOOST_AUTO_TEST_CASE(convolutions_in_both_modes_match_the_cpu) {
+  const dist::conv_geometry shapes[] = {dist::conv_geometry::of(1, 256, 66, 66, 256, 3, 1, 0),
+                                        dist::conv_geometry::of(1, 3, 262, 262, 64, 7, 1, 0)};
+  dist::engine<dist::cpu> cpu{dist::engine_options{.reference = true}};
+  for (const dist::conv_geometry& g : shapes)
+    for (const bool deterministic : {true, false}) {
+      dist::detail::owned_stream stream(0);
+      const dist::engine_options o{.deterministic = deterministic};
+      dist::detail::cudnn_convolutions conv(0, stream.get(), o);
+      const auto x = random_values(g.input_size(), 4), w = random_values(g.weight_size(), 5), dy = random_values(g.output_size(), 6);
+      std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size())),
+          dw(static_cast<std::size_t>(g.weight_size()), 0.0f);
+      cpu.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), y.data());
+      cpu.conv_backward_data(g, dy.data(), w.data(), dx.data());
+      cpu.conv_backward_weights(g, x.data(), dy.data(), dw.data(), static_cast<float*>(nullptr));
+      const dist::cuda d = dist::cuda{0}.on(stream.get());
+      const auto gx = device_tensor::from_host(dist::shape{g.input_size()}, std::span<const float>(x), d);
+      const auto gw = device_tensor::from_host(dist::shape{g.weight_size()}, std::span<const float>(w), d);
+      const auto gdy = device_tensor::from_host(dist::shape{g.output_size()}, std::span<const float>(dy), d);
+      device_tensor gy(dist::shape{g.output_size()}, d), gdx(dist::shape{g.input_size()}, d), gdw(dist::shape{g.weight_size()}, d);
+      gdw.fill(0.0f);
+      conv.forward(g, gx.data(), gw.data(), nullptr, gy.data());
+      conv.backward_data(g, gdy.data(), gw.data(), gdx.data());
+      const auto dx_first = gdx.to_vector();
+      conv.backward_weights(g, gx.data(), gdy.data(), gdw.data(), nullptr);
+      const auto dw_first = gdw.to_vector();
+      BOOST_TEST_CONTEXT(g.to_string() << (deterministic ? " deterministic" : " any engine")) {
+        BOOST_TEST(worst_relative(gy.to_vector(), y) <= 1e-4);
+        BOOST_TEST(worst_relative(dx_first, dx) <= 1e-4);
+        BOOST_TEST(worst_relative(dw_first, dw) <= 1e-4);
+        if (deterministic) {
+          conv.backward_data(g, gdy.data(), gw.data(), gdx.data());
+          gdw.fill(0.0f);
+          conv.backward_weights(g, gx.data(), gdy.data(), gdw.data(), nullptr);
+          BOOST_TEST(same_bits(gdx.to_vector(), dx_first));
+          BOOST_TEST(same_bits(gdw.to_vector(), dw_first));
+        }
+        // The workspace (cuDNN's, and the weight gradient's scratch behind it) within the limit.
+        if (conv.workspace_limit_exceeded().empty())
+          BOOST_TEST(conv.workspace_bytes() <= o.conv_workspace_limit + 256 + static_cast<std::size_t>(g.weight_size()) * sizeof(float));
+        for (const auto& why : conv.workspace_limit_exceeded()) BOOST_TEST_MESSAGE("over the workspace limit: " << why);
+      }
+    }
+}
+#endif
 
 BOOST_AUTO_TEST_SUITE_END()

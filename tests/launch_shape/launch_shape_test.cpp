@@ -17,6 +17,7 @@
 #include "trainer.hpp"
 
 #include <distribute/distribute.hpp>
+#include <distribute/engine/detail/conv_engine_filter.hpp>
 #include <distribute/engine/detail/segmented_sum_plan.hpp>
 #include <distribute/engine/pass_observer.hpp>
 #include <distribute/nn/detail/kernels.hpp>
@@ -253,3 +254,35 @@ BOOST_AUTO_TEST_CASE(every_pass_of_a_cyclegan_step_is_parallel_over_its_elements
   for (const auto& [what, times] : narrow) BOOST_ERROR(what << " (" << times << " times): too few work items for a GPU");
 }
 
+// Which cuDNN engines the GPU engine considers (engine/detail/conv_engine_filter.hpp), from its
+// options and the call's precision; the GPU side applies it to each graph it builds.
+BOOST_AUTO_TEST_CASE(conv_engine_filter_follows_the_options) {
+  namespace d = dist::detail;
+  using dist::compute_precision;
+  // The defaults: float32 is float32 (no TF32 engines), deterministic engines only, 64 MiB of
+  // workspace at most, the heuristics' first engine that builds.
+  const d::conv_engine_filter defaults = d::conv_engine_filter_for(compute_precision::float32, dist::engine_options{});
+  BOOST_TEST(defaults.exclude_tf32);
+  BOOST_TEST(defaults.exclude_nondeterministic);
+  BOOST_TEST(defaults.workspace_limit == std::int64_t{64} << 20);
+  BOOST_TEST(!defaults.build_all);
+  // TF32 and the 16-bit precisions allow tensor-core engines; determinism stays what the options say.
+  for (const compute_precision p : {compute_precision::tf32, compute_precision::bfloat16, compute_precision::float16}) {
+    BOOST_TEST(!d::conv_engine_filter_for(p, {}).exclude_tf32);
+    BOOST_TEST(d::conv_engine_filter_for(p, {}).exclude_nondeterministic);
+  }
+  // deterministic = false: any engine, PyTorch's default; autotune builds them all; 0: no limit.
+  const d::conv_engine_filter any =
+      d::conv_engine_filter_for(compute_precision::float32, {.conv_autotune = true, .deterministic = false, .conv_workspace_limit = 0});
+  BOOST_TEST(!any.exclude_nondeterministic);
+  BOOST_TEST(any.exclude_tf32);
+  BOOST_TEST(any.build_all);
+  BOOST_TEST(any.workspace_limit == 0);
+  // The retry where the limit left no engine drops the limit alone.
+  d::conv_engine_filter retry = defaults.without_workspace_limit();
+  BOOST_TEST(retry.workspace_limit == 0);
+  retry.workspace_limit = defaults.workspace_limit;
+  BOOST_TEST((retry == defaults));
+  // A limit beyond what cuDNN's 64-bit sizes hold is no limit cut short.
+  BOOST_TEST(d::conv_engine_filter_for(compute_precision::float32, {.conv_workspace_limit = SIZE_MAX}).workspace_limit == INT64_MAX);
+}

@@ -22,8 +22,8 @@
 // weights). The element-wise layers and sums stay float32.
 //
 // Determinism: a fixed configuration gives the same bits run to run (cuDNN plans are chosen once per
-// shape and kept, among deterministic engines; CUB's segmented reductions and cuBLAS's products
-// are deterministic for fixed sizes). The plane sums are
+// shape and kept, among deterministic engines unless engine_options::deterministic is off; CUB's
+// segmented reductions and cuBLAS's products are deterministic for fixed sizes). The plane sums are
 // not in the CPU engine's order, so they match its sums to rounding, not in every bit.
 //
 // Every element-wise pass offers a GPU one work item per element (engine/pass_observer.hpp records
@@ -401,7 +401,7 @@ class engine<cuda> {
     static_assert(std::is_same_v<T, float>, "distribute: the GPU engine's convolutions are float32");
     (void)pass;
     g.check();
-    if (!cudnn_) cudnn_ = std::make_unique<detail::cudnn_convolutions>(device_.index(), stream(), options_.conv_autotune);
+    if (!cudnn_) cudnn_ = std::make_unique<detail::cudnn_convolutions>(device_.index(), stream(), options_);
     return *cudnn_;
   }
   std::unique_ptr<detail::cudnn_convolutions> cudnn_;

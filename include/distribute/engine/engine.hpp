@@ -24,6 +24,7 @@
 #include <distribute/engine/gemm_geometry.hpp>
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -80,8 +81,24 @@ struct engine_options {
   // the first of cuDNN's heuristics. Often faster, and the first run of each shape is slower. Which
   // engine wins depends on timing, so two runs (or a run and its resumption) may compute a
   // convolution with different engines and differ in the last bits; off, every run computes alike.
-  // Engines that are not deterministic are excluded either way. The CPU engine ignores it.
+  // Engines that are not deterministic are excluded either way unless `deterministic` is off. The
+  // CPU engine ignores it.
   bool conv_autotune = false;
+  // GPU engines: only cuDNN engines whose sums have a fixed order (no atomics), so that a rerun of a
+  // fixed configuration gives the same bits, as on the CPU. Off, cuDNN may pick any engine, as
+  // PyTorch's default (torch.backends.cudnn.deterministic = False) does: its fastest data and weight
+  // gradients for many shapes split the sum over blocks and add the parts with atomics, so the last
+  // bits of a gradient change from run to run. Either way engines are ranked by cuDNN's heuristics
+  // (or timed, with conv_autotune). The CPU engine is deterministic and ignores it.
+  bool deterministic = true;
+  // GPU engines: the most workspace one convolution engine may use, in bytes; engines that need more
+  // are not considered (where every engine does, the one cuDNN ranks first is used whatever it needs).
+  // The workspace is one buffer a replica's convolutions share, kept at the largest of their needs,
+  // so this bounds it. 64 MiB: PyTorch's whole paper-size CycleGAN step peaks at 1.2 GB on an H100,
+  // and staying within 1.1 times that leaves about 120 MB above the peer's, of which this takes half.
+  // PyTorch's autotuned step peaked only 4 MB above its untuned one, so the engines it picks need
+  // little workspace; ours, allowed any, peaked at 9.7 GB. 0: no limit.
+  std::size_t conv_workspace_limit = std::size_t{64} << 20;
 };
 
 // The precision an engine with `options` computes in when no model chose one.

@@ -49,8 +49,13 @@
 // engines with the TENSOR_CORE or DOWN_CONVERT_INPUTS numerical notes are removed (on Ampere and
 // later those compute float32 convolutions in TF32, a 10-bit mantissa), so the results match the
 // CPU engine to float rounding; under `tf32` they are allowed, which is several times faster
-// and about 1e-3 relative. Engines with the NONDETERMINISTIC note are always removed: a fixed
-// configuration gives the same bits from run to run.
+// and about 1e-3 relative. Under engine_options::deterministic (the default) engines with the
+// NONDETERMINISTIC note are removed: a fixed configuration gives the same bits from run to run.
+// Off, they stay, as in PyTorch's default: cuDNN's fastest data and weight gradients for many
+// shapes add partial sums with atomics. Engines needing more workspace than
+// engine_options::conv_workspace_limit are removed too, in both modes and with autotune; where that
+// leaves none that builds, the plan is built without the limit and workspace_limit_exceeded() says
+// so. What is left keeps the heuristics' order (detail/conv_engine_filter.hpp, tested on the CPU).
 //
 // Mixed precision (`bfloat16`, `float16`): the operands are narrowed to 16-bit copies (Thrust, on
 // the stream, in a buffer kept between calls), the graph's tensors are 16-bit with float
@@ -78,6 +83,7 @@
 
 #include <distribute/device/cuda.cuh>
 #include <distribute/engine/conv_geometry.hpp>
+#include <distribute/engine/detail/conv_engine_filter.hpp>
 #include <distribute/engine/engine.hpp>
 #include <distribute/tensor/cuda_tensor.cuh>
 
@@ -168,7 +174,11 @@ class cudnn_convolutions {
   // (engine_options::conv_autotune): each plan times every engine cuDNN offers for it at its first
   // eager run and keeps the fastest (see the top of this file).
   cudnn_convolutions(int ordinal, cudaStream_t stream, bool autotune = false)
-      : ordinal_{ordinal}, stream_{stream}, autotune_{autotune} {
+      : cudnn_convolutions(ordinal, stream, engine_options{.conv_autotune = autotune}) {}
+  // `options`: conv_autotune, deterministic and conv_workspace_limit say which engines are
+  // considered (engine/detail/conv_engine_filter.hpp); the rest are the engine's, not ours.
+  cudnn_convolutions(int ordinal, cudaStream_t stream, const engine_options& options)
+      : ordinal_{ordinal}, stream_{stream}, autotune_{options.conv_autotune}, options_{options} {
     device_guard guard(ordinal_);
     if (const cudnnStatus_t rc = cudnnCreate(&handle_); rc != CUDNN_STATUS_SUCCESS) {
       handle_ = nullptr;
@@ -326,6 +336,14 @@ class cudnn_convolutions {
       if (!p->fallback_because.empty()) out.push_back(p->fallback_because);
     return out;
   }
+  // Plans whose engine needs more workspace than conv_workspace_limit (no engine within it built), and
+  // why the limited build failed, one line each: for logs.
+  std::vector<std::string> workspace_limit_exceeded() const {
+    std::vector<std::string> out;
+    for (const auto& [key, p] : plans_)
+      if (!p->over_workspace_limit_because.empty()) out.push_back(p->over_workspace_limit_because);
+    return out;
+  }
   // Bytes of the workspace (cuDNN's, and the weight-gradient scratch) held now.
   std::size_t workspace_bytes() const noexcept { return workspace_.bytes(); }
   // Bytes of replaced workspaces and 16-bit buffers kept because a CUDA graph captured them.
@@ -352,6 +370,7 @@ class cudnn_convolutions {
     std::string unfused_because;  // why not, where it was asked for
     compute_precision precision = compute_precision::float32;  // what the plan computes in
     std::string fallback_because;  // a 16-bit plan was asked for: why this one is TF32
+    std::string over_workspace_limit_because;  // no engine within conv_workspace_limit built: why
     // How many engines were timed (conv_autotune; every one built at least one). 0: not timed yet,
     // or no autotune (the heuristics' first choice).
     std::int64_t tuned_from = 0;
@@ -478,7 +497,21 @@ class cudnn_convolutions {
     return *plans_.emplace(key, std::move(made)).first->second;
   }
 
+  // A plan with the engines conv_engine_filter allows; where the workspace limit leaves none that
+  // builds, without the limit.
   std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16, compute_precision precision) const {
+    const conv_engine_filter filter = conv_engine_filter_for(precision, options_);
+    if (filter.workspace_limit == 0) return build(p, g, fuse_bias, aligned16, precision, filter);
+    try {
+      return build(p, g, fuse_bias, aligned16, precision, filter);
+    } catch (const std::runtime_error& e) {
+      auto made = build(p, g, fuse_bias, aligned16, precision, filter.without_workspace_limit());
+      made->over_workspace_limit_because = e.what();
+      return made;
+    }
+  }
+  std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16, compute_precision precision,
+                              const conv_engine_filter& filter) const {
     namespace fe = cudnn_frontend;
     using tensor = fe::graph::Tensor_attributes;
     auto result = std::make_unique<plan>();
@@ -575,19 +608,22 @@ class cudnn_convolutions {
     step(p, g, "create_execution_plans", [&] {
       return graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
     });
-    // No TF32 unless asked for; never an engine whose sums depend on timing (see the top of this file).
+    // No TF32 unless asked for; no engine whose sums depend on timing unless determinism is off; no
+    // workspace beyond the limit (see the top of this file). The heuristics' order stays.
     try {
-      if (precision == compute_precision::float32)
-        graph.deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
-      graph.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
+      std::vector<fe::NumericalNote_t> notes;
+      if (filter.exclude_tf32) notes = {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS};
+      if (filter.exclude_nondeterministic) notes.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
+      if (!notes.empty()) graph.deselect_numeric_notes(notes);
+      if (filter.workspace_limit > 0) graph.deselect_workspace_greater_than(filter.workspace_limit);
     } catch (const std::exception& e) {
-      fail(p, g, std::string("deselect_numeric_notes: ") + e.what());
+      fail(p, g, std::string("deselecting engines: ") + e.what());
     }
     step(p, g, "check_support", [&] { return graph.check_support(); });
     // With autotune, timed at the first eager run: every engine that builds, the heuristics' first
     // one chosen until then.
     step(p, g, "build_plans", [&] {
-      return graph.build_plans(autotune_ ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+      return graph.build_plans(filter.build_all ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
     });
     step(p, g, "get_workspace_size", [&] { return graph.get_workspace_size(result->workspace); });
     return result;
@@ -645,6 +681,7 @@ class cudnn_convolutions {
   int ordinal_;
   cudaStream_t stream_;
   bool autotune_ = false;
+  engine_options options_;
   cudnnHandle_t handle_ = nullptr;
   scratch_buffer workspace_;
   scratch_buffer halves_;  // the 16-bit operands of mixed-precision passes
