@@ -55,6 +55,7 @@ class leaky_relu : public detail::stateless {
   using tensor_type = tensor<T, D>;
 
   explicit leaky_relu(T negative_slope = T(0.2)) : slope_{negative_slope} {}
+  T negative_slope() const noexcept { return slope_; }
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {

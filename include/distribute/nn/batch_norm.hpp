@@ -70,6 +70,7 @@ class basic_batch_norm {
     return o;
   }
 
+  const batch_norm_options& options() const noexcept { return o_; }
   parameter<T, D>& gamma() noexcept { return gamma_; }
   parameter<T, D>& beta() noexcept { return beta_; }
   const std::vector<double>& running_mean() const noexcept { return running_mean_; }

@@ -46,6 +46,7 @@ class instance_norm {
     return o;
   }
 
+  const instance_norm_options& options() const noexcept { return o_; }
   parameter<T, D>& gamma() noexcept { return gamma_; }
   parameter<T, D>& beta() noexcept { return beta_; }
 
