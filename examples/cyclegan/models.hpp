@@ -95,6 +95,20 @@ class repeated {
     for (auto& b : blocks_) b.set_training(on);
   }
 
+  // The PyTorch port (benchmarks/peer) puts the blocks in the enclosing nn.Sequential, one position
+  // each: safetensors names follow it (nn/state_dict.hpp).
+  static constexpr bool unpacks_into_sequential = true;
+  template <class S>
+  void name_state(S& s) {
+    for (auto& b : blocks_) s.next(b);
+  }
+  template <class G>
+  typename G::value to_onnx(G& g, const typename G::value& x) {
+    typename G::value y = x;
+    for (std::size_t i = 0; i < blocks_.size(); ++i) y = g.layer(blocks_[i], y, "block" + std::to_string(i));
+    return y;
+  }
+
  private:
   std::vector<Block> blocks_;
 };
@@ -146,6 +160,14 @@ class norm_layer {
   }
   void set_training(bool on) {
     std::visit([on](auto& n) { n.set_training(on); }, v_);
+  }
+  template <class S>
+  void name_state(S& s) {
+    std::visit([&](auto& n) { s.same(n); }, v_);
+  }
+  template <class G>
+  typename G::value to_onnx(G& g, const typename G::value& x) {
+    return std::visit([&](auto& n) { return g.layer(n, x); }, v_);
   }
 
  private:
@@ -200,6 +222,10 @@ class residual {
   void for_each_parameter(F&& f) { body_.for_each_parameter(f); }
   void zero_grad() { body_.zero_grad(); }
   void set_training(bool on) { body_.set_training(on); }
+  template <class S>
+  void name_state(S& s) { s.child("body", body_); }  // the port's Residual.body
+  template <class G>
+  typename G::value to_onnx(G& g, const typename G::value& x) { return g.add(x, g.layer(body_, x, "body")); }
 
  private:
   static nn::conv2d_options conv(std::int64_t c) {
@@ -280,6 +306,19 @@ class patch_stage {
     norm_.zero_grad();
   }
   void set_training(bool on) { norm_.set_training(on); }
+
+  // The port writes a stage as three entries of the discriminator's nn.Sequential.
+  static constexpr bool unpacks_into_sequential = true;
+  template <class S>
+  void name_state(S& s) {
+    s.next(conv_);
+    s.next(norm_);
+    s.next(act_);
+  }
+  template <class G>
+  typename G::value to_onnx(G& g, const typename G::value& x) {
+    return g.layer(act_, g.layer(norm_, g.layer(conv_, x, "conv"), "norm"), "act");
+  }
 
  private:
   nn::conv2d<float, D> conv_;
