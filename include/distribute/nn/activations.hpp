@@ -1,7 +1,8 @@
 #pragma once
 // Element-wise activations: relu, leaky_relu (the PatchGAN discriminator's, slope 0.2) and tanh (the
 // generator's output). Each keeps what its derivative needs: the input for the piecewise-linear ones,
-// the output for tanh (1 - y^2). The arithmetic is the engine's (nn/detail/kernels.hpp).
+// the output for tanh (1 - y^2), in its state_type (layer.hpp). The arithmetic is the engine's
+// (nn/detail/kernels.hpp).
 
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/layer.hpp>
@@ -26,25 +27,39 @@ class relu : public detail::stateless {
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  struct state_type {
+    detail::state_stamp stamp;
+    tensor_type input;
+  };
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
-    input_ = x;
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    s.input = x;
     tensor_type y{x.shape(), x.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::relu_forward<T>{x.data(), y.data()});
+    kept_.stamp(s, this);
     return y;
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    detail::check_same_shape("relu", dy, input_);
+    return backward(r, kept_.last(r, this, "relu"), dy);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    detail::claim(r, s.stamp, this, "relu");
+    detail::check_same_shape("relu", dy, s.input);
     tensor_type dx{dy.shape(), dy.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
-                                     detail::kernels::relu_backward<T>{input_.data(), dy.data(), dx.data()});
+                                     detail::kernels::relu_backward<T>{s.input.data(), dy.data(), dx.data()});
     return dx;
   }
 
  private:
-  tensor_type input_;
+  detail::kept_state<state_type> kept_;
 };
 
 template <class T = float, device D = cpu>
@@ -54,29 +69,44 @@ class leaky_relu : public detail::stateless {
   using device_type = D;
   using tensor_type = tensor<T, D>;
 
+  struct state_type {
+    detail::state_stamp stamp;
+    tensor_type input;
+  };
+
   explicit leaky_relu(T negative_slope = T(0.2)) : slope_{negative_slope} {}
   T negative_slope() const noexcept { return slope_; }
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
-    input_ = x;
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    s.input = x;
     tensor_type y{x.shape(), x.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()),
                                      detail::kernels::leaky_relu_forward<T>{x.data(), y.data(), slope_});
+    kept_.stamp(s, this);
     return y;
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    detail::check_same_shape("leaky_relu", dy, input_);
+    return backward(r, kept_.last(r, this, "leaky_relu"), dy);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    detail::claim(r, s.stamp, this, "leaky_relu");
+    detail::check_same_shape("leaky_relu", dy, s.input);
     tensor_type dx{dy.shape(), dy.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
-                                     detail::kernels::leaky_relu_backward<T>{input_.data(), dy.data(), dx.data(), slope_});
+                                     detail::kernels::leaky_relu_backward<T>{s.input.data(), dy.data(), dx.data(), slope_});
     return dx;
   }
 
  private:
   T slope_;
-  tensor_type input_;
+  detail::kept_state<state_type> kept_;
 };
 
 template <class T = float, device D = cpu>
@@ -86,23 +116,38 @@ class tanh : public detail::stateless {
   using device_type = D;
   using tensor_type = tensor<T, D>;
 
+  struct state_type {
+    detail::state_stamp stamp;
+    tensor_type output;
+  };
+
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
-    output_ = tensor_type{x.shape(), x.device(), uninitialized};
-    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::tanh_forward<T>{x.data(), output_.data()});
-    return output_;
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    s.output = tensor_type{x.shape(), x.device(), uninitialized};
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::tanh_forward<T>{x.data(), s.output.data()});
+    kept_.stamp(s, this);
+    return s.output;
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    detail::check_same_shape("tanh", dy, output_);
+    return backward(r, kept_.last(r, this, "tanh"), dy);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    detail::claim(r, s.stamp, this, "tanh");
+    detail::check_same_shape("tanh", dy, s.output);
     tensor_type dx{dy.shape(), dy.device(), uninitialized};
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
-                                     detail::kernels::tanh_backward<T>{output_.data(), dy.data(), dx.data()});
+                                     detail::kernels::tanh_backward<T>{s.output.data(), dy.data(), dx.data()});
     return dx;
   }
 
  private:
-  tensor_type output_;
+  detail::kept_state<state_type> kept_;
 };
 
 }  // namespace distribute::nn

@@ -49,6 +49,15 @@ class basic_batch_norm {
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  // What a forward keeps for its backward (layer.hpp): x_hat and the statistics it was made with.
+  struct state_type {
+    state_stamp stamp;
+    tensor_type xhat;
+    std::vector<double> invstd;
+    double total_count = 0;
+    bool training = true;
+  };
+  static constexpr const char* layer_name = Sync ? "sync_batch_norm" : "batch_norm";
 
   basic_batch_norm(batch_norm_options o, std::uint64_t seed, const D& device = {})
       : o_{check(o)},
@@ -80,8 +89,14 @@ class basic_batch_norm {
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& state) {
     auto& e = engine_of<D>(r);
     const shape& s = x.shape();
+    std::vector<double>& invstd_ = state.invstd;
+    double& total_count_ = state.total_count;
     if (s.rank() != 4 || s.c() != o_.channels)
       throw std::invalid_argument("distribute: batch norm over " + std::to_string(o_.channels) +
                                   " channels got a tensor of shape " + s.to_string());
@@ -113,21 +128,29 @@ class basic_batch_norm {
         invstd_[c] = 1.0 / std::sqrt(running_var_[c] + o_.eps);
       }
     }
-    forward_training_ = training_;
+    state.training = training_;
     const auto mean_d = on_device_of(x, mean_), invstd_d = on_device_of(x, invstd_);
-    xhat_ = tensor_type{s, device_, uninitialized};
+    state.xhat = tensor_type{s, device_, uninitialized};
     tensor_type y{s, device_, uninitialized};
-    e.for_each_in_segments(s.n() * C, plane, kernels::normalize<T>{x.data(), y.data(), xhat_.data(), mean_d.data(),
+    e.for_each_in_segments(s.n() * C, plane, kernels::normalize<T>{x.data(), y.data(), state.xhat.data(), mean_d.data(),
                                                                     invstd_d.data(), gamma_.value.data(),
                                                                     beta_.value.data(), C, plane, true});
-    has_input_ = true;
+    kept_.stamp(state, this);
     return y;
   }
 
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    if (!has_input_) backward_before_forward(Sync ? "sync_batch_norm" : "batch_norm");
+    return backward(r, kept_.last(r, this, layer_name), dy);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& state, const tensor_type& dy) {
+    claim(r, state.stamp, this, layer_name);
     auto& e = engine_of<D>(r);
+    const tensor_type& xhat_ = state.xhat;
+    const std::vector<double>& invstd_ = state.invstd;
+    const bool forward_training_ = state.training;
+    const double total_count_ = state.total_count;
     const shape& s = xhat_.shape();
     if (dy.shape() != s)
       throw std::invalid_argument("distribute: batch norm backward got dy of shape " + dy.shape().to_string() +
@@ -223,11 +246,8 @@ class basic_batch_norm {
   parameter<T, D> gamma_, beta_;
   std::vector<double> running_mean_, running_var_;
   bool training_ = true;
-  bool forward_training_ = true;
-  bool has_input_ = false;
-  double total_count_ = 0;
-  std::vector<double> mean_, invstd_;
-  tensor_type xhat_;
+  std::vector<double> mean_;  // scratch of forward
+  kept_state<state_type> kept_;
 };
 
 }  // namespace detail

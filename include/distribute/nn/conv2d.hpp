@@ -6,7 +6,8 @@
 // Reflection padding (CycleGAN's c7s1 and residual convolutions) pads the input explicitly first and
 // then convolves without padding. Weights are [Cout, Cin, k, k] (PyTorch's order).
 //
-// Forward keeps the (padded) input, all that backward needs; scratch comes from the engine's arena.
+// Forward keeps the (padded) input, all that backward needs (its state_type); scratch comes from the
+// engine's arena.
 
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/nn/detail/kernels.hpp>
@@ -53,6 +54,13 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  // What a forward keeps for its backward (layer.hpp): the input, reflection-padded when padding reflects.
+  struct state_type {
+    detail::state_stamp stamp;
+    tensor_type input;
+    shape in_shape{};
+  };
+  static constexpr const char* layer_name = "conv2d";
 
   conv2d(conv2d_options o, std::uint64_t seed, const D& device = {})
       : weights{weight_shape(check(o)), o.bias ? o.out_channels : 0, seed, device}, o_{o}, device_{device} {}
@@ -75,9 +83,14 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
     auto& e = detail::engine_of<D>(r);
     const shape out = output_shape(x.shape());
-    in_shape_ = x.shape();
+    tensor_type& input_ = s.input;
+    s.in_shape = x.shape();
     if (reflects()) {
       const std::int64_t p = o_.padding, h = x.shape().h(), w = x.shape().w();
       input_ = tensor_type{shape::nchw(x.shape().n(), x.shape().c(), h + 2 * p, w + 2 * p), device_, uninitialized};
@@ -86,26 +99,28 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
     } else {
       input_ = x;
     }
-    has_input_ = true;
     tensor_type y{out, device_, uninitialized};
-    e.conv_forward(geometry(), input_.data(), weight_.value.data(), o_.bias ? bias_.value.data() : nullptr, y.data());
+    e.conv_forward(geometry(input_), input_.data(), weight_.value.data(), o_.bias ? bias_.value.data() : nullptr, y.data());
+    kept_.stamp(s, this);
     return y;
   }
 
-  // backward(r, dy) and backward(r, dy, no_input_gradient): detail::optional_input_gradient;
+  // backward(r, dy), backward(r, state, dy) and their no_input_gradient forms: detail::optional_input_gradient;
   // weight(), bias(), for_each_parameter, zero_grad, set_training: detail::weight_and_bias.
 
  private:
   friend class detail::optional_input_gradient<conv2d>;
   template <class R>
-  tensor_type backward_pass(R& r, const tensor_type& dy, bool input_gradient) {
-    if (!has_input_) detail::backward_before_forward("conv2d");
+  tensor_type backward_pass(R& r, state_type& s, const tensor_type& dy, bool input_gradient) {
+    detail::claim(r, s.stamp, this, layer_name);
     auto& e = detail::engine_of<D>(r);
+    const tensor_type& input_ = s.input;
+    const shape& in_shape_ = s.in_shape;
     const shape out = output_shape(in_shape_);
     if (dy.shape() != out)
       throw std::invalid_argument("distribute: conv2d " + detail::describe(o_) + " backward got dy of shape " +
                                   dy.shape().to_string() + ", expected " + out.to_string());
-    const conv_geometry g = geometry();
+    const conv_geometry g = geometry(input_);
     e.conv_backward_weights(g, input_.data(), dy.data(), weight_.grad.data(), o_.bias ? bias_.grad.data() : nullptr);
     if (!input_gradient) return tensor_type{};
     tensor_type dx{in_shape_, device_, uninitialized};
@@ -134,17 +149,15 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
   }
   bool reflects() const noexcept { return o_.pad_mode == padding_mode::reflect && o_.padding > 0; }
   // The convolution the engine sees: over the explicitly padded input when padding reflects.
-  conv_geometry geometry() const {
-    const shape& in = input_.shape();
+  conv_geometry geometry(const tensor_type& input) const {
+    const shape& in = input.shape();
     return conv_geometry::of(in.n(), o_.in_channels, in.h(), in.w(), o_.out_channels, o_.kernel, o_.stride,
                              reflects() ? 0 : o_.padding);
   }
 
   conv2d_options o_;
   D device_;
-  tensor_type input_;  // the input of the last forward, reflection-padded when padding reflects
-  shape in_shape_{};
-  bool has_input_ = false;
+  detail::kept_state<state_type> kept_;
 };
 
 }  // namespace distribute::nn

@@ -50,6 +50,12 @@ class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  // What a forward keeps for its backward (layer.hpp): the input.
+  struct state_type {
+    detail::state_stamp stamp;
+    tensor_type input;
+  };
+  static constexpr const char* layer_name = "conv_transpose2d";
 
   conv_transpose2d(conv_transpose2d_options o, std::uint64_t seed, const D& device = {})
       : weights{weight_shape(check(o)), o.bias ? o.out_channels : 0, seed, device}, o_{o}, device_{device} {}
@@ -70,27 +76,32 @@ class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
     auto& e = detail::engine_of<D>(r);
     const shape out = output_shape(x.shape());
-    input_ = x;
-    has_input_ = true;
+    s.input = x;
     tensor_type y{out, device_, uninitialized};
     e.conv_backward_data(geometry(x.shape(), out), x.data(), weight_.value.data(), y.data());
     if (o_.bias)
       e.for_each_in_segments(out.n() * out.c(), out.h() * out.w(),
                              detail::kernels::add_channel_bias<T>{y.data(), bias_.value.data(), out.c(), out.h() * out.w()});
+    kept_.stamp(s, this);
     return y;
   }
 
-  // backward(r, dy) and backward(r, dy, no_input_gradient): detail::optional_input_gradient;
+  // backward(r, dy), backward(r, state, dy) and their no_input_gradient forms: detail::optional_input_gradient;
   // weight(), bias(), for_each_parameter, zero_grad, set_training: detail::weight_and_bias.
 
  private:
   friend class detail::optional_input_gradient<conv_transpose2d>;
   template <class R>
-  tensor_type backward_pass(R& r, const tensor_type& dy, bool input_gradient) {
-    if (!has_input_) detail::backward_before_forward("conv_transpose2d");
+  tensor_type backward_pass(R& r, state_type& s, const tensor_type& dy, bool input_gradient) {
+    detail::claim(r, s.stamp, this, layer_name);
     auto& e = detail::engine_of<D>(r);
+    const tensor_type& input_ = s.input;
     const shape out = output_shape(input_.shape());
     if (dy.shape() != out)
       throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) + " backward got dy of shape " +
@@ -134,8 +145,7 @@ class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d
 
   conv_transpose2d_options o_;
   D device_;
-  tensor_type input_;
-  bool has_input_ = false;
+  detail::kept_state<state_type> kept_;
 };
 
 }  // namespace distribute::nn

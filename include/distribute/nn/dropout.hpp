@@ -2,7 +2,7 @@
 // Dropout (PyTorch's nn.Dropout, Keras's Dropout): in training, each element is zeroed with
 // probability `rate` and the kept ones are scaled by 1 / (1 - rate), so that the expectation is the
 // input; in evaluation (`set_training(false)`) it is the identity. Backward multiplies dy by the same
-// mask, which forward keeps.
+// mask, which forward keeps (its state_type, layer.hpp).
 //
 // The mask is drawn by the engine from a counter-based stream (nn/detail/kernels.hpp): element i of
 // a forward pass depends on the layer's seed, the replica's id (replicas drop different elements of
@@ -40,6 +40,13 @@ class dropout {
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  struct state_type {
+    detail::state_stamp stamp;
+    tensor_type mask;  // 0 or 1 / (1 - rate) per element, when masked
+    shape in_shape{};
+    bool masked = false;
+  };
+  static constexpr const char* layer_name = "dropout";
 
   dropout(dropout_options o, std::uint64_t seed) : o_{check(o)}, seed_{seed} {}
 
@@ -50,35 +57,43 @@ class dropout {
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
     auto& e = detail::engine_of<D>(r);
-    shape_ = x.shape();
-    has_input_ = true;
-    masked_ = training_ && o_.rate > 0;
+    s.in_shape = x.shape();
+    s.masked = training_ && o_.rate > 0;
+    kept_.stamp(s, this);
     if (!training_) return x;
     const std::uint64_t pass = static_cast<std::uint64_t>(passes_);
     passes_ += 1;
-    if (!masked_) return x;
+    if (!s.masked) return x;
     const std::uint64_t key =
         detail::sub_seed(detail::sub_seed(seed_, static_cast<std::uint64_t>(r.replica_id())), pass);
     const auto threshold = static_cast<std::uint64_t>(std::ldexp(o_.rate, 53));
-    mask_ = tensor_type{x.shape(), x.device(), uninitialized};
+    s.mask = tensor_type{x.shape(), x.device(), uninitialized};
     tensor_type y{x.shape(), x.device(), uninitialized};
     e.for_each(static_cast<std::int64_t>(x.size()),
-               detail::kernels::dropout_forward<T>{x.data(), y.data(), mask_.data(), key, threshold,
+               detail::kernels::dropout_forward<T>{x.data(), y.data(), s.mask.data(), key, threshold,
                                                    static_cast<T>(1.0 / (1.0 - o_.rate))});
     return y;
   }
 
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    if (!has_input_) detail::backward_before_forward("dropout");
+    return backward(r, kept_.last(r, this, layer_name), dy);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    detail::claim(r, s.stamp, this, layer_name);
     auto& e = detail::engine_of<D>(r);
-    if (dy.shape() != shape_)
+    if (dy.shape() != s.in_shape)
       throw std::invalid_argument("distribute: dropout " + detail::describe(o_) + " backward got dy of shape " +
-                                  dy.shape().to_string() + ", expected " + shape_.to_string());
-    if (!masked_) return dy;
+                                  dy.shape().to_string() + ", expected " + s.in_shape.to_string());
+    if (!s.masked) return dy;
     tensor_type dx{dy.shape(), dy.device(), uninitialized};
-    e.for_each(static_cast<std::int64_t>(dy.size()), detail::kernels::multiply<T>{dy.data(), mask_.data(), dx.data()});
+    e.for_each(static_cast<std::int64_t>(dy.size()), detail::kernels::multiply<T>{dy.data(), s.mask.data(), dx.data()});
     return dx;
   }
 
@@ -101,11 +116,8 @@ class dropout {
   dropout_options o_;
   std::uint64_t seed_;
   double passes_ = 0;
-  tensor_type mask_;  // 0 or 1 / (1 - rate) per element of the last training forward
-  shape shape_{};
   bool training_ = true;
-  bool masked_ = false;
-  bool has_input_ = false;
+  detail::kept_state<state_type> kept_;
 };
 
 }  // namespace distribute::nn

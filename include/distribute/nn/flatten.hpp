@@ -19,6 +19,10 @@ class flatten : public detail::stateless {
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  struct state_type {
+    detail::state_stamp stamp;
+    shape in_shape{};
+  };
 
   // [N, product of the other extents] for an input of rank 2 to 4.
   shape output_shape(const shape& in) const {
@@ -31,22 +35,31 @@ class flatten : public detail::stateless {
   }
 
   template <class R>
-  tensor_type forward(R&, const tensor_type& x) {
+  tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R&, const tensor_type& x, state_type& s) {
     static_assert(std::is_same_v<typename R::device_type, D>,
                   "distribute: a layer on one device was called from a replica of another");
     const shape out = output_shape(x.shape());
-    in_shape_ = x.shape();
-    has_input_ = true;
+    s.in_shape = x.shape();
+    kept_.stamp(s, this);
     tensor_type y = x;
     y.reshape(out);
     return y;
   }
 
   template <class R>
-  tensor_type backward(R&, const tensor_type& dy) {
+  tensor_type backward(R& r, const tensor_type& dy) {
+    return backward(r, kept_.last(r, this, "flatten"), dy);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
     static_assert(std::is_same_v<typename R::device_type, D>,
                   "distribute: a layer on one device was called from a replica of another");
-    if (!has_input_) detail::backward_before_forward("flatten");
+    detail::claim(r, s.stamp, this, "flatten");
+    const shape& in_shape_ = s.in_shape;
     const shape out = output_shape(in_shape_);
     if (dy.shape() != out)
       throw std::invalid_argument("distribute: flatten backward got dy of shape " + dy.shape().to_string() +
@@ -58,8 +71,7 @@ class flatten : public detail::stateless {
   }
 
  private:
-  shape in_shape_{};
-  bool has_input_ = false;
+  detail::kept_state<state_type> kept_;
 };
 
 }  // namespace distribute::nn

@@ -28,6 +28,13 @@ class instance_norm {
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  // What a forward keeps for its backward (layer.hpp).
+  struct state_type {
+    detail::state_stamp stamp;
+    tensor<double, D> stats;  // [mean | inverse standard deviation] per plane
+    tensor_type xhat;
+  };
+  static constexpr const char* layer_name = "instance_norm";
 
   instance_norm(instance_norm_options o, std::uint64_t seed, const D& device = {})
       : o_{check(o)},
@@ -52,7 +59,13 @@ class instance_norm {
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& state) {
     auto& e = detail::engine_of<D>(r);
+    tensor<double, D>& stats_ = state.stats;
+    tensor_type& xhat_ = state.xhat;
     const shape& s = x.shape();
     if (s.rank() != 4 || s.c() != o_.channels)
       throw std::invalid_argument("distribute: instance norm over " + std::to_string(o_.channels) +
@@ -66,14 +79,20 @@ class instance_norm {
     e.for_each_in_segments(planes, plane, detail::kernels::normalize<T>{
         x.data(), y.data(), xhat_.data(), stats_.data(), stats_.data() + planes, o_.affine ? gamma_.value.data() : nullptr,
         o_.affine ? beta_.value.data() : nullptr, o_.channels, plane, false});
-    has_input_ = true;
+    kept_.stamp(state, this);
     return y;
   }
 
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    if (!has_input_) detail::backward_before_forward("instance_norm");
+    return backward(r, kept_.last(r, this, layer_name), dy);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& state, const tensor_type& dy) {
+    detail::claim(r, state.stamp, this, layer_name);
     auto& e = detail::engine_of<D>(r);
+    const tensor<double, D>& stats_ = state.stats;
+    const tensor_type& xhat_ = state.xhat;
     const shape& s = xhat_.shape();
     if (dy.shape() != s)
       throw std::invalid_argument("distribute: instance norm backward got dy of shape " + dy.shape().to_string() +
@@ -109,9 +128,7 @@ class instance_norm {
   instance_norm_options o_;
   D device_;
   parameter<T, D> gamma_, beta_;
-  tensor<double, D> stats_;  // [mean | inverse standard deviation] per plane, of the last forward
-  tensor_type xhat_;
-  bool has_input_ = false;
+  detail::kept_state<state_type> kept_;
 };
 
 }  // namespace distribute::nn

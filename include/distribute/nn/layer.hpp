@@ -4,12 +4,18 @@
 // enumeration of parameters. `forward` keeps what `backward` needs; `backward` takes dL/dy and returns
 // dL/dx, adding dL/dparameter to the parameters' gradients.
 //
+// What forward keeps is a value, the layer's `state_type` (nn/detail/forward_state.hpp):
+// `forward(r, x, state)` fills one and `backward(r, state, dy)` uses it, so a layer can be applied
+// several times before the backwards. `forward(r, x)` / `backward(r, dy)` keep one state in the
+// layer; each state serves one backward, and misuse is an error naming the layer.
+//
 // Layers are generic over the device D of their replica (`tensor<T, D>`, `parameter<T, D>`) and do
 // their arithmetic through the replica's engine (`r.engine()`, engine/engine.hpp): the same layer
 // runs wherever an engine exists. A replica's engine uses that replica's share of the cores.
 
 #include <distribute/comm/local.hpp>
 #include <distribute/device/cpu.hpp>
+#include <distribute/nn/detail/forward_state.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/engine/cpu.hpp>
@@ -51,6 +57,14 @@ concept layer = parameterized<L> && requires(L& l, R& r, const layer_tensor_t<L>
   l.set_training(true);
 };
 
+// A layer whose forward's state is a value the caller holds: what nn::tape needs to record a layer
+// applied several times in one step.
+template <class L, class R = local_replica>
+concept layer_with_state = layer<L, R> && requires(L& l, R& r, const layer_tensor_t<L>& x, typename L::state_type& s) {
+  { l.forward(r, x, s) } -> std::same_as<layer_tensor_t<L>>;
+  { l.backward(r, s, x) } -> std::same_as<layer_tensor_t<L>>;
+};
+
 // Asks `backward` for the parameters' gradients only: the input's gradient is not computed and an
 // empty tensor is returned. For the first layer of a network whose input is data (a real image, a
 // detached sample), where dL/dx would be thrown away; `sequential` passes it to its first layer.
@@ -84,25 +98,36 @@ decltype(auto) engine_of(R& r) {
   return r.engine();
 }
 
-// The two public backward passes of a layer with weights: with the input's gradient, and without it
-// (no_input_gradient_t; an empty tensor is returned). The layer computes both in one private
-// `backward_pass(r, dy, bool input_gradient)` and befriends this base.
+// The public backward passes of a layer with weights: with the input's gradient and without it
+// (no_input_gradient_t; an empty tensor is returned), from the layer's own state (the stateful pair)
+// or from one the caller holds. The layer computes all four in one private
+// `backward_pass(r, state, dy, bool input_gradient)`, names itself in `layer_name`, keeps its states
+// in `kept_` (detail::kept_state), and befriends this base.
 template <class Derived>
 class optional_input_gradient {
  public:
   template <class R, class Tensor>
   Tensor backward(R& r, const Tensor& dy) {
-    return static_cast<Derived&>(*this).backward_pass(r, dy, true);
+    auto& self = static_cast<Derived&>(*this);
+    return self.backward_pass(r, self.kept_.last(r, &self, Derived::layer_name), dy, true);
   }
   template <class R, class Tensor>
   Tensor backward(R& r, const Tensor& dy, no_input_gradient_t) {
-    return static_cast<Derived&>(*this).backward_pass(r, dy, false);
+    auto& self = static_cast<Derived&>(*this);
+    return self.backward_pass(r, self.kept_.last(r, &self, Derived::layer_name), dy, false);
+  }
+  template <class R, class S, class Tensor>
+    requires std::same_as<S, typename Derived::state_type>
+  Tensor backward(R& r, S& state, const Tensor& dy) {
+    return static_cast<Derived&>(*this).backward_pass(r, state, dy, true);
+  }
+  template <class R, class S, class Tensor>
+    requires std::same_as<S, typename Derived::state_type>
+  Tensor backward(R& r, S& state, const Tensor& dy, no_input_gradient_t) {
+    return static_cast<Derived&>(*this).backward_pass(r, state, dy, false);
   }
 };
 
-[[noreturn]] inline void backward_before_forward(const char* layer) {
-  throw std::logic_error(std::string("distribute: ") + layer + "::backward called without a forward pass");
-}
 }  // namespace detail
 
 }  // namespace distribute::nn

@@ -6,7 +6,7 @@
 // y = x W^T, dx = dy W, and dW += dy^T x, a sum over the examples in an order fixed by the sizes and
 // the engine's thread count; db += the column sums of dy, in double and in example order. With
 // `engine_options::split_independent`, an example's output and input gradient have the same bits
-// under any split of the batch. Forward keeps its input, all that backward needs.
+// under any split of the batch. Forward keeps its input, all that backward needs (its state_type).
 
 #include <distribute/engine/gemm_geometry.hpp>
 #include <distribute/nn/detail/kernels.hpp>
@@ -46,6 +46,11 @@ class linear : public detail::optional_input_gradient<linear<T, D>>,
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  struct state_type {
+    detail::state_stamp stamp;
+    tensor_type input;
+  };
+  static constexpr const char* layer_name = "linear";
 
   // Weights N(0, 0.02) from `seed` (the scheme of every layer), bias zero.
   linear(linear_options o, std::uint64_t seed, const D& device = {})
@@ -64,28 +69,33 @@ class linear : public detail::optional_input_gradient<linear<T, D>>,
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
     auto& e = detail::engine_of<D>(r);
     const shape out = output_shape(x.shape());
-    input_ = x;
-    has_input_ = true;
+    s.input = x;
     tensor_type y{out, device_, uninitialized};
     e.gemm(gemm_geometry{.m = out[0], .n = o_.out_features, .k = o_.in_features, .transpose_b = true}, x.data(),
            weight_.value.data(), y.data());
     if (o_.bias)
       e.for_each_in_segments(out[0], o_.out_features,
                              detail::kernels::add_row_bias<T>{y.data(), bias_.value.data(), o_.out_features});
+    kept_.stamp(s, this);
     return y;
   }
 
-  // backward(r, dy) and backward(r, dy, no_input_gradient): detail::optional_input_gradient;
+  // backward(r, dy), backward(r, state, dy) and their no_input_gradient forms: detail::optional_input_gradient;
   // weight(), bias(), for_each_parameter, zero_grad, set_training: detail::weight_and_bias.
 
  private:
   friend class detail::optional_input_gradient<linear>;
   template <class R>
-  tensor_type backward_pass(R& r, const tensor_type& dy, bool input_gradient) {
-    if (!has_input_) detail::backward_before_forward("linear");
+  tensor_type backward_pass(R& r, state_type& s, const tensor_type& dy, bool input_gradient) {
+    detail::claim(r, s.stamp, this, layer_name);
     auto& e = detail::engine_of<D>(r);
+    const tensor_type& input_ = s.input;
     const shape out = output_shape(input_.shape());
     if (dy.shape() != out)
       throw std::invalid_argument("distribute: linear " + detail::describe(o_) + " backward got dy of shape " +
@@ -115,8 +125,7 @@ class linear : public detail::optional_input_gradient<linear<T, D>>,
 
   linear_options o_;
   D device_;
-  tensor_type input_;  // the input of the last forward
-  bool has_input_ = false;
+  detail::kept_state<state_type> kept_;
 };
 
 }  // namespace distribute::nn

@@ -2,7 +2,7 @@
 // Average pooling of NCHW tensors (PyTorch's AvgPool2d without padding, Keras's AveragePooling2D with
 // padding "valid"): each output element is the mean of a kernel x kernel window of its plane, the
 // windows moved by `stride`. Output size: Ho = floor((H - kernel) / stride) + 1 (likewise Wo).
-// No parameters; forward keeps only the input's shape. Means are summed in double, in window order.
+// No parameters; forward keeps only the input's shape (its state_type, layer.hpp). Means are summed in double, in window order.
 
 #include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/detail/option_check.hpp>
@@ -33,6 +33,10 @@ class avg_pool2d : public detail::stateless {
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  struct state_type {
+    detail::state_stamp stamp;
+    shape in_shape{};
+  };
 
   explicit avg_pool2d(avg_pool2d_options o = {}) : o_{check(o)} {}
 
@@ -52,27 +56,36 @@ class avg_pool2d : public detail::stateless {
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_.next());
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
     auto& e = detail::engine_of<D>(r);
     const shape out = output_shape(x.shape());
-    in_shape_ = x.shape();
-    has_input_ = true;
     tensor_type y{out, x.device(), uninitialized};
     e.for_each_in_segments(out.n() * out.c(), out.h() * out.w(),
-                           detail::kernels::avg_pool_forward<T>{x.data(), y.data(), geometry(out)});
+                           detail::kernels::avg_pool_forward<T>{x.data(), y.data(), geometry(x.shape(), out)});
+    s.in_shape = x.shape();
+    kept_.stamp(s, this);
     return y;
   }
 
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    if (!has_input_) detail::backward_before_forward("avg_pool2d");
+    return backward(r, kept_.last(r, this, "avg_pool2d"), dy);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    detail::claim(r, s.stamp, this, "avg_pool2d");
     auto& e = detail::engine_of<D>(r);
+    const shape& in_shape_ = s.in_shape;
     const shape out = output_shape(in_shape_);
     if (dy.shape() != out)
       throw std::invalid_argument("distribute: avg_pool2d " + detail::describe(o_) + " backward got dy of shape " +
                                   dy.shape().to_string() + ", expected " + out.to_string());
     tensor_type dx{in_shape_, dy.device(), uninitialized};
     e.for_each_in_segments(in_shape_.n() * in_shape_.c(), in_shape_.h() * in_shape_.w(),
-                           detail::kernels::avg_pool_backward<T>{dy.data(), dx.data(), geometry(out)});
+                           detail::kernels::avg_pool_backward<T>{dy.data(), dx.data(), geometry(in_shape_, out)});
     return dx;
   }
 
@@ -84,13 +97,12 @@ class avg_pool2d : public detail::stateless {
     c.require(o.stride >= 0, "stride", o.stride, defaults.stride, "must be at least 1 (or 0: the kernel size)");
     return o;
   }
-  detail::kernels::pool_geometry geometry(const shape& out) const {
-    return {in_shape_.h(), in_shape_.w(), out.h(), out.w(), o_.kernel, stride()};
+  detail::kernels::pool_geometry geometry(const shape& in, const shape& out) const {
+    return {in.h(), in.w(), out.h(), out.w(), o_.kernel, stride()};
   }
 
   avg_pool2d_options o_;
-  shape in_shape_{};
-  bool has_input_ = false;
+  detail::kept_state<state_type> kept_;
 };
 
 }  // namespace distribute::nn

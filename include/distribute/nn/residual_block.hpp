@@ -21,6 +21,7 @@ class residual_block {
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  using state_type = typename body_type::state_type;  // the body's (layer.hpp)
 
   residual_block(std::int64_t channels, std::uint64_t seed, const D& device = {})
       : body_{conv2d<T, D>{conv_options(channels), detail::sub_seed(seed, 0), device},
@@ -33,15 +34,19 @@ class residual_block {
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
-    auto y = body_.forward(r, x);
-    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(y.size()), detail::kernels::add_to<T>{y.data(), x.data()});
-    return y;
+    return skip(r, body_.forward(r, x), x);
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    return skip(r, body_.forward(r, x, s), x);
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    auto dx = body_.backward(r, dy);
-    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dx.size()), detail::kernels::add_to<T>{dx.data(), dy.data()});
-    return dx;
+    return skip(r, body_.backward(r, dy), dy);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    return skip(r, body_.backward(r, s, dy), dy);
   }
 
   template <class F>
@@ -55,6 +60,11 @@ class residual_block {
   std::uint64_t state_digest() const { return body_.state_digest(); }
 
  private:
+  template <class R>
+  static tensor_type skip(R& r, tensor_type y, const tensor_type& x) {
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(y.size()), detail::kernels::add_to<T>{y.data(), x.data()});
+    return y;
+  }
   static conv2d_options conv_options(std::int64_t channels) {
     return {.in_channels = channels, .out_channels = channels, .kernel = 3, .stride = 1, .padding = 1,
             .pad_mode = padding_mode::reflect, .bias = true};

@@ -4,6 +4,9 @@
 // order every replica buckets its gradients in). After each layer's backward the replica is told
 // that layer's gradients are final (`r.gradients_ready`), which lets an open gradient overlap start
 // their all-reduce while the layers before it compute.
+//
+// Where every layer's forward state is a value (layer.hpp), so is the sequential's: the tuple of its
+// layers' states, and a sequential can be applied several times before its backwards.
 
 #include <distribute/detail/digest.hpp>
 #include <distribute/nn/detail/layer_name.hpp>
@@ -18,6 +21,26 @@
 
 namespace distribute::nn {
 
+namespace detail {
+template <class L>
+concept has_forward_state = requires { typename L::state_type; };
+// The state of a sequential some of whose layers keep theirs inside (only the stateful pair).
+struct no_forward_state {
+  state_stamp stamp;
+};
+template <bool Values, class... Layers>
+struct sequential_state {
+  using type = no_forward_state;
+};
+template <class... Layers>
+struct sequential_state<true, Layers...> {
+  struct type {
+    state_stamp stamp;
+    std::tuple<typename Layers::state_type...> layers;
+  };
+};
+}  // namespace detail
+
 template <class... Layers>
   requires(sizeof...(Layers) > 0)
 class sequential {
@@ -30,6 +53,10 @@ class sequential {
   static_assert((std::is_same_v<layer_device_t<Layers>, device_type> && ...),
                 "distribute: the layers of a sequential must share one device type");
 
+  // Whether every layer's forward state is a value, and so the sequential's (`state_type`).
+  static constexpr bool keeps_states = (detail::has_forward_state<Layers> && ...);
+  using state_type = typename detail::sequential_state<keeps_states, Layers...>::type;
+
   explicit sequential(Layers... layers) : layers_{std::move(layers)...} {}
 
   template <std::size_t I>
@@ -38,27 +65,51 @@ class sequential {
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
-    return forward_from<0>(r, x);
+    if constexpr (keeps_states) {
+      return forward(r, x, kept_.next());
+    } else {
+      detail::no_forward_state none;
+      return forward_from<0>(r, x, none);
+    }
+  }
+  template <class R>
+    requires keeps_states
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    auto y = forward_from<0>(r, x, s);
+    kept_.stamp(s, this);
+    return y;
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    return backward_from<sizeof...(Layers) - 1>(r, dy);
+    if constexpr (keeps_states) {
+      return backward(r, kept_.last(r, this, "sequential"), dy);
+    } else {
+      detail::no_forward_state none;
+      return backward_from<sizeof...(Layers) - 1>(r, dy, none);
+    }
+  }
+  template <class R>
+    requires keeps_states
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    detail::claim(r, s.stamp, this, "sequential");
+    return backward_from<sizeof...(Layers) - 1>(r, dy, s);
   }
   // Every parameter's gradient, not the input's (no_input_gradient_t): the first layer is asked for
   // its parameters' gradients only where it can skip the rest. Returns an empty tensor.
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy, no_input_gradient_t) {
-    auto& first = std::get<0>(layers_);
-    const tensor_type d = [&] {
-      if constexpr (sizeof...(Layers) > 1) return backward_from<sizeof...(Layers) - 1, 1>(r, dy);
-      else return dy;
-    }();
-    naming_layer<0>([&] {
-      if constexpr (requires { first.backward(r, d, no_input_gradient); }) first.backward(r, d, no_input_gradient);
-      else first.backward(r, d);
-    });
-    detail::gradients_ready(r, first);
-    return tensor_type{};
+    if constexpr (keeps_states) {
+      return backward(r, kept_.last(r, this, "sequential"), dy, no_input_gradient);
+    } else {
+      detail::no_forward_state none;
+      return parameter_gradients(r, dy, none);
+    }
+  }
+  template <class R>
+    requires keeps_states
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy, no_input_gradient_t) {
+    detail::claim(r, s.stamp, this, "sequential");
+    return parameter_gradients(r, dy, s);
   }
 
   template <class F>
@@ -85,19 +136,46 @@ class sequential {
   static void buffers_of(L& l, F& f) {
     if constexpr (requires { l.for_each_buffer(f); }) l.for_each_buffer(f);
   }
-  template <std::size_t I, class R>
-  tensor_type forward_from(R& r, const tensor_type& x) {
-    auto y = naming_layer<I>([&] { return std::get<I>(layers_).forward(r, x); });
-    if constexpr (I + 1 < sizeof...(Layers)) return forward_from<I + 1>(r, y);
+  // `states`: the layers' states, or no_forward_state where the layers keep their own.
+  template <std::size_t I, class R, class S>
+  tensor_type forward_from(R& r, const tensor_type& x, S& states) {
+    auto y = naming_layer<I>([&] {
+      if constexpr (std::is_same_v<S, detail::no_forward_state>) return std::get<I>(layers_).forward(r, x);
+      else return std::get<I>(layers_).forward(r, x, std::get<I>(states.layers));
+    });
+    if constexpr (I + 1 < sizeof...(Layers)) return forward_from<I + 1>(r, y, states);
     else return y;
   }
   // Layers I down to Last, in reverse.
-  template <std::size_t I, std::size_t Last = 0, class R>
-  tensor_type backward_from(R& r, const tensor_type& dy) {
-    auto dx = naming_layer<I>([&] { return std::get<I>(layers_).backward(r, dy); });
+  template <std::size_t I, std::size_t Last = 0, class R, class S>
+  tensor_type backward_from(R& r, const tensor_type& dy, S& states) {
+    auto dx = naming_layer<I>([&] {
+      if constexpr (std::is_same_v<S, detail::no_forward_state>) return std::get<I>(layers_).backward(r, dy);
+      else return std::get<I>(layers_).backward(r, std::get<I>(states.layers), dy);
+    });
     detail::gradients_ready(r, std::get<I>(layers_));
-    if constexpr (I > Last) return backward_from<I - 1, Last>(r, dx);
+    if constexpr (I > Last) return backward_from<I - 1, Last>(r, dx, states);
     else return dx;
+  }
+  template <class R, class S>
+  tensor_type parameter_gradients(R& r, const tensor_type& dy, S& states) {
+    auto& first = std::get<0>(layers_);
+    const tensor_type d = [&] {
+      if constexpr (sizeof...(Layers) > 1) return backward_from<sizeof...(Layers) - 1, 1>(r, dy, states);
+      else return dy;
+    }();
+    naming_layer<0>([&] {
+      if constexpr (std::is_same_v<S, detail::no_forward_state>) {
+        if constexpr (requires { first.backward(r, d, no_input_gradient); }) first.backward(r, d, no_input_gradient);
+        else first.backward(r, d);
+      } else {
+        auto& s = std::get<0>(states.layers);
+        if constexpr (requires { first.backward(r, s, d, no_input_gradient); }) first.backward(r, s, d, no_input_gradient);
+        else first.backward(r, s, d);
+      }
+    });
+    detail::gradients_ready(r, first);
+    return tensor_type{};
   }
   // A layer's error about its input says which layer of this sequential it is.
   template <std::size_t I, class F>
@@ -114,6 +192,7 @@ class sequential {
   }
 
   std::tuple<Layers...> layers_;
+  detail::kept_state<state_type> kept_;
 };
 
 }  // namespace distribute::nn

@@ -34,7 +34,7 @@
 namespace distribute::nn {
 
 template <class M>
-class with_precision : public detail::model_wrapper<M> {
+class with_precision : public detail::model_wrapper<M>, public detail::state_type_of<M> {
  public:
   using scalar_type = typename M::scalar_type;
   using device_type = layer_device_t<M>;
@@ -48,6 +48,25 @@ class with_precision : public detail::model_wrapper<M> {
   tensor_type forward(R& r, const tensor_type& x) {
     const precision_scope scope{r.engine(), precision_};
     return model_.forward(r, x);
+  }
+  // The model's forward state as a value, where it has one (layer.hpp).
+  template <class R, class S>
+    requires requires(M& m, R& r, const tensor_type& x, S& s) { m.forward(r, x, s); }
+  tensor_type forward(R& r, const tensor_type& x, S& s) {
+    const precision_scope scope{r.engine(), precision_};
+    return model_.forward(r, x, s);
+  }
+  template <class R, class S>
+    requires requires(M& m, R& r, const tensor_type& dy, S& s) { m.backward(r, s, dy); }
+  tensor_type backward(R& r, S& s, const tensor_type& dy) {
+    const precision_scope scope{r.engine(), precision_};
+    return model_.backward(r, s, dy);
+  }
+  template <class R, class S>
+    requires requires(M& m, R& r, const tensor_type& dy, S& s) { m.backward(r, s, dy, no_input_gradient); }
+  tensor_type backward(R& r, S& s, const tensor_type& dy, no_input_gradient_t) {
+    const precision_scope scope{r.engine(), precision_};
+    return model_.backward(r, s, dy, no_input_gradient);
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
