@@ -225,6 +225,13 @@ class replica_context {
     if constexpr (measured) return capturing_;
     else return graph_capture::none;
   }
+  // While on, `gradients_ready` announces nothing: nn::tape sets it around a backward that is not its
+  // layer's last of the step (a layer applied twice) and around a frozen network's. Returns the
+  // setting it replaces.
+  bool hold_gradient_announcements(bool on) noexcept {
+    if constexpr (measured) return std::exchange(holding_, on);
+    else return (void)on, false;
+  }
 
   // Says that the gradients of `layer`'s parameters are final for this step (sequential models call
   // it after each layer's backward): an open overlap starts the buckets they complete. Nothing
@@ -232,7 +239,7 @@ class replica_context {
   template <class L>
   void gradients_ready(L& layer) {
     if constexpr (measured && requires { typename L::scalar_type; }) {
-      if (!overlap_ || capturing_ != graph_capture::none) return;
+      if (!overlap_ || capturing_ != graph_capture::none || holding_) return;
       using T = typename L::scalar_type;
       layer.for_each_parameter([&](std::span<T>, std::span<T> gradient) {
         if (!gradient.empty()) overlap_->ready(gradient.data());
@@ -291,6 +298,8 @@ class replica_context {
   [[no_unique_address]] std::conditional_t<measured, detail::overlap_hook*, no_overlap> overlap_{};
   struct no_capture {};
   [[no_unique_address]] std::conditional_t<measured, graph_capture, no_capture> capturing_{};
+  struct no_hold {};
+  [[no_unique_address]] std::conditional_t<measured, bool, no_hold> holding_{};
 };
 
 }  // namespace distribute
