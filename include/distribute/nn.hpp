@@ -21,6 +21,8 @@
 #include <distribute/nn/pooling.hpp>
 #include <distribute/nn/residual_block.hpp>
 #include <distribute/nn/sequential.hpp>
+#include <distribute/nn/tape.hpp>
+#include <distribute/nn/tensor_ops.hpp>
 #include <distribute/nn/with_precision.hpp>
 
 #include <distribute/optim/adam.hpp>

@@ -12,6 +12,7 @@
 #include <distribute/collective_origin.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
+#include <distribute/strategy/detail/run_call_check.hpp>
 
 #include <array>
 #include <atomic>
@@ -71,6 +72,7 @@ struct no_replica_hooks {
 //   after_failure(rank)  after the replica failed (noexcept)
 //   step_failed(e)       on the calling thread when the step failed, before `e` is rethrown
 template <class Replica, class Group, class Hooks, class F, class... A>
+  requires run_callable<F, Replica, A...>
 auto run_replicas(replica_pool& pool, std::vector<Replica>& replicas, Group& group, std::int64_t step, Hooks& hooks, F& fn,
                   A&... args) {
   using R = std::invoke_result_t<F&, Replica&, decltype(unwrap_for(args, 0))...>;
@@ -111,6 +113,7 @@ auto run_replicas(replica_pool& pool, std::vector<Replica>& replicas, Group& gro
 // calling thread, with the only element of per-replica and mirrored arguments; its result as
 // per_replica<R, 1>, held in place (nothing for a void fn).
 template <class Replica, class F, class... A>
+  requires run_callable<F, Replica, A...>
 auto run_one(Replica& replica, F& fn, A&... args) {
   using R = std::invoke_result_t<F&, Replica&, decltype(unwrap_for(args, 0))...>;
   if constexpr (std::is_void_v<R>) {
@@ -118,6 +121,16 @@ auto run_one(Replica& replica, F& fn, A&... args) {
   } else {
     return per_replica<std::decay_t<R>, 1>(std::array<std::decay_t<R>, 1>{std::invoke(fn, replica, unwrap_for(args, 0)...)});
   }
+}
+
+// fn that cannot be called with the replica and the arguments: one error naming the positions.
+template <class Replica, class Group, class Hooks, class F, class... A>
+void run_replicas(replica_pool&, std::vector<Replica>&, Group&, std::int64_t, Hooks&, F&, A&...) {
+  report_run_call<F, Replica, A...>();
+}
+template <class Replica, class F, class... A>
+void run_one(Replica&, F&, A&...) {
+  report_run_call<F, Replica, A...>();
 }
 
 }  // namespace distribute::detail
