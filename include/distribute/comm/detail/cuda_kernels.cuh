@@ -38,7 +38,7 @@ namespace comm::detail {
 
 // The most replicas one `cuda_peer` kernel reduces over: their pointers travel as kernel parameters.
 inline constexpr int max_peer_replicas = 32;
-static_assert(max_peer_replicas <= max_tree_sources, "the reduction's tree stack must hold every replica");
+static_assert(max_peer_replicas <= max_tree_sources, "the reduction's tree must take every replica");
 
 template <class T>
 struct peer_pointers {

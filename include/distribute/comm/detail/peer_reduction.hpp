@@ -13,28 +13,43 @@
 
 namespace distribute::comm::detail {
 
-// The largest replica count whose tree fits `tree_combine`'s stack (one entry per power of two).
-inline constexpr int max_tree_sources = 64;
+// The most sources `tree_combine` takes.
+inline constexpr int max_tree_sources = 32;
 
-// Source 0..n-1's values (`at(r)`) combined by `combine` in the tree order above. A binary counter:
-// each source is pushed, equal-sized partial results merge as soon as they meet, and what remains is
-// folded from the smallest up. Per element and branch-free of the data, for a GPU thread as for the CPU.
+// The complete tree of the 2^K sources from `begin`: (left half) combined with (right half).
+template <int K, class T, class At, class Combine>
+DISTRIBUTE_HOST_DEVICE T complete_tree(const At& at, int begin, const Combine& combine) {
+  if constexpr (K == 0) {
+    return at(begin);
+  } else {
+    const T left = complete_tree<K - 1, T>(at, begin, combine);
+    return combine(left, complete_tree<K - 1, T>(at, begin + (1 << (K - 1)), combine));
+  }
+}
+
+// The blocks of n's binary digits from the right end, smallest first, each folded under the
+// partial result: the tree's split at the largest power of two below n, unrolled.
+template <int K, class T, class At, class Combine>
+DISTRIBUTE_HOST_DEVICE T fold_blocks(const At& at, int n, int end, T acc, bool have, const Combine& combine) {
+  if constexpr ((1 << K) > max_tree_sources) {
+    return acc;
+  } else {
+    if (n & (1 << K)) {
+      end -= 1 << K;
+      const T block = complete_tree<K, T>(at, end, combine);
+      acc = have ? combine(block, acc) : block;
+      have = true;
+    }
+    return fold_blocks<K + 1, T>(at, n, end, acc, have, combine);
+  }
+}
+
+// Sources 0..n-1 (`at(r)`, 1 <= n <= max_tree_sources) combined by `combine` in the tree order above.
+// Every index is known at compile time once unrolled, so a GPU thread keeps the partial results in
+// registers (a stack indexed at run time would live in local memory, which the build refuses).
 template <class T, class At, class Combine>
 DISTRIBUTE_HOST_DEVICE T tree_combine(const At& at, int n, const Combine& combine) {
-  T part[7];  // bit_width(max_tree_sources): at most one partial result per power of two
-  int size[7];
-  int depth = 0;
-  for (int r = 0; r < n; ++r) {
-    part[depth] = at(r);
-    size[depth++] = 1;
-    while (depth >= 2 && size[depth - 1] == size[depth - 2]) {
-      part[depth - 2] = combine(part[depth - 2], part[depth - 1]);
-      size[depth - 2] *= 2;
-      --depth;
-    }
-  }
-  for (int i = depth - 2; i >= 0; --i) part[i] = combine(part[i], part[i + 1]);
-  return part[0];
+  return fold_blocks<0, T>(at, n, n, T{}, false, combine);
 }
 
 // The elements [begin, end) of `total` flattened elements that replica `rank` of `n` reduces: whole
