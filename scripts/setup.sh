@@ -18,6 +18,7 @@ packages=(
   zlib1g-dev
   dataset-fashion-mnist
   libdnnl-dev
+  nlohmann-json3-dev
   python3-venv
 )
 
@@ -111,6 +112,57 @@ install_tensorboard_reader() {
   exec 9>&-
 }
 
+# The interop tests (tests/interop) check the files nn::save_safetensors and nn::export_onnx write
+# with the other side's own code: safetensors, onnx's checker and onnxruntime (the pinned versions in
+# tests/interop/requirements.txt, from PyPI), and the example's PyTorch port with torch
+# (tests/interop/requirements-torch.txt, the CPU-only wheel from PyTorch's own index, which keeps it
+# to a few hundred MB), in build/interop-venv. Where PyPI cannot be reached the reason is left in
+# build/interop-venv.unavailable and the tests that need it are skipped; where only PyTorch's index
+# cannot, in build/interop-venv.no-torch, and only the PyTorch tests are.
+install_interop_venv() {
+  local venv=$root/build/interop-venv
+  local requirements=$root/tests/interop/requirements.txt torch_requirements=$root/tests/interop/requirements-torch.txt
+  local note=$venv.unavailable no_torch=$venv.no-torch log=$venv.log
+  local installed
+  installed=$(cat "$requirements" "$torch_requirements")
+  if [[ -x $venv/bin/python ]] && [[ $installed == "$(cat "$venv/installed-requirements.txt" 2>/dev/null)" ]]; then
+    echo "setup.sh: the interop environment is installed (build/interop-venv)"
+    return
+  fi
+  mkdir -p "$root/build"
+  exec 9>"$venv.lock"
+  flock 9
+  if [[ -x $venv/bin/python ]] && [[ $installed == "$(cat "$venv/installed-requirements.txt" 2>/dev/null)" ]]; then
+    exec 9>&-
+    return
+  fi
+  echo "setup.sh: installing the interop environment into build/interop-venv (pinned: tests/interop/requirements*.txt)"
+  rm -rf "$venv" "$note" "$no_torch"
+  local reason=""
+  if ! python3 -m venv "$venv" >"$log" 2>&1; then
+    reason="python3 -m venv failed (is python3-venv installed?)"
+  elif ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --only-binary :all: \
+      --retries 2 --timeout 30 -r "$requirements" >>"$log" 2>&1; then
+    reason="pip could not install tests/interop/requirements.txt (is PyPI reachable?)"
+  fi
+  if [[ -n $reason ]]; then
+    optional_not_installed "$venv" "$reason" "$log" "$note" "the interop environment is" \
+      "the interop tests that run Python (interop.torch, interop.onnxruntime) will be skipped."
+    exec 9>&-
+    return
+  fi
+  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --only-binary :all: \
+      --retries 2 --timeout 60 --index-url https://download.pytorch.org/whl/cpu -r "$torch_requirements" >>"$log" 2>&1; then
+    { echo "pip could not install tests/interop/requirements-torch.txt from https://download.pytorch.org/whl/cpu (is it reachable?)"
+      tail -n 5 "$log"; } >"$no_torch"
+    echo "setup.sh: warning: PyTorch is not installed in build/interop-venv; see $log." >&2
+    echo "setup.sh: warning: the test interop.torch will be skipped." >&2
+  fi
+  echo "$installed" >"$venv/installed-requirements.txt"
+  echo "setup.sh: installed the interop environment ($(du -sh "$venv" | cut -f1) in build/interop-venv)"
+  exec 9>&-
+}
+
 # The GPU engine computes convolutions with cuDNN through NVIDIA's cudnn-frontend, a header-only C++
 # library that no Debian package has: its headers (about 3 MB; MIT and Apache-2.0, the licences are
 # copied with them) are taken from the PyPI wheel nvidia-cudnn-frontend at the version pinned here,
@@ -185,4 +237,5 @@ PY
 
 install_packages
 install_tensorboard_reader
+install_interop_venv
 install_cudnn_frontend

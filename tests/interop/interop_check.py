@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""The Python side of the interop tests (tests/interop/python_test.cpp).
+
+  torch-load GEN IO C F B     the generator of the PyTorch port (benchmarks/peer) with C image
+                              channels, F filters and B residual blocks loads GEN (written by
+                              nn::save_safetensors) with load_state_dict(strict=True) and maps IO's
+                              "input" to IO's "output" within 1e-5
+  torch-save DIR C F B SEED   a randomly initialised port generator writes DIR/gen.safetensors
+                              (safetensors.torch.save_file of its state_dict) and DIR/io.safetensors
+                              (an input and its output) for the C++ side to compare with
+  onnx MODEL IO               onnx.checker (full check) passes MODEL, and onnxruntime maps IO's
+                              "input" to IO's "output" within 1e-5
+
+Prints one line "max_abs_diff X" and exits 1 when the difference is over the tolerance.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+TOLERANCE = 1e-5
+
+
+def port():
+    sys.path.insert(0, os.environ["DISTRIBUTE_TORCH_PORT"])
+    import cyclegan_torch  # noqa: E402
+    return cyclegan_torch
+
+
+def report(diff):
+    print(f"max_abs_diff {diff:.3g}")
+    return 0 if diff <= TOLERANCE else 1
+
+
+def torch_load(gen, io, c, f, b):
+    import torch
+    from safetensors.numpy import load_file
+    from safetensors.torch import load_file as load_torch
+    model = port().make_generator(int(c), int(f), int(b))
+    model.load_state_dict(load_torch(gen), strict=True)
+    model.eval()
+    t = load_file(io)
+    with torch.no_grad():
+        y = model(torch.from_numpy(t["input"])).numpy()
+    return report(float(np.max(np.abs(y - t["output"]))))
+
+
+def torch_save(out, c, f, b, seed):
+    import torch
+    from safetensors.torch import save_file
+    cg = port()
+    model = cg.make_generator(int(c), int(f), int(b))
+    gen = torch.Generator().manual_seed(int(seed))
+    cg.init_weights(model, gen)
+    with torch.no_grad():  # a bias that is not zero, so that loading it is tested too
+        model[-2].bias.normal_(0.0, 0.1, generator=gen)
+    model.eval()
+    x = torch.rand(2, int(c), 28, 28, generator=gen) * 2 - 1
+    with torch.no_grad():
+        y = model(x)
+    save_file(model.state_dict(), os.path.join(out, "gen.safetensors"))
+    save_file({"input": x.contiguous(), "output": y.contiguous()}, os.path.join(out, "io.safetensors"))
+    return 0
+
+
+def run_onnx(model, io):
+    import onnx
+    import onnxruntime as ort
+    from safetensors.numpy import load_file
+    onnx.checker.check_model(model, full_check=True)
+    t = load_file(io)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    (y,) = session.run(["output"], {"input": t["input"]})
+    return report(float(np.max(np.abs(y - t["output"]))))
+
+
+def main():
+    what, args = sys.argv[1], sys.argv[2:]
+    if what == "torch-load":
+        return torch_load(*args)
+    if what == "torch-save":
+        return torch_save(*args)
+    if what == "onnx":
+        return run_onnx(*args)
+    sys.exit(f"unknown check {what}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

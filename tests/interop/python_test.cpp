@@ -1,0 +1,207 @@
+// The other side of the files: the example's generator saved here loads into its PyTorch port and
+// computes the same output; the port's weights load here alike; every exported ONNX graph passes
+// onnx.checker and onnxruntime computes this library's forward with it, at the example's demo size
+// and at the paper's. Run by tests/interop/interop_check.py in the virtual environment
+// scripts/setup.sh makes; where that could not be made (no PyPI), the tests are skipped with its note.
+
+#include "interop_test_support.hpp"
+
+#include <distribute/nn/onnx.hpp>
+#include <distribute/nn/safetensors.hpp>
+
+#include "models.hpp"
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <sys/wait.h>
+
+namespace dist = distribute;
+namespace nn = distribute::nn;
+using namespace distribute::test;
+using namespace std::string_literals;
+
+#if DISTRIBUTE_HAS_SAFETENSORS
+
+namespace {
+
+std::string quoted(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s) out += c == '\'' ? "'\\''"s : std::string(1, c);
+  return out + "'";
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+[[noreturn]] void skip(const std::string& why) {
+  std::printf("SKIPPED: %s\n", why.c_str());
+  std::fflush(stdout);
+  std::exit(77);
+}
+
+// The environment's Python; `torch`: one that has PyTorch too. Where setup.sh could not install
+// them it leaves a note saying why, and the test is skipped; a missing environment without a note
+// is a failure (setup.sh was not run).
+std::string python(bool torch) {
+  const fs::path venv = DISTRIBUTE_INTEROP_VENV;
+  const fs::path py = venv / "bin" / "python";
+  fs::path note = venv;
+  note += ".unavailable";
+  if (!fs::exists(py)) {
+    if (fs::exists(note)) skip("the interop environment could not be installed (" + note.string() + "): " + read_text(note));
+    BOOST_FAIL(py.string() << " is missing: scripts/setup.sh creates it (configure with -DDISTRIBUTE_INTEROP_VENV=DIR for another place)");
+  }
+  fs::path no_torch = venv;
+  no_torch += ".no-torch";
+  if (torch && fs::exists(no_torch)) skip("PyTorch could not be installed into the interop environment (" + no_torch.string() + "): " + read_text(no_torch));
+  return py.string();
+}
+
+struct run_result {
+  int status = -1;
+  std::string output;
+};
+
+run_result run(const std::string& py, const std::vector<std::string>& args) {
+  std::string command = "DISTRIBUTE_TORCH_PORT=";
+  for (const std::string& part : {quoted(DISTRIBUTE_TORCH_PORT), quoted(py), quoted(DISTRIBUTE_INTEROP_SCRIPT)}) command.append(part).append(" ");
+  for (const auto& a : args) command.append(quoted(a)).append(" ");
+  command += "2>&1";
+  run_result r;
+  FILE* p = ::popen(command.c_str(), "r");
+  BOOST_TEST_REQUIRE(p != nullptr, "cannot run " << command);
+  char buf[65536];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  BOOST_TEST_MESSAGE(r.output);
+  return r;
+}
+
+// A file of an input and the output the model gave for it.
+void write_io(const fs::path& path, const dist::tensor<float>& x, const dist::tensor<float>& y) {
+  auto entry = [](std::string name, const dist::tensor<float>& t) {
+    std::vector<std::uint64_t> shape;
+    for (std::size_t i = 0; i < t.shape().rank(); ++i) shape.push_back(static_cast<std::uint64_t>(t.shape()[i]));
+    return nn::detail::safetensors::tensor_to_write{std::move(name), "F32", shape,
+                                                    nn::detail::bytes_of(std::vector<float>(t.begin(), t.end()))};
+  };
+  const auto bytes = nn::detail::safetensors::encode({entry("input", x), entry("output", y)});
+  dist::checkpoint::write_atomically(path, bytes);
+}
+
+double max_abs_diff(const dist::tensor<float>& a, const dist::tensor<float>& b) {
+  BOOST_TEST_REQUIRE(a.shape() == b.shape());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(static_cast<double>(a[i]) - b[i]));
+  return d;
+}
+
+}  // namespace
+
+// An input and its output, read as a two-tensor model named as the file names them.
+struct io_model {
+  using scalar_type = float;
+  nn::parameter<float> input, output;
+  template <class F>
+  void for_each_parameter(F&& f) {
+    input.visit(f);
+    output.visit(f);
+  }
+  template <class S>
+  void name_state(S& scope) {
+    scope.parameter("input", input);
+    scope.parameter("output", output);
+  }
+};
+
+BOOST_AUTO_TEST_SUITE(torch)
+
+BOOST_AUTO_TEST_CASE(our_generator_loads_into_the_pytorch_port) {
+  const auto py = python(true);
+  temp_dir dir;
+  auto g = cyclegan::make_generator<dist::cpu>({.channels = 1, .filters = 16, .blocks = 3}, 5);
+  g.set_training(false);
+  auto r = nn::local();
+  const auto x = random_input<float>(dist::shape::nchw(2, 1, 28, 28), 11);
+  const auto y = g.forward(r, x);
+  nn::save_safetensors(g, dir.path / "gen.safetensors");
+  write_io(dir.path / "io.safetensors", x, y);
+  const auto res = run(py, {"torch-load", (dir.path / "gen.safetensors").string(), (dir.path / "io.safetensors").string(), "1", "16", "3"});
+  BOOST_TEST(res.status == 0, res.output);
+}
+
+BOOST_AUTO_TEST_CASE(pytorch_weights_load_into_our_generator) {
+  const auto py = python(true);
+  temp_dir dir;
+  const auto res = run(py, {"torch-save", dir.path.string(), "1", "16", "3", "7"});
+  BOOST_TEST_REQUIRE(res.status == 0, res.output);
+  auto g = cyclegan::make_generator<dist::cpu>({.channels = 1, .filters = 16, .blocks = 3}, 5);
+  g.set_training(false);
+  nn::load_safetensors(g, dir.path / "gen.safetensors");
+  const auto s = dist::shape::nchw(2, 1, 28, 28);
+  io_model io{{s, nn::init::zero, 0}, {s, nn::init::zero, 0}};
+  nn::load_safetensors(io, dir.path / "io.safetensors");
+  auto r = nn::local();
+  const auto y = g.forward(r, io.input.value);
+  const double d = max_abs_diff(y, io.output.value);
+  BOOST_TEST_MESSAGE("max_abs_diff " << d);
+  BOOST_TEST(d <= 1e-5);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(onnxruntime)
+
+template <class M>
+void check_with_onnxruntime(M& model, dist::shape input, const std::string& what) {
+  const auto py = python(false);
+  temp_dir dir;
+  model.set_training(false);
+  auto r = nn::local();
+  const auto x = random_input<float>(input, 13);
+  const auto y = model.forward(r, x);
+  nn::export_onnx(model, input, dir.path / "model.onnx");
+  write_io(dir.path / "io.safetensors", x, y);
+  const auto res = run(py, {"onnx", (dir.path / "model.onnx").string(), (dir.path / "io.safetensors").string()});
+  BOOST_TEST(res.status == 0, what << ": " << res.output);
+}
+
+BOOST_AUTO_TEST_CASE(every_layer) {
+  auto m = small_model<float>(1);
+  move_statistics(m, dist::shape::nchw(2, 2, 8, 8), 7);  // batch norm's running statistics are used
+  check_with_onnxruntime(m, dist::shape::nchw(2, 2, 8, 8), "every layer");
+}
+
+BOOST_AUTO_TEST_CASE(generator_at_demo_size) {
+  auto g = cyclegan::make_generator<dist::cpu>({.channels = 1, .filters = 16, .blocks = 3}, 5);
+  check_with_onnxruntime(g, dist::shape::nchw(2, 1, 28, 28), "demo generator");
+}
+
+BOOST_AUTO_TEST_CASE(generator_at_paper_size) {
+  auto g = cyclegan::make_generator<dist::cpu>({.channels = 3, .filters = 64, .blocks = 9}, 5);
+  check_with_onnxruntime(g, dist::shape::nchw(1, 3, 256, 256), "paper generator");
+}
+
+BOOST_AUTO_TEST_CASE(discriminator) {
+  auto d = cyclegan::make_discriminator<dist::cpu>({.channels = 1, .filters = 16, .layers = 2, .norm = cyclegan::norm_kind::batch}, 5);
+  move_statistics(d, dist::shape::nchw(2, 1, 28, 28), 3);
+  check_with_onnxruntime(d, dist::shape::nchw(2, 1, 28, 28), "discriminator with batch norm");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+#endif
