@@ -41,16 +41,18 @@ struct classifier_settings {
   std::filesystem::path dir = std::string(distribute::data::fashion_mnist_default_dir);
   int replicas = 2;
   bool eval_each_epoch = false;
+  std::filesystem::path export_dir;  // also write the network as .safetensors and .onnx (empty: not)
 };
 
 inline const char* classifier_usage =
     "usage: fmnist_classifier [--out FILE] [--epochs N] [--batch N] [--replicas N] [--lr X] [--decay-fraction X]\n"
-    "                         [--seed N] [--train-limit N] [--fmnist-dir DIR] [--eval-each-epoch] [--quiet]\n"
+    "                         [--seed N] [--train-limit N] [--fmnist-dir DIR] [--eval-each-epoch] [--export DIR] [--quiet]\n"
     "  --epochs N          passes over the 60,000 training images (5)\n"
     "  --batch N           examples per replica and step (32)\n"
     "  --lr X              Adam's learning rate at the start (0.003)\n"
     "  --decay-fraction X  the rate falls linearly to zero over this last share of the steps (1: all of them)\n"
-    "  --eval-each-epoch   print the test accuracy after every epoch\n";
+    "  --eval-each-epoch   print the test accuracy after every epoch\n"
+    "  --export DIR        also write the network as DIR/classifier.safetensors and DIR/classifier.onnx\n";
 
 // Returns false for --help; throws std::invalid_argument naming the flag, its value and its range.
 inline bool parse_classifier_arguments(classifier_settings& st, int argc, const char* const* argv) {
@@ -66,6 +68,7 @@ inline bool parse_classifier_arguments(classifier_settings& st, int argc, const 
       .integer("--train-limit", o.train_limit, std::size_t{0}, std::size_t{1} << 40)
       .path("--fmnist-dir", st.dir)
       .toggle("--eval-each-epoch", st.eval_each_epoch)
+      .path("--export", st.export_dir)
       .toggle("--quiet", o.quiet);
   return p.parse(argc, argv);
 }

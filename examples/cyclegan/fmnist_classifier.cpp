@@ -1,6 +1,7 @@
 // fmnist_classifier: trains the small Fashion-MNIST classifier that scores CycleGAN translations
 // (cyclegan_train --classifier), mirrored over CPU replicas, and saves it as a checkpoint.
 #include "classifier_training.hpp"
+#include "export.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto& o = st.options;
+    cyclegan::check_export_available(st.export_dir);
     namespace data = distribute::data;
     const auto train = cyclegan::all_examples(data::fashion_mnist(data::split::train, st.dir), o.train_limit);
     const auto test = cyclegan::all_examples(data::fashion_mnist(data::split::test, st.dir));
@@ -39,6 +41,9 @@ int main(int argc, char** argv) {
     ar.put("test_accuracy", acc.overall);
     distribute::checkpoint::save(st.out, ar);
     std::printf("saved %s\n", st.out.string().c_str());
+    if (!st.export_dir.empty())
+      for (const auto& f : cyclegan::export_network(net, "classifier", distribute::shape::nchw(1, 1, 28, 28), st.export_dir))
+        std::printf("exported %s\n", f.string().c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fmnist_classifier: error: %s\n", e.what());

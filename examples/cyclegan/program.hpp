@@ -2,6 +2,7 @@
 // cyclegan_train as a function: the command line's options, and a run that trains (or evaluates) and
 // returns what it did. The program's main parses argv into `settings`; the tests call `run` directly.
 
+#include "export.hpp"
 #include "flags.hpp"
 #include "report.hpp"
 #include "trainer.hpp"
@@ -50,6 +51,7 @@ struct settings {
   std::int64_t verify_every = 0;   // check that mirrored copies are identical every N steps
   bool quiet = false;
   std::filesystem::path tensorboard_dir;  // a TensorBoard event file of the run (empty: none)
+  std::filesystem::path export_dir;       // the generators as .safetensors and .onnx at the end (empty: none)
 };
 
 // What each numeric flag accepts. The parser refuses values outside these ranges, and `run` checks a
@@ -123,6 +125,8 @@ output
   --tensorboard DIR                also write the losses, learning rate, images/s, picture grids and
                                    scores as a TensorBoard event file in DIR (default: none);
                                    view with `tensorboard --logdir DIR`
+  --export DIR                     at the end, write each generator as DIR/g_ab.safetensors and .onnx,
+                                   DIR/g_ba.* (PyTorch's state_dict names; docs/interop.md)
   --quiet                          no progress output
 )";
 
@@ -180,6 +184,7 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
       .integer("--eval-limit", st.eval_limit, std::size_t{0}, max_count)
       .integer("--verify-every", st.verify_every, std::int64_t{0}, max_steps)
       .path("--tensorboard", st.tensorboard_dir)
+      .path("--export", st.export_dir)
       .toggle("--quiet", st.quiet);
   if (!p.parse(argc, argv)) return false;
   if (st.resume && st.checkpoint_dir.empty()) throw std::invalid_argument("--resume needs --checkpoint-dir");
@@ -259,6 +264,7 @@ struct summary {
   std::vector<std::filesystem::path> pictures;
   std::optional<std::filesystem::path> checkpoint;
   bool chief = true;               // this process printed and wrote the files (worker 0)
+  std::vector<std::filesystem::path> exported;  // --export's files
 };
 
 // A multi-worker job failed: every worker that saw the failure has printed it (one line) and the job
@@ -318,6 +324,7 @@ summary run_with(S& strategy, settings st) {
   check_image_shape(d.height, d.width, st.train.disc.layers,
                     st.data_dir.empty() ? "--fmnist-dir " + st.fmnist_dir.string() : "--image-size " + std::to_string(st.image_size));
   st.train.gen.channels = st.train.disc.channels = d.channels;
+  check_export_available(st.export_dir);
   if (!st.classifier.empty() && !st.data_dir.empty())
     throw std::invalid_argument("--classifier scores Fashion-MNIST sneakers and ankle boots; it cannot score --data-dir images");
   const std::int64_t global = static_cast<std::int64_t>(st.train.batch) * strategy.num_replicas_in_sync();
@@ -513,6 +520,13 @@ summary run_with(S& strategy, settings st) {
     write_grid(st.out_dir / "samples_evaluate.png", sum.steps);
   }
   sum.steps = std::max(sum.steps, tr.steps_done());
+  if (!st.export_dir.empty() && sum.chief) {
+    const auto input = distribute::shape::nchw(1, d.channels, d.height, d.width);
+    for (const auto& f : export_network(tr.g_ab().primary(), "g_ab", input, st.export_dir)) sum.exported.push_back(f);
+    for (const auto& f : export_network(tr.g_ba().primary(), "g_ba", input, st.export_dir)) sum.exported.push_back(f);
+    if (!st.quiet)
+      for (const auto& f : sum.exported) std::printf("exported %s\n", f.string().c_str());
+  }
 
   if (!st.classifier.empty()) {
     const auto ar = distribute::checkpoint::load(st.classifier);
