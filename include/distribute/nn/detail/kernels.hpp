@@ -294,7 +294,8 @@ struct avg_pool_backward {
 DISTRIBUTE_HOST_DEVICE constexpr index reflect(index i, index n) noexcept {
   return i < 0 ? -i : (i >= n ? 2 * (n - 1) - i : i);
 }
-// Plane s of H x W into plane s of (H+2p) x (W+2p); one call per padded row (i: its index).
+// Plane s of H x W into plane s of (H+2p) x (W+2p); one call per padded row (i: its index). The
+// CPU's form of reflect_pad (below).
 template <class T>
 struct reflect_pad_rows {
   const T* x;
@@ -318,7 +319,6 @@ DISTRIBUTE_HOST_DEVICE constexpr int reflected_from(index r, index n, index pad,
   if (r <= n - 2 && r >= n - 1 - pad) out[k++] = pad + 2 * (n - 1) - r;
   return k;
 }
-
 // The adjoint, one call per plane: every padded position's gradient goes to the source position it
 // copied, in a fixed order. The CPU's form of reflect_pad_backward (below).
 template <class T>
