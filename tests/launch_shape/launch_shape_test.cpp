@@ -22,8 +22,6 @@
 #include <distribute/engine/pass_observer.hpp>
 #include <distribute/nn/detail/kernels.hpp>
 
-#include <cxxabi.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -107,14 +105,6 @@ void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
 
 namespace {
 
-std::string demangled(const std::type_info& t) {
-  int status = 0;
-  char* name = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
-  std::string out = status == 0 && name != nullptr ? name : t.name();
-  std::free(name);
-  return out;
-}
-
 const char* kind_name(dist::pass_kind k) {
   switch (k) {
     case dist::pass_kind::for_each: return "for_each";
@@ -150,7 +140,7 @@ struct launch_shapes final : dist::pass_observer {
     const std::lock_guard lock(m);
     ++seen;
     if (largest == 0) return;
-    const pass p{kind_name(r.kind), demangled(*r.functor_type), r.work_items, static_cast<std::int64_t>(largest / sizeof(float))};
+    const pass p{kind_name(r.kind), std::string(r.functor_name), r.work_items, static_cast<std::int64_t>(largest / sizeof(float))};
     passes.push_back(p);
     if (p.elements >= large_tensor && p.work_items < p.elements / elements_per_work_item) too_narrow.push_back(p);
   }

@@ -21,7 +21,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <typeinfo>
+#include <string_view>
 
 namespace distribute {
 
@@ -30,9 +30,9 @@ enum class pass_kind : std::uint8_t { for_each, for_each_in_segments, segmented_
 struct pass_record {
   pass_kind kind;
   std::int64_t work_items;
-  // What the pass calls for each element: its type and a copy's bytes (the pointers it holds say
-  // which tensors the pass covers).
-  const std::type_info* functor_type;
+  // What the pass calls for each element: its type's name and a copy's bytes (the pointers it holds
+  // say which tensors the pass covers).
+  std::string_view functor_name;
   const void* functor;
   std::size_t functor_bytes;
 };
@@ -49,10 +49,20 @@ class pass_observer {
 namespace detail {
 inline std::atomic<pass_observer*> installed_pass_observer{nullptr};
 
+// F's name as the compiler spells it, without RTTI (which a program may be built without).
+template <class F>
+std::string_view functor_name() noexcept {
+  std::string_view s = __PRETTY_FUNCTION__;  // "... [with F = name]" (g++), "... [F = name]" (clang)
+  const auto at = s.find("F = ");
+  if (at == std::string_view::npos) return s;
+  s.remove_prefix(at + 4);
+  return s.substr(0, s.find_first_of(";]"));
+}
+
 template <class F>
 void record_pass(pass_kind kind, std::int64_t work_items, const F& f) {
   if (pass_observer* o = installed_pass_observer.load(std::memory_order_acquire))
-    o->on_pass(pass_record{kind, work_items, &typeid(F), &f, sizeof(F)});
+    o->on_pass(pass_record{kind, work_items, functor_name<F>(), &f, sizeof(F)});
 }
 }  // namespace detail
 
