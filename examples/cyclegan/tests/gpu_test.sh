@@ -3,9 +3,14 @@
 #   1. 20 steps on one GPU track 20 steps on the CPU from the same seed: the first step's losses
 #      within 1e-3 relative (the same weights, the same data, float32 throughout, TF32 off), every
 #      step's within 5e-2 (a GAN amplifies rounding differences of the sums step by step);
-#   2. mirrored over 2 logical replicas on one GPU (cuda_peer) equals one_device on the GPU with the
-#      same global batch: every step's losses within 1e-3 relative;
-#   3. the selective placement discriminator_only on those replicas, within 1e-3 of full;
+#   2. mirrored over 2 logical replicas on one GPU (cuda_peer) tracks one_device on the GPU with the
+#      same global batch: the first 3 steps' losses within 1e-3 relative, every step's within 1e-1;
+#   3. the selective placement discriminator_only on those replicas tracks full the same way;
+#   (Why these bounds: the two runs differ only in how the gradient sums are grouped, per replica
+#   and then across, so they start within float rounding; a GAN then amplifies any difference step
+#   by step, as it does between the CPU and the GPU. Measured on an H100: steps 1-3 within 1e-3, the
+#   largest difference 4.6e-2 by step 13. A wrong gradient, a missing all-reduce or a mean taken
+#   twice, moves the losses of step 2 by far more than 1e-3.)
 #   4. checkpoints cross devices: 10 GPU steps, resumed on the CPU for 10 more, track 20 GPU steps
 #      (5e-2), and a CPU checkpoint resumes on the GPU the same way;
 #   5. --graphs on (each network's passes replayed as CUDA graphs) gives the eager run's losses
@@ -29,16 +34,17 @@ if ! "$train" "${common[@]}" --steps 1 --device cuda --strategy one_device --out
   fail "cyclegan_train --device cuda failed"
 fi
 
-# close A B FIRST_TOL TOL STEPS: losses.csv of runs A and B agree in the six loss columns (4..9).
+# close A B EARLY EARLY_TOL TOL STEPS: losses.csv of runs A and B agree in the six loss columns
+# (4..9): within EARLY_TOL relative for the first EARLY steps, within TOL after.
 close() {
-  awk -F, -v first="$3" -v tol="$4" -v steps="$5" '
+  awk -F, -v early="$3" -v first="$4" -v tol="$5" -v steps="$6" '
     FNR == 1 { next }
     NR == FNR { for (i = 4; i <= 9; ++i) a[$1, i] = $i; next }
     {
       for (i = 4; i <= 9; ++i) {
         d = a[$1, i] - $i; if (d < 0) d = -d
         m = $i < 0 ? -$i : $i; if (m < 1e-3) m = 1e-3
-        t = ($1 == 1) ? first : tol
+        t = ($1 <= early) ? first : tol
         if (d / m > t) { printf "step %d column %d: %s vs %s (relative %.2e > %.0e)\n", $1, i, a[$1, i], $i, d / m, t; bad = 1 }
       }
       ++n
@@ -48,22 +54,22 @@ close() {
 
 "$train" "${common[@]}" --device cpu --strategy one_device --out "$work/cpu"
 "$train" "${common[@]}" --device cuda --strategy one_device --out "$work/gpu"
-close "$work/cpu" "$work/gpu" 1e-3 5e-2 20 || fail "20 GPU steps do not track 20 CPU steps"
+close "$work/cpu" "$work/gpu" 1 1e-3 5e-2 20 || fail "20 GPU steps do not track 20 CPU steps"
 echo "one GPU tracks the CPU over 20 steps"
 
 "$train" "${common[@]}" --device cuda --strategy one_device --batch 4 --out "$work/gpu4"
 "$train" "${common[@]}" --device cuda --strategy mirrored --replicas 2 --out "$work/gpu_m2"
-close "$work/gpu4" "$work/gpu_m2" 1e-3 1e-3 20 || fail "mirrored over 2 logical GPU replicas differs from one_device"
+close "$work/gpu4" "$work/gpu_m2" 3 1e-3 1e-1 20 || fail "mirrored over 2 logical GPU replicas does not track one_device"
 "$train" "${common[@]}" --device cuda --strategy mirrored --replicas 2 --placement discriminator_only --out "$work/gpu_do"
-close "$work/gpu_m2" "$work/gpu_do" 1e-3 1e-3 20 || fail "placement discriminator_only differs from full on GPU replicas"
-echo "mirrored over 2 logical GPU replicas equals one_device; discriminator_only equals full"
+close "$work/gpu_m2" "$work/gpu_do" 3 1e-3 1e-1 20 || fail "placement discriminator_only does not track full on GPU replicas"
+echo "mirrored over 2 logical GPU replicas tracks one_device; discriminator_only tracks full"
 
 "$train" "${common[@]}" --device cuda --strategy one_device --stop-at-step 10 --out "$work/g2c" --checkpoint-dir "$work/g2c/ckpt"
 "$train" "${common[@]}" --device cpu --strategy one_device --resume --out "$work/g2c" --checkpoint-dir "$work/g2c/ckpt"
-close "$work/gpu" "$work/g2c" 1e-3 5e-2 20 || fail "a GPU checkpoint resumed on the CPU does not track the GPU run"
+close "$work/gpu" "$work/g2c" 1 1e-3 5e-2 20 || fail "a GPU checkpoint resumed on the CPU does not track the GPU run"
 "$train" "${common[@]}" --device cpu --strategy one_device --stop-at-step 10 --out "$work/c2g" --checkpoint-dir "$work/c2g/ckpt"
 "$train" "${common[@]}" --device cuda --strategy one_device --resume --out "$work/c2g" --checkpoint-dir "$work/c2g/ckpt"
-close "$work/cpu" "$work/c2g" 1e-3 5e-2 20 || fail "a CPU checkpoint resumed on the GPU does not track the CPU run"
+close "$work/cpu" "$work/c2g" 1 1e-3 5e-2 20 || fail "a CPU checkpoint resumed on the GPU does not track the CPU run"
 echo "checkpoints load across devices (GPU -> CPU and CPU -> GPU)"
 
 # Exactly: the graphs run the eager kernels in the eager order.
