@@ -206,16 +206,17 @@ BOOST_AUTO_TEST_CASE(truncated_and_oversized_headers) {
 
 BOOST_AUTO_TEST_CASE(malformed_json) {
   check_error("{\"a\": ", "malformed JSON");
-  check_error("[1, 2]", "unexpected an array at the top level");
-  check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [[[[[[1]]]]]], \"data_offsets\": [0, 4]}}", "unexpected an array in tensor 'a'");
-  check_error(std::string(100000, '['), "unexpected an array");  // refused at the first bracket, not after 100000
+  check_error("[1, 2]", "an array is out of place at the top level");
+  check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [[[[[[1]]]]]], \"data_offsets\": [0, 4]}}", "an array is out of place in tensor 'a'");
+  check_error(std::string(100000, '['), "an array is out of place at the top level");  // refused at the first bracket, not after 100000
   check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", "a negative number");
   check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", "a fraction");
   check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [1]}}", "tensor 'a' lacks its data_offsets");
   check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4], \"extra\": 1}}", "unknown field 'extra'");
   check_error("{\"a\": {\"dtype\": \"F32\", \"dtype\": \"F64\", \"shape\": [1], \"data_offsets\": [0, 4]}}", "a second 'dtype'");
   check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", "1 data_offsets, not 2");
-  check_error("{\"__metadata__\": {\"format\": 1}}", "unexpected a number in __metadata__");
+  check_error("{\"__metadata__\": {\"format\": 1}}", "a number is out of place in __metadata__");
+  check_error("{\"a\": 5}", "a number is out of place as the value of 'a'");
   check_error("{\"a\": {\"dtype\": \"Q7\", \"shape\": [1], \"data_offsets\": [0, 4]}}", "unknown dtype 'Q7'", 4);
 }
 

@@ -192,8 +192,11 @@ class header_handler : public nlohmann::json_sax<nlohmann::json> {
     return true;
   }
   bool refuse(const char* what) {
-    std::string where = depth_ <= 1 ? "at the top level" : in_metadata_ ? "in __metadata__" : "in tensor '" + tensors.back().name + "'";
-    return fail(std::string("unexpected ") + what + " " + where);
+    std::string where = depth_ == 0   ? "at the top level"
+                        : depth_ == 1 ? "as the value of '" + key_ + "' (a tensor's entry is an object)"
+                        : in_metadata_ ? "in __metadata__"
+                                       : "in tensor '" + tensors.back().name + "'";
+    return fail(std::string(what) + " is out of place " + where);
   }
   bool fail(std::string why) {
     if (error.empty()) error = std::move(why);
