@@ -136,8 +136,7 @@ class onnx_graph {
 
 namespace detail {
 
-template <class T>
-std::vector<std::int64_t> dims_of(const distribute::shape& s) {
+inline std::vector<std::int64_t> dims_of(const distribute::shape& s) {
   std::vector<std::int64_t> d;
   for (std::size_t i = 0; i < s.rank(); ++i) d.push_back(s[i]);
   return d;
@@ -272,14 +271,15 @@ std::string onnx_bytes(M& model, const distribute::shape& input_shape) {
   const onnx_value input{"input", input_shape};
   const onnx_value y = g.layer(model, input);
   const onnx_value out = g.node("Identity", {y.name}, y.shape, {}, "output");
-  // The graph: nodes, then its name, initializers, input and output (field order does not matter to
-  // readers; this is protobuf's own order).
+  // A message's encoding is the concatenation of its fields, so the graph (nodes, name, initializers,
+  // input, output, in field order) and the model around it are joined from parts: the weights are
+  // copied, never encoded again.
   detail::onnx::message graph = g.nodes();
   graph.bytes(2, "distribute");
   std::string encoded = std::move(graph).encoded();
   encoded += g.initializer_fields();
   const auto type = detail::onnx::elem_of<T>();
-  const auto in_dims = detail::dims_of<T>(input_shape), out_dims = detail::dims_of<T>(out.shape);
+  const auto in_dims = detail::dims_of(input_shape), out_dims = detail::dims_of(out.shape);
   detail::onnx::message io;
   io.nested(11, detail::onnx::value_info("input", type, in_dims));
   io.nested(12, detail::onnx::value_info(out.name, type, out_dims));
