@@ -116,13 +116,15 @@ class optional_input_gradient {
     auto& self = static_cast<Derived&>(*this);
     return self.backward_pass(r, self.kept_.last(r, &self, Derived::layer_name), dy, false);
   }
-  template <class R, class S, class Tensor>
-    requires std::same_as<S, typename Derived::state_type>
+  // `Self` defers the look-up of state_type to the call: Derived is incomplete where this base is
+  // instantiated, and nvcc checks a constraint that names it there.
+  template <class R, class S, class Tensor, class Self = Derived>
+    requires std::same_as<S, typename Self::state_type>
   Tensor backward(R& r, S& state, const Tensor& dy) {
     return static_cast<Derived&>(*this).backward_pass(r, state, dy, true);
   }
-  template <class R, class S, class Tensor>
-    requires std::same_as<S, typename Derived::state_type>
+  template <class R, class S, class Tensor, class Self = Derived>
+    requires std::same_as<S, typename Self::state_type>
   Tensor backward(R& r, S& state, const Tensor& dy, no_input_gradient_t) {
     return static_cast<Derived&>(*this).backward_pass(r, state, dy, false);
   }
