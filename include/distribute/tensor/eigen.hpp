@@ -6,7 +6,7 @@
 
 #include <distribute/tensor/tensor.hpp>
 
-#include <Eigen/Core>
+#include <distribute/detail/eigen_core.hpp>
 
 #include <cstdint>
 #include <stdexcept>

@@ -25,7 +25,7 @@ extern template void eigen_gemm<double>(const gemm_geometry&, const double*, con
 
 #else
 
-#include <Eigen/Core>
+#include <distribute/detail/eigen_core.hpp>
 
 namespace distribute::detail {
 

@@ -9,7 +9,7 @@
 // instantiations come from the precompiled unit, and Eigen is not parsed.
 #if !defined(DISTRIBUTE_PRECOMPILED) || defined(DISTRIBUTE_PRECOMPILED_UNIT)
 #  define DISTRIBUTE_REFERENCE_CONV_DEFINED 1
-#  include <Eigen/Core>
+#  include <distribute/detail/eigen_core.hpp>
 #endif
 
 #include <cstdint>

@@ -11,7 +11,7 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
-#include <immintrin.h>
+#include <distribute/detail/x86_intrinsics.hpp>
 #define DISTRIBUTE_SUMMARY_CRC32C_SSE42 1
 #endif
 
