@@ -71,7 +71,7 @@ bool enough_replicas(int n) {
 // Where, relative to two collectives, the failing replica throws.
 enum class when { before, between, after };
 
-BOOST_AUTO_TEST_SUITE_END()
+}  // namespace distribute::test::failure_cases
 
 BOOST_AUTO_TEST_SUITE(failure)
 
