@@ -18,8 +18,8 @@
 // What it records: layer calls (`t(layer, x)`), `concat`/`split` along the channels, `add`,
 // `scale`, `mul`, `stop_gradient` (PyTorch's detach: the value, through which nothing flows back),
 // and losses (`loss(prediction, f, weight)`: f returns an nn::loss_result, whose weighted gradient
-// starts the backward there). `backward()` runs once; `gradient(v)` then gives the gradient of any
-// recorded tensor that one reached (empty if none did), such as a `watch`ed input's.
+// starts the backward there). `backward()` runs once; `gradient(x)` then gives the gradient of a
+// `watch`ed input (empty if none reached it).
 //
 // A layer applied several times (a discriminator on fake and on real) keeps one forward state per
 // call where its state is a value (layer.hpp's `state_type`, every layer of the library); a layer
@@ -221,6 +221,9 @@ class tape {
     for (std::size_t i = nodes_.size(); i-- > 0;) {
       nodes_[i]->run(remaining);
       nodes_[i].reset();  // its states and saved tensors are no longer needed
+      // Nothing adds to the gradients of its outputs any more: only the inputs' are kept.
+      for (std::size_t id = i ? ends_[i - 1] : 0; id < ends_[i]; ++id)
+        if (!entries_[id].input) entries_[id].grad = tensor_type{};
     }
   }
   // seed(y, dy), then backward().
@@ -229,7 +232,8 @@ class tape {
     backward();
   }
 
-  // The gradient backward gave `v` (empty if none reached it).
+  // The gradient backward gave `v`, an input (`watch`; empty if none reached it). Those of the
+  // tensors in between are dropped as the backward passes them.
   const tensor_type& gradient(variable v) const {
     check_mine(v, "gradient");
     return at(v.id_).grad;
@@ -240,6 +244,7 @@ class tape {
     tensor_type value;
     tensor_type grad;
     bool requires_grad = false;
+    bool input = false;  // made by watch, constant or stop_gradient
   };
   // One recorded backward; `remaining`: each layer's calls whose backward has not run yet.
   struct node {
@@ -299,7 +304,7 @@ class tape {
 
   variable leaf(tensor_type x, bool requires_grad) {
     check_open("an input");
-    entries_.push_back(entry{std::move(x), {}, requires_grad});
+    entries_.push_back(entry{std::move(x), {}, requires_grad, true});
     return {this, entries_.size() - 1};
   }
   variable result(tensor_type y, bool requires_grad) {
@@ -311,6 +316,7 @@ class tape {
   void record(F f) {
     check_open("an operation");
     nodes_.push_back(std::make_unique<op_node<F>>(std::move(f)));
+    ends_.push_back(entries_.size());
   }
   // ... where a gradient reached one of its outputs.
   template <class F, class... V>
@@ -320,6 +326,7 @@ class tape {
       if ((!at(outputs.id_).grad.empty() || ...)) f();
     };
     nodes_.push_back(std::make_unique<op_node<decltype(g)>>(std::move(g)));
+    ends_.push_back(entries_.size());
   }
 
   // Adds g to v's gradient: the first one is moved in, the next ones are summed by the engine.
@@ -359,7 +366,13 @@ class tape {
     state_holder state{};
     tensor_type out;
     if constexpr (with_state) {
-      state = std::make_unique<state_of<L, with_state>>();
+      auto& spares = spare_states<state_of<L, with_state>>(key);
+      if (spares.empty()) {
+        state = std::make_unique<state_of<L, with_state>>();
+      } else {
+        state = std::move(spares.back());
+        spares.pop_back();
+      }
       out = layer.forward(r_, x.value(), *state);
     } else {
       out = layer.forward(r_, x.value());
@@ -390,8 +403,10 @@ class tape {
         if (wants(x)) accumulate(x, std::move(dx));
       }
       if (last) detail::gradients_ready(r_, layer);
+      if constexpr (with_state) spare_states<state_of<L, with_state>>(key).push_back(std::move(state));
     };
     nodes_.push_back(std::make_unique<layer_node<decltype(f)>>(std::move(f)));
+    ends_.push_back(entries_.size());
     return y;
   }
 
@@ -407,6 +422,17 @@ class tape {
   };
   template <class L, bool With>
   using state_of = typename state_holder_type<L, With>::type;
+
+  // The states of finished calls, kept for the next calls of the same layer on this thread: a new
+  // state allocates its buffers anew at every step (fresh pages, a fault for each), where the
+  // stateful pair reuses its own; measured, that tripled the cost of a small U-Net's step. A forward
+  // overwrites every field it reads back, so a state left by a layer since destroyed is only memory.
+  template <class S>
+  static std::vector<std::unique_ptr<S>>& spare_states(const void* layer) {
+    thread_local std::unordered_map<const void*, std::vector<std::unique_ptr<S>>> spares;
+    if (spares.size() > 256 && !spares.contains(layer)) spares.clear();
+    return spares[layer];
+  }
 
   // A frozen call's parameter gradients, copied aside by the engine before its backward.
   template <class L>
@@ -431,6 +457,7 @@ class tape {
   R& r_;
   std::deque<entry> entries_;
   std::vector<std::unique_ptr<node>> nodes_;
+  std::vector<std::size_t> ends_;  // per node: the entries recorded up to it, its outputs the last
   std::unordered_map<const void*, std::size_t> calls_;  // calls per layer
   std::unordered_map<const void*, bool> applied_;       // layers without a state_type, called once
   int frozen_depth_ = 0;  // inside a frozen call of a model written for a tape
