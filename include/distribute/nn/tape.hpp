@@ -366,13 +366,14 @@ class tape {
     state_holder state{};
     tensor_type out;
     if constexpr (with_state) {
-      auto& spares = spare_states<state_of<L, with_state>>(key);
-      if (spares.empty()) {
-        state = std::make_unique<state_of<L, with_state>>();
-      } else {
-        state = std::move(spares.back());
-        spares.pop_back();
+      if constexpr (reuses_states) {
+        auto& spares = spare_states<state_of<L, with_state>>(key);
+        if (!spares.empty()) {
+          state = std::move(spares.back());
+          spares.pop_back();
+        }
       }
+      if (!state) state = std::make_unique<state_of<L, with_state>>();
       out = layer.forward(r_, x.value(), *state);
     } else {
       out = layer.forward(r_, x.value());
@@ -403,7 +404,7 @@ class tape {
         if (wants(x)) accumulate(x, std::move(dx));
       }
       if (last) detail::gradients_ready(r_, layer);
-      if constexpr (with_state) spare_states<state_of<L, with_state>>(key).push_back(std::move(state));
+      if constexpr (with_state && reuses_states) spare_states<state_of<L, with_state>>(key).push_back(std::move(state));
     };
     nodes_.push_back(std::make_unique<layer_node<decltype(f)>>(std::move(f)));
     ends_.push_back(entries_.size());
@@ -427,6 +428,9 @@ class tape {
   // state allocates its buffers anew at every step (fresh pages, a fault for each), where the
   // stateful pair reuses its own; measured, that tripled the cost of a small U-Net's step. A forward
   // overwrites every field it reads back, so a state left by a layer since destroyed is only memory.
+  // CPU only: device memory comes from a caching pool already, and is freed on a stream, which a
+  // state kept past its strategy would outlive.
+  static constexpr bool reuses_states = std::is_same_v<device_type, cpu>;
   template <class S>
   static std::vector<std::unique_ptr<S>>& spare_states(const void* layer) {
     thread_local std::unordered_map<const void*, std::vector<std::unique_ptr<S>>> spares;
