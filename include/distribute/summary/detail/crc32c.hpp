@@ -11,7 +11,8 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
-#include <distribute/detail/x86_intrinsics.hpp>
+#include <distribute/detail/x86_intrinsics.hpp>  // before <immintrin.h>: GCC 12's AVX-512 warnings
+#include <immintrin.h>
 #define DISTRIBUTE_SUMMARY_CRC32C_SSE42 1
 #endif
 
