@@ -368,7 +368,7 @@ BOOST_AUTO_TEST_CASE(buckets_finished_out_of_plan_order_are_counted_and_still_su
       const auto h = sync.held_back();
       return std::pair{h, sync.wait()};
     }, xs, models);
-    for (const auto [h, buckets] : held) {
+    for (const auto& [h, buckets] : held) {
       BOOST_TEST(buckets == 4u);
       // second.b and second.w were final while first.b, the plan's first bucket, still waited.
       BOOST_TEST(h == (overlap ? 2u : 0u));
