@@ -5,6 +5,7 @@
 // scripts/setup.sh makes; where that could not be made (no PyPI), the tests are skipped with its note.
 
 #include "interop_test_support.hpp"
+#include "../shell_command.hpp"
 
 #include <distribute/nn/onnx.hpp>
 #include <distribute/nn/safetensors.hpp>
@@ -21,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include <sys/wait.h>
 
 namespace dist = distribute;
 namespace nn = distribute::nn;
@@ -31,12 +31,6 @@ using namespace std::string_literals;
 #if DISTRIBUTE_HAS_SAFETENSORS
 
 namespace {
-
-std::string quoted(const std::string& s) {
-  std::string out = "'";
-  for (const char c : s) out += c == '\'' ? "'\\''"s : std::string(1, c);
-  return out + "'";
-}
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p);
@@ -69,24 +63,13 @@ std::string python(bool torch) {
   return py.string();
 }
 
-struct run_result {
-  int status = -1;
-  std::string output;
-};
-
-run_result run(const std::string& py, const std::vector<std::string>& args) {
+command_result run(const std::string& py, const std::vector<std::string>& args) {
   std::string command = "DISTRIBUTE_TORCH_PORT=";
-  for (const std::string& part : {quoted(DISTRIBUTE_TORCH_PORT), quoted(py), quoted(DISTRIBUTE_INTEROP_SCRIPT)}) command.append(part).append(" ");
-  for (const auto& a : args) command.append(quoted(a)).append(" ");
+  for (const std::string& part : {shell_quoted(DISTRIBUTE_TORCH_PORT), shell_quoted(py), shell_quoted(DISTRIBUTE_INTEROP_SCRIPT)})
+    command.append(part).append(" ");
+  for (const auto& a : args) command.append(shell_quoted(a)).append(" ");
   command += "2>&1";
-  run_result r;
-  FILE* p = ::popen(command.c_str(), "r");
-  BOOST_TEST_REQUIRE(p != nullptr, "cannot run " << command);
-  char buf[65536];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const command_result r = run_command(command);
   BOOST_TEST_MESSAGE(r.output);
   return r;
 }

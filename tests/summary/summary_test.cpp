@@ -11,10 +11,11 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "../shell_command.hpp"
+
 #include <zlib.h>
 
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -685,28 +686,12 @@ BOOST_AUTO_TEST_SUITE_END()
 
 namespace {
 
-std::string quoted(const std::string& s) {
-  std::string out = "'";
-  for (const char c : s) out += c == '\'' ? "'\\''"s : std::string(1, c);
-  return out + "'";
-}
+using distribute::test::command_result;
+using distribute::test::run_command;
+using distribute::test::shell_quoted;
 
-struct run_result {
-  int status = -1;
-  std::string output;
-};
-
-run_result run_reader(const std::string& python, const fs::path& file) {
-  const std::string command = quoted(python) + " " + quoted(DISTRIBUTE_SUMMARY_READER) + " " + quoted(file.string());
-  run_result r;
-  FILE* p = ::popen(command.c_str(), "r");
-  BOOST_TEST_REQUIRE(p != nullptr, "cannot run " << command);
-  char buf[65536];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+command_result run_reader(const std::string& python, const fs::path& file) {
+  return run_command(shell_quoted(python) + " " + shell_quoted(DISTRIBUTE_SUMMARY_READER) + " " + shell_quoted(file.string()));
 }
 
 // The Python of the virtual environment scripts/setup.sh creates. Its absence skips the test only
@@ -793,7 +778,7 @@ BOOST_AUTO_TEST_CASE(tensorboard_reads_back_every_value) {
     text("empty", "", 2);
   }
 
-  const run_result r = run_reader(python, file);
+  const command_result r = run_reader(python, file);
   BOOST_TEST_REQUIRE(r.status == 0, "read_events.py failed (status " << r.status << "):\n" << r.output);
   std::vector<std::string> got = lines_of(r.output);
   std::sort(got.begin(), got.end());
@@ -821,7 +806,7 @@ BOOST_AUTO_TEST_CASE(a_corrupt_file_fails_the_reader) {
   std::string bytes = read_file(file);
   bytes[bytes.size() - 6] ^= 0x01;  // inside the last record's data
   std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
-  const run_result r = run_reader(python, file);
+  const command_result r = run_reader(python, file);
   BOOST_TEST(r.status != 0, r.output);
 }
 
