@@ -71,6 +71,17 @@ optional_not_installed() {  # dir reason log note "what is/are" consequence
   echo "setup.sh: warning: $6" >&2
 }
 
+# A virtual environment at VENV with the pinned REQUIREMENTS (NAME, as people read it) from PyPI,
+# pip's output in LOG. Prints nothing where it worked, and why not where it did not.
+make_pinned_venv() {  # venv requirements log name
+  if ! python3 -m venv "$1" >"$3" 2>&1; then
+    echo "python3 -m venv failed (is python3-venv installed?)"
+  elif ! "$1/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --only-binary :all: \
+      --retries 2 --timeout 30 -r "$2" >>"$3" 2>&1; then
+    echo "pip could not install $4 (is PyPI reachable?)"
+  fi
+}
+
 # The summary tests read what summary::writer wrote back with TensorBoard's own reader
 # (tests/summary/read_events.py), from a virtual environment of the pinned versions in
 # tests/summary/requirements.txt (about 180 MB). Installed once; afterwards this only compares the
@@ -95,13 +106,8 @@ install_tensorboard_reader() {
   fi
   echo "setup.sh: installing TensorBoard's reader into build/tensorboard-venv (pinned: tests/summary/requirements.txt)"
   rm -rf "$venv" "$note"
-  local reason=""
-  if ! python3 -m venv "$venv" >"$log" 2>&1; then
-    reason="python3 -m venv failed (is python3-venv installed?)"
-  elif ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --only-binary :all: \
-      --retries 2 --timeout 30 -r "$requirements" >>"$log" 2>&1; then
-    reason="pip could not install tests/summary/requirements.txt (is PyPI reachable?)"
-  fi
+  local reason
+  reason=$(make_pinned_venv "$venv" "$requirements" "$log" tests/summary/requirements.txt)
   if [[ -n $reason ]]; then
     optional_not_installed "$venv" "$reason" "$log" "$note" "TensorBoard's reader is" \
       "the test summary.round_trip will be skipped."
@@ -138,13 +144,8 @@ install_interop_venv() {
   fi
   echo "setup.sh: installing the interop environment into build/interop-venv (pinned: tests/interop/requirements*.txt)"
   rm -rf "$venv" "$note" "$no_torch"
-  local reason=""
-  if ! python3 -m venv "$venv" >"$log" 2>&1; then
-    reason="python3 -m venv failed (is python3-venv installed?)"
-  elif ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --only-binary :all: \
-      --retries 2 --timeout 30 -r "$requirements" >>"$log" 2>&1; then
-    reason="pip could not install tests/interop/requirements.txt (is PyPI reachable?)"
-  fi
+  local reason
+  reason=$(make_pinned_venv "$venv" "$requirements" "$log" tests/interop/requirements.txt)
   if [[ -n $reason ]]; then
     optional_not_installed "$venv" "$reason" "$log" "$note" "the interop environment is" \
       "the interop tests that run Python (interop.torch, interop.onnxruntime) will be skipped."
