@@ -10,6 +10,12 @@
 // machine once. Every sum runs in a fixed order that does not depend on the thread count, except
 // oneDNN's weight gradients, whose order depends on the thread count but not on timing: a fixed
 // configuration gives the same bits from run to run.
+//
+// With engine_options::adapt_threads the engine runs fewer threads (down to one) while other
+// processes keep the cores busy and goes back up when they are free (detail/thread_governor.hpp):
+// each parallel region of oneDNN, Eigen and the engine's passes gets the count in use. The count then
+// depends on the machine's load, and so may the last bits of oneDNN's weight gradients and of the
+// matrix products; off (the default), the count is fixed.
 
 #include <distribute/bfloat16.hpp>
 #include <distribute/detail/hardware.hpp>
@@ -20,6 +26,7 @@
 #include <distribute/engine/detail/reference_conv.hpp>
 #include <distribute/engine/detail/segmented_sum_plan.hpp>
 #include <distribute/engine/detail/serial.hpp>
+#include <distribute/engine/detail/thread_governor.hpp>
 #include <distribute/engine/engine.hpp>
 #include <distribute/engine/gemm_geometry.hpp>
 #include <distribute/engine/pass_observer.hpp>
@@ -42,12 +49,15 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace distribute {
 
@@ -63,12 +73,21 @@ class engine<cpu> {
   explicit engine(engine_options options = {}, int share = 0) : options_{options} {
     const int cores = static_cast<int>(std::max(1u, detail::usable_hardware_threads()));
     threads_ = options.threads > 0 ? options.threads : (share > 0 ? share : cores);
+    active_ = threads_;
+    dnnl_.resize(static_cast<std::size_t>(threads_) + 1);
+#if defined(_OPENMP)
+    if (options.adapt_threads && threads_ > 1 && detail::team_run_delay::available()) governor_.emplace(threads_);
+#endif
     use_precision(default_precision(options));  // refused here, with the reason, where this CPU cannot
   }
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
+  // The most threads this engine runs (its share, or engine_options::threads).
   int threads() const noexcept { return threads_; }
+  // The threads its parallel regions get now: threads(), or with adapt_threads fewer while the
+  // machine is busy.
+  int active_threads() const noexcept { return active_; }
   const engine_options& options() const noexcept { return options_; }
 
   // Mixed precision (engine.hpp). `tf32` is float32 here (a GPU's rounding of product inputs;
@@ -193,8 +212,9 @@ class engine<cpu> {
   void for_each(std::int64_t n, F f) {
     detail::record_pass(pass_kind::for_each, n, f);
 #if defined(_OPENMP)
-    if (threads_ > 1 && n >= parallel_grain) {
-#  pragma omp parallel num_threads(threads_)
+    pace();
+    if (active_ > 1 && n >= parallel_grain) {
+#  pragma omp parallel num_threads(active_)
       {
         // Each thread's own copy: a local whose address never escapes, so the compiler keeps its
         // pointers in registers instead of reloading them after every store.
@@ -270,8 +290,9 @@ class engine<cpu> {
   template <class F>
   void over_segments(std::int64_t segments, std::int64_t length, F&& f) {
 #if defined(_OPENMP)
-    if (threads_ > 1 && segments > 1 && segments * length >= parallel_grain) {
-#  pragma omp parallel for num_threads(static_cast<int>(std::min<std::int64_t>(threads_, segments))) schedule(static)
+    pace();
+    if (active_ > 1 && segments > 1 && segments * length >= parallel_grain) {
+#  pragma omp parallel for num_threads(static_cast<int>(std::min<std::int64_t>(active_, segments))) schedule(static)
       for (std::int64_t s = 0; s < segments; ++s) f(s);
       return;
     }
@@ -280,11 +301,47 @@ class engine<cpu> {
     for (std::int64_t s = 0; s < segments; ++s) f(s);
   }
 
-  // Eigen's products run on OpenMP threads where the program is built with it: this replica's share.
-  void enter_openmp() const noexcept {
+  // Eigen's products run on OpenMP threads where the program is built with it: this replica's share
+  // (the count in use).
+  void enter_openmp() {
 #if defined(_OPENMP)
-    omp_set_num_threads(threads_);
+    pace();
+    omp_set_num_threads(active_);
 #endif
+  }
+
+  // adapt_threads: at the start of a pass, once a window's wall time has passed, the count for the
+  // next window from what the team waited for a CPU in this one (detail/thread_governor.hpp).
+  void pace() {
+    if (!governor_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (window_delay_ns_ >= 0) {
+      const double wall = std::chrono::duration<double>(now - window_start_).count();
+      if (wall < governor_->config().window_s) return;
+      const std::int64_t delay = team_.total_ns();
+      if (delay >= window_delay_ns_) active_ = governor_->decide(wall, static_cast<double>(delay - window_delay_ns_) * 1e-9);
+    }
+    open_window(now);
+  }
+  void open_window(std::chrono::steady_clock::time_point now) {
+    if (team_threads_ != active_) record_team();
+    window_start_ = now;
+    window_delay_ns_ = team_.total_ns();  // < 0: a thread of the team is gone; recorded again next time
+    if (window_delay_ns_ < 0) team_threads_ = 0;
+  }
+  // The OS threads of this engine's team of active_ threads (libgomp keeps a calling thread's pool, so
+  // later regions of that size run on the same threads).
+  void record_team() {
+    std::vector<long> tids(static_cast<std::size_t>(active_), 0);
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(active_)
+    tids[static_cast<std::size_t>(omp_get_thread_num())] = detail::team_run_delay::this_thread();
+#else
+    tids[0] = detail::team_run_delay::this_thread();
+#endif
+    std::erase(tids, 0L);
+    team_.set_team(std::move(tids));
+    team_threads_ = active_;
   }
   static bool is_aligned(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p) % 64 == 0; }
   bool half() const noexcept { return precision_ == compute_precision::bfloat16; }
@@ -327,22 +384,33 @@ class engine<cpu> {
 
 #if DISTRIBUTE_HAS_DNNL
   bool use_dnnl(const conv_geometry& g) const noexcept { return !options_.reference && detail::dnnl_conv::supports(g); }
+  // The plans of the count in use: oneDNN fixes a primitive's thread count when it makes it.
   detail::dnnl_conv& dnnl() {
-    if (!dnnl_) dnnl_ = std::make_shared<detail::dnnl_conv>();
-    return *static_cast<detail::dnnl_conv*>(dnnl_.get());
+    auto& d = dnnl_[static_cast<std::size_t>(active_)];
+    if (!d) d = std::make_shared<detail::dnnl_conv>();
+    return *static_cast<detail::dnnl_conv*>(d.get());
   }
-  // oneDNN runs with the calling thread's OpenMP thread count: this replica's share.
-  void enter() const noexcept {
+  // oneDNN runs with the calling thread's OpenMP thread count: this replica's share (the count in use).
+  void enter() {
 #  if defined(_OPENMP)
-    omp_set_num_threads(threads_);
+    pace();
+    omp_set_num_threads(active_);
 #  endif
   }
 #endif
-  std::shared_ptr<void> dnnl_;  // the oneDNN plans, made on first use
+  // The oneDNN plans per thread count (one count unless adapt_threads), made on first use.
+  std::vector<std::shared_ptr<void>> dnnl_;
 
   engine_options options_;
   compute_precision precision_ = compute_precision::float32;
   int threads_ = 1;
+  int active_ = 1;  // the threads in use: threads_ unless adapt_threads found the machine busy
+  // adapt_threads (empty otherwise): the decision, the team it watches and the current window.
+  std::optional<detail::thread_governor> governor_;
+  detail::team_run_delay team_;
+  int team_threads_ = 0;  // the count team_ was recorded for
+  std::chrono::steady_clock::time_point window_start_{};
+  std::int64_t window_delay_ns_ = -1;  // the team's run delay at window_start_; < 0: no window open
   detail::arena arena_;
 };
 

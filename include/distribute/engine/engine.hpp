@@ -67,6 +67,17 @@ struct engine_options {
   // Use the portable reference (im2col + Eigen GEMM) even where a faster library is built in: the
   // cross-check of tests, and a way to rule the library out when results look wrong.
   bool reference = false;
+  // CPU engines: run fewer threads (down to one) while other processes keep the cores busy, and the
+  // full count again once they are free. A program on a machine it shares (a CI runner, a training
+  // server, a build running beside it) otherwise keeps one thread per core: the thread that shares a
+  // core with a busy process runs half the time, and every parallel region waits for it at its
+  // barrier (measured: a 2-core step 4.5x slower with one busy process, docs/benchmarks.md). The
+  // engine watches how long its own threads wait for a CPU (the kernel's run delay) and tries one
+  // thread more now and then. The thread count then depends on the load, and with it the last bits of
+  // oneDNN's weight gradients and of matrix products: reruns agree to float rounding, not bit for bit.
+  // Off, the count is fixed and a fixed configuration gives the same bits from run to run. GPU
+  // engines ignore it.
+  bool adapt_threads = false;
   // GPU engines: whether float convolutions and matrix products may use TF32 tensor cores (a 10-bit
   // mantissa in the products, float accumulation: about 1e-3 relative, several times faster). Off,
   // they compute in float32 throughout and match the CPU engine to float rounding. The CPU engine
