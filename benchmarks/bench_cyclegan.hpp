@@ -8,8 +8,8 @@
 //   bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] [--replicas N] [--size 28]
 //                  [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8] [--steps 5] [--warmup 1]
 //                  [--overlap on|off|both] [--rounds 3] [--mpi-window on|off] [--precision float32|bf16|fp16]
-//                  [--graphs on|off] [--autotune] [--nondeterministic]
-//                  [--seed 1] [--check-dir DIR] [--params-only]
+//                  [--graphs on|off] [--autotune] [--nondeterministic] [--threads N] [--adapt-threads]
+//                  [--background-load N] [--seed 1] [--check-dir DIR] [--params-only]
 //
 // --strategy multi_worker (builds with MPI; start it under mpirun -np K) runs K workers of --replicas
 // CPU replicas each; worker 0 prints. --mpi-window off makes workers on one machine all-reduce
@@ -20,6 +20,16 @@
 // and the communication the step waited for (`strategy.timings()`: time inside collectives, the
 // replicas' mean), the communication share of the blocking step, the share of it that overlap hid
 // (1 - communication on / communication off) and what the step time says of it.
+//
+// --threads N sets each replica's engine threads (engine_options::threads; 0, the default, takes the
+// replica's share of the cores). --adapt-threads lets each CPU engine run fewer threads while other
+// processes keep the cores busy (engine_options::adapt_threads).
+//
+// --background-load N starts N busy processes (forked children, each spinning on arithmetic at
+// normal priority) before the warm-up and kills them after the timed steps, also when the run fails
+// (a child also dies with its parent: PR_SET_PDEATHSIG). The run then measures the step on a machine
+// shared with N programs that compete for the cores; the output and the JSON line carry N
+// ("background_load") and the load average.
 //
 // --precision bf16 on the CPU: convolutions on oneDNN's bf16 kernels where the CPU has bf16 units
 // (the engine refuses otherwise, with the reason).
@@ -54,12 +64,18 @@
 #include <distribute/distribute.hpp>
 
 #include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -89,11 +105,16 @@ struct options {
   bool nondeterministic = false;  // cuda: any cuDNN engine (engine_options::deterministic = false)
   bool mpi_window = true;      // multi_worker: all-reduce through a shared-memory window on one machine (off: the ring of messages used between machines)
   int rounds = 3;
+  int threads = 0;             // engine_options::threads (0: the replica's share of the cores)
+  bool adapt_threads = false;  // engine_options::adapt_threads
+  int background_load = 0;     // busy child processes while the steps run
 };
 
-// The engine options of --tf32, --precision, --autotune and --nondeterministic.
+// The engine options of --threads, --adapt-threads, --tf32, --precision, --autotune and --nondeterministic.
 inline dist::engine_options engine_options_for(const options& o) {
-  return {.tf32 = o.tf32,
+  return {.threads = o.threads,
+          .adapt_threads = o.adapt_threads,
+          .tf32 = o.tf32,
           .precision = o.precision == "bf16"   ? dist::compute_precision::bfloat16
                        : o.precision == "fp16" ? dist::compute_precision::float16
                                                : dist::compute_precision::float32,
@@ -105,8 +126,8 @@ inline dist::engine_options engine_options_for(const options& o) {
   std::fprintf(stderr,
                "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] "
                "[--replicas N] [--size S]\n       [--channels C] [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] "
-               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--graphs on|off] [--autotune] [--nondeterministic] [--seed S]\n"
-               "       [--check-dir DIR] [--params-only]\n",
+               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--graphs on|off] [--autotune] [--nondeterministic]\n"
+               "       [--threads N] [--adapt-threads] [--background-load N] [--seed S] [--check-dir DIR] [--params-only]\n",
                why);
   std::exit(2);
 }
@@ -125,6 +146,9 @@ inline options parse(int argc, char** argv) {
     else if (a == "--tf32") o.tf32 = true;
     else if (a == "--autotune") o.autotune = true;
     else if (a == "--nondeterministic") o.nondeterministic = true;
+    else if (a == "--threads") o.threads = integer();
+    else if (a == "--adapt-threads") o.adapt_threads = true;
+    else if (a == "--background-load") o.background_load = integer();
     else if (a == "--precision") o.precision = value();
     else if (a == "--replicas") o.replicas = integer();
     else if (a == "--size") o.size = integer();
@@ -162,6 +186,8 @@ inline options parse(int argc, char** argv) {
   if (o.precision == "fp16" && o.device != "cuda") usage("--precision fp16 needs --device cuda (the CPU engine computes in float32 or bf16)");
   if (o.graphs && o.device != "cuda") usage("--graphs on needs --device cuda");
   if (o.strategy == "one_device") o.replicas = 1;
+  if (o.threads < 0) usage("--threads must be 0 (the replica's share) or positive");
+  if (o.background_load < 0) usage("--background-load must be 0 or positive");
   if (o.replicas < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0) usage("replicas, batch and steps must be positive");
   if (o.strategy != "multi_worker" && o.batch % o.replicas != 0) usage("--batch (global) must be a multiple of --replicas");
   if (!o.check_dir.empty()) o.steps = 1, o.warmup = 0;
@@ -173,6 +199,49 @@ inline double peak_rss_mib() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
+
+// --background-load: N busy child processes for as long as this lives. Each spins on arithmetic at
+// normal priority until it is killed: by the destructor (the end of the run, or an exception passing
+// through), or by the kernel when this process dies any other way (PR_SET_PDEATHSIG), so none
+// outlives the benchmark.
+class background_load {
+ public:
+  explicit background_load(int n) {
+    std::fflush(nullptr);  // the children never write, but must not inherit unwritten output either
+    const pid_t parent = getpid();
+    for (int i = 0; i < n; ++i) {
+      const pid_t pid = fork();
+      if (pid < 0) {
+        const int e = errno;
+        stop();
+        throw std::runtime_error(std::string("--background-load: fork failed: ") + std::strerror(e));
+      }
+      if (pid == 0) spin(parent);
+      children_.push_back(pid);
+    }
+  }
+  ~background_load() { stop(); }
+  background_load(const background_load&) = delete;
+  background_load& operator=(const background_load&) = delete;
+  int size() const noexcept { return static_cast<int>(children_.size()); }
+
+ private:
+  // The child: only async-signal-safe calls (the parent may have threads).
+  [[noreturn]] static void spin(pid_t parent) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(0);  // the parent died before the line above
+    volatile double x = 1.0;
+    for (;;) x = x * 1.0000001 + 1e-9;
+  }
+  void stop() noexcept {
+    for (const pid_t pid : children_) kill(pid, SIGKILL);
+    for (const pid_t pid : children_)
+      while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    children_.clear();
+  }
+  std::vector<pid_t> children_;
+};
 
 inline int affinity_cores() {
   cpu_set_t set;
@@ -236,9 +305,9 @@ int compare_overlap(S& s, Trainer& tr, const options& o, std::int64_t g_params, 
                 o.strategy.c_str(), s.num_replicas_in_sync(), s.num_workers(),
                 o.strategy != "multi_worker" ? "" : o.mpi_window ? ", MPI shared-memory window" : ", MPI ring of messages", o.size,
                 o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
-    std::printf("  parameters: G %lld, D %lld (each of two); %s, %d cores in this process's affinity, load %s\n",
+    std::printf("  parameters: G %lld, D %lld (each of two); %s, %d cores in this process's affinity, load %s, background load %d\n",
                 static_cast<long long>(g_params), static_cast<long long>(d_params), bench::cpu_model().c_str(), affinity_cores(),
-                bench::load_average().c_str());
+                bench::load_average().c_str(), o.background_load);
     std::fflush(stdout);
   }
   for (int i = 0; i < o.warmup; ++i) {
@@ -274,9 +343,9 @@ int compare_overlap(S& s, Trainer& tr, const options& o, std::int64_t g_params, 
         "{\"bench\":\"cyclegan_overlap\",\"strategy\":\"%s\",\"mpi_window\":%s,\"workers\":%d,\"replicas\":%d,\"size\":%d,\"filters\":%d,"
         "\"blocks\":%d,\"global_batch\":%d,\"steps\":%d,\"rounds\":%d,\"s_per_step_off\":%.6f,\"s_per_step_on\":%.6f,"
         "\"comm_off\":%.6f,\"comm_on\":%.6f,\"comm_share_off\":%.4f,\"hidden\":%.4f,\"cores\":%d,\"load\":\"%s\","
-        "\"cpu\":\"%s\",\"time\":\"%s\"}\n",
+        "\"background_load\":%d,\"cpu\":\"%s\",\"time\":\"%s\"}\n",
         o.strategy.c_str(), o.mpi_window ? "true" : "false", s.num_workers(), s.num_replicas_in_sync(), o.size, o.filters, o.blocks, o.batch, o.steps, o.rounds, off,
-        on, comm_off, comm_on, share, hidden, affinity_cores(), bench::load_average().c_str(), bench::cpu_model().c_str(),
+        on, comm_off, comm_on, share, hidden, affinity_cores(), bench::load_average().c_str(), o.background_load, bench::cpu_model().c_str(),
         bench::utc_now().c_str());
   }
   return 0;
@@ -308,6 +377,8 @@ int run(S& s, const options& o, const device_report& dev = {}) {
     say("{\"g_params\":%lld,\"d_params\":%lld}\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
     return 0;
   }
+  // Started before the warm-up, killed when this returns or throws.
+  const background_load busy(o.background_load);
   if (o.overlap == "both") return compare_overlap(s, tr, o, g_params, d_params);
 
   auto [a, b] = random_batches(o);
@@ -325,12 +396,12 @@ int run(S& s, const options& o, const device_report& dev = {}) {
               s.num_replicas_in_sync(), o.size, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
   say("  parameters: G %lld, D %lld (each of two)\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
   if (dev.name.empty())
-    say("  %s, %d cores in this process's affinity, %s, load %s\n", bench::cpu_model().c_str(), affinity_cores(),
-        o.precision.c_str(), bench::load_average().c_str());
+    say("  %s, %d cores in this process's affinity, %s, load %s, background load %d busy process(es)\n", bench::cpu_model().c_str(),
+        affinity_cores(), o.precision.c_str(), bench::load_average().c_str(), busy.size());
   else
-    say("  %s, %s (host: %s), load %s\n", dev.name.c_str(), o.precision != "float32" ? o.precision.c_str() : o.tf32 ? "TF32" : "float32",
-        bench::cpu_model().c_str(),
-                bench::load_average().c_str());
+    say("  %s, %s (host: %s), load %s, background load %d busy process(es)\n", dev.name.c_str(),
+        o.precision != "float32" ? o.precision.c_str() : o.tf32 ? "TF32" : "float32", bench::cpu_model().c_str(),
+        bench::load_average().c_str(), busy.size());
   std::fflush(stdout);
 
   cyclegan::step_losses first{};
@@ -375,10 +446,10 @@ int run(S& s, const options& o, const device_report& dev = {}) {
       "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"precision\":\"%s\",\"graphs\":%s,\"autotune\":%s,\"deterministic\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
       "\"blocks\":%d,\"d_layers\":%d,\"global_batch\":%d,\"steps\":%d,\"warmup\":%d,\"g_params\":%lld,\"d_params\":%lld,"
       "\"s_per_step\":%.6f,\"s_per_step_mean\":%.6f,\"images_per_s\":%.4f,\"peak_rss_mib\":%.1f,\"cores\":%d,\"load\":\"%s\","
-      "\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
+      "\"threads\":%d,\"adapt_threads\":%s,\"background_load\":%d,\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
       dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", o.precision.c_str(), o.graphs ? "true" : "false", o.autotune ? "true" : "false", o.nondeterministic ? "false" : "true", device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
       static_cast<long long>(g_params), static_cast<long long>(d_params), per_step, mean, images, rss, affinity_cores(),
-      bench::load_average().c_str(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
+      bench::load_average().c_str(), o.threads, o.adapt_threads ? "true" : "false", busy.size(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
   return 0;
 }
 
