@@ -206,18 +206,11 @@ class residual {
               nn::conv2d<float, D>{conv(channels), sub(seed, 2), device},
               nn::instance_norm<float, D>{{.channels = channels}, sub(seed, 3), device}} {}
 
+  // The skip connection: the body's plus_input, added in its last norm's output pass.
   template <class R>
-  tensor_type forward(R& r, const tensor_type& x) {
-    tensor_type y = body_.forward(r, x);
-    r.engine().for_each(static_cast<std::int64_t>(y.size()), nn::detail::kernels::add_to<float>{y.data(), x.data()});
-    return y;
-  }
+  tensor_type forward(R& r, const tensor_type& x) { return body_.forward(r, x, nn::plus_input); }
   template <class R>
-  tensor_type backward(R& r, const tensor_type& dy) {
-    tensor_type dx = body_.backward(r, dy);
-    r.engine().for_each(static_cast<std::int64_t>(dx.size()), nn::detail::kernels::add_to<float>{dx.data(), dy.data()});
-    return dx;
-  }
+  tensor_type backward(R& r, const tensor_type& dy) { return body_.backward(r, dy, nn::plus_input); }
   template <class F>
   void for_each_parameter(F&& f) { body_.for_each_parameter(f); }
   void zero_grad() { body_.zero_grad(); }

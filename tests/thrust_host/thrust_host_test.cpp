@@ -533,6 +533,49 @@ BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
     }
 }
 
+// The fused passes (plane_norm_output with a ReLU and a residual add, plane_norm_gradient sums and
+// plane_norm_input_gradient) as a GPU runs them, against a sequential of instance_norm and relu, and
+// with plus_input, on the CPU engine.
+BOOST_AUTO_TEST_CASE(fused_instance_norm_passes_match_the_sequential) {
+  auto r = nn::local();
+  const double eps = 1e-5;
+  for (const bool affine : {false, true})
+    for (const shape& s : shapes) {
+      const std::int64_t C = s.c(), planes = s.n() * C, plane = s.h() * s.w();
+      const auto up = static_cast<std::size_t>(planes);
+      nn::sequential layers{nn::instance_norm<float>{{.channels = C, .eps = eps, .affine = affine}, 17}, nn::relu<float>{}};
+      auto& norm = layers.get<0>();
+      if (affine) {
+        const auto beta = random_tensor(shape{C}, 18, -0.5, 0.5);
+        std::copy(beta.begin(), beta.end(), norm.beta().value.begin());
+      }
+      const float* gamma = affine ? norm.gamma().value.data() : nullptr;
+      const float* beta = affine ? norm.beta().value.data() : nullptr;
+      const auto x = random_tensor(s, 19, -3.0, 5.0), dy = random_tensor(s, 20);
+      const auto ly = layers.forward(r, x, nn::plus_input);
+      const auto ldx = layers.backward(r, dy);
+
+      std::vector<double> stats(2 * up);
+      plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data());
+      for_each_index(par, planes, kernels::divide_by{stats.data(), static_cast<double>(plane)});
+      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane}, stats.data() + planes);
+      for_each_index(par, planes, kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
+      const kernels::plane_norm_terms<float> t{x.data(), stats.data(), stats.data() + planes, gamma, beta, C, plane, true};
+      std::vector<float> y(x.size());
+      for_each_plane_index(par, planes, plane, kernels::plane_norm_output<float>{t, y.data(), x.data()});
+      std::vector<double> sums(2 * up);
+      plane_sums(par, planes, plane, kernels::plane_norm_gradient<float>{t, dy.data()}, sums.data());
+      plane_sums(par, planes, plane, kernels::plane_norm_gradient_times_xhat<float>{t, dy.data()}, sums.data() + planes);
+      std::vector<float> coef(3 * up), dx(x.size());
+      for_each_index(par, planes, kernels::plane_gradient_coefficients<float>{gamma, stats.data() + planes, sums.data(), coef.data(),
+                                                                           planes, C, static_cast<double>(plane)});
+      for_each_plane_index(par, planes, plane, kernels::plane_norm_input_gradient<float>{t, dy.data(), coef.data(), dx.data()});
+      const std::string at = std::string(affine ? " affine " : " ") + s.to_string();
+      check_close("instance_norm + relu + input forward" + at, y, ly.values());
+      check_close("instance_norm + relu backward" + at, dx, ldx.values());
+    }
+}
+
 // normalize and normalized_input_gradient per channel: training (the planes' moments merged per
 // channel in example order) and evaluation (the running statistics); add_to for gamma and beta.
 BOOST_AUTO_TEST_CASE(batch_norm_matches_the_layer) {

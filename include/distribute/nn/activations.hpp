@@ -27,6 +27,8 @@ class relu : public detail::stateless {
   using scalar_type = T;
   using device_type = D;
   using tensor_type = tensor<T, D>;
+  // A norm right before it in a sequential takes it into its own passes (detail::norm_epilogue).
+  static constexpr bool is_relu = true;
   struct state_type {
     detail::state_stamp stamp;
     tensor_type input;

@@ -4,6 +4,7 @@
 // (gamma N(1, 0.02), beta 0) is optional; CycleGAN's reference uses none.
 
 #include <distribute/nn/detail/kernels.hpp>
+#include <distribute/nn/detail/norm_epilogue.hpp>
 #include <distribute/nn/detail/plane_statistics.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
@@ -32,7 +33,8 @@ class instance_norm {
   struct state_type {
     detail::state_stamp stamp;
     tensor<double, D> stats;  // [mean | inverse standard deviation] per plane
-    tensor_type xhat;
+    tensor_type input;        // xhat is recomputed from it (kernels::plane_norm_terms)
+    bool relu = false;        // a ReLU was fused into the output: backward applies its mask
   };
   static constexpr const char* layer_name = "instance_norm";
 
@@ -63,22 +65,33 @@ class instance_norm {
   }
   template <class R>
   tensor_type forward(R& r, const tensor_type& x, state_type& state) {
+    return forward(r, x, state, detail::norm_epilogue<T, D>{});
+  }
+  // The forward with what follows the norm fused into its output pass (detail::norm_epilogue):
+  // sequential fuses a ReLU that follows, and a residual connection's add (nn/sequential.hpp).
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, detail::norm_epilogue<T, D> then) {
+    return forward(r, x, kept_.next(), then);
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& state, detail::norm_epilogue<T, D> then) {
     auto& e = detail::engine_of<D>(r);
-    tensor<double, D>& stats_ = state.stats;
-    tensor_type& xhat_ = state.xhat;
     const shape& s = x.shape();
     if (s.rank() != 4 || s.c() != o_.channels)
       throw std::invalid_argument("distribute: instance norm over " + std::to_string(o_.channels) +
                                   " channels got a tensor of shape " + s.to_string());
+    if (then.residual && then.residual->shape() != s)
+      throw std::invalid_argument("distribute: instance norm: the residual added to its output has shape " +
+                                  then.residual->shape().to_string() + ", the output " + s.to_string());
     const std::int64_t planes = s.n() * o_.channels, plane = s.h() * s.w();
-    // [mean | inverse standard deviation] per plane, on the device; the second half is kept for backward.
-    stats_ = tensor<double, D>{shape{2 * planes}, device_, uninitialized};
-    detail::plane_normalization_statistics(e, x, planes, plane, o_.eps, stats_);
-    xhat_ = tensor_type{s, device_, uninitialized};
+    // [mean | inverse standard deviation] per plane, on the device, kept for backward with the input.
+    state.stats = tensor<double, D>{shape{2 * planes}, device_, uninitialized};
+    detail::plane_normalization_statistics(e, x, planes, plane, o_.eps, state.stats);
+    state.input = x;
+    state.relu = then.relu;
     tensor_type y{s, device_, uninitialized};
-    e.for_each_in_segments(planes, plane, detail::kernels::normalize<T>{
-        x.data(), y.data(), xhat_.data(), stats_.data(), stats_.data() + planes, o_.affine ? gamma_.value.data() : nullptr,
-        o_.affine ? beta_.value.data() : nullptr, o_.channels, plane, false});
+    e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T>{
+        terms(state, plane), y.data(), then.residual ? then.residual->data() : nullptr});
     kept_.stamp(state, this);
     return y;
   }
@@ -91,24 +104,23 @@ class instance_norm {
   tensor_type backward(R& r, state_type& state, const tensor_type& dy) {
     detail::claim(r, state.stamp, this, layer_name);
     auto& e = detail::engine_of<D>(r);
-    const tensor<double, D>& stats_ = state.stats;
-    const tensor_type& xhat_ = state.xhat;
-    const shape& s = xhat_.shape();
+    const shape& s = state.input.shape();
     if (dy.shape() != s)
       throw std::invalid_argument("distribute: instance norm backward got dy of shape " + dy.shape().to_string() +
                                   ", expected " + s.to_string());
     const std::int64_t C = o_.channels, planes = s.n() * C, plane = s.h() * s.w();
+    const detail::kernels::plane_norm_terms<T> t = terms(state, plane);
+    // Per plane [sum g | sum g xhat], g the gradient at the affine output (dy through the ReLU's mask).
     tensor<double, D> sums{shape{2 * planes}, device_, uninitialized};
-    detail::plane_gradient_sums_on_device(e, dy, xhat_, planes, plane, sums);
+    e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient<T>{t, dy.data()}, sums.data());
+    e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient_times_xhat<T>{t, dy.data()}, sums.data() + planes);
     if (o_.affine)
       e.for_each(C, detail::kernels::add_plane_sums_per_channel<T>{sums.data(), gamma_.grad.data(), beta_.grad.data(), planes, C});
     tensor_type coef{shape{3 * planes}, device_, uninitialized};
-    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{o_.affine ? gamma_.value.data() : nullptr,
-                                                                      stats_.data() + planes, sums.data(), coef.data(), planes, C,
+    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{t.gamma, t.invstd, sums.data(), coef.data(), planes, C,
                                                                       static_cast<double>(plane)});
     tensor_type dx{s, device_, uninitialized};
-    e.for_each_in_segments(planes, plane, detail::kernels::normalized_input_gradient<T>{
-        dy.data(), xhat_.data(), dx.data(), coef.data(), C, plane, false});
+    e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_input_gradient<T>{t, dy.data(), coef.data(), dx.data()});
     return dx;
   }
 
@@ -129,6 +141,12 @@ class instance_norm {
   D device_;
   parameter<T, D> gamma_, beta_;
   detail::kept_state<state_type> kept_;
+
+  detail::kernels::plane_norm_terms<T> terms(const state_type& state, std::int64_t plane) const {
+    const auto planes = static_cast<std::int64_t>(state.stats.size()) / 2;
+    return {state.input.data(), state.stats.data(), state.stats.data() + planes, o_.affine ? gamma_.value.data() : nullptr,
+            o_.affine ? beta_.value.data() : nullptr, o_.channels, plane, state.relu};
+  }
 };
 
 }  // namespace distribute::nn

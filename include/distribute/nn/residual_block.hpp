@@ -32,21 +32,23 @@ class residual_block {
 
   body_type& body() noexcept { return body_; }
 
+  // The skip connection is the body's plus_input: the add is done in the last norm's output pass,
+  // and the ReLU in the first norm's (nn/sequential.hpp).
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
-    return skip(r, body_.forward(r, x), x);
+    return body_.forward(r, x, plus_input);
   }
   template <class R>
   tensor_type forward(R& r, const tensor_type& x, state_type& s) {
-    return skip(r, body_.forward(r, x, s), x);
+    return body_.forward(r, x, s, plus_input);
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
-    return skip(r, body_.backward(r, dy), dy);
+    return body_.backward(r, dy, plus_input);
   }
   template <class R>
   tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
-    return skip(r, body_.backward(r, s, dy), dy);
+    return body_.backward(r, s, dy, plus_input);
   }
 
   template <class F>
@@ -60,11 +62,6 @@ class residual_block {
   std::uint64_t state_digest() const { return body_.state_digest(); }
 
  private:
-  template <class R>
-  static tensor_type skip(R& r, tensor_type y, const tensor_type& x) {
-    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(y.size()), detail::kernels::add_to<T>{y.data(), x.data()});
-    return y;
-  }
   static conv2d_options conv_options(std::int64_t channels) {
     return {.in_channels = channels, .out_channels = channels, .kernel = 3, .stride = 1, .padding = 1,
             .pad_mode = padding_mode::reflect, .bias = true};

@@ -7,9 +7,18 @@
 //
 // Where every layer's forward state is a value (layer.hpp), so is the sequential's: the tuple of its
 // layers' states, and a sequential can be applied several times before its backwards.
+//
+// Fusion: a norm followed by nn::relu (instance_norm, relu) runs as one layer, the ReLU applied in
+// the norm's output pass and its mask in the norm's backward (detail::norm_epilogue), with the same
+// values as the two layers one after the other; the relu's own forward and backward are skipped.
+// `forward(r, x, plus_input)` returns layers(x) + x (a residual connection), the add done in the last
+// layer's output pass where that layer can; `backward(r, dy, plus_input)` returns the matching
+// gradient, backward(dy) + dy.
 
 #include <distribute/detail/digest.hpp>
+#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/detail/layer_name.hpp>
+#include <distribute/nn/detail/norm_epilogue.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cstddef>
@@ -41,6 +50,13 @@ struct sequential_state<true, Layers...> {
 };
 }  // namespace detail
 
+// Asks a sequential for layers(x) + x (forward) and backward(dy) + dy (backward): a residual
+// connection around it, in as few passes as its layers allow.
+struct plus_input_t {
+  explicit constexpr plus_input_t() = default;
+};
+inline constexpr plus_input_t plus_input{};
+
 template <class... Layers>
   requires(sizeof...(Layers) > 0)
 class sequential {
@@ -65,19 +81,21 @@ class sequential {
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
-    if constexpr (keeps_states) {
-      return forward(r, x, kept_.next());
-    } else {
-      detail::no_forward_state none;
-      return forward_from<0>(r, x, none);
-    }
+    return forward_plus(r, x, nullptr);
   }
   template <class R>
     requires keeps_states
   tensor_type forward(R& r, const tensor_type& x, state_type& s) {
-    auto y = forward_from<0>(r, x, s);
-    kept_.stamp(s, this);
-    return y;
+    return forward_plus(r, x, s, nullptr);
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, plus_input_t) {
+    return forward_plus(r, x, &x);
+  }
+  template <class R>
+    requires keeps_states
+  tensor_type forward(R& r, const tensor_type& x, state_type& s, plus_input_t) {
+    return forward_plus(r, x, s, &x);
   }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) {
@@ -93,6 +111,15 @@ class sequential {
   tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
     detail::claim(r, s.stamp, this, "sequential");
     return backward_from<sizeof...(Layers) - 1>(r, dy, s);
+  }
+  template <class R>
+  tensor_type backward(R& r, const tensor_type& dy, plus_input_t) {
+    return plus(r, backward(r, dy), dy);
+  }
+  template <class R>
+    requires keeps_states
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy, plus_input_t) {
+    return plus(r, backward(r, s, dy), dy);
   }
   // Every parameter's gradient, not the input's (no_input_gradient_t): the first layer is asked for
   // its parameters' gradients only where it can skip the rest. Returns an empty tensor.
@@ -136,19 +163,78 @@ class sequential {
   static void buffers_of(L& l, F& f) {
     if constexpr (requires { l.for_each_buffer(f); }) l.for_each_buffer(f);
   }
-  // `states`: the layers' states, or no_forward_state where the layers keep their own.
-  template <std::size_t I, class R, class S>
-  tensor_type forward_from(R& r, const tensor_type& x, S& states) {
-    auto y = naming_layer<I>([&] {
-      if constexpr (std::is_same_v<S, detail::no_forward_state>) return std::get<I>(layers_).forward(r, x);
-      else return std::get<I>(layers_).forward(r, x, std::get<I>(states.layers));
-    });
-    if constexpr (I + 1 < sizeof...(Layers)) return forward_from<I + 1>(r, y, states);
-    else return y;
+  template <std::size_t I>
+  using layer_at = std::tuple_element_t<I, std::tuple<Layers...>>;
+  // Whether layer I takes the relu after it into its own passes (both ways).
+  template <std::size_t I, class R>
+  static constexpr bool fuses_relu_after() {
+    if constexpr (I + 1 < sizeof...(Layers))
+      return detail::takes_norm_epilogue<layer_at<I>, R> && detail::relu_layer<layer_at<I + 1>>;
+    else
+      return false;
   }
-  // Layers I down to Last, in reverse.
+
+  template <class R>
+  tensor_type forward_plus(R& r, const tensor_type& x, const tensor_type* residual) {
+    if constexpr (keeps_states) {
+      return forward_plus(r, x, kept_.next(), residual);
+    } else {
+      detail::no_forward_state none;
+      return forward_from<0>(r, x, none, residual);
+    }
+  }
+  template <class R>
+  tensor_type forward_plus(R& r, const tensor_type& x, state_type& s, const tensor_type* residual) {
+    auto y = forward_from<0>(r, x, s, residual);
+    kept_.stamp(s, this);
+    return y;
+  }
+  template <class R>
+  static tensor_type plus(R& r, tensor_type y, const tensor_type& x) {
+    if (y.shape() != x.shape())
+      throw std::invalid_argument("distribute: sequential with plus_input: its output has shape " + y.shape().to_string() +
+                                  ", its input " + x.shape().to_string() + "; a residual connection needs the same shape");
+    detail::engine_of<device_type>(r).for_each(static_cast<std::int64_t>(y.size()),
+                                               detail::kernels::add_to<scalar_type>{y.data(), x.data()});
+    return y;
+  }
+  // `states`: the layers' states, or no_forward_state where the layers keep their own. `residual`,
+  // where not null, is added to the last layer's output.
+  template <std::size_t I, class R, class S>
+  tensor_type forward_from(R& r, const tensor_type& x, S& states, const tensor_type* residual) {
+    using L = layer_at<I>;
+    constexpr bool fused = fuses_relu_after<I, R>();
+    constexpr std::size_t next = fused ? I + 2 : I + 1;
+    constexpr bool last = next == sizeof...(Layers);
+    auto y = naming_layer<I>([&] {
+      auto& l = std::get<I>(layers_);
+      if constexpr (detail::takes_norm_epilogue<L, R>) {
+        const detail::norm_epilogue<scalar_type, device_type> then{fused, last ? residual : nullptr};
+        if constexpr (std::is_same_v<S, detail::no_forward_state>) return l.forward(r, x, then);
+        else return l.forward(r, x, std::get<I>(states.layers), then);
+      } else {
+        if constexpr (std::is_same_v<S, detail::no_forward_state>) return l.forward(r, x);
+        else return l.forward(r, x, std::get<I>(states.layers));
+      }
+    });
+    if constexpr (!last) {
+      return forward_from<next>(r, y, states, residual);
+    } else {
+      if constexpr (!detail::takes_norm_epilogue<L, R>)
+        if (residual) return plus(r, std::move(y), *residual);
+      return y;
+    }
+  }
+  // Layers I down to Last, in reverse. A relu fused into the layer before it passes dy on untouched:
+  // that layer's backward applies its mask.
   template <std::size_t I, std::size_t Last = 0, class R, class S>
   tensor_type backward_from(R& r, const tensor_type& dy, S& states) {
+    if constexpr (I > 0) {
+      if constexpr (fuses_relu_after<I - 1, R>()) {
+        if constexpr (I > Last) return backward_from<I - 1, Last>(r, dy, states);
+        else return dy;
+      }
+    }
     auto dx = naming_layer<I>([&] {
       if constexpr (std::is_same_v<S, detail::no_forward_state>) return std::get<I>(layers_).backward(r, dy);
       else return std::get<I>(layers_).backward(r, std::get<I>(states.layers), dy);

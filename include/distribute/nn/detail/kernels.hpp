@@ -427,6 +427,81 @@ struct normalized_input_gradient {
   }
 };
 
+// Instance norm's passes with what follows the norm fused into them. Forward writes
+// y = relu?(gamma * xhat + beta) + residual? in one pass where normalize, relu_forward and add_to took
+// three; xhat is not kept but recomputed from the input and the plane's statistics when backward
+// needs it (the same expression, so the same bits). Backward reads the ReLU's mask from the same
+// recomputed value, so one pass stands for relu_backward and the norm's own. Every value is the one
+// the separate passes give: the expressions are theirs, in their order.
+template <class T>
+struct plane_norm_terms {
+  const T* x;
+  const double* mean;  // per plane
+  const double* invstd;
+  const T* gamma;  // per channel, or null (1)
+  const T* beta;   // per channel, or null (0)
+  index channels, plane;
+  bool relu;
+  DISTRIBUTE_HOST_DEVICE T xhat(index s, index j) const {
+    return static_cast<T>((static_cast<double>(x[j]) - mean[s]) * invstd[s]);
+  }
+  DISTRIBUTE_HOST_DEVICE T affine(index s, T xh) const {
+    const index c = s % channels;
+    return (gamma ? gamma[c] : T(1)) * xh + (beta ? beta[c] : T(0));
+  }
+  // The gradient that reaches the norm's affine output: dy where the ReLU passed the value.
+  DISTRIBUTE_HOST_DEVICE T output_gradient(index s, index j, T xh, const T* dy) const {
+    const T g = dy[j];  // read whatever the mask, so that the loop vectorises (relu_backward)
+    return !relu || affine(s, xh) > T(0) ? g : T(0);
+  }
+};
+template <class T>
+struct plane_norm_output {
+  plane_norm_terms<T> t;
+  T* y;
+  const T* residual;  // added after the activation, or null
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
+    const index j = s * t.plane + i;
+    T v = t.affine(s, t.xhat(s, j));
+    if (t.relu) v = v > T(0) ? v : T(0);
+    if (residual) v += residual[j];
+    y[j] = v;
+  }
+};
+// For the plane sums: the output gradient g, and g * xhat.
+template <class T>
+struct plane_norm_gradient {
+  plane_norm_terms<T> t;
+  const T* dy;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    const index j = s * t.plane + i;
+    return static_cast<double>(t.output_gradient(s, j, t.xhat(s, j), dy));
+  }
+};
+template <class T>
+struct plane_norm_gradient_times_xhat {
+  plane_norm_terms<T> t;
+  const T* dy;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    const index j = s * t.plane + i;
+    const T xh = t.xhat(s, j);
+    return static_cast<double>(t.output_gradient(s, j, xh, dy)) * static_cast<double>(xh);
+  }
+};
+// dx = k (g - mean(g) - xhat mean(g xhat)), coef as in normalized_input_gradient (per plane).
+template <class T>
+struct plane_norm_input_gradient {
+  plane_norm_terms<T> t;
+  const T* dy;
+  const T* coef;
+  T* dx;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
+    const index j = s * t.plane + i;
+    const T xh = t.xhat(s, j);
+    dx[j] = coef[3 * s] * (t.output_gradient(s, j, xh, dy) - coef[3 * s + 1] - xh * coef[3 * s + 2]);
+  }
+};
+
 // --- losses ----------------------------------------------------------------------------------------------
 
 // Per example s of `per` elements: the loss's per-element value (for the segmented sum) and its
