@@ -1,6 +1,7 @@
 // cyclegan_train on GPU replicas (--device cuda): the same program (program.hpp) with the strategies
-// instantiated for `cuda`. Compiled by nvcc into cyclegan_train beside its C++ translation unit, which
-// calls run_on_cuda; the CPU strategies stay in that unit, compiled by the C++ compiler with oneDNN.
+// instantiated for `cuda`. Compiled by nvcc into cyclegan_train beside its C++ translation unit, to
+// which it hands run_cuda (program.hpp's run_on_cuda) before main; the CPU strategies stay in that
+// unit, compiled by the C++ compiler with oneDNN.
 #include "program.hpp"
 #include "graphs.cuh"
 
@@ -29,7 +30,7 @@ inline std::vector<distribute::cuda> replica_devices(int replicas) {
   return devices;
 }
 
-summary run_on_cuda(const settings& st) {
+summary run_cuda(const settings& st) {
   validate(st);
   if (st.strategy == "one_device") {
     (void)replica_devices(1);  // a clear error where no GPU is visible
@@ -60,6 +61,10 @@ summary run_on_cuda(const settings& st) {
   }
   throw std::invalid_argument("--strategy must be one_device, mirrored or multi_worker, not '" + st.strategy + "'");
 }
+
+// Set before main (run_on_cuda is constant-initialised to null, so the order of initialisation
+// between the two units does not matter).
+[[maybe_unused]] const bool gpu_run_installed = (run_on_cuda = &run_cuda, true);
 
 // For the GPU tests: 0 where no GPU is visible (a driver error throws).
 int cuda_devices() { return distribute::cuda_device_count(); }

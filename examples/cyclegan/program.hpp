@@ -548,18 +548,18 @@ summary run_with(S& strategy, settings st) {
   return sum;
 }
 
-// The run on GPU replicas: defined by cuda_run.cu, in builds with CUDA (DISTRIBUTE_CYCLEGAN_CUDA).
-summary run_on_cuda(const settings& st);
+// The run on GPU replicas, where the executable has one: cuda_run.cu, compiled by nvcc into
+// cyclegan_train in builds with CUDA, sets it before main. cyclegan_train_cpu is the same program
+// without it (what scripts/demo.sh builds, so that a CPU run never waits for nvcc).
+inline summary (*run_on_cuda)(const settings&) = nullptr;
 
 inline summary run(const settings& st) {
   validate(st);
   if (st.device == "cuda") {
-#if defined(DISTRIBUTE_CYCLEGAN_CUDA)
+    if (!run_on_cuda)
+      throw std::invalid_argument("--device cuda: this executable has no CUDA side (cyclegan_train has one where the build found "
+                                  "nvcc and the CUDA toolkit; cyclegan_train_cpu never has)");
     return run_on_cuda(st);
-#else
-    throw std::invalid_argument("--device cuda: this build of cyclegan_train has no CUDA (configure it where nvcc and the CUDA "
-                                "toolkit are found)");
-#endif
   }
   if (st.strategy == "one_device") {
     distribute::one_device_strategy<distribute::cpu> s;
