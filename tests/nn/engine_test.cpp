@@ -11,6 +11,8 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +21,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -168,6 +171,45 @@ BOOST_AUTO_TEST_CASE(each_replica_gets_its_share_of_the_cores) {
   dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
   s.set_engine_options({.threads = 3});
   for (int t : s.run([](dist::replica auto& r) { return r.engine().threads(); })) BOOST_TEST(t == 3);
+}
+
+// engine_options::adapt_threads with threads busy on every core: the engine's team waits for a CPU,
+// so it steps down (the decision itself: core.thread_governor_decision), and computes what an
+// engine of a fixed count does, to float rounding (oneDNN's weight gradients sum in an order that
+// depends on the thread count). Off, the count never moves.
+BOOST_AUTO_TEST_CASE(adapt_threads_steps_down_while_other_threads_keep_the_cores_busy) {
+  const int cores = static_cast<int>(std::max(1u, dist::detail::usable_hardware_threads()));
+  dist::engine<dist::cpu> fixed{{.threads = 2}};
+  dist::engine<dist::cpu> adapting{{.threads = 2, .adapt_threads = true}};
+  BOOST_TEST(adapting.threads() == 2);
+  BOOST_TEST(adapting.active_threads() == 2);
+  const auto g = conv_geometry::of(4, 16, 20, 20, 32, 3, 1, 1);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < cores; ++i)
+    busy.emplace_back([&stop] {
+      volatile double x = 1.0;
+      while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
+    });
+  int least = 2;
+  double worst = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (least == 2 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    worst = std::max(worst, compare_engines(adapting, fixed, g, true));
+    least = std::min(least, adapting.active_threads());
+  }
+  stop = true;
+  for (auto& t : busy) t.join();
+  BOOST_TEST(worst < 1e-5, "adapting against fixed: relative difference " << worst);
+  BOOST_TEST(fixed.active_threads() == 2);
+#if defined(_OPENMP)
+  if (dist::detail::team_run_delay::available())
+    BOOST_TEST(least == 1, "with " << cores << " busy threads on " << cores << " cores the engine kept 2 threads for 5 s");
+  else
+    BOOST_TEST_MESSAGE("this kernel reports no run delay: adapt_threads keeps the count");
+#else
+  BOOST_TEST(least == 2);  // without OpenMP there is nothing to adapt
+#endif
 }
 
 BOOST_AUTO_TEST_CASE(results_are_bit_identical_from_run_to_run) {
