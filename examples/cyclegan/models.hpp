@@ -54,12 +54,17 @@ std::vector<float> host_values(const T& t) {
 
 // A run-time count of identical blocks (residual blocks, discriminator stages): the layer list of
 // nn::sequential is a type, the count of these comes from the command line.
+//
+// Every network here keeps its forward's state as a value too (`state_type`, nn/layer.hpp: its
+// layers' states), so a network can be applied several times before its backwards: recorded on an
+// nn::tape, a generator translates, reconstructs and maps to itself in one forward.
 template <class Block>
 class repeated {
  public:
   using scalar_type = float;
   using device_type = nn::layer_device_t<Block>;
   using tensor_type = dist::tensor<float, device_type>;
+  using state_type = std::vector<typename Block::state_type>;  // one per block
 
   repeated() = default;
   explicit repeated(std::vector<Block> blocks) : blocks_(std::move(blocks)) {}
@@ -76,6 +81,28 @@ class repeated {
     for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
       d = it->backward(r, d);
       r.gradients_ready(*it);  // its gradients are final: an open gradient overlap may send them
+    }
+    return d;
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    s.resize(blocks_.size());
+    if (blocks_.empty()) return x;
+    tensor_type y = blocks_[0].forward(r, x, s[0]);
+    for (std::size_t i = 1; i < blocks_.size(); ++i) y = blocks_[i].forward(r, y, s[i]);
+    return y;
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    if (s.size() != blocks_.size())
+      throw nn::forward_state_error("repeated::backward got a state of " + std::to_string(s.size()) + " blocks, it has " +
+                                    std::to_string(blocks_.size()));
+    if (blocks_.empty()) return dy;
+    tensor_type d = blocks_.back().backward(r, s.back(), dy);
+    r.gradients_ready(blocks_.back());
+    for (std::size_t i = blocks_.size() - 1; i-- > 0;) {
+      d = blocks_[i].backward(r, s[i], d);
+      r.gradients_ready(blocks_[i]);
     }
     return d;
   }
@@ -145,6 +172,25 @@ class norm_layer {
   tensor_type backward(R& r, const tensor_type& dy) {
     return std::visit([&](auto& n) { return n.backward(r, dy); }, v_);
   }
+  // The state of the norm it is (std::variant in the same order).
+  using state_type = std::variant<typename nn::instance_norm<float, D>::state_type, typename nn::batch_norm<float, D>::state_type,
+                                  typename nn::sync_batch_norm<float, D>::state_type>;
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    return std::visit([&](auto& n) {
+      using S = typename std::remove_reference_t<decltype(n)>::state_type;
+      if (!std::holds_alternative<S>(s)) s.template emplace<S>();
+      return n.forward(r, x, std::get<S>(s));
+    }, v_);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    return std::visit([&](auto& n) {
+      using S = typename std::remove_reference_t<decltype(n)>::state_type;
+      if (!std::holds_alternative<S>(s)) throw nn::forward_state_error("norm_layer::backward got another norm's state");
+      return n.backward(r, std::get<S>(s), dy);
+    }, v_);
+  }
   template <class F>
   void for_each_parameter(F&& f) {
     std::visit([&](auto& n) { n.for_each_parameter(f); }, v_);
@@ -211,6 +257,11 @@ class residual {
   tensor_type forward(R& r, const tensor_type& x) { return body_.forward(r, x, nn::plus_input); }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) { return body_.backward(r, dy, nn::plus_input); }
+  using state_type = typename body_type::state_type;
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) { return body_.forward(r, x, s, nn::plus_input); }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) { return body_.backward(r, s, dy, nn::plus_input); }
   template <class F>
   void for_each_parameter(F&& f) { body_.for_each_parameter(f); }
   void zero_grad() { body_.zero_grad(); }
@@ -287,6 +338,19 @@ class patch_stage {
   tensor_type forward(R& r, const tensor_type& x) { return act_.forward(r, norm_.forward(r, conv_.forward(r, x))); }
   template <class R>
   tensor_type backward(R& r, const tensor_type& dy) { return conv_.backward(r, norm_.backward(r, act_.backward(r, dy))); }
+  struct state_type {
+    typename nn::conv2d<float, D>::state_type conv;
+    typename norm_layer<D>::state_type norm;
+    typename nn::leaky_relu<float, D>::state_type act;
+  };
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    return act_.forward(r, norm_.forward(r, conv_.forward(r, x, s.conv), s.norm), s.act);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    return conv_.backward(r, s.conv, norm_.backward(r, s.norm, act_.backward(r, s.act, dy)));
+  }
   template <class F>
   void for_each_parameter(F&& f) {
     conv_.for_each_parameter(f);

@@ -137,7 +137,13 @@ struct generator_result {
   dist::tensor<float, D> fake_a, fake_b;
 };
 
-template <distribute::strategy S>
+// How a step routes its gradients: wired by hand (each network's backward right after its forward,
+// the gradients added where they meet), or recorded on an nn::tape, which routes them (the same
+// gradients, bit for bit: see taped_generator_step). benchmarks/bench_tape.cpp times one beside the
+// other.
+enum class wiring { by_hand, tape };
+
+template <distribute::strategy S, wiring W = wiring::by_hand>
 class trainer {
  public:
   // The strategy's device, and the networks and tensors on it.
@@ -226,11 +232,14 @@ class trainer {
     // Each replica takes its share of the images as host tensors and puts them on its device.
     auto g_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, generator_type& gab, generator_type& gba,
                           discriminator_type& da, discriminator_type& db, adam& oab, adam& oba) {
-      return generator_step(r, on_replica(r, ra), on_replica(r, rb), gab, gba, da, db, oab, oba, n);
+      if constexpr (W == wiring::tape) return taped_generator_step(r, on_replica(r, ra), on_replica(r, rb), gab, gba, da, db, oab, oba, n);
+      else return generator_step(r, on_replica(r, ra), on_replica(r, rb), gab, gba, da, db, oab, oba, n);
     };
     auto d_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, const tensor& fa, const tensor& fb, discriminator_type& da,
                           discriminator_type& db, adam& oa, adam& ob) {
-      return discriminator_step(r, on_replica(r, ra), on_replica(r, rb), on_replica(r, fa), on_replica(r, fb), da, db, oa, ob, n);
+      if constexpr (W == wiring::tape)
+        return taped_discriminator_step(r, on_replica(r, ra), on_replica(r, rb), on_replica(r, fa), on_replica(r, fb), da, db, oa, ob, n);
+      else return discriminator_step(r, on_replica(r, ra), on_replica(r, rb), on_replica(r, fa), on_replica(r, fb), da, db, oa, ob, n);
     };
     std::vector<float> fakes_a, fakes_b;
     if (mirror) {
@@ -493,6 +502,98 @@ class trainer {
     ob.step(r, db);
     out.d_a = 0.5 * (on_real[0].host_value() + on_fake[0].host_value());
     out.d_b = 0.5 * (on_real[1].host_value() + on_fake[1].host_value());
+    return out;
+  }
+
+  // The generators' half on an nn::tape: the forward written as the graph it is (each generator
+  // applied three times, the discriminators frozen: their parameters' gradients untouched) and one
+  // backward. A tape runs the backwards in the reverse of the calls, so the calls are recorded in the
+  // reverse of generator_step's backward order (B -> A -> B, then A -> B -> A, then identity): each
+  // generator's parameter gradients are then summed in the same order, and the fakes' two gradients
+  // (cycle and adversarial) are one addition either way, so the gradients and the update are
+  // generator_step's, bit for bit.
+  template <class R>
+  result taped_generator_step(R& r, const device_tensor& a, const device_tensor& b, generator_type& gab, generator_type& gba,
+                              discriminator_type& da, discriminator_type& db, adam& oab, adam& oba, std::int64_t n) {
+    result out;
+    gab.zero_grad();
+    gba.zero_grad();
+    const double w_cyc = o_.lambda_cycle, w_idt = o_.lambda_cycle * o_.lambda_identity;
+    const auto l1_to = [&r, n](const device_tensor& target) {
+      return [&r, &target, n](const device_tensor& y) { return nn::l1(r, y, target, n, nn::value_on_device); };
+    };
+    const auto real_score = [&r, n](const device_tensor& s) { return nn::mse(r, s, filled_like(s, 1.0f), n, nn::value_on_device); };
+    nn::tape<R> t{r};
+    const auto real_a = t.constant(a), real_b = t.constant(b);  // data: no input gradient
+    const auto fake_a = t(gba, real_b);
+    const device_loss cycle_b = t.loss(t(gab, fake_a), l1_to(b), static_cast<float>(w_cyc));
+    const device_loss gan_ba = t.loss(t(da, fake_a, nn::frozen), real_score);
+    const auto fake_b = t(gab, real_a);
+    const device_loss cycle_a = t.loss(t(gba, fake_b), l1_to(a), static_cast<float>(w_cyc));
+    const device_loss gan_ab = t.loss(t(db, fake_b, nn::frozen), real_score);
+    std::optional<device_loss> idt_a, idt_b;
+    if (w_idt > 0) {
+      idt_a = t.loss(t(gba, real_a), l1_to(a), static_cast<float>(w_idt));
+      idt_b = t.loss(t(gab, real_b), l1_to(b), static_cast<float>(w_idt));
+    }
+    // Each generator's buckets go during its last backward (the tape holds the earlier ones).
+    auto sync = r.overlap_gradients(reduction());
+    if (o_.overlap) {
+      sync.add(gab);
+      sync.add(gba);
+    }
+    t.backward();
+    sync.wait();
+    if (!o_.overlap) {
+      r.all_reduce_gradients(gab, reduction());
+      r.all_reduce_gradients(gba, reduction());
+    }
+    oab.step(r, gab);
+    oba.step(r, gba);
+    out.fake_a = fake_a.value();
+    out.fake_b = fake_b.value();
+    if (idt_a) out.losses.identity = w_idt * (idt_a->host_value() + idt_b->host_value());
+    out.losses.cycle = w_cyc * cycle_a.host_value();
+    out.losses.cycle += w_cyc * cycle_b.host_value();
+    out.losses.gan_ab = gan_ab.host_value();
+    out.losses.gan_ba = gan_ba.host_value();
+    return out;
+  }
+
+  // The discriminators' half on a tape. Recorded D_B first and each on the fake first, its backward
+  // runs discriminator_step's order (D_A on real, on fake, then D_B): the same gradients, bit for
+  // bit. The forwards run in the other order, which only plain batch norm's running statistics
+  // (their momentum updates) would see.
+  template <class R>
+  step_losses taped_discriminator_step(R& r, const device_tensor& real_a, const device_tensor& real_b, const device_tensor& fake_a,
+                                       const device_tensor& fake_b, discriminator_type& da, discriminator_type& db, adam& oa, adam& ob,
+                                       std::int64_t n) {
+    step_losses out;
+    da.zero_grad();
+    db.zero_grad();
+    const auto score_of = [&r, n](float target) {
+      return [&r, n, target](const device_tensor& s) { return nn::mse(r, s, filled_like(s, target), n, nn::value_on_device); };
+    };
+    nn::tape<R> t{r};
+    const device_loss fake_b_loss = t.loss(t(db, t.constant(fake_b)), score_of(0.0f), 0.5f);
+    const device_loss real_b_loss = t.loss(t(db, t.constant(real_b)), score_of(1.0f), 0.5f);
+    const device_loss fake_a_loss = t.loss(t(da, t.constant(fake_a)), score_of(0.0f), 0.5f);
+    const device_loss real_a_loss = t.loss(t(da, t.constant(real_a)), score_of(1.0f), 0.5f);
+    auto sync = r.overlap_gradients(reduction());
+    if (o_.overlap) {
+      sync.add(da);
+      sync.add(db);
+    }
+    t.backward();
+    sync.wait();
+    if (!o_.overlap) {
+      r.all_reduce_gradients(da, reduction());
+      r.all_reduce_gradients(db, reduction());
+    }
+    oa.step(r, da);
+    ob.step(r, db);
+    out.d_a = 0.5 * (real_a_loss.host_value() + fake_a_loss.host_value());
+    out.d_b = 0.5 * (real_b_loss.host_value() + fake_b_loss.host_value());
     return out;
   }
 

@@ -380,6 +380,63 @@ BOOST_AUTO_TEST_CASE(overlapped_all_reduce_changes_no_bit) {
   BOOST_TEST(!(on == train_three_steps(s, placement::full, 4, d, true)), "bfloat16 gradients are not the float ones");
 }
 
+// The step recorded on an nn::tape (wiring::tape: each generator applied three times and the
+// discriminators frozen on one tape) against the hand-wired step: the same losses, gradients and
+// parameters, bit for bit, under one device and mirrored (with and without the overlapped all-reduce).
+template <wiring W, class S>
+std::vector<std::vector<float>> three_steps_wired(S& s, bool overlap, std::vector<double>& losses) {
+  train_options o;
+  o.overlap = overlap;
+  o.gen = {.channels = 1, .filters = 4, .blocks = 2};
+  o.disc = {.channels = 1, .filters = 4, .layers = 2};
+  o.batch = 4 / s.num_replicas_in_sync();
+  o.pool_size = 2;
+  o.total_steps = 3;
+  trainer<S, W> tr(s, o, 1, 28, 28);
+  for (int step = 0; step < 3; ++step) {
+    tensor a{dist::shape::nchw(4, 1, 28, 28)}, b{dist::shape::nchw(4, 1, 28, 28)};
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      a[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i + 1000 * static_cast<std::size_t>(step))));
+      b[i] = static_cast<float>(std::cos(0.53 * static_cast<double>(i + 1000 * static_cast<std::size_t>(step))));
+    }
+    const auto l = tr.step(a, b).values();
+    losses.insert(losses.end(), l.begin(), l.end());
+  }
+  tr.verify_mirrored();
+  std::vector<std::vector<float>> out;
+  for (auto* net : {&tr.g_ab().primary(), &tr.g_ba().primary()})
+    net->for_each_parameter([&](auto v, auto g) {
+      out.emplace_back(v.begin(), v.end());
+      out.emplace_back(g.begin(), g.end());
+    });
+  for (auto* net : {&tr.d_a().primary(), &tr.d_b().primary()})
+    net->for_each_parameter([&](auto v, auto g) {
+      out.emplace_back(v.begin(), v.end());
+      out.emplace_back(g.begin(), g.end());
+    });
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(the_step_on_a_tape_equals_the_hand_wired_step_bit_for_bit) {
+  dist::one_device_strategy<dist::cpu> one;
+  dist::mirrored_strategy<dist::cpu> two{dist::cpu_replicas(2)};
+  auto agree = [](auto& s, bool overlap, const char* what) {
+    std::vector<double> hand_losses, tape_losses;
+    const auto hand = three_steps_wired<wiring::by_hand>(s, overlap, hand_losses);
+    const auto taped = three_steps_wired<wiring::tape>(s, overlap, tape_losses);
+    BOOST_TEST_CONTEXT(what) {
+      BOOST_TEST(hand_losses.size() == 18u);
+      for (std::size_t i = 0; i < hand_losses.size(); ++i)
+        BOOST_TEST(std::bit_cast<std::uint64_t>(hand_losses[i]) == std::bit_cast<std::uint64_t>(tape_losses[i]), "loss " << i);
+      BOOST_TEST_REQUIRE(hand.size() == taped.size());
+      for (std::size_t k = 0; k < hand.size(); ++k) BOOST_TEST((hand[k] == taped[k]), "tensor " << k << " (even: value, odd: gradient)");
+    }
+  };
+  agree(one, true, "one_device");
+  agree(two, true, "mirrored, overlapped all-reduce");
+  agree(two, false, "mirrored, all-reduce after backward");
+}
+
 BOOST_AUTO_TEST_CASE(every_network_finishes_its_buckets_in_plan_order) {
   // The bucket plan (reverse enumeration) is the order backward finishes the gradients of both
   // networks (generator: the residual blocks inside `repeated`; discriminator: its patch stages), so
