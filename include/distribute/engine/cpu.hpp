@@ -109,9 +109,13 @@ class engine<cpu> {
                                   "keep float32 models on CPU replicas");
     precision_ = p;
   }
-  // What computes the convolutions, for logs: "oneDNN" or "reference (im2col + Eigen)".
+  // What computes the convolutions, for logs: "oneDNN 3.2.0" (the version loaded) or "reference (im2col + Eigen)".
   std::string name() const {
-    return (uses_dnnl<float>() ? std::string("oneDNN") : std::string("reference (im2col + Eigen)")) + ", " +
+    std::string convolutions = "reference (im2col + Eigen)";
+#if DISTRIBUTE_HAS_DNNL
+    if (uses_dnnl<float>()) convolutions = detail::dnnl_conv::library();
+#endif
+    return convolutions + ", " +
            std::to_string(threads_) + (threads_ == 1 ? " thread" : " threads") +
 #if defined(_OPENMP)
            "";

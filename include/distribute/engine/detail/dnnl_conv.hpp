@@ -14,14 +14,20 @@
 //
 // Written against oneDNN's C API: its C++ API is header code that every program including the
 // layers would compile (measured: +7.8 CPU-seconds on the CycleGAN trainer's translation unit).
+// Builds with oneDNN 2.x and 3.x. The two differ in two places, each under DNNL_VERSION_MAJOR: a
+// memory descriptor (a value in 2.x, a handle oneDNN allocates in 3.x; `memory_desc` below owns
+// either) and how a convolution's primitive descriptor is made (from an operation descriptor in 2.x,
+// directly in 3.x; `primitive_desc`).
 //
-// Threads: oneDNN is built on OpenMP here and runs each primitive with the calling thread's OpenMP
-// thread count, which the engine sets to the replica's share before every call.
+// Threads: oneDNN is built on OpenMP here (both Debian's and the one scripts/setup.sh fetches) and
+// runs each primitive with the calling thread's OpenMP thread count, which the engine sets to the
+// replica's share before every call.
 
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/engine/detail/arena.hpp>
 
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_version.h>
 
 #include <array>
 #include <cstdint>
@@ -29,6 +35,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace distribute::detail {
@@ -117,6 +124,13 @@ class dnnl_conv {
   }
   std::size_t plans() const noexcept { return plans_.size(); }
 
+  // The oneDNN this program runs on, for logs: "oneDNN 3.2.0" (the library loaded, which is the one
+  // the build found unless the loader was pointed elsewhere).
+  static std::string library() {
+    const dnnl_version_t* v = dnnl_version();
+    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+  }
+
  private:
   static void check(dnnl_status_t s, const char* what) {
     if (s != dnnl_success)
@@ -137,24 +151,55 @@ class dnnl_conv {
   static std::int64_t right_pad(std::int64_t in, std::int64_t out, const conv_geometry& g) noexcept {
     return (out - 1) * g.stride + g.kernel - in - g.pad;
   }
-  static dnnl_memory_desc_t md(const std::vector<dnnl_dim_t>& dims, dnnl_format_tag_t tag, dnnl_data_type_t type = dnnl_f32) {
-    dnnl_memory_desc_t d;
-    check(dnnl_memory_desc_init_by_tag(&d, static_cast<int>(dims.size()), dims.data(), type, tag),
-          "dnnl_memory_desc_init_by_tag");
-    return d;
+
+#if DNNL_VERSION_MAJOR >= 3
+  using md_ptr = const_dnnl_memory_desc_t;  // what oneDNN's functions take and its queries return
+  using md_handle = handle<dnnl_memory_desc_t, dnnl_memory_desc_destroy>;
+  // A memory descriptor: a handle oneDNN allocates, destroyed with this object.
+  class memory_desc {
+   public:
+    memory_desc(const std::vector<dnnl_dim_t>& dims, dnnl_format_tag_t tag, dnnl_data_type_t type) {
+      dnnl_memory_desc_t raw = nullptr;
+      check(dnnl_memory_desc_create_with_tag(&raw, static_cast<int>(dims.size()), dims.data(), type, tag),
+            "dnnl_memory_desc_create_with_tag");
+      d_.reset(raw);
+    }
+    md_ptr get() const noexcept { return d_.get(); }
+
+   private:
+    md_handle d_;
+  };
+#else
+  using md_ptr = const dnnl_memory_desc_t*;
+  // A memory descriptor: a plain struct in oneDNN 2.x.
+  class memory_desc {
+   public:
+    memory_desc(const std::vector<dnnl_dim_t>& dims, dnnl_format_tag_t tag, dnnl_data_type_t type) {
+      check(dnnl_memory_desc_init_by_tag(&d_, static_cast<int>(dims.size()), dims.data(), type, tag),
+            "dnnl_memory_desc_init_by_tag");
+    }
+    md_ptr get() const noexcept { return &d_; }
+
+   private:
+    dnnl_memory_desc_t d_{};
+  };
+#endif
+  static memory_desc md(const std::vector<dnnl_dim_t>& dims, dnnl_format_tag_t tag, dnnl_data_type_t type = dnnl_f32) {
+    return memory_desc(dims, tag, type);
   }
-  static const dnnl_memory_desc_t& query(const_dnnl_primitive_desc_t pd, dnnl_query_t what) {
-    const dnnl_memory_desc_t* d = dnnl_primitive_desc_query_md(pd, what, 0);
+  // An operand's descriptor in a primitive descriptor; valid while that primitive descriptor lives.
+  static md_ptr query(const_dnnl_primitive_desc_t pd, dnnl_query_t what) {
+    md_ptr d = dnnl_primitive_desc_query_md(pd, what, 0);
     if (!d) throw std::runtime_error("distribute: oneDNN returned no memory descriptor for a convolution operand");
-    return *d;
+    return d;
   }
 
   // A memory object of a fixed descriptor, pointed at new data on each call.
   struct memory {
     memory_handle m;
-    void make(dnnl_engine_t e, const dnnl_memory_desc_t& d) {
+    void make(dnnl_engine_t e, md_ptr d) {
       dnnl_memory_t raw = nullptr;
-      check(dnnl_memory_create(&raw, &d, e, DNNL_MEMORY_NONE), "dnnl_memory_create");
+      check(dnnl_memory_create(&raw, d, e, DNNL_MEMORY_NONE), "dnnl_memory_create");
       m.reset(raw);
     }
     dnnl_memory_t point(const void* data) const {
@@ -166,19 +211,19 @@ class dnnl_conv {
   // One operand: the caller's layout, the primitive's, and the reorder between them when they differ.
   struct operand {
     memory user, lib;
-    dnnl_memory_desc_t lib_desc{};
+    std::size_t lib_bytes = 0;  // the size of the primitive's layout
     bool same = true;
     primitive_handle reorder;
 
-    void set(dnnl_engine_t e, const dnnl_memory_desc_t& u, const dnnl_memory_desc_t& l, bool input) {
-      lib_desc = l;
-      same = dnnl_memory_desc_equal(&u, &l) != 0;
+    void set(dnnl_engine_t e, md_ptr u, md_ptr l, bool input) {
+      lib_bytes = dnnl_memory_desc_get_size(l);
+      same = dnnl_memory_desc_equal(u, l) != 0;
       user.make(e, u);
       if (same) return;
       lib.make(e, l);
       dnnl_primitive_desc_t rpd = nullptr;
-      check(input ? dnnl_reorder_primitive_desc_create(&rpd, &u, e, &l, e, nullptr)
-                  : dnnl_reorder_primitive_desc_create(&rpd, &l, e, &u, e, nullptr),
+      check(input ? dnnl_reorder_primitive_desc_create(&rpd, u, e, l, e, nullptr)
+                  : dnnl_reorder_primitive_desc_create(&rpd, l, e, u, e, nullptr),
             "dnnl_reorder_primitive_desc_create");
       const desc_handle owned{rpd};
       dnnl_primitive_t raw = nullptr;
@@ -189,7 +234,7 @@ class dnnl_conv {
     dnnl_memory_t in(dnnl_stream_t s, const float* data, arena& a, arena::slot slot) const {
       dnnl_memory_t um = user.point(data);
       if (same) return um;
-      dnnl_memory_t lm = lib.point(a.get<std::byte>(slot, dnnl_memory_desc_get_size(&lib_desc)));
+      dnnl_memory_t lm = lib.point(a.get<std::byte>(slot, lib_bytes));
       const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, um}, {DNNL_ARG_TO, lm}};
       check(dnnl_primitive_execute(reorder.get(), s, 2, args), "reorder");
       return lm;
@@ -197,7 +242,7 @@ class dnnl_conv {
     // Where the primitive writes: the caller's memory, or scratch to reorder back from.
     dnnl_memory_t out(float* data, arena& a, arena::slot slot) const {
       if (same) return user.point(data);
-      return lib.point(a.get<std::byte>(slot, dnnl_memory_desc_get_size(&lib_desc)));
+      return lib.point(a.get<std::byte>(slot, lib_bytes));
     }
     void back(dnnl_stream_t s, float* data) const {
       if (same) return;
@@ -209,7 +254,7 @@ class dnnl_conv {
   struct plan {
     primitive_handle prim;
     std::string impl;
-    dnnl_memory_desc_t scratchpad_desc{};
+    std::size_t scratchpad_bytes = 0;
     memory scratchpad, bias;
     operand a, b, c;  // forward: src, weights, dst; data gradient: diff_dst, weights, diff_src;
                       // weight gradient: src, diff_dst, diff_weights
@@ -219,8 +264,8 @@ class dnnl_conv {
   dnnl_stream_t stream() const noexcept { return stream_.get(); }
 
   void run(plan& p, std::vector<dnnl_exec_arg_t>& args, arena& a) {
-    const std::size_t bytes = dnnl_memory_desc_get_size(&p.scratchpad_desc);
-    if (bytes > 0) args.push_back({DNNL_ARG_SCRATCHPAD, p.scratchpad.point(a.get<std::byte>(arena::workspace, bytes))});
+    if (p.scratchpad_bytes > 0)
+      args.push_back({DNNL_ARG_SCRATCHPAD, p.scratchpad.point(a.get<std::byte>(arena::workspace, p.scratchpad_bytes))});
     check(dnnl_primitive_execute(p.prim.get(), stream(), static_cast<int>(args.size()), args.data()), "convolution");
   }
 
@@ -233,24 +278,29 @@ class dnnl_conv {
     return plans_.emplace(k, make_plan(which, g, bias, half)).first->second.get();
   }
 
+  // Strides and the padding on either side, per spatial dimension.
+  struct window {
+    dnnl_dims_t strides, pad_l, pad_r;
+  };
+
   std::unique_ptr<plan> make_plan(pass which, const conv_geometry& g, bool bias, bool half) {
     const std::vector<dnnl_dim_t> src{g.batch, g.in_channels, g.in_height, g.in_width};
     const std::vector<dnnl_dim_t> wei{g.out_channels, g.in_channels, g.kernel, g.kernel};
     const std::vector<dnnl_dim_t> dst{g.batch, g.out_channels, g.out_height, g.out_width};
-    dnnl_dims_t strides{g.stride, g.stride}, pad_l{g.pad, g.pad};
-    dnnl_dims_t pad_r{right_pad(g.in_height, g.out_height, g), right_pad(g.in_width, g.out_width, g)};
+    const window win{{g.stride, g.stride}, {g.pad, g.pad},
+                     {right_pad(g.in_height, g.out_height, g), right_pad(g.in_width, g.out_width, g)}};
     // What each operand is in: the pass's two inputs in bfloat16 with `half`, everything else float32.
     const dnnl_data_type_t in_type = half ? dnnl_bf16 : dnnl_f32;
     const bool src_in = which != pass::backward_data, wei_in = which != pass::backward_weights, dst_in = which != pass::forward;
-    const dnnl_memory_desc_t src_any = md(src, dnnl_format_tag_any, src_in ? in_type : dnnl_f32),
-                             wei_any = md(wei, dnnl_format_tag_any, wei_in ? in_type : dnnl_f32),
-                             dst_any = md(dst, dnnl_format_tag_any, dst_in ? in_type : dnnl_f32);
-    const dnnl_memory_desc_t src_user = md(src, dnnl_nchw), wei_user = md(wei, dnnl_oihw), dst_user = md(dst, dnnl_nchw);
+    const memory_desc src_any = md(src, dnnl_format_tag_any, src_in ? in_type : dnnl_f32),
+                      wei_any = md(wei, dnnl_format_tag_any, wei_in ? in_type : dnnl_f32),
+                      dst_any = md(dst, dnnl_format_tag_any, dst_in ? in_type : dnnl_f32);
+    const memory_desc src_user = md(src, dnnl_nchw), wei_user = md(wei, dnnl_oihw), dst_user = md(dst, dnnl_nchw);
     // The plain layouts the data gradient may ask for (below), in the pass's types.
-    const dnnl_memory_desc_t src_plain = md(src, dnnl_nchw, src_in ? in_type : dnnl_f32),
-                             wei_plain = md(wei, dnnl_oihw, wei_in ? in_type : dnnl_f32),
-                             dst_plain = md(dst, dnnl_nchw, dst_in ? in_type : dnnl_f32);
-    const dnnl_memory_desc_t bias_md = md({g.out_channels}, dnnl_x);
+    const memory_desc src_plain = md(src, dnnl_nchw, src_in ? in_type : dnnl_f32),
+                      wei_plain = md(wei, dnnl_oihw, wei_in ? in_type : dnnl_f32),
+                      dst_plain = md(dst, dnnl_nchw, dst_in ? in_type : dnnl_f32);
+    const memory_desc bias_md = md({g.out_channels}, dnnl_x);
 
     dnnl_primitive_attr_t attr_raw = nullptr;
     check(dnnl_primitive_attr_create(&attr_raw), "dnnl_primitive_attr_create");
@@ -259,58 +309,49 @@ class dnnl_conv {
 
     // The forward descriptor is also the hint the two backward passes are built from (in bfloat16:
     // bfloat16 inputs, a float32 output, as the forward pass itself).
-    const dnnl_memory_desc_t fwd_src = md(src, dnnl_format_tag_any, in_type), fwd_wei = md(wei, dnnl_format_tag_any, in_type);
-    const dnnl_memory_desc_t fwd_dst = md(dst, dnnl_format_tag_any);
-    dnnl_convolution_desc_t fd;
-    check(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &fwd_src, &fwd_wei,
-                                             bias ? &bias_md : nullptr, &fwd_dst, strides, pad_l, pad_r),
-          "dnnl_convolution_forward_desc_init");
-    desc_handle fwd = create(&fd, attr_raw, nullptr, half);
+    const memory_desc fwd_src = md(src, dnnl_format_tag_any, in_type), fwd_wei = md(wei, dnnl_format_tag_any, in_type);
+    const memory_desc fwd_dst = md(dst, dnnl_format_tag_any);
+    const md_ptr bias_or_null = bias ? bias_md.get() : nullptr;
+    desc_handle fwd = primitive_desc(pass::forward, fwd_src.get(), fwd_wei.get(), bias_or_null, fwd_dst.get(), win, attr_raw,
+                                     nullptr, half);
     if (!fwd) return nullptr;
     auto p = std::make_unique<plan>();
-    p->bias.make(engine_raw_, bias_md);
+    p->bias.make(engine_raw_, bias_md.get());
     desc_handle bwd;
     const_dnnl_primitive_desc_t pd = fwd.get();
     switch (which) {
       case pass::forward:
-        p->a.set(engine_raw_, src_user, query(pd, dnnl_query_src_md), true);
-        p->b.set(engine_raw_, wei_user, query(pd, dnnl_query_weights_md), true);
-        p->c.set(engine_raw_, dst_user, query(pd, dnnl_query_dst_md), false);
+        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true);
+        p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true);
+        p->c.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_dst_md), false);
         break;
       case pass::backward_data: {
         // With fewer than 8 input channels (an image's) the blocked kernels' data gradient runs at a
         // third of the GEMM-based one that plain layouts select (measured 8 vs 25 GFLOP/s, 1 -> 16
         // channels, 7x7, on AVX2).
         const bool plain = g.in_channels < 8;
-        dnnl_convolution_desc_t bd;
-        check(dnnl_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct, plain ? &src_plain : &src_any,
-                                                       plain ? &wei_plain : &wei_any, plain ? &dst_plain : &dst_any, strides,
-                                                       pad_l, pad_r),
-              "dnnl_convolution_backward_data_desc_init");
-        bwd = create(&bd, attr_raw, fwd.get(), half);
+        bwd = primitive_desc(pass::backward_data, (plain ? src_plain : src_any).get(), (plain ? wei_plain : wei_any).get(),
+                             nullptr, (plain ? dst_plain : dst_any).get(), win, attr_raw, fwd.get(), half);
         if (!bwd) return nullptr;
         pd = bwd.get();
-        p->a.set(engine_raw_, dst_user, query(pd, dnnl_query_diff_dst_md), true);
-        p->b.set(engine_raw_, wei_user, query(pd, dnnl_query_weights_md), true);
-        p->c.set(engine_raw_, src_user, query(pd, dnnl_query_diff_src_md), false);
+        p->a.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true);
+        p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true);
+        p->c.set(engine_raw_, src_user.get(), query(pd, dnnl_query_diff_src_md), false);
         break;
       }
-      case pass::backward_weights: {
-        dnnl_convolution_desc_t wd;
-        check(dnnl_convolution_backward_weights_desc_init(&wd, dnnl_convolution_direct, &src_any, &wei_any,
-                                                          bias ? &bias_md : nullptr, &dst_any, strides, pad_l, pad_r),
-              "dnnl_convolution_backward_weights_desc_init");
-        bwd = create(&wd, attr_raw, fwd.get(), half);
+      case pass::backward_weights:
+        bwd = primitive_desc(pass::backward_weights, src_any.get(), wei_any.get(), bias_or_null, dst_any.get(), win, attr_raw,
+                             fwd.get(), half);
         if (!bwd) return nullptr;
         pd = bwd.get();
-        p->a.set(engine_raw_, src_user, query(pd, dnnl_query_src_md), true);
-        p->b.set(engine_raw_, dst_user, query(pd, dnnl_query_diff_dst_md), true);
-        p->c.set(engine_raw_, wei_user, query(pd, dnnl_query_diff_weights_md), false);
+        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true);
+        p->b.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true);
+        p->c.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_diff_weights_md), false);
         break;
-      }
     }
-    p->scratchpad_desc = query(pd, dnnl_query_scratchpad_md);
-    p->scratchpad.make(engine_raw_, p->scratchpad_desc);
+    const md_ptr scratchpad = query(pd, dnnl_query_scratchpad_md);
+    p->scratchpad_bytes = dnnl_memory_desc_get_size(scratchpad);
+    p->scratchpad.make(engine_raw_, scratchpad);
     const char* impl = nullptr;
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) p->impl = impl;
     dnnl_primitive_t raw = nullptr;
@@ -319,13 +360,52 @@ class dnnl_conv {
     return p;
   }
 
-  // Null where `may_lack` and oneDNN has no kernel for the descriptor (bfloat16 on some CPUs and
-  // geometries); any other failure throws.
-  desc_handle create(const void* op, const_dnnl_primitive_attr_t attr, const_dnnl_primitive_desc_t hint, bool may_lack) {
+  // The primitive descriptor of one pass over the operands (in the order of forward: src, weights,
+  // bias or null, dst; in the backward passes the gradients of those), built from the forward one
+  // (`hint`) for the backward passes. Null where `may_lack` and oneDNN has no kernel for it
+  // (bfloat16 on some CPUs and geometries); any other failure throws.
+  desc_handle primitive_desc(pass which, md_ptr src, md_ptr wei, md_ptr bias, md_ptr dst, const window& w,
+                             const_dnnl_primitive_attr_t attr, const_dnnl_primitive_desc_t hint, bool may_lack) {
     dnnl_primitive_desc_t raw = nullptr;
-    const dnnl_status_t s = dnnl_primitive_desc_create(&raw, op, attr, engine_raw_, hint);
+    dnnl_status_t s = dnnl_success;
+#if DNNL_VERSION_MAJOR >= 3
+    const dnnl_dims_t no_dilation{0, 0};
+    switch (which) {
+      case pass::forward:
+        s = dnnl_convolution_forward_primitive_desc_create(&raw, engine_raw_, dnnl_forward_training, dnnl_convolution_direct, src,
+                                                           wei, bias, dst, w.strides, no_dilation, w.pad_l, w.pad_r, attr);
+        break;
+      case pass::backward_data:
+        s = dnnl_convolution_backward_data_primitive_desc_create(&raw, engine_raw_, dnnl_convolution_direct, src, wei, dst,
+                                                                 w.strides, no_dilation, w.pad_l, w.pad_r, hint, attr);
+        break;
+      case pass::backward_weights:
+        s = dnnl_convolution_backward_weights_primitive_desc_create(&raw, engine_raw_, dnnl_convolution_direct, src, wei, bias,
+                                                                    dst, w.strides, no_dilation, w.pad_l, w.pad_r, hint, attr);
+        break;
+    }
+#else
+    dnnl_convolution_desc_t op;
+    switch (which) {
+      case pass::forward:
+        check(dnnl_convolution_forward_desc_init(&op, dnnl_forward_training, dnnl_convolution_direct, src, wei, bias, dst,
+                                                 w.strides, w.pad_l, w.pad_r),
+              "dnnl_convolution_forward_desc_init");
+        break;
+      case pass::backward_data:
+        check(dnnl_convolution_backward_data_desc_init(&op, dnnl_convolution_direct, src, wei, dst, w.strides, w.pad_l, w.pad_r),
+              "dnnl_convolution_backward_data_desc_init");
+        break;
+      case pass::backward_weights:
+        check(dnnl_convolution_backward_weights_desc_init(&op, dnnl_convolution_direct, src, wei, bias, dst, w.strides, w.pad_l,
+                                                          w.pad_r),
+              "dnnl_convolution_backward_weights_desc_init");
+        break;
+    }
+    s = dnnl_primitive_desc_create(&raw, &op, attr, engine_raw_, hint);
+#endif
     if (s == dnnl_unimplemented && may_lack) return desc_handle{};
-    check(s, "dnnl_primitive_desc_create (convolution)");
+    check(s, "creating a convolution's primitive descriptor");
     return desc_handle{raw};
   }
 
