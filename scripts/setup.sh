@@ -164,6 +164,26 @@ install_interop_venv() {
   exec 9>&-
 }
 
+# Downloads the pinned wheels REQUIREMENT... (no dependencies) into WORK/wheel, pip's output in LOG:
+# with pip itself, or one in a throwaway virtual environment (WORK/venv) where the system Python has
+# none. Prints nothing where it worked, and why not where it did not.
+download_wheels() {  # work log requirement...
+  local work=$1 log=$2 pip=()
+  shift 2
+  if python3 -m pip --version >/dev/null 2>&1; then
+    pip=(python3 -m pip)
+  elif python3 -m venv "$work/venv" >"$log" 2>&1; then
+    pip=("$work/venv/bin/python" -m pip)
+  else
+    echo "neither pip nor python3 -m venv is available"
+    return
+  fi
+  if ! "${pip[@]}" download --quiet --disable-pip-version-check --no-input --no-deps \
+      --only-binary :all: --retries 2 --timeout 30 -d "$work/wheel" "$@" >>"$log" 2>&1; then
+    echo "pip could not download $* (is PyPI reachable?)"
+  fi
+}
+
 # The GPU engine computes convolutions with cuDNN through NVIDIA's cudnn-frontend, a header-only C++
 # library that no Debian package has: its headers (about 3 MB; MIT and Apache-2.0, the licences are
 # copied with them) are taken from the PyPI wheel nvidia-cudnn-frontend at the version pinned here,
@@ -191,21 +211,9 @@ install_cudnn_frontend() {
   fi
   echo "setup.sh: fetching the cudnn-frontend $cudnn_frontend_version headers into build/cudnn-frontend"
   rm -rf "$dir" "$note"
-  local work reason="" pip=()
+  local work reason
   work=$(mktemp -d)
-  # pip itself, or one in a throwaway virtual environment where the system Python has none.
-  if python3 -m pip --version >/dev/null 2>&1; then
-    pip=(python3 -m pip)
-  elif python3 -m venv "$work/venv" >"$log" 2>&1; then
-    pip=("$work/venv/bin/python" -m pip)
-  else
-    reason="neither pip nor python3 -m venv is available"
-  fi
-  if [[ -z $reason ]] && ! "${pip[@]}" download --quiet --disable-pip-version-check --no-input --no-deps \
-      --only-binary :all: --retries 2 --timeout 30 -d "$work/wheel" "nvidia-cudnn-frontend==$cudnn_frontend_version" \
-      >>"$log" 2>&1; then
-    reason="pip could not download nvidia-cudnn-frontend==$cudnn_frontend_version (is PyPI reachable?)"
-  fi
+  reason=$(download_wheels "$work" "$log" "nvidia-cudnn-frontend==$cudnn_frontend_version")
   # Only the headers (the wheel's include/) and the licences; the wheel's Python package is not used.
   if [[ -z $reason ]] && ! python3 - "$work/wheel" "$dir" >>"$log" 2>&1 <<'PY'
 import glob, os, sys, zipfile
@@ -236,7 +244,84 @@ PY
   exec 9>&-
 }
 
+# The CPU engine computes convolutions with oneDNN. Debian 12's libdnnl-dev (above) is oneDNN 2.6.3
+# from 2022; Intel's PyPI wheels onednn-cpu-gomp and onednn-devel-cpu-gomp carry a newer release, built
+# on GCC's OpenMP runtime like our own code (docs/benchmarks.md has the measurements that chose it).
+# Their library, headers and licences (about 55 MB) go into build/onednn, at the version pinned here,
+# where CMake looks first (DISTRIBUTE_DNNL_ROOT); binaries find the library there by their run path.
+# Where the wheels cannot be fetched (no PyPI), the reason is left in build/onednn.unavailable and the
+# build uses Debian's oneDNN 2.6.3, which is slower but gives the same results.
+onednn_wheel_version=2023.2.0  # oneDNN 3.2.0
+install_onednn() {
+  local dir=$root/build/onednn
+  local note=$dir.unavailable log=$dir.log
+  if [[ -f $dir/include/oneapi/dnnl/dnnl.h && $(cat "$dir/installed-version" 2>/dev/null) == "$onednn_wheel_version" ]]; then
+    echo "setup.sh: oneDNN $(cat "$dir/onednn-version") is installed (build/onednn)"
+    return
+  fi
+  mkdir -p "$root/build"
+  exec 9>"$dir.lock"
+  flock 9
+  if [[ -f $dir/include/oneapi/dnnl/dnnl.h && $(cat "$dir/installed-version" 2>/dev/null) == "$onednn_wheel_version" ]]; then
+    exec 9>&-
+    return
+  fi
+  echo "setup.sh: fetching oneDNN (PyPI onednn-cpu-gomp $onednn_wheel_version) into build/onednn"
+  rm -rf "$dir" "$note"
+  local work reason
+  work=$(mktemp -d)
+  reason=$(download_wheels "$work" "$log" "onednn-cpu-gomp==$onednn_wheel_version" \
+    "onednn-devel-cpu-gomp==$onednn_wheel_version")
+  # The headers (include/), the library once under its soname with libdnnl.so beside it (the wheel
+  # holds three copies of it), and the licences; not the wheels' CMake files, which name other copies.
+  if [[ -z $reason ]] && ! python3 - "$work/wheel" "$dir" >>"$log" 2>&1 <<'PY'
+import glob, os, re, sys, zipfile
+wheels, out = glob.glob(os.path.join(sys.argv[1], "*.whl")), sys.argv[2]
+soname = None
+for wheel in wheels:
+    with zipfile.ZipFile(wheel) as z:
+        for n in z.namelist():
+            m = re.match(r"[^/]+\.data/data/(.*)", n)
+            if not m or n.endswith("/"):
+                continue
+            path = m.group(1)
+            if path.startswith("include/"):
+                target = path
+            elif re.fullmatch(r"lib/libdnnl\.so\.\d+", path):
+                target, soname = path, os.path.basename(path)
+            elif path.startswith("share/doc/onednn/"):
+                target = "licenses/" + os.path.basename(path)
+            else:
+                continue
+            target = os.path.join(out, target)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with z.open(n) as src, open(target, "wb") as dst:
+                dst.write(src.read())
+version = os.path.join(out, "include/oneapi/dnnl/dnnl_version.h")
+if not soname or not os.path.exists(version):
+    sys.exit("the wheels lack lib/libdnnl.so.N or include/oneapi/dnnl/dnnl_version.h")
+os.chmod(os.path.join(out, "lib", soname), 0o755)
+os.symlink(soname, os.path.join(out, "lib/libdnnl.so"))
+v = dict(re.findall(r"#define DNNL_VERSION_(MAJOR|MINOR|PATCH) (\d+)", open(version).read()))
+with open(os.path.join(out, "onednn-version"), "w") as f:
+    f.write(f"{v['MAJOR']}.{v['MINOR']}.{v['PATCH']}\n")
+PY
+  then
+    reason="the oneDNN wheels could not be unpacked"
+  fi
+  rm -rf "$work"
+  if [[ -n $reason ]]; then
+    optional_not_installed "$dir" "$reason" "$log" "$note" "oneDNN $onednn_wheel_version from PyPI is" \
+      "the CPU engine will use Debian's oneDNN $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null || echo '(libdnnl-dev)') instead (slower; same results)."
+  else
+    echo "$onednn_wheel_version" >"$dir/installed-version"
+    echo "setup.sh: installed oneDNN $(cat "$dir/onednn-version") ($(du -sh "$dir" | cut -f1) in build/onednn)"
+  fi
+  exec 9>&-
+}
+
 install_packages
+install_onednn
 install_tensorboard_reader
 install_interop_venv
 install_cudnn_frontend
