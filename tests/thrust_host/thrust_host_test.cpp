@@ -560,16 +560,19 @@ BOOST_AUTO_TEST_CASE(fused_instance_norm_passes_match_the_sequential) {
       for_each_index(par, planes, kernels::divide_by{stats.data(), static_cast<double>(plane)});
       plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane}, stats.data() + planes);
       for_each_index(par, planes, kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
-      const kernels::plane_norm_terms<float> t{x.data(), stats.data(), stats.data() + planes, gamma, beta, C, plane, true};
+      std::vector<float> affine_terms(2 * up);
+      for_each_index(par, planes, kernels::plane_affine<float>{gamma, beta, affine_terms.data(), affine_terms.data() + planes, C});
+      const kernels::plane_norm_terms<float> t{x.data(), stats.data(), stats.data() + planes, affine_terms.data(),
+                                               affine_terms.data() + planes, plane};
       std::vector<float> y(x.size());
-      for_each_plane_index(par, planes, plane, kernels::plane_norm_output<float>{t, y.data(), x.data()});
+      for_each_plane_index(par, planes, plane, kernels::plane_norm_output<float, true, true>{t, y.data(), x.data()});
       std::vector<double> sums(2 * up);
-      plane_sums(par, planes, plane, kernels::plane_norm_gradient<float>{t, dy.data()}, sums.data());
-      plane_sums(par, planes, plane, kernels::plane_norm_gradient_times_xhat<float>{t, dy.data()}, sums.data() + planes);
+      plane_sums(par, planes, plane, kernels::plane_norm_gradient<float, true>{t, dy.data()}, sums.data());
+      plane_sums(par, planes, plane, kernels::plane_norm_gradient_times_xhat<float, true>{t, dy.data()}, sums.data() + planes);
       std::vector<float> coef(3 * up), dx(x.size());
       for_each_index(par, planes, kernels::plane_gradient_coefficients<float>{gamma, stats.data() + planes, sums.data(), coef.data(),
                                                                            planes, C, static_cast<double>(plane)});
-      for_each_plane_index(par, planes, plane, kernels::plane_norm_input_gradient<float>{t, dy.data(), coef.data(), dx.data()});
+      for_each_plane_index(par, planes, plane, kernels::plane_norm_input_gradient<float, true>{t, dy.data(), coef.data(), dx.data()});
       const std::string at = std::string(affine ? " affine " : " ") + s.to_string();
       check_close("instance_norm + relu + input forward" + at, y, ly.values());
       check_close("instance_norm + relu backward" + at, dx, ldx.values());

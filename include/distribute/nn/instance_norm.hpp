@@ -34,6 +34,7 @@ class instance_norm {
     detail::state_stamp stamp;
     tensor<double, D> stats;  // [mean | inverse standard deviation] per plane
     tensor_type input;        // xhat is recomputed from it (kernels::plane_norm_terms)
+    tensor_type affine;       // [scale | shift] per plane (kernels::plane_affine)
     bool relu = false;        // a ReLU was fused into the output: backward applies its mask
   };
   static constexpr const char* layer_name = "instance_norm";
@@ -89,9 +90,17 @@ class instance_norm {
     detail::plane_normalization_statistics(e, x, planes, plane, o_.eps, state.stats);
     state.input = x;
     state.relu = then.relu;
+    state.affine = tensor_type{shape{2 * planes}, device_, uninitialized};
+    e.for_each(planes, detail::kernels::plane_affine<T>{o_.affine ? gamma_.value.data() : nullptr,
+                                                        o_.affine ? beta_.value.data() : nullptr, state.affine.data(),
+                                                        state.affine.data() + planes, o_.channels});
     tensor_type y{s, device_, uninitialized};
-    e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T>{
-        terms(state, plane), y.data(), then.residual ? then.residual->data() : nullptr});
+    const auto t = terms(state, plane);
+    const T* residual = then.residual ? then.residual->data() : nullptr;
+    with_flag(then.relu, [&]<bool Relu> {
+      if (residual) e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T, Relu, true>{t, y.data(), residual});
+      else e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T, Relu, false>{t, y.data(), nullptr});
+    });
     kept_.stamp(state, this);
     return y;
   }
@@ -112,15 +121,20 @@ class instance_norm {
     const detail::kernels::plane_norm_terms<T> t = terms(state, plane);
     // Per plane [sum g | sum g xhat], g the gradient at the affine output (dy through the ReLU's mask).
     tensor<double, D> sums{shape{2 * planes}, device_, uninitialized};
-    e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient<T>{t, dy.data()}, sums.data());
-    e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient_times_xhat<T>{t, dy.data()}, sums.data() + planes);
+    with_flag(state.relu, [&]<bool Relu> {
+      e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient<T, Relu>{t, dy.data()}, sums.data());
+      e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient_times_xhat<T, Relu>{t, dy.data()}, sums.data() + planes);
+    });
     if (o_.affine)
       e.for_each(C, detail::kernels::add_plane_sums_per_channel<T>{sums.data(), gamma_.grad.data(), beta_.grad.data(), planes, C});
     tensor_type coef{shape{3 * planes}, device_, uninitialized};
-    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{t.gamma, t.invstd, sums.data(), coef.data(), planes, C,
+    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{o_.affine ? gamma_.value.data() : nullptr, t.invstd,
+                                                                      sums.data(), coef.data(), planes, C,
                                                                       static_cast<double>(plane)});
     tensor_type dx{s, device_, uninitialized};
-    e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_input_gradient<T>{t, dy.data(), coef.data(), dx.data()});
+    with_flag(state.relu, [&]<bool Relu> {
+      e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_input_gradient<T, Relu>{t, dy.data(), coef.data(), dx.data()});
+    });
     return dx;
   }
 
@@ -144,8 +158,14 @@ class instance_norm {
 
   detail::kernels::plane_norm_terms<T> terms(const state_type& state, std::int64_t plane) const {
     const auto planes = static_cast<std::int64_t>(state.stats.size()) / 2;
-    return {state.input.data(), state.stats.data(), state.stats.data() + planes, o_.affine ? gamma_.value.data() : nullptr,
-            o_.affine ? beta_.value.data() : nullptr, o_.channels, plane, state.relu};
+    return {state.input.data(), state.stats.data(), state.stats.data() + planes, state.affine.data(),
+            state.affine.data() + planes, plane};
+  }
+  // f.template operator()<flag>(): the passes with the flag as a template argument.
+  template <class F>
+  static void with_flag(bool flag, F&& f) {
+    if (flag) f.template operator()<true>();
+    else f.template operator()<false>();
   }
 };
 

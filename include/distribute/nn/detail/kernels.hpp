@@ -432,64 +432,90 @@ struct normalized_input_gradient {
 // three; xhat is not kept but recomputed from the input and the plane's statistics when backward
 // needs it (the same expression, so the same bits). Backward reads the ReLU's mask from the same
 // recomputed value, so one pass stands for relu_backward and the norm's own. Every value is the one
-// the separate passes give: the expressions are theirs, in their order.
+// the separate passes give: the expressions are theirs, in their order. Whether a ReLU is fused is
+// a template argument: a run-time flag in the loop kept GCC from vectorising the CPU's sums (a
+// branch per element, 5-8x slower than the separate passes).
 template <class T>
 struct plane_norm_terms {
   const T* x;
   const double* mean;  // per plane
   const double* invstd;
-  const T* gamma;  // per channel, or null (1)
-  const T* beta;   // per channel, or null (0)
-  index channels, plane;
-  bool relu;
+  const T* scale;  // per plane: gamma of its channel, or 1 (plane_affine)
+  const T* shift;  // per plane: beta of its channel, or 0
+  index plane;
   DISTRIBUTE_HOST_DEVICE T xhat(index s, index j) const {
     return static_cast<T>((static_cast<double>(x[j]) - mean[s]) * invstd[s]);
   }
-  DISTRIBUTE_HOST_DEVICE T affine(index s, T xh) const {
-    const index c = s % channels;
-    return (gamma ? gamma[c] : T(1)) * xh + (beta ? beta[c] : T(0));
-  }
-  // The gradient that reaches the norm's affine output: dy where the ReLU passed the value.
+  DISTRIBUTE_HOST_DEVICE T affine(index s, T xh) const { return scale[s] * xh + shift[s]; }
+  // The gradient that reaches the norm's affine output: dy where the ReLU passed the value (dy is
+  // read whatever the mask, so that the loop vectorises: relu_backward).
+  template <bool Relu>
   DISTRIBUTE_HOST_DEVICE T output_gradient(index s, index j, T xh, const T* dy) const {
-    const T g = dy[j];  // read whatever the mask, so that the loop vectorises (relu_backward)
-    return !relu || affine(s, xh) > T(0) ? g : T(0);
+    const T g = dy[j];
+    if constexpr (Relu) return affine(s, xh) > T(0) ? g : T(0);
+    else return g;
+  }
+  // The same as a term of a sum: g times 1 or 0. Where the select gives +0 this gives -0 for a
+  // negative g, which adds the same to a sum that starts at +0 (a sum of finite terms is -0 only
+  // if every term is). GCC vectorises the fixed-order sum (engine/detail/serial.hpp) over a
+  // product, not over a select, which it turns into a branch per element.
+  template <bool Relu>
+  DISTRIBUTE_HOST_DEVICE T output_gradient_term(index s, index j, T xh, const T* dy) const {
+    const T g = dy[j];
+    if constexpr (Relu) return g * static_cast<T>(affine(s, xh) > T(0));
+    else return g;
   }
 };
+// The per-plane scale and shift of plane_norm_terms: gamma and beta of the plane's channel, or 1 and
+// 0 (the values the separate passes multiplied and added, so the same bits).
 template <class T>
+struct plane_affine {
+  const T* gamma;  // per channel, or null
+  const T* beta;
+  T* scale;
+  T* shift;
+  index channels;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s) const {
+    const index c = s % channels;
+    scale[s] = gamma ? gamma[c] : T(1);
+    shift[s] = beta ? beta[c] : T(0);
+  }
+};
+template <class T, bool Relu, bool Residual>
 struct plane_norm_output {
   plane_norm_terms<T> t;
   T* y;
-  const T* residual;  // added after the activation, or null
+  const T* residual;  // added after the activation where Residual
   DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
     const index j = s * t.plane + i;
     T v = t.affine(s, t.xhat(s, j));
-    if (t.relu) v = v > T(0) ? v : T(0);
-    if (residual) v += residual[j];
+    if constexpr (Relu) v = v > T(0) ? v : T(0);
+    if constexpr (Residual) v += residual[j];
     y[j] = v;
   }
 };
 // For the plane sums: the output gradient g, and g * xhat.
-template <class T>
+template <class T, bool Relu>
 struct plane_norm_gradient {
   plane_norm_terms<T> t;
   const T* dy;
   DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
     const index j = s * t.plane + i;
-    return static_cast<double>(t.output_gradient(s, j, t.xhat(s, j), dy));
+    return static_cast<double>(t.template output_gradient_term<Relu>(s, j, t.xhat(s, j), dy));
   }
 };
-template <class T>
+template <class T, bool Relu>
 struct plane_norm_gradient_times_xhat {
   plane_norm_terms<T> t;
   const T* dy;
   DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
     const index j = s * t.plane + i;
     const T xh = t.xhat(s, j);
-    return static_cast<double>(t.output_gradient(s, j, xh, dy)) * static_cast<double>(xh);
+    return static_cast<double>(t.template output_gradient_term<Relu>(s, j, xh, dy)) * static_cast<double>(xh);
   }
 };
 // dx = k (g - mean(g) - xhat mean(g xhat)), coef as in normalized_input_gradient (per plane).
-template <class T>
+template <class T, bool Relu>
 struct plane_norm_input_gradient {
   plane_norm_terms<T> t;
   const T* dy;
@@ -498,7 +524,7 @@ struct plane_norm_input_gradient {
   DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
     const index j = s * t.plane + i;
     const T xh = t.xhat(s, j);
-    dx[j] = coef[3 * s] * (t.output_gradient(s, j, xh, dy) - coef[3 * s + 1] - xh * coef[3 * s + 2]);
+    dx[j] = coef[3 * s] * (t.template output_gradient<Relu>(s, j, xh, dy) - coef[3 * s + 1] - xh * coef[3 * s + 2]);
   }
 };
 
