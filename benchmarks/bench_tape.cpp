@@ -14,11 +14,14 @@
 // before and after, and one JSON line.
 //
 //   bench_tape [--size 28] [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8]
-//              [--rounds 10] [--steps 3] [--warmup 1] [--check-steps 2] [--check-only] [--paper] [--seed 1]
+//              [--rounds 10] [--steps 3] [--warmup 1] [--check-steps 2] [--threads 0] [--check-only]
+//              [--profile hand|tape] [--paper] [--seed 1]
 //
 // --paper is the reference's networks and batch: 256x256x3, 64 filters, 9 blocks, 3 d-layers, batch 1
-// (about 12 s a step on 2 cores), with 3 rounds of 1 step and 1 check step unless given after it.
-// --check-only runs the check and exits (0 where the two steps agree).
+// (about 12 s a step on 2 cores), with 3 rounds of 1 step, 1 check step (which warms both up) and no
+// other warm-up, unless given after it. --threads N: the engine's threads (0, the default: every core).
+// --check-only runs the check and exits (0 where the two steps agree). --profile hand|tape runs, after
+// the check, --rounds x --steps steps of that side alone (to record it under a profiler).
 
 #include "models.hpp"
 #include "trainer.hpp"
@@ -49,13 +52,14 @@ struct options {
   int rounds = 10, steps = 3, warmup = 1, check_steps = 2;
   int threads = 0;  // engine_options::threads (0: every core)
   bool check_only = false, paper = false;
+  std::string profile;  // "hand" or "tape": after the check, only that side's steps (for a profiler)
   std::uint64_t seed = 1;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(why == "help" ? stdout : stderr,
                "%s%sbench_tape [--size 28] [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8]\n"
-               "           [--rounds 10] [--steps 3] [--warmup 1] [--check-steps 2] [--check-only] [--paper] [--seed 1]\n",
+               "           [--rounds 10] [--steps 3] [--warmup 1] [--check-steps 2] [--threads 0] [--check-only] [--profile hand|tape] [--paper] [--seed 1]\n",
                why == "help" ? "" : why.c_str(), why == "help" ? "" : "\n");
   std::exit(why == "help" ? 0 : 2);
 }
@@ -85,10 +89,15 @@ options parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = integer();
     else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer());
     else if (a == "--check-only") o.check_only = true;
+    else if (a == "--profile") {
+      if (i + 1 >= argc) usage("missing value after --profile");
+      o.profile = argv[++i];
+      if (o.profile != "hand" && o.profile != "tape") usage("--profile must be hand or tape");
+    }
     else if (a == "--paper") {
       o.paper = true;
       o.size = 256, o.channels = 3, o.filters = 64, o.blocks = 9, o.d_layers = 3, o.batch = 1;
-      o.rounds = 3, o.steps = 1, o.check_steps = 1;
+      o.rounds = 3, o.steps = 1, o.check_steps = 1, o.warmup = 0;  // the check step warms both up
     } else if (a == "--help" || a == "-h") usage("help");
     else usage("unknown option " + a);
   }
@@ -228,6 +237,14 @@ int run(const options& o) {
 
   // The timing: interleaved rounds on the same batch.
   const auto [a, b] = batches(o, 0);
+  if (!o.profile.empty()) {
+    const clock_pair t0 = clock_pair::now();
+    for (int i = 0; i < o.rounds * o.steps; ++i) o.profile == "hand" ? hand.step(a, b) : taped.step(a, b);
+    const clock_pair dt = clock_pair::now() - t0;
+    std::printf("  --profile %s: %d steps, %.4f s/step (CPU %.4f s)\n", o.profile.c_str(), o.rounds * o.steps,
+                dt.wall / (o.rounds * o.steps), dt.cpu / (o.rounds * o.steps));
+    return 0;
+  }
   for (int i = 0; i < o.warmup; ++i) {
     hand.step(a, b);
     taped.step(a, b);
