@@ -70,6 +70,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -417,6 +418,17 @@ int run(S& s, const options& o, const device_report& dev = {}) {
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     if (o.warmup == 0 && i == 0) first = l;
   }
+  // The fewest threads a replica's CPU engine ran at the end (with --adapt-threads, fewer than its share
+  // while the machine was busy); 0 on other engines.
+  std::atomic<int> in_use{0};
+  s.run([&](dist::replica auto& r) {
+    if constexpr (requires { r.engine().active_threads(); }) {
+      const int t = r.engine().active_threads();
+      int seen = in_use.load();
+      while ((seen == 0 || t < seen) && !in_use.compare_exchange_weak(seen, t)) {
+      }
+    }
+  });
   const double per_step = bench::median(times);
   double mean = 0;
   for (double x : times) mean += x / static_cast<double>(times.size());
@@ -430,6 +442,7 @@ int run(S& s, const options& o, const device_report& dev = {}) {
               o.warmup, images, rss);
   if (device_mib >= 0) say(", peak device memory %.1f MiB", device_mib);
   say("\n");
+  if (in_use.load() > 0) say("  engine threads in use at the end: %d%s\n", in_use.load(), o.adapt_threads ? " (--adapt-threads)" : "");
   if (const auto graphs = tr.graph_status(); !graphs.empty()) say("  CUDA graphs: %s\n", graphs.c_str());
 
   if (!o.check_dir.empty()) {
@@ -446,10 +459,10 @@ int run(S& s, const options& o, const device_report& dev = {}) {
       "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"precision\":\"%s\",\"graphs\":%s,\"autotune\":%s,\"deterministic\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
       "\"blocks\":%d,\"d_layers\":%d,\"global_batch\":%d,\"steps\":%d,\"warmup\":%d,\"g_params\":%lld,\"d_params\":%lld,"
       "\"s_per_step\":%.6f,\"s_per_step_mean\":%.6f,\"images_per_s\":%.4f,\"peak_rss_mib\":%.1f,\"cores\":%d,\"load\":\"%s\","
-      "\"threads\":%d,\"adapt_threads\":%s,\"background_load\":%d,\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
+      "\"threads\":%d,\"adapt_threads\":%s,\"threads_in_use\":%d,\"background_load\":%d,\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
       dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", o.precision.c_str(), o.graphs ? "true" : "false", o.autotune ? "true" : "false", o.nondeterministic ? "false" : "true", device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
       static_cast<long long>(g_params), static_cast<long long>(d_params), per_step, mean, images, rss, affinity_cores(),
-      bench::load_average().c_str(), o.threads, o.adapt_threads ? "true" : "false", busy.size(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
+      bench::load_average().c_str(), o.threads, o.adapt_threads ? "true" : "false", in_use.load(), busy.size(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
   return 0;
 }
 
