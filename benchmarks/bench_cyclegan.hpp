@@ -29,7 +29,7 @@
 // normal priority) before the warm-up and kills them after the timed steps, also when the run fails
 // (a child also dies with its parent: PR_SET_PDEATHSIG). The run then measures the step on a machine
 // shared with N programs that compete for the cores; the output and the JSON line carry N
-// ("background_load") and the load average.
+// ("background_load") and the load average. Under multi_worker every worker starts its own N.
 //
 // --precision bf16 on the CPU: convolutions on oneDNN's bf16 kernels where the CPU has bf16 units
 // (the engine refuses otherwise, with the reason).
