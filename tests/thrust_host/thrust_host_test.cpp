@@ -561,11 +561,13 @@ BOOST_AUTO_TEST_CASE(fused_instance_norm_passes_match_the_sequential) {
       plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane}, stats.data() + planes);
       for_each_index(par, planes, kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
       std::vector<float> affine_terms(2 * up);
+      const float* scale = affine_terms.data();
+      const float* shift = scale + planes;
       for_each_index(par, planes, kernels::plane_affine<float>{gamma, beta, affine_terms.data(), affine_terms.data() + planes, C});
-      const kernels::plane_norm_terms<float> t{x.data(), stats.data(), stats.data() + planes, affine_terms.data(),
-                                               affine_terms.data() + planes, plane};
-      std::vector<float> y(x.size());
-      for_each_plane_index(par, planes, plane, kernels::plane_norm_output<float, true, true>{t, y.data(), x.data()});
+      std::vector<float> y(x.size()), xhat(x.size());
+      for_each_plane_index(par, planes, plane, kernels::plane_norm_output<float, true, true>{
+          x.data(), stats.data(), stats.data() + planes, scale, shift, xhat.data(), y.data(), x.data(), plane});
+      const kernels::plane_norm_terms<float> t{xhat.data(), scale, shift, plane};
       std::vector<double> sums(2 * up);
       plane_sums(par, planes, plane, kernels::plane_norm_gradient<float, true>{t, dy.data()}, sums.data());
       plane_sums(par, planes, plane, kernels::plane_norm_gradient_times_xhat<float, true>{t, dy.data()}, sums.data() + planes);

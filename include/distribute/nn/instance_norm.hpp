@@ -33,7 +33,7 @@ class instance_norm {
   struct state_type {
     detail::state_stamp stamp;
     tensor<double, D> stats;  // [mean | inverse standard deviation] per plane
-    tensor_type input;        // xhat is recomputed from it (kernels::plane_norm_terms)
+    tensor_type xhat;
     tensor_type affine;       // [scale | shift] per plane (kernels::plane_affine)
     bool relu = false;        // a ReLU was fused into the output: backward applies its mask
   };
@@ -85,21 +85,27 @@ class instance_norm {
       throw std::invalid_argument("distribute: instance norm: the residual added to its output has shape " +
                                   then.residual->shape().to_string() + ", the output " + s.to_string());
     const std::int64_t planes = s.n() * o_.channels, plane = s.h() * s.w();
-    // [mean | inverse standard deviation] per plane, on the device, kept for backward with the input.
+    // [mean | inverse standard deviation] per plane, on the device.
     state.stats = tensor<double, D>{shape{2 * planes}, device_, uninitialized};
     detail::plane_normalization_statistics(e, x, planes, plane, o_.eps, state.stats);
-    state.input = x;
     state.relu = then.relu;
     state.affine = tensor_type{shape{2 * planes}, device_, uninitialized};
+    T* scale = state.affine.data();
+    T* shift = scale + planes;
     e.for_each(planes, detail::kernels::plane_affine<T>{o_.affine ? gamma_.value.data() : nullptr,
-                                                        o_.affine ? beta_.value.data() : nullptr, state.affine.data(),
-                                                        state.affine.data() + planes, o_.channels});
+                                                        o_.affine ? beta_.value.data() : nullptr, scale, shift, o_.channels});
+    state.xhat = tensor_type{s, device_, uninitialized};
     tensor_type y{s, device_, uninitialized};
-    const auto t = terms(state, plane);
+    const double* mean = state.stats.data();
+    const double* invstd = mean + planes;
     const T* residual = then.residual ? then.residual->data() : nullptr;
     with_flag(then.relu, [&]<bool Relu> {
-      if (residual) e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T, Relu, true>{t, y.data(), residual});
-      else e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T, Relu, false>{t, y.data(), nullptr});
+      if (residual)
+        e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T, Relu, true>{
+            x.data(), mean, invstd, scale, shift, state.xhat.data(), y.data(), residual, plane});
+      else
+        e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T, Relu, false>{
+            x.data(), mean, invstd, scale, shift, state.xhat.data(), y.data(), nullptr, plane});
     });
     kept_.stamp(state, this);
     return y;
@@ -113,7 +119,7 @@ class instance_norm {
   tensor_type backward(R& r, state_type& state, const tensor_type& dy) {
     detail::claim(r, state.stamp, this, layer_name);
     auto& e = detail::engine_of<D>(r);
-    const shape& s = state.input.shape();
+    const shape& s = state.xhat.shape();
     if (dy.shape() != s)
       throw std::invalid_argument("distribute: instance norm backward got dy of shape " + dy.shape().to_string() +
                                   ", expected " + s.to_string());
@@ -128,8 +134,8 @@ class instance_norm {
     if (o_.affine)
       e.for_each(C, detail::kernels::add_plane_sums_per_channel<T>{sums.data(), gamma_.grad.data(), beta_.grad.data(), planes, C});
     tensor_type coef{shape{3 * planes}, device_, uninitialized};
-    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{o_.affine ? gamma_.value.data() : nullptr, t.invstd,
-                                                                      sums.data(), coef.data(), planes, C,
+    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{o_.affine ? gamma_.value.data() : nullptr,
+                                                                      state.stats.data() + planes, sums.data(), coef.data(), planes, C,
                                                                       static_cast<double>(plane)});
     tensor_type dx{s, device_, uninitialized};
     with_flag(state.relu, [&]<bool Relu> {
@@ -157,9 +163,8 @@ class instance_norm {
   detail::kept_state<state_type> kept_;
 
   detail::kernels::plane_norm_terms<T> terms(const state_type& state, std::int64_t plane) const {
-    const auto planes = static_cast<std::int64_t>(state.stats.size()) / 2;
-    return {state.input.data(), state.stats.data(), state.stats.data() + planes, state.affine.data(),
-            state.affine.data() + planes, plane};
+    const auto planes = static_cast<std::int64_t>(state.affine.size()) / 2;
+    return {state.xhat.data(), state.affine.data(), state.affine.data() + planes, plane};
   }
   // f.template operator()<flag>(): the passes with the flag as a template argument.
   template <class F>

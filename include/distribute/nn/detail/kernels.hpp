@@ -427,32 +427,28 @@ struct normalized_input_gradient {
   }
 };
 
-// Instance norm's passes with what follows the norm fused into them. Forward writes
+// Instance norm's passes with what follows the norm fused into them. Forward writes xhat and
 // y = relu?(gamma * xhat + beta) + residual? in one pass where normalize, relu_forward and add_to took
-// three; xhat is not kept but recomputed from the input and the plane's statistics when backward
-// needs it (the same expression, so the same bits). Backward reads the ReLU's mask from the same
-// recomputed value, so one pass stands for relu_backward and the norm's own. Every value is the one
-// the separate passes give: the expressions are theirs, in their order. Whether a ReLU is fused is
-// a template argument: a run-time flag in the loop kept GCC from vectorising the CPU's sums (a
-// branch per element, 5-8x slower than the separate passes).
+// three; backward reads the ReLU's mask from gamma * xhat + beta, so one pass stands for
+// relu_backward and the norm's own. Every value is the one the separate passes give: the
+// expressions are theirs, in their order. Whether a ReLU or a residual is fused is a template
+// argument: a run-time flag, or a load under a condition, in the loop kept GCC from vectorising
+// the CPU's sums (a branch per element, 5-8x slower than the separate passes). (Recomputing xhat in
+// backward instead of keeping it saves the forward a write but costs the backward's two sums the
+// arithmetic, which lost on planes that fit in cache.)
 template <class T>
 struct plane_norm_terms {
-  const T* x;
-  const double* mean;  // per plane
-  const double* invstd;
+  const T* xhat;
   const T* scale;  // per plane: gamma of its channel, or 1 (plane_affine)
   const T* shift;  // per plane: beta of its channel, or 0
   index plane;
-  DISTRIBUTE_HOST_DEVICE T xhat(index s, index j) const {
-    return static_cast<T>((static_cast<double>(x[j]) - mean[s]) * invstd[s]);
-  }
   DISTRIBUTE_HOST_DEVICE T affine(index s, T xh) const { return scale[s] * xh + shift[s]; }
   // The gradient that reaches the norm's affine output: dy where the ReLU passed the value (dy is
   // read whatever the mask, so that the loop vectorises: relu_backward).
   template <bool Relu>
-  DISTRIBUTE_HOST_DEVICE T output_gradient(index s, index j, T xh, const T* dy) const {
+  DISTRIBUTE_HOST_DEVICE T output_gradient(index s, index j, const T* dy) const {
     const T g = dy[j];
-    if constexpr (Relu) return affine(s, xh) > T(0) ? g : T(0);
+    if constexpr (Relu) return affine(s, xhat[j]) > T(0) ? g : T(0);
     else return g;
   }
   // The same as a term of a sum: g times 1 or 0. Where the select gives +0 this gives -0 for a
@@ -460,9 +456,9 @@ struct plane_norm_terms {
   // if every term is). GCC vectorises the fixed-order sum (engine/detail/serial.hpp) over a
   // product, not over a select, which it turns into a branch per element.
   template <bool Relu>
-  DISTRIBUTE_HOST_DEVICE T output_gradient_term(index s, index j, T xh, const T* dy) const {
+  DISTRIBUTE_HOST_DEVICE T output_gradient_term(index s, index j, const T* dy) const {
     const T g = dy[j];
-    if constexpr (Relu) return g * static_cast<T>(affine(s, xh) > T(0));
+    if constexpr (Relu) return g * static_cast<T>(affine(s, xhat[j]) > T(0));
     else return g;
   }
 };
@@ -483,12 +479,20 @@ struct plane_affine {
 };
 template <class T, bool Relu, bool Residual>
 struct plane_norm_output {
-  plane_norm_terms<T> t;
+  const T* x;
+  const double* mean;  // per plane
+  const double* invstd;
+  const T* scale;
+  const T* shift;
+  T* xhat;
   T* y;
   const T* residual;  // added after the activation where Residual
+  index plane;
   DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
-    const index j = s * t.plane + i;
-    T v = t.affine(s, t.xhat(s, j));
+    const index j = s * plane + i;
+    const T xh = static_cast<T>((static_cast<double>(x[j]) - mean[s]) * invstd[s]);
+    xhat[j] = xh;
+    T v = scale[s] * xh + shift[s];
     if constexpr (Relu) v = v > T(0) ? v : T(0);
     if constexpr (Residual) v += residual[j];
     y[j] = v;
@@ -500,8 +504,7 @@ struct plane_norm_gradient {
   plane_norm_terms<T> t;
   const T* dy;
   DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
-    const index j = s * t.plane + i;
-    return static_cast<double>(t.template output_gradient_term<Relu>(s, j, t.xhat(s, j), dy));
+    return static_cast<double>(t.template output_gradient_term<Relu>(s, s * t.plane + i, dy));
   }
 };
 template <class T, bool Relu>
@@ -510,8 +513,7 @@ struct plane_norm_gradient_times_xhat {
   const T* dy;
   DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
     const index j = s * t.plane + i;
-    const T xh = t.xhat(s, j);
-    return static_cast<double>(t.template output_gradient_term<Relu>(s, j, xh, dy)) * static_cast<double>(xh);
+    return static_cast<double>(t.template output_gradient_term<Relu>(s, j, dy)) * static_cast<double>(t.xhat[j]);
   }
 };
 // dx = k (g - mean(g) - xhat mean(g xhat)), coef as in normalized_input_gradient (per plane).
@@ -523,8 +525,7 @@ struct plane_norm_input_gradient {
   T* dx;
   DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
     const index j = s * t.plane + i;
-    const T xh = t.xhat(s, j);
-    dx[j] = coef[3 * s] * (t.template output_gradient<Relu>(s, j, xh, dy) - coef[3 * s + 1] - xh * coef[3 * s + 2]);
+    dx[j] = coef[3 * s] * (t.template output_gradient<Relu>(s, j, dy) - coef[3 * s + 1] - t.xhat[j] * coef[3 * s + 2]);
   }
 };
 
