@@ -250,7 +250,7 @@ PY
 # Their library, headers and licences (about 55 MB) go into build/onednn, at the version pinned here,
 # where CMake looks first (DISTRIBUTE_DNNL_ROOT); binaries find the library there by their run path.
 # Where the wheels cannot be fetched (no PyPI), the reason is left in build/onednn.unavailable and the
-# build uses Debian's oneDNN 2.6.3, which is slower but gives the same results.
+# build uses Debian's oneDNN 2.6.3, which gives the same results.
 onednn_wheel_version=2023.2.0  # oneDNN 3.2.0
 install_onednn() {
   local dir=$root/build/onednn
@@ -312,7 +312,7 @@ PY
   rm -rf "$work"
   if [[ -n $reason ]]; then
     optional_not_installed "$dir" "$reason" "$log" "$note" "oneDNN $onednn_wheel_version from PyPI is" \
-      "the CPU engine will use Debian's oneDNN $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null || echo '(libdnnl-dev)') instead (slower; same results)."
+      "the CPU engine will use Debian's oneDNN $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null || echo '(libdnnl-dev)') instead (same results)."
   else
     echo "$onednn_wheel_version" >"$dir/installed-version"
     echo "setup.sh: installed oneDNN $(cat "$dir/onednn-version") ($(du -sh "$dir" | cut -f1) in build/onednn)"
