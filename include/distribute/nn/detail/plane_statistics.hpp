@@ -60,14 +60,6 @@ void plane_normalization_statistics(E& e, const tensor<T, D>& x, std::int64_t pl
   e.for_each(planes, kernels::inverse_std_of_squares{invstd, static_cast<double>(plane), eps});
 }
 
-// plane_gradient_sums kept on the device: sums = [sum dy | sum dy * xhat], 2 * planes values.
-template <class E, class T, class D>
-void plane_gradient_sums_on_device(E& e, const tensor<T, D>& dy, const tensor<T, D>& xhat, std::int64_t planes,
-                                   std::int64_t plane, tensor<double, D>& sums) {
-  e.segmented_sum(planes, plane, kernels::value_of<T>{dy.data(), plane}, sums.data());
-  e.segmented_sum(planes, plane, kernels::product_of<T>{dy.data(), xhat.data(), plane}, sums.data() + planes);
-}
-
 // Host values on the device of `like`.
 template <class V, class T, class D>
 tensor<V, D> on_device_of(const tensor<T, D>& like, const std::vector<V>& values) {
