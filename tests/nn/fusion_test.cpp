@@ -21,6 +21,7 @@ namespace nn = distribute::nn;
 using dist::shape;
 using dist::tensor;
 using dist::test::error_of;
+using dist::test::gradients_of;
 using dist::test::mentions;
 using dist::test::random_tensor;
 
@@ -29,12 +30,6 @@ namespace {
 template <class T>
 std::vector<T> values(const tensor<T>& t) {
   return {t.data(), t.data() + t.size()};
-}
-template <class T, class M>
-std::vector<T> gradients_of(M& m) {
-  std::vector<T> g;
-  m.for_each_parameter([&](std::span<T>, std::span<T> grad) { g.insert(g.end(), grad.begin(), grad.end()); });
-  return g;
 }
 // Bit for bit, so that -0 and 0 differ and a NaN is never equal to anything.
 template <class T>

@@ -106,6 +106,20 @@ void check_gradients(L& layer, tensor<double> x, const std::string& what, double
 }
 
 // Whether `s` contains `part` (for error messages).
+// Every parameter gradient (value) of `m`, flattened in enumeration order.
+template <class T, class M>
+std::vector<T> gradients_of(M& m) {
+  std::vector<T> g;
+  m.for_each_parameter([&](std::span<T>, std::span<T> grad) { g.insert(g.end(), grad.begin(), grad.end()); });
+  return g;
+}
+template <class T, class M>
+std::vector<T> parameters_of(M& m) {
+  std::vector<T> p;
+  m.for_each_parameter([&](std::span<T> v, std::span<T>) { p.insert(p.end(), v.begin(), v.end()); });
+  return p;
+}
+
 inline bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // The message of the exception that `f` throws; "no error" if none.

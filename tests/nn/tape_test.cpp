@@ -21,24 +21,12 @@ namespace optim = distribute::optim;
 using dist::shape;
 using dist::tensor;
 using dist::test::error_of;
+using dist::test::gradients_of;
 using dist::test::mentions;
+using dist::test::parameters_of;
 using dist::test::random_tensor;
 
 namespace {
-
-// Every parameter gradient of `m`, flattened in enumeration order.
-template <class T, class M>
-std::vector<T> gradients_of(M& m) {
-  std::vector<T> g;
-  m.for_each_parameter([&](std::span<T>, std::span<T> grad) { g.insert(g.end(), grad.begin(), grad.end()); });
-  return g;
-}
-template <class T, class M>
-std::vector<T> parameters_of(M& m) {
-  std::vector<T> p;
-  m.for_each_parameter([&](std::span<T> v, std::span<T>) { p.insert(p.end(), v.begin(), v.end()); });
-  return p;
-}
 
 // A U-Net with two skips: 8x8 -> 4x4 -> 2x2 -> 4x4 (+ skip) -> 8x8 (+ skip) -> 8x8.
 template <class T>
