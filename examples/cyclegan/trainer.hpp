@@ -457,13 +457,7 @@ class trainer {
     adversarial.reserve(2);
     out.fake_b = path(a, gab, gba, db, false);
     out.fake_a = path(b, gba, gab, da, true);
-    sync.wait();
-    if (!o_.overlap) {
-      r.all_reduce_gradients(gab, reduction());
-      r.all_reduce_gradients(gba, reduction());
-    }
-    oab.step(r, gab);
-    oba.step(r, gba);
+    reduce_and_step(r, sync, gab, gba, oab, oba);
     if (idt_a) out.losses.identity = w_idt * (idt_a->host_value() + idt_b->host_value());
     for (const auto& cyc : cycle) out.losses.cycle += w_cyc * cyc.host_value();
     out.losses.gan_ab = adversarial[0].host_value();
@@ -505,6 +499,31 @@ class trainer {
     return out;
   }
 
+  // The end of a half-step over two networks: the overlap's wait (or, without overlap, their
+  // all-reduce), then both optimiser steps.
+  template <class R, class Sync, class N>
+  void reduce_and_step(R& r, Sync& sync, N& first, N& second, adam& first_opt, adam& second_opt) {
+    sync.wait();
+    if (!o_.overlap) {
+      r.all_reduce_gradients(first, reduction());
+      r.all_reduce_gradients(second, reduction());
+    }
+    first_opt.step(r, first);
+    second_opt.step(r, second);
+  }
+  // A tape's backward with both networks in the overlap (their buckets go during it), then the end
+  // of the half-step.
+  template <class R, class Tape, class N>
+  void backward_and_step(R& r, Tape& t, N& first, N& second, adam& first_opt, adam& second_opt) {
+    auto sync = r.overlap_gradients(reduction());
+    if (o_.overlap) {
+      sync.add(first);
+      sync.add(second);
+    }
+    t.backward();
+    reduce_and_step(r, sync, first, second, first_opt, second_opt);
+  }
+
   // The generators' half on an nn::tape: the forward written as the graph it is (each generator
   // applied three times, the discriminators frozen: their parameters' gradients untouched) and one
   // backward. A tape runs the backwards in the reverse of the calls, so the calls are recorded in the
@@ -537,19 +556,7 @@ class trainer {
       idt_b = t.loss(t(gab, real_b), l1_to(b), static_cast<float>(w_idt));
     }
     // Each generator's buckets go during its last backward (the tape holds the earlier ones).
-    auto sync = r.overlap_gradients(reduction());
-    if (o_.overlap) {
-      sync.add(gab);
-      sync.add(gba);
-    }
-    t.backward();
-    sync.wait();
-    if (!o_.overlap) {
-      r.all_reduce_gradients(gab, reduction());
-      r.all_reduce_gradients(gba, reduction());
-    }
-    oab.step(r, gab);
-    oba.step(r, gba);
+    backward_and_step(r, t, gab, gba, oab, oba);
     out.fake_a = fake_a.value();
     out.fake_b = fake_b.value();
     if (idt_a) out.losses.identity = w_idt * (idt_a->host_value() + idt_b->host_value());
@@ -579,19 +586,7 @@ class trainer {
     const device_loss real_b_loss = t.loss(t(db, t.constant(real_b)), score_of(1.0f), 0.5f);
     const device_loss fake_a_loss = t.loss(t(da, t.constant(fake_a)), score_of(0.0f), 0.5f);
     const device_loss real_a_loss = t.loss(t(da, t.constant(real_a)), score_of(1.0f), 0.5f);
-    auto sync = r.overlap_gradients(reduction());
-    if (o_.overlap) {
-      sync.add(da);
-      sync.add(db);
-    }
-    t.backward();
-    sync.wait();
-    if (!o_.overlap) {
-      r.all_reduce_gradients(da, reduction());
-      r.all_reduce_gradients(db, reduction());
-    }
-    oa.step(r, da);
-    ob.step(r, db);
+    backward_and_step(r, t, da, db, oa, ob);
     out.d_a = 0.5 * (real_a_loss.host_value() + fake_a_loss.host_value());
     out.d_b = 0.5 * (real_b_loss.host_value() + fake_b_loss.host_value());
     return out;
