@@ -120,19 +120,37 @@ install_tensorboard_reader() {
 
 # The interop tests (tests/interop) check the files nn::save_safetensors and nn::export_onnx write
 # with the other side's own code: safetensors, onnx's checker and onnxruntime (the pinned versions in
-# tests/interop/requirements.txt, from PyPI), and the example's PyTorch port with torch
-# (tests/interop/requirements-torch.txt, the CPU-only wheel from PyTorch's own index, which keeps it
-# to a few hundred MB), in build/interop-venv. Where PyPI cannot be reached the reason is left in
-# build/interop-venv.unavailable and the tests that need it are skipped; where only PyTorch's index
-# cannot, in build/interop-venv.no-torch, and only the PyTorch tests are.
+# tests/interop/requirements.txt, from PyPI), and the example's PyTorch port with torch, in
+# build/interop-venv. torch is PyTorch's CPU-only wheel, a few hundred MB, from PyTorch's own index
+# (tests/interop/requirements-torch.txt). Where that index cannot be reached, it is PyPI's build of
+# the same version, the CUDA one: it runs on a CPU, but with its dependencies it is 2.6 GB to
+# download (4.6 GB installed, 63 s). So it is installed with --no-deps, with only what `import torch`
+# loads (tests/interop/requirements-torch-pypi.txt): torch, its pure-Python dependencies, and the
+# three CUDA libraries libtorch_cuda.so and libtorch_python.so are linked with that a CUDA 13.0
+# installation with cuBLAS, cuDNN and NCCL (/usr/local/cuda on our machines) may lack: nvidia-cufile
+# (libcufile.so.0, GPUDirect Storage), nvidia-cusparselt-cu13 (libcusparseLt.so.0, structured
+# sparsity) and nvidia-nvshmem-cu13 (libnvshmem_host.so.3, NVSHMEM, for libtorch_nvshmem.so):
+# 772 MB to download (1.6 GB installed), 27 s from scratch (pip --no-cache-dir, 2 cores at load 3,
+# 2026-11-27). Where torch then does not import, as the other CUDA 13 libraries it is linked with
+# (cuBLAS, cuDNN, NCCL, cuFFT, ...) are not on the loader's path either, they come from PyPI too
+# (tests/interop/requirements-torch-pypi-cuda.txt): another 1.46 GB (1.9 GB installed), 20 s.
+# Where PyPI cannot be reached the reason is left in build/interop-venv.unavailable and the tests
+# that need it are skipped; where torch cannot be installed from either source, or does not import,
+# in build/interop-venv.no-torch, and only the PyTorch tests are.
 install_interop_venv() {
   local venv=$root/build/interop-venv
-  local requirements=$root/tests/interop/requirements.txt torch_requirements=$root/tests/interop/requirements-torch.txt
+  local requirements=$root/tests/interop/requirements.txt torch_cpu=$root/tests/interop/requirements-torch.txt
+  local torch_pypi=$root/tests/interop/requirements-torch-pypi.txt
+  local torch_pypi_cuda=$root/tests/interop/requirements-torch-pypi-cuda.txt
   local note=$venv.unavailable no_torch=$venv.no-torch log=$venv.log
   local installed
-  installed=$(cat "$requirements" "$torch_requirements")
+  installed=$(cat "$requirements" "$torch_cpu" "$torch_pypi" "$torch_pypi_cuda")
   if [[ -x $venv/bin/python ]] && [[ $installed == "$(cat "$venv/installed-requirements.txt" 2>/dev/null)" ]]; then
-    echo "setup.sh: the interop environment is installed (build/interop-venv)"
+    if [[ -f $no_torch ]]; then
+      echo "setup.sh: the interop environment is installed (build/interop-venv), without PyTorch: $(head -n 1 "$no_torch")"
+    else
+      echo "setup.sh: the interop environment is installed (build/interop-venv)"
+    fi
     return
   fi
   mkdir -p "$root/build"
@@ -152,11 +170,35 @@ install_interop_venv() {
     exec 9>&-
     return
   fi
-  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --only-binary :all: \
-      --retries 2 --timeout 60 --index-url https://download.pytorch.org/whl/cpu -r "$torch_requirements" >>"$log" 2>&1; then
-    { echo "pip could not install tests/interop/requirements-torch.txt from https://download.pytorch.org/whl/cpu (is it reachable?)"
-      tail -n 5 "$log"; } >"$no_torch"
-    echo "setup.sh: warning: PyTorch is not installed in build/interop-venv; see $log." >&2
+  local pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --only-binary :all:
+             --retries 2 --timeout 60)
+  # Succeeds, printing the error's last line (less the search path torch lists), where torch does
+  # not import or compute.
+  torch_fails() {
+    local out
+    out=$("$venv/bin/python" -c 'import torch; assert (torch.ones(2) + 1).sum().item() == 4' 2>&1) && return 1
+    echo "$out" >>"$log"
+    echo "$out" | tail -n 1 | sed 's/ in the system path \[.*//'
+  }
+  local missing="" error
+  if "${pip[@]}" --index-url https://download.pytorch.org/whl/cpu -r "$torch_cpu" >>"$log" 2>&1; then
+    error=$(torch_fails) && missing="torch from https://download.pytorch.org/whl/cpu does not import: $error"
+  else
+    echo "setup.sh: pip could not install torch from https://download.pytorch.org/whl/cpu; installing it from PyPI (pinned: tests/interop/requirements-torch-pypi.txt)"
+    if ! "${pip[@]}" --no-deps -r "$torch_pypi" >>"$log" 2>&1; then
+      missing="pip could not install torch from https://download.pytorch.org/whl/cpu (tests/interop/requirements-torch.txt) nor from PyPI (tests/interop/requirements-torch-pypi.txt); is either reachable?"
+    elif error=$(torch_fails); then
+      echo "setup.sh: PyPI's torch does not find the CUDA 13 libraries it is linked with ($error); installing them from PyPI (pinned: tests/interop/requirements-torch-pypi-cuda.txt, 1.46 GB)"
+      if ! "${pip[@]}" --no-deps -r "$torch_pypi_cuda" >>"$log" 2>&1; then
+        missing="torch from PyPI needs the CUDA 13 libraries of tests/interop/requirements-torch-pypi-cuda.txt ($error), and pip could not install them"
+      elif error=$(torch_fails); then
+        missing="torch from PyPI does not import, with the CUDA 13 libraries of tests/interop/requirements-torch-pypi-cuda.txt: $error"
+      fi
+    fi
+  fi
+  if [[ -n $missing ]]; then
+    { echo "$missing"; tail -n 5 "$log"; } >"$no_torch"
+    echo "setup.sh: warning: PyTorch is not installed in build/interop-venv ($log): $missing" >&2
     echo "setup.sh: warning: the test interop.torch will be skipped." >&2
   fi
   echo "$installed" >"$venv/installed-requirements.txt"

@@ -46,8 +46,8 @@ std::string read_text(const fs::path& p) {
 }
 
 // The environment's Python; `torch`: one that has PyTorch too. Where setup.sh could not install
-// them it leaves a note saying why, and the test is skipped; a missing environment without a note
-// is a failure (setup.sh was not run).
+// them (or torch did not import once installed) it leaves a note saying why, and the test is
+// skipped; a missing environment without a note is a failure (setup.sh was not run).
 std::string python(bool torch) {
   const fs::path venv = DISTRIBUTE_INTEROP_VENV;
   const fs::path py = venv / "bin" / "python";
@@ -59,7 +59,7 @@ std::string python(bool torch) {
   }
   fs::path no_torch = venv;
   no_torch += ".no-torch";
-  if (torch && fs::exists(no_torch)) skip("PyTorch could not be installed into the interop environment (" + no_torch.string() + "): " + read_text(no_torch));
+  if (torch && fs::exists(no_torch)) skip("no PyTorch in the interop environment (" + no_torch.string() + "): " + read_text(no_torch));
   return py.string();
 }
 
