@@ -9,7 +9,7 @@
 //                  [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8] [--steps 5] [--warmup 1]
 //                  [--overlap on|off|both] [--rounds 3] [--mpi-window on|off] [--precision float32|bf16|fp16]
 //                  [--graphs on|off] [--autotune] [--nondeterministic] [--threads N] [--adapt-threads]
-//                  [--background-load N] [--seed 1] [--check-dir DIR] [--params-only]
+//                  [--winograd on|off] [--background-load N] [--seed 1] [--check-dir DIR] [--params-only]
 //
 // --strategy multi_worker (builds with MPI; start it under mpirun -np K) runs K workers of --replicas
 // CPU replicas each; worker 0 prints. --mpi-window off makes workers on one machine all-reduce
@@ -23,7 +23,9 @@
 //
 // --threads N sets each replica's engine threads (engine_options::threads; 0, the default, takes the
 // replica's share of the cores). --adapt-threads lets each CPU engine run fewer threads while other
-// processes keep the cores busy (engine_options::adapt_threads).
+// processes keep the cores busy (engine_options::adapt_threads). --winograd off computes every CPU
+// convolution directly (engine_options::conv_winograd; on, the default, the wide 3x3 ones with
+// Winograd's kernel where the oneDNN has one).
 //
 // --background-load N starts N busy processes (forked children, each spinning on arithmetic at
 // normal priority) before the warm-up and kills them after the timed steps, also when the run fails
@@ -108,13 +110,15 @@ struct options {
   int rounds = 3;
   int threads = 0;             // engine_options::threads (0: the replica's share of the cores)
   bool adapt_threads = false;  // engine_options::adapt_threads
+  bool winograd = true;        // engine_options::conv_winograd
   int background_load = 0;     // busy child processes while the steps run
 };
 
-// The engine options of --threads, --adapt-threads, --tf32, --precision, --autotune and --nondeterministic.
+// The engine options of --threads, --adapt-threads, --winograd, --tf32, --precision, --autotune and --nondeterministic.
 inline dist::engine_options engine_options_for(const options& o) {
   return {.threads = o.threads,
           .adapt_threads = o.adapt_threads,
+          .conv_winograd = o.winograd,
           .tf32 = o.tf32,
           .precision = o.precision == "bf16"   ? dist::compute_precision::bfloat16
                        : o.precision == "fp16" ? dist::compute_precision::float16
@@ -128,7 +132,7 @@ inline dist::engine_options engine_options_for(const options& o) {
                "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] "
                "[--replicas N] [--size S]\n       [--channels C] [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] "
                "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--graphs on|off] [--autotune] [--nondeterministic]\n"
-               "       [--threads N] [--adapt-threads] [--background-load N] [--seed S] [--check-dir DIR] [--params-only]\n",
+               "       [--threads N] [--adapt-threads] [--winograd on|off] [--background-load N] [--seed S] [--check-dir DIR] [--params-only]\n",
                why);
   std::exit(2);
 }
@@ -149,6 +153,11 @@ inline options parse(int argc, char** argv) {
     else if (a == "--nondeterministic") o.nondeterministic = true;
     else if (a == "--threads") o.threads = integer();
     else if (a == "--adapt-threads") o.adapt_threads = true;
+    else if (a == "--winograd") {
+      const std::string v = value();
+      if (v != "on" && v != "off") usage("--winograd must be on or off");
+      o.winograd = v == "on";
+    }
     else if (a == "--background-load") o.background_load = integer();
     else if (a == "--precision") o.precision = value();
     else if (a == "--replicas") o.replicas = integer();

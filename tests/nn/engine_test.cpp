@@ -1,7 +1,7 @@
 // The CPU engine: oneDNN's convolutions against the portable reference (forward, data gradient,
 // weight and bias gradients; strides, paddings, odd shapes), the layers on both, thread shares,
-// determinism, the split-independent mode and the scratch arena; and mixed precision on the CPU
-// (suite `precision`).
+// determinism, the split-independent mode, Winograd for wide 3x3 convolutions and the scratch arena;
+// and mixed precision on the CPU (suite `precision`).
 
 #include "nn_test_support.hpp"
 #include "precision_case.hpp"
@@ -116,6 +116,45 @@ BOOST_AUTO_TEST_CASE(fast_convolutions_match_the_reference) {
       const double err = compare_engines(fast, ref, g, bias);
       BOOST_TEST(err < 2e-5, g.to_string() << (bias ? " with bias" : "") << ": relative difference " << err);
     }
+}
+
+BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_it) {
+  // Geometries engine_options::conv_winograd applies to (3x3, stride 1, >= 32 channels in and out,
+  // >= 32x32 output planes: a residual block's, with and without padding), and one just outside
+  // (31x31 output) that stays direct.
+  dist::engine<dist::cpu> wino, direct{{.conv_winograd = false}}, ref{{.reference = true}};
+  const auto eligible = {conv_geometry::of(2, 32, 34, 34, 32, 3, 1, 0), conv_geometry::of(1, 64, 40, 36, 48, 3, 1, 1)};
+  const auto outside = conv_geometry::of(2, 32, 33, 33, 32, 3, 1, 0);
+#if defined(DISTRIBUTE_USE_DNNL)
+  const bool has = dist::detail::dnnl_conv::has_winograd();
+  BOOST_TEST_MESSAGE("oneDNN " << (has ? "has" : "has no") << " Winograd kernel here: " << wino.name());
+  BOOST_TEST((wino.name().find("Winograd") != std::string::npos) == has);
+  BOOST_TEST(direct.name().find("Winograd") == std::string::npos);
+  for (const auto& g : eligible) BOOST_TEST(dist::detail::dnnl_conv::winograd_pays(g), g.to_string());
+  BOOST_TEST(!dist::detail::dnnl_conv::winograd_pays(outside));
+  BOOST_TEST(!dist::detail::dnnl_conv::winograd_pays(conv_geometry::of(1, 16, 34, 34, 32, 3, 1, 0)));  // too few channels
+  BOOST_TEST(!dist::detail::dnnl_conv::winograd_pays(conv_geometry::of(1, 32, 66, 66, 32, 3, 2, 0)));  // stride 2
+#else
+  const bool has = false;
+#endif
+  for (const auto& g : eligible)
+    for (bool bias : {false, true}) {
+      // Winograd rounds more than direct convolution: about 2e-5 of the largest magnitude per output.
+      const double w_err = compare_engines(wino, ref, g, bias), d_err = compare_engines(direct, ref, g, bias);
+      BOOST_TEST(w_err < 1e-4, g.to_string() << ": Winograd against the reference: " << w_err);
+      BOOST_TEST(d_err < 2e-5, g.to_string() << ": direct against the reference: " << d_err);
+      // Where the kernel is there it is used: its results are not direct convolution's.
+      if (has) BOOST_TEST(compare_engines(wino, direct, g, bias) > 0.0, g.to_string() << ": Winograd gave direct's bits");
+    }
+  BOOST_TEST(compare_engines(wino, direct, outside, true) == 0.0, "outside the rule both engines are direct");
+  // Still deterministic: a second engine gives the same bits.
+  const auto g = *eligible.begin();
+  const auto x = random_values(g.input_size(), 21), w = random_values(g.weight_size(), 22);
+  std::vector<float> y(static_cast<std::size_t>(g.output_size())), again(y.size());
+  wino.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), y.data());
+  dist::engine<dist::cpu> other;
+  other.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), again.data());
+  BOOST_TEST((y == again));
 }
 
 BOOST_AUTO_TEST_CASE(layers_match_on_both_engines) {

@@ -109,11 +109,16 @@ class engine<cpu> {
                                   "keep float32 models on CPU replicas");
     precision_ = p;
   }
-  // What computes the convolutions, for logs: "oneDNN 3.2.0" (the version loaded) or "reference (im2col + Eigen)".
+  // What computes the convolutions, for logs: "oneDNN 2.6.3 (Winograd for wide 3x3 convolutions)" (the
+  // version loaded, and whether it has Winograd's kernel and the options allow it), "oneDNN 3.2.0", or
+  // "reference (im2col + Eigen)".
   std::string name() const {
     std::string convolutions = "reference (im2col + Eigen)";
 #if DISTRIBUTE_HAS_DNNL
-    if (uses_dnnl<float>()) convolutions = detail::dnnl_conv::library();
+    if (uses_dnnl<float>()) {
+      convolutions = detail::dnnl_conv::library();
+      if (options_.conv_winograd && detail::dnnl_conv::has_winograd()) convolutions += " (Winograd for wide 3x3 convolutions)";
+    }
 #endif
     return convolutions + ", " +
            std::to_string(threads_) + (threads_ == 1 ? " thread" : " threads") +
@@ -137,7 +142,7 @@ class engine<cpu> {
       T* yn = y + n * g.out_channels * g.out_height * g.out_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && (enter(), dnnl().forward(e, xn, w, bias, yn, arena_, half()))) return;
+        if (use_dnnl(e) && (enter(), dnnl().forward(e, xn, w, bias, yn, arena_, half(), winograd(e)))) return;
 #endif
       detail::reference_conv<T>::forward(e, input(xn, e.input_size(), detail::arena::src),
                                          input(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e));
@@ -151,7 +156,7 @@ class engine<cpu> {
       T* dxn = dx + n * g.in_channels * g.in_height * g.in_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && (enter(), dnnl().backward_data(e, dyn, w, dxn, arena_, half()))) return;
+        if (use_dnnl(e) && (enter(), dnnl().backward_data(e, dyn, w, dxn, arena_, half(), winograd(e)))) return;
 #endif
       detail::reference_conv<T>::backward_data(e, input(dyn, e.output_size(), detail::arena::dst),
                                                input(w, e.weight_size(), detail::arena::weights), dxn, columns<T>(e));
@@ -165,7 +170,7 @@ class engine<cpu> {
       const T* dyn = dy + n * g.out_channels * g.out_height * g.out_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && (enter(), dnnl().backward_weights(e, xn, dyn, dw, db, arena_, half()))) return;
+        if (use_dnnl(e) && (enter(), dnnl().backward_weights(e, xn, dyn, dw, db, arena_, half(), winograd(e)))) return;
 #endif
       // (In bfloat16 the bias gradient sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
       detail::reference_conv<T>::backward_weights(e, input(xn, e.input_size(), detail::arena::src),
@@ -388,6 +393,10 @@ class engine<cpu> {
 
 #if DISTRIBUTE_HAS_DNNL
   bool use_dnnl(const conv_geometry& g) const noexcept { return !options_.reference && detail::dnnl_conv::supports(g); }
+  // Winograd's kernel where it is faster (detail::dnnl_conv::winograd_pays) and the options allow it.
+  bool winograd(const conv_geometry& g) const noexcept {
+    return options_.conv_winograd && !half() && detail::dnnl_conv::winograd_pays(g);
+  }
   // The plans of the count in use: oneDNN fixes a primitive's thread count when it makes it.
   detail::dnnl_conv& dnnl() {
     auto& d = dnnl_[static_cast<std::size_t>(active_)];

@@ -78,6 +78,16 @@ struct engine_options {
   // Off, the count is fixed and a fixed configuration gives the same bits from run to run. GPU
   // engines ignore it.
   bool adapt_threads = false;
+  // CPU engines: compute 3x3 convolutions at stride 1 with at least 32 channels in and out over
+  // planes of at least 32x32 with Winograd's minimal filtering F(4x4, 3x3), where the oneDNN the
+  // program runs on has that kernel (oneDNN 2.x on CPUs with AVX-512; the engine's name says
+  // "Winograd" then). These are the residual blocks of an image generator, and there it is 2.5-3x
+  // faster than direct convolution (the paper-size CycleGAN step: docs/benchmarks.md). It rounds
+  // more: a convolution's output differs from the exact one by about 2e-5 of its largest magnitude
+  // (direct: about 1e-6). Still deterministic, and the same for every split of a batch. Off, every
+  // convolution is direct, as PyTorch's CPU convolutions are. GPU engines ignore it (cuDNN's
+  // heuristics choose their algorithms).
+  bool conv_winograd = true;
   // GPU engines: whether float convolutions and matrix products may use TF32 tensor cores (a 10-bit
   // mantissa in the products, float accumulation: about 1e-3 relative, several times faster). Off,
   // they compute in float32 throughout and match the CPU engine to float rounding. The CPU engine

@@ -12,6 +12,14 @@
 // to nearest even); a pass oneDNN has no bfloat16 kernel for returns false, and the engine computes
 // it another way.
 //
+// With `winograd` a pass is computed with Winograd's minimal filtering F(4x4, 3x3) where the oneDNN
+// build has that kernel (2.x on AVX-512: `jit_wino_4x3:avx512_core`; 3.x has none on x86 and falls
+// back to direct convolution): fewer multiplications for 3x3 windows at stride 1, 2.5-3x faster than
+// the direct kernels for the wide convolutions of a residual block (256 channels at 64x64: 8.2
+// against 20.5 ms forward on two Zen 4 cores, docs/benchmarks.md), at the cost of more roundings
+// (about 2e-5 of the output's largest magnitude, against about 1e-6 for direct). `winograd_pays`
+// says where the engine asks for it.
+//
 // Written against oneDNN's C API: its C++ API is header code that every program including the
 // layers would compile (measured: +7.8 CPU-seconds on the CycleGAN trainer's translation unit).
 // Builds with oneDNN 2.x and 3.x. The two differ in two places, each under DNNL_VERSION_MAJOR: a
@@ -58,9 +66,19 @@ class dnnl_conv {
     return right_pad(g.in_height, g.out_height, g) >= 0 && right_pad(g.in_width, g.out_width, g) >= 0;
   }
 
+  // Where Winograd's kernel is faster than the direct one (measured on two Zen 4 cores, one and two
+  // threads, oneDNN 2.6.3): a 3x3 window at stride 1 with at least 32 channels in and out, over at
+  // least 1024 output pixels an example (32x32); smaller planes or fewer channels leave its
+  // transforms more costly than the multiplications they save. The rule reads no batch size, so an
+  // example computes alike however a batch is split between replicas.
+  static bool winograd_pays(const conv_geometry& g) noexcept {
+    return g.kernel == 3 && g.stride == 1 && g.in_channels >= 32 && g.out_channels >= 32 && g.out_height * g.out_width >= 1024;
+  }
+
   // y = conv(x, w) + bias (bias may be null). False (nothing done) where `half` has no kernel.
-  bool forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a, bool half = false) {
-    plan* found = plan_for(pass::forward, g, bias != nullptr, half);
+  bool forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a, bool half = false,
+               bool winograd = false) {
+    plan* found = plan_for(pass::forward, g, bias != nullptr, half, winograd);
     if (!found) return false;
     plan& p = *found;
     dnnl_memory_t src = p.a.in(stream(), x, a, arena::src);
@@ -75,8 +93,9 @@ class dnnl_conv {
   }
 
   // dx = the data gradient of conv for dy (overwritten). False where `half` has no kernel.
-  bool backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a, bool half = false) {
-    plan* found = plan_for(pass::backward_data, g, false, half);
+  bool backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a, bool half = false,
+                     bool winograd = false) {
+    plan* found = plan_for(pass::backward_data, g, false, half, winograd);
     if (!found) return false;
     plan& p = *found;
     dnnl_memory_t ddst = p.a.in(stream(), dy, a, arena::dst);
@@ -92,8 +111,8 @@ class dnnl_conv {
   // dw += the weight gradient for (x, dy); db += the sum of dy per channel (db may be null). False
   // where `half` has no kernel.
   bool backward_weights(const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a,
-                        bool half = false) {
-    plan* found = plan_for(pass::backward_weights, g, db != nullptr, half);
+                        bool half = false, bool winograd = false) {
+    plan* found = plan_for(pass::backward_weights, g, db != nullptr, half, winograd);
     if (!found) return false;
     plan& p = *found;
     dnnl_memory_t src = p.a.in(stream(), x, a, arena::src);
@@ -116,13 +135,24 @@ class dnnl_conv {
     return true;
   }
 
-  // The implementation oneDNN chose for a pass (for example "jit:avx2", "jit_bf16:avx512_core_bf16"),
-  // for logs and benchmarks; "" where `half` has no kernel.
-  std::string implementation(pass which, const conv_geometry& g, bool bias, bool half = false) {
-    const plan* p = plan_for(which, g, bias, half);
+  // The implementation oneDNN chose for a pass (for example "jit:avx2", "jit_bf16:avx512_core_bf16",
+  // "jit_wino_4x3:avx512_core"), for logs and benchmarks; "" where `half` has no kernel.
+  std::string implementation(pass which, const conv_geometry& g, bool bias, bool half = false, bool winograd = false) {
+    const plan* p = plan_for(which, g, bias, half, winograd);
     return p ? p->impl : std::string();
   }
   std::size_t plans() const noexcept { return plans_.size(); }
+
+  // Whether the oneDNN loaded has a Winograd kernel for this CPU (asked once, with a convolution
+  // winograd_pays accepts).
+  static bool has_winograd() {
+    static const bool has = [] {
+      dnnl_conv probe;
+      const conv_geometry g = conv_geometry::of(1, 32, 32, 32, 32, 3, 1, 1);
+      return probe.implementation(pass::forward, g, false, false, true).find("wino") != std::string::npos;
+    }();
+    return has;
+  }
 
   // The oneDNN this program runs on, for logs: "oneDNN 3.2.0" (the library loaded, which is the one
   // the build found unless the loader was pointed elsewhere).
@@ -259,7 +289,7 @@ class dnnl_conv {
     operand a, b, c;  // forward: src, weights, dst; data gradient: diff_dst, weights, diff_src;
                       // weight gradient: src, diff_dst, diff_weights
   };
-  using key = std::array<std::int64_t, 13>;
+  using key = std::array<std::int64_t, 14>;
 
   dnnl_stream_t stream() const noexcept { return stream_.get(); }
 
@@ -269,13 +299,16 @@ class dnnl_conv {
     check(dnnl_primitive_execute(p.prim.get(), stream(), static_cast<int>(args.size()), args.data()), "convolution");
   }
 
-  // The plan of a pass, made on first use; null where `half` has no kernel (remembered too).
-  plan* plan_for(pass which, const conv_geometry& g, bool bias, bool half) {
-    const key k{static_cast<std::int64_t>(which), bias, half, g.batch, g.in_channels, g.in_height, g.in_width,
+  // The plan of a pass, made on first use; null where `half` has no kernel (remembered too). Asked
+  // for `winograd` where oneDNN has no such kernel (or not for this geometry), the plan is direct.
+  plan* plan_for(pass which, const conv_geometry& g, bool bias, bool half, bool winograd) {
+    const key k{static_cast<std::int64_t>(which), bias, half, winograd, g.batch, g.in_channels, g.in_height, g.in_width,
                 g.out_channels, g.kernel, g.stride, g.pad, g.out_height, g.out_width};
     auto it = plans_.find(k);
     if (it != plans_.end()) return it->second.get();
-    return plans_.emplace(k, make_plan(which, g, bias, half)).first->second.get();
+    std::unique_ptr<plan> made = winograd ? make_plan(which, g, bias, half, dnnl_convolution_winograd) : nullptr;
+    if (!made) made = make_plan(which, g, bias, half, dnnl_convolution_direct);
+    return plans_.emplace(k, std::move(made)).first->second.get();
   }
 
   // Strides and the padding on either side, per spatial dimension.
@@ -283,7 +316,9 @@ class dnnl_conv {
     dnnl_dims_t strides, pad_l, pad_r;
   };
 
-  std::unique_ptr<plan> make_plan(pass which, const conv_geometry& g, bool bias, bool half) {
+  // Null where oneDNN has no kernel for `half` or for `algorithm` (any other failure throws).
+  std::unique_ptr<plan> make_plan(pass which, const conv_geometry& g, bool bias, bool half, dnnl_alg_kind_t algorithm) {
+    const bool may_lack = half || algorithm != dnnl_convolution_direct;
     const std::vector<dnnl_dim_t> src{g.batch, g.in_channels, g.in_height, g.in_width};
     const std::vector<dnnl_dim_t> wei{g.out_channels, g.in_channels, g.kernel, g.kernel};
     const std::vector<dnnl_dim_t> dst{g.batch, g.out_channels, g.out_height, g.out_width};
@@ -312,8 +347,8 @@ class dnnl_conv {
     const memory_desc fwd_src = md(src, dnnl_format_tag_any, in_type), fwd_wei = md(wei, dnnl_format_tag_any, in_type);
     const memory_desc fwd_dst = md(dst, dnnl_format_tag_any);
     const md_ptr bias_or_null = bias ? bias_md.get() : nullptr;
-    desc_handle fwd = primitive_desc(pass::forward, fwd_src.get(), fwd_wei.get(), bias_or_null, fwd_dst.get(), win, attr_raw,
-                                     nullptr, half);
+    desc_handle fwd = primitive_desc(pass::forward, algorithm, fwd_src.get(), fwd_wei.get(), bias_or_null, fwd_dst.get(), win,
+                                     attr_raw, nullptr, may_lack);
     if (!fwd) return nullptr;
     auto p = std::make_unique<plan>();
     p->bias.make(engine_raw_, bias_md.get());
@@ -330,8 +365,9 @@ class dnnl_conv {
         // third of the GEMM-based one that plain layouts select (measured 8 vs 25 GFLOP/s, 1 -> 16
         // channels, 7x7, on AVX2).
         const bool plain = g.in_channels < 8;
-        bwd = primitive_desc(pass::backward_data, (plain ? src_plain : src_any).get(), (plain ? wei_plain : wei_any).get(),
-                             nullptr, (plain ? dst_plain : dst_any).get(), win, attr_raw, fwd.get(), half);
+        bwd = primitive_desc(pass::backward_data, algorithm, (plain ? src_plain : src_any).get(),
+                             (plain ? wei_plain : wei_any).get(), nullptr, (plain ? dst_plain : dst_any).get(), win, attr_raw,
+                             fwd.get(), may_lack);
         if (!bwd) return nullptr;
         pd = bwd.get();
         p->a.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true);
@@ -340,8 +376,8 @@ class dnnl_conv {
         break;
       }
       case pass::backward_weights:
-        bwd = primitive_desc(pass::backward_weights, src_any.get(), wei_any.get(), bias_or_null, dst_any.get(), win, attr_raw,
-                             fwd.get(), half);
+        bwd = primitive_desc(pass::backward_weights, algorithm, src_any.get(), wei_any.get(), bias_or_null, dst_any.get(), win,
+                             attr_raw, fwd.get(), may_lack);
         if (!bwd) return nullptr;
         pd = bwd.get();
         p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true);
@@ -363,24 +399,25 @@ class dnnl_conv {
   // The primitive descriptor of one pass over the operands (in the order of forward: src, weights,
   // bias or null, dst; in the backward passes the gradients of those), built from the forward one
   // (`hint`) for the backward passes. Null where `may_lack` and oneDNN has no kernel for it
-  // (bfloat16 on some CPUs and geometries); any other failure throws.
-  desc_handle primitive_desc(pass which, md_ptr src, md_ptr wei, md_ptr bias, md_ptr dst, const window& w,
-                             const_dnnl_primitive_attr_t attr, const_dnnl_primitive_desc_t hint, bool may_lack) {
+  // (bfloat16 on some CPUs and geometries, Winograd on most); any other failure throws.
+  desc_handle primitive_desc(pass which, dnnl_alg_kind_t algorithm, md_ptr src, md_ptr wei, md_ptr bias, md_ptr dst,
+                             const window& w, const_dnnl_primitive_attr_t attr, const_dnnl_primitive_desc_t hint,
+                             bool may_lack) {
     dnnl_primitive_desc_t raw = nullptr;
     dnnl_status_t s = dnnl_success;
 #if DNNL_VERSION_MAJOR >= 3
     const dnnl_dims_t no_dilation{0, 0};
     switch (which) {
       case pass::forward:
-        s = dnnl_convolution_forward_primitive_desc_create(&raw, engine_raw_, dnnl_forward_training, dnnl_convolution_direct, src,
+        s = dnnl_convolution_forward_primitive_desc_create(&raw, engine_raw_, dnnl_forward_training, algorithm, src,
                                                            wei, bias, dst, w.strides, no_dilation, w.pad_l, w.pad_r, attr);
         break;
       case pass::backward_data:
-        s = dnnl_convolution_backward_data_primitive_desc_create(&raw, engine_raw_, dnnl_convolution_direct, src, wei, dst,
+        s = dnnl_convolution_backward_data_primitive_desc_create(&raw, engine_raw_, algorithm, src, wei, dst,
                                                                  w.strides, no_dilation, w.pad_l, w.pad_r, hint, attr);
         break;
       case pass::backward_weights:
-        s = dnnl_convolution_backward_weights_primitive_desc_create(&raw, engine_raw_, dnnl_convolution_direct, src, wei, bias,
+        s = dnnl_convolution_backward_weights_primitive_desc_create(&raw, engine_raw_, algorithm, src, wei, bias,
                                                                     dst, w.strides, no_dilation, w.pad_l, w.pad_r, hint, attr);
         break;
     }
@@ -388,16 +425,16 @@ class dnnl_conv {
     dnnl_convolution_desc_t op;
     switch (which) {
       case pass::forward:
-        check(dnnl_convolution_forward_desc_init(&op, dnnl_forward_training, dnnl_convolution_direct, src, wei, bias, dst,
+        check(dnnl_convolution_forward_desc_init(&op, dnnl_forward_training, algorithm, src, wei, bias, dst,
                                                  w.strides, w.pad_l, w.pad_r),
               "dnnl_convolution_forward_desc_init");
         break;
       case pass::backward_data:
-        check(dnnl_convolution_backward_data_desc_init(&op, dnnl_convolution_direct, src, wei, dst, w.strides, w.pad_l, w.pad_r),
+        check(dnnl_convolution_backward_data_desc_init(&op, algorithm, src, wei, dst, w.strides, w.pad_l, w.pad_r),
               "dnnl_convolution_backward_data_desc_init");
         break;
       case pass::backward_weights:
-        check(dnnl_convolution_backward_weights_desc_init(&op, dnnl_convolution_direct, src, wei, bias, dst, w.strides, w.pad_l,
+        check(dnnl_convolution_backward_weights_desc_init(&op, algorithm, src, wei, bias, dst, w.strides, w.pad_l,
                                                           w.pad_r),
               "dnnl_convolution_backward_weights_desc_init");
         break;
