@@ -632,6 +632,33 @@ BOOST_AUTO_TEST_CASE(bfloat16_convolutions_and_products_on_a_cpu_with_bf16_units
     e.gemm(g, a.data(), b.data(), plain.data());
     BOOST_TEST(!(ours == plain));
   }
+  // A convolution Winograd pays for: in bfloat16 the float32 Winograd convolution of the rounded
+  // inputs, bit for bit (where oneDNN has the kernel; else oneDNN's bfloat16 kernel, checked above).
+  {
+    const auto g = dist::conv_geometry::of(1, 32, 34, 34, 32, 3, 1, 0);
+    const auto x = values(static_cast<std::size_t>(g.input_size()), 31), w = values(static_cast<std::size_t>(g.weight_size()), 32);
+    const auto dy = values(static_cast<std::size_t>(g.output_size()), 33);
+    auto run = [&](compute_precision p, const std::vector<float>& xs, const std::vector<float>& ws, const std::vector<float>& dys) {
+      dist::engine<dist::cpu> e{{.threads = 1}};
+      e.use_precision(p);
+      std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size()));
+      std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.0f), db(static_cast<std::size_t>(g.out_channels), 0.0f);
+      e.conv_forward(g, xs.data(), ws.data(), static_cast<const float*>(nullptr), y.data());
+      e.conv_backward_data(g, dys.data(), ws.data(), dx.data());
+      e.conv_backward_weights(g, xs.data(), dys.data(), dw.data(), db.data());
+      for (auto* v : {&dx, &dw, &db}) y.insert(y.end(), v->begin(), v->end());
+      return y;
+    };
+    const auto half = run(compute_precision::bfloat16, x, w, dy);
+    const auto on_rounded = run(compute_precision::float32, rounded(x), rounded(w), rounded(dy));
+#if defined(DISTRIBUTE_USE_DNNL)
+    const bool has = dist::detail::dnnl_conv::has_winograd();
+#else
+    const bool has = false;
+#endif
+    if (has) BOOST_TEST((half == on_rounded), "bfloat16 Winograd: " << max_relative(half, on_rounded));
+    else BOOST_TEST(max_relative(half, on_rounded) < 1e-4);
+  }
   // Training: the same steps on every replica (train_three_steps verifies), near float32's, not it.
   const auto plain = train_three_steps(precision_net());
   const auto half = train_three_steps(nn::with_precision{precision_net(), compute_precision::bfloat16});

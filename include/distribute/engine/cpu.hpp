@@ -142,7 +142,15 @@ class engine<cpu> {
       T* yn = y + n * g.out_channels * g.out_height * g.out_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && (enter(), dnnl().forward(e, xn, w, bias, yn, arena_, half(), winograd(e)))) return;
+        if (use_dnnl(e)) {
+          enter();
+          if (winograd_on_rounded(e)) {
+            dnnl().forward(e, rounded(xn, e.input_size(), detail::arena::rounded_a),
+                           rounded(w, e.weight_size(), detail::arena::rounded_b), bias, yn, arena_, false, true);
+            return;
+          }
+          if (dnnl().forward(e, xn, w, bias, yn, arena_, half(), winograd(e))) return;
+        }
 #endif
       detail::reference_conv<T>::forward(e, input(xn, e.input_size(), detail::arena::src),
                                          input(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e));
@@ -156,7 +164,15 @@ class engine<cpu> {
       T* dxn = dx + n * g.in_channels * g.in_height * g.in_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && (enter(), dnnl().backward_data(e, dyn, w, dxn, arena_, half(), winograd(e)))) return;
+        if (use_dnnl(e)) {
+          enter();
+          if (winograd_on_rounded(e)) {
+            dnnl().backward_data(e, rounded(dyn, e.output_size(), detail::arena::rounded_a),
+                                 rounded(w, e.weight_size(), detail::arena::rounded_b), dxn, arena_, false, true);
+            return;
+          }
+          if (dnnl().backward_data(e, dyn, w, dxn, arena_, half(), winograd(e))) return;
+        }
 #endif
       detail::reference_conv<T>::backward_data(e, input(dyn, e.output_size(), detail::arena::dst),
                                                input(w, e.weight_size(), detail::arena::weights), dxn, columns<T>(e));
@@ -170,7 +186,15 @@ class engine<cpu> {
       const T* dyn = dy + n * g.out_channels * g.out_height * g.out_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && (enter(), dnnl().backward_weights(e, xn, dyn, dw, db, arena_, half(), winograd(e)))) return;
+        if (use_dnnl(e)) {
+          enter();
+          if (winograd_on_rounded(e)) {
+            dnnl().backward_weights(e, rounded(xn, e.input_size(), detail::arena::rounded_a),
+                                    rounded(dyn, e.output_size(), detail::arena::rounded_b), dw, db, arena_, false, true);
+            return;
+          }
+          if (dnnl().backward_weights(e, xn, dyn, dw, db, arena_, half(), winograd(e))) return;
+        }
 #endif
       // (In bfloat16 the bias gradient sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
       detail::reference_conv<T>::backward_weights(e, input(xn, e.input_size(), detail::arena::src),
@@ -396,6 +420,20 @@ class engine<cpu> {
   // Winograd's kernel where it is faster (detail::dnnl_conv::winograd_pays) and the options allow it.
   bool winograd(const conv_geometry& g) const noexcept {
     return options_.conv_winograd && !half() && detail::dnnl_conv::winograd_pays(g);
+  }
+  // In bfloat16, where Winograd pays and oneDNN has it: the convolution reads its inputs rounded to
+  // bfloat16, as oneDNN's bfloat16 kernels do, and computes in float32 with Winograd's kernel, which
+  // there is faster than the bfloat16 direct one (a residual block's convolution at the paper's size:
+  // docs/benchmarks.md). The result is a float32 convolution of the bfloat16 inputs either way.
+  bool winograd_on_rounded(const conv_geometry& g) const {
+    return options_.conv_winograd && half() && detail::dnnl_conv::winograd_pays(g) && detail::dnnl_conv::has_winograd();
+  }
+  // `n` values from `p` rounded to bfloat16, in scratch slot `s` (on the replica's threads).
+  template <class T>
+  const T* rounded(const T* p, std::int64_t n, detail::arena::slot s) {
+    T* copy = arena_.get<T>(s, static_cast<std::size_t>(n));
+    for_each(n, [p, copy](std::int64_t i) { copy[i] = static_cast<T>(static_cast<float>(bfloat16(static_cast<float>(p[i])))); });
+    return copy;
   }
   // The plans of the count in use: oneDNN fixes a primitive's thread count when it makes it.
   detail::dnnl_conv& dnnl() {
