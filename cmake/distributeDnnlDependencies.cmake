@@ -3,9 +3,9 @@
 # Found by header and library rather than by oneDNN's own package file, which on Debian also asks
 # for OpenCL. Shared by the build and by the installed package's config.
 #
-# Looked for first in the prefixes the includer lists in _distribute_dnnl_hints (the build: the one
-# scripts/setup.sh fetches into build/onednn, or DISTRIBUTE_DNNL_ROOT; the installed config: the
-# prefix the build used), then on the system (Debian's libdnnl-dev). The library is taken from the
+# Looked for first in the prefixes the includer lists in _distribute_dnnl_hints (the build:
+# DISTRIBUTE_DNNL_ROOT where set; the installed config: the prefix the build used), then on the system
+# (Debian's libdnnl-dev). The library is taken from the
 # prefix the headers were found in, so headers of one version never meet the library of another.
 # Either oneDNN 2.x or 3.x; it must be built on OpenMP (oneDNN's DNNL_CPU_THREADING_RUNTIME), as
 # only then does it follow the thread counts the engine sets.
@@ -13,8 +13,8 @@
 # Sets DISTRIBUTE_DNNL_VERSION (major.minor.patch) and DISTRIBUTE_DNNL_PREFIX (the prefix holding
 # include/oneapi/dnnl) where found, DISTRIBUTE_DNNL_NOT_FOUND_REASON where not.
 if(NOT TARGET distribute_dnnl::dnnl)
-  # Found again when the prefixes to look in change (setup.sh fetched oneDNN after the first
-  # configure, or DISTRIBUTE_DNNL_ROOT was set): the cached paths belong to the old search.
+  # Found again when the prefixes to look in change (DISTRIBUTE_DNNL_ROOT set or cleared after the
+  # first configure): the cached paths belong to the old search.
   if(NOT "${_distribute_dnnl_hints}" STREQUAL "${_DISTRIBUTE_DNNL_SEARCHED}")
     unset(DISTRIBUTE_DNNL_INCLUDE_DIR CACHE)
     unset(DISTRIBUTE_DNNL_LIBRARY CACHE)

@@ -286,15 +286,19 @@ PY
   exec 9>&-
 }
 
-# The CPU engine computes convolutions with oneDNN. Debian 12's libdnnl-dev (above) is oneDNN 2.6.3
-# from 2022; Intel's PyPI wheels onednn-cpu-gomp and onednn-devel-cpu-gomp carry a newer release, built
-# on GCC's OpenMP runtime like our own code (docs/benchmarks.md has the measurements that chose it).
-# Their library, headers and licences (about 55 MB) go into build/onednn, at the version pinned here,
-# where CMake looks first (DISTRIBUTE_DNNL_ROOT); binaries find the library there by their run path.
-# Where the wheels cannot be fetched (no PyPI), the reason is left in build/onednn.unavailable and the
-# build uses Debian's oneDNN 2.6.3, which gives the same results.
+# The CPU engine computes convolutions with oneDNN: Debian 12's libdnnl-dev (above), oneDNN 2.6.3.
+# It is the one the build uses: it has Winograd kernels for AVX-512 (oneDNN 3.x dropped them on x86),
+# which make the wide 3x3 convolutions of an image generator 2.5-3x faster, and the paper-size
+# CycleGAN step with them about 1.7x faster than on oneDNN 3.2 (docs/benchmarks.md).
+# With DISTRIBUTE_ONEDNN=3 in the environment this also fetches oneDNN 3.2 (Intel's PyPI wheels
+# onednn-cpu-gomp and onednn-devel-cpu-gomp, built on GCC's OpenMP runtime like our own code; the
+# library, headers and licences, about 55 MB) into build/onednn, for a build configured with
+# -DDISTRIBUTE_DNNL_ROOT=$PWD/build/onednn: the newer kernels for AMX and recent Intel cores, no
+# Winograd. Where the wheels cannot be fetched (no PyPI), the reason is left in
+# build/onednn.unavailable.
 onednn_wheel_version=2023.2.0  # oneDNN 3.2.0
 install_onednn() {
+  [[ ${DISTRIBUTE_ONEDNN:-} == 3 ]] || return 0
   local dir=$root/build/onednn
   local note=$dir.unavailable log=$dir.log
   if [[ -f $dir/include/oneapi/dnnl/dnnl.h && $(cat "$dir/installed-version" 2>/dev/null) == "$onednn_wheel_version" ]]; then
@@ -354,10 +358,11 @@ PY
   rm -rf "$work"
   if [[ -n $reason ]]; then
     optional_not_installed "$dir" "$reason" "$log" "$note" "oneDNN $onednn_wheel_version from PyPI is" \
-      "the CPU engine will use Debian's oneDNN $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null || echo '(libdnnl-dev)') instead (same results)."
+      "build with Debian's oneDNN $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null || echo '(libdnnl-dev)') (the default)."
   else
     echo "$onednn_wheel_version" >"$dir/installed-version"
-    echo "setup.sh: installed oneDNN $(cat "$dir/onednn-version") ($(du -sh "$dir" | cut -f1) in build/onednn)"
+    echo "setup.sh: installed oneDNN $(cat "$dir/onednn-version") ($(du -sh "$dir" | cut -f1) in build/onednn);" \
+      "configure with -DDISTRIBUTE_DNNL_ROOT=$dir to build on it"
   fi
   exec 9>&-
 }
