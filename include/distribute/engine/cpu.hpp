@@ -49,9 +49,11 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -76,7 +78,10 @@ class engine<cpu> {
     active_ = threads_;
     dnnl_.resize(static_cast<std::size_t>(threads_) + 1);
 #if defined(_OPENMP)
-    if (options.adapt_threads && threads_ > 1 && detail::team_run_delay::available()) governor_.emplace(threads_);
+    if (threads_ > 1 && detail::team_run_delay::available()) {
+      if (options.adapt_threads) governor_.emplace(threads_);
+      else watching_ = true;
+    }
 #endif
     use_precision(default_precision(options));  // refused here, with the reason, where this CPU cannot
   }
@@ -88,6 +93,10 @@ class engine<cpu> {
   // The threads its parallel regions get now: threads(), or with adapt_threads fewer while the
   // machine is busy.
   int active_threads() const noexcept { return active_; }
+  // Without adapt_threads: whether this engine's threads found the cores crowded (they waited for a
+  // CPU more than a quarter of the time over two windows of a second in a row) and it said so on
+  // stderr (once per process, whichever engine saw it first), naming adapt_threads.
+  bool saw_crowding() const noexcept { return crowded_; }
   const engine_options& options() const noexcept { return options_; }
 
   // Mixed precision (engine.hpp). `tf32` is float32 here (a GPU's rounding of product inputs;
@@ -345,16 +354,35 @@ class engine<cpu> {
 
   // adapt_threads: at the start of a pass, once a window's wall time has passed, the count for the
   // next window from what the team waited for a CPU in this one (detail/thread_governor.hpp).
+  // Without it, the same windows (of a second) only watch for crowding, to say so once.
   void pace() {
-    if (!governor_) return;
+    if (!governor_ && !watching_) return;
     const auto now = std::chrono::steady_clock::now();
     if (window_delay_ns_ >= 0) {
       const double wall = std::chrono::duration<double>(now - window_start_).count();
-      if (wall < governor_->config().window_s) return;
+      if (wall < (governor_ ? governor_->config().window_s : 1.0)) return;
       const std::int64_t delay = team_.total_ns();
-      if (delay >= window_delay_ns_) active_ = governor_->decide(wall, static_cast<double>(delay - window_delay_ns_) * 1e-9);
+      if (delay >= window_delay_ns_) {
+        const double waited = static_cast<double>(delay - window_delay_ns_) * 1e-9;
+        if (governor_) active_ = governor_->decide(wall, waited);
+        else watch(wall, waited);
+      }
     }
-    open_window(now);
+    if (governor_ || watching_) open_window(now);
+  }
+  void watch(double wall, double waited) {
+    crowded_windows_ = waited > 0.25 * wall ? crowded_windows_ + 1 : 0;
+    if (crowded_windows_ < 2) return;
+    watching_ = false;
+    crowded_ = true;
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      std::fprintf(stderr,
+                   "distribute: the CPU engine's %d threads waited %.2f s in all for a CPU in the last %.1f s: other programs are using "
+                   "these cores, and every parallel region waits for the thread that shares one (a step can run several "
+                   "times slower). engine_options::adapt_threads = true runs fewer threads while that lasts (docs/nn.md, "
+                   "\"On a busy machine\"). (Said once.)\n",
+                   threads_, waited, wall);
   }
   void open_window(std::chrono::steady_clock::time_point now) {
     if (team_threads_ != active_) record_team();
@@ -458,6 +486,9 @@ class engine<cpu> {
   int active_ = 1;  // the threads in use: threads_ unless adapt_threads found the machine busy
   // adapt_threads (empty otherwise): the decision, the team it watches and the current window.
   std::optional<detail::thread_governor> governor_;
+  bool watching_ = false;      // without adapt_threads: the windows only watch (pace, watch)
+  int crowded_windows_ = 0;    // crowded windows in a row while watching
+  bool crowded_ = false;       // saw_crowding()
   detail::team_run_delay team_;
   int team_threads_ = 0;  // the count team_ was recorded for
   std::chrono::steady_clock::time_point window_start_{};
