@@ -66,7 +66,4 @@ summary run_cuda(const settings& st) {
 // between the two units does not matter).
 [[maybe_unused]] const bool gpu_run_installed = (run_on_cuda = &run_cuda, true);
 
-// For the GPU tests: 0 where no GPU is visible (a driver error throws).
-int cuda_devices() { return distribute::cuda_device_count(); }
-
 }  // namespace cyclegan
