@@ -21,7 +21,10 @@
 // (about 12 s a step on 2 cores), with 3 rounds of 1 step, 1 check step (which warms both up) and no
 // other warm-up, unless given after it. --threads N: the engine's threads (0, the default: every core).
 // --check-only runs the check and exits (0 where the two steps agree). --profile hand|tape runs, after
-// the check, --rounds x --steps steps of that side alone (to record it under a profiler).
+// the check, --rounds x --steps steps of that side alone (to record it under a profiler), and the
+// peak resident memory over those steps (Linux: the high-water mark reset before them through
+// /proc/self/clear_refs; it then counts what the process holds anyway, both trainers' networks and
+// optimisers and the scratch, as the resident memory before the steps, printed beside it).
 
 #include "models.hpp"
 #include "trainer.hpp"
@@ -46,6 +49,31 @@
 namespace dist = distribute;
 
 namespace {
+
+// A field of /proc/self/status in KiB ("VmRSS:", "VmHWM:"); -1 where it cannot be read.
+long status_kib(const char* field) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kib = -1;
+  const std::size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, field, n) == 0) {
+      kib = std::strtol(line + n, nullptr, 10);
+      break;
+    }
+  std::fclose(f);
+  return kib;
+}
+
+// Resets the process's peak resident memory (VmHWM) to its current one; false where the kernel
+// does not allow it.
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
 
 struct options {
   int size = 28, channels = 1, filters = 16, blocks = 3, d_layers = 2, batch = 8;
@@ -238,11 +266,16 @@ int run(const options& o) {
   // The timing: interleaved rounds on the same batch.
   const auto [a, b] = batches(o, 0);
   if (!o.profile.empty()) {
+    const long before_kib = status_kib("VmRSS:");
+    const bool reset = reset_peak_rss();
     const clock_pair t0 = clock_pair::now();
     for (int i = 0; i < o.rounds * o.steps; ++i) o.profile == "hand" ? hand.step(a, b) : taped.step(a, b);
     const clock_pair dt = clock_pair::now() - t0;
     std::printf("  --profile %s: %d steps, %.4f s/step (CPU %.4f s)\n", o.profile.c_str(), o.rounds * o.steps,
                 dt.wall / (o.rounds * o.steps), dt.cpu / (o.rounds * o.steps));
+    if (reset && before_kib > 0)
+      std::printf("  --profile %s: peak RSS over these steps %.1f MiB (resident before them: %.1f MiB)\n", o.profile.c_str(),
+                  static_cast<double>(status_kib("VmHWM:")) / 1024, static_cast<double>(before_kib) / 1024);
     return 0;
   }
   for (int i = 0; i < o.warmup; ++i) {
