@@ -151,15 +151,10 @@ class engine<cpu> {
       T* yn = y + n * g.out_channels * g.out_height * g.out_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e)) {
-          enter();
-          if (winograd_on_rounded(e)) {
-            dnnl().forward(e, rounded(xn, e.input_size(), detail::arena::rounded_a),
-                           rounded(w, e.weight_size(), detail::arena::rounded_b), bias, yn, arena_, false, true);
-            return;
-          }
-          if (dnnl().forward(e, xn, w, bias, yn, arena_, half(), winograd(e))) return;
-        }
+        if (use_dnnl(e) && through_dnnl(e, xn, e.input_size(), w, e.weight_size(), [&](const float* a, const float* b, bool h, bool wino) {
+              return dnnl().forward(e, a, b, bias, yn, arena_, h, wino);
+            }))
+          return;
 #endif
       detail::reference_conv<T>::forward(e, input(xn, e.input_size(), detail::arena::src),
                                          input(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e));
@@ -173,15 +168,10 @@ class engine<cpu> {
       T* dxn = dx + n * g.in_channels * g.in_height * g.in_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e)) {
-          enter();
-          if (winograd_on_rounded(e)) {
-            dnnl().backward_data(e, rounded(dyn, e.output_size(), detail::arena::rounded_a),
-                                 rounded(w, e.weight_size(), detail::arena::rounded_b), dxn, arena_, false, true);
-            return;
-          }
-          if (dnnl().backward_data(e, dyn, w, dxn, arena_, half(), winograd(e))) return;
-        }
+        if (use_dnnl(e) && through_dnnl(e, dyn, e.output_size(), w, e.weight_size(), [&](const float* a, const float* b, bool h, bool wino) {
+              return dnnl().backward_data(e, a, b, dxn, arena_, h, wino);
+            }))
+          return;
 #endif
       detail::reference_conv<T>::backward_data(e, input(dyn, e.output_size(), detail::arena::dst),
                                                input(w, e.weight_size(), detail::arena::weights), dxn, columns<T>(e));
@@ -195,15 +185,10 @@ class engine<cpu> {
       const T* dyn = dy + n * g.out_channels * g.out_height * g.out_width;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e)) {
-          enter();
-          if (winograd_on_rounded(e)) {
-            dnnl().backward_weights(e, rounded(xn, e.input_size(), detail::arena::rounded_a),
-                                    rounded(dyn, e.output_size(), detail::arena::rounded_b), dw, db, arena_, false, true);
-            return;
-          }
-          if (dnnl().backward_weights(e, xn, dyn, dw, db, arena_, half(), winograd(e))) return;
-        }
+        if (use_dnnl(e) && through_dnnl(e, xn, e.input_size(), dyn, e.output_size(), [&](const float* a, const float* b, bool h, bool wino) {
+              return dnnl().backward_weights(e, a, b, dw, db, arena_, h, wino);
+            }))
+          return;
 #endif
       // (In bfloat16 the bias gradient sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
       detail::reference_conv<T>::backward_weights(e, input(xn, e.input_size(), detail::arena::src),
@@ -455,6 +440,17 @@ class engine<cpu> {
   // docs/benchmarks.md). The result is a float32 convolution of the bfloat16 inputs either way.
   bool winograd_on_rounded(const conv_geometry& g) const {
     return options_.conv_winograd && half() && detail::dnnl_conv::winograd_pays(g) && detail::dnnl_conv::has_winograd();
+  }
+  // One convolution pass through oneDNN on its two inputs `a` (`na` values) and `b` (`nb`):
+  // `pass(a, b, half, winograd)` runs it and returns false where oneDNN has no kernel for it (the
+  // reference computes it then). In bfloat16 where Winograd pays (winograd_on_rounded) it runs in
+  // float32 on copies of the inputs rounded to bfloat16.
+  template <class Pass>
+  bool through_dnnl(const conv_geometry& e, const float* a, std::int64_t na, const float* b, std::int64_t nb, Pass&& pass) {
+    enter();
+    if (winograd_on_rounded(e))
+      return pass(rounded(a, na, detail::arena::rounded_a), rounded(b, nb, detail::arena::rounded_b), false, true);
+    return pass(a, b, half(), winograd(e));
   }
   // `n` values from `p` rounded to bfloat16, in scratch slot `s` (on the replica's threads).
   template <class T>
