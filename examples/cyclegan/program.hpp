@@ -30,6 +30,9 @@ struct settings {
   // What convolutions and matrix products compute in (engine_options::precision): float32, or
   // bfloat16 (GPUs; CPUs with bf16 units). float16 would need loss scaling, which the trainer has not.
   distribute::compute_precision precision = distribute::compute_precision::float32;
+  // CPU replicas of more than one thread: fewer threads while other programs keep the cores busy
+  // (engine_options::adapt_threads; the last bits of the results then follow the load).
+  bool adapt_threads = false;
   int replicas = 0;               // of the process (under multi_worker, each worker's); 0: the device's default
   train_options train{};
   int epochs = 1;
@@ -107,6 +110,9 @@ training
                                    bfloat16: half the bytes, bfloat16's precision)
   --graphs on|off                  --device cuda: replay each network's forward and backward as CUDA
                                    graphs once captured (default off; the same results either way)
+  --adapt-threads                  CPU replicas of several threads (one_device): run fewer while other
+                                   programs keep the cores busy (steady speed; reruns then agree to
+                                   float rounding, not bit for bit)
 data
   --fmnist-dir DIR                 Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
   --data-dir DIR                   DIR/trainA and DIR/trainB image folders instead (testA/testB optional)
@@ -167,6 +173,7 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
                 t.compression = v == "bfloat16" ? dist::gradient_compression::bfloat16 : dist::gradient_compression::none;
               })
       .choice("--graphs", {"on", "off"}, [&](const std::string& v) { t.graphs = v == "on"; })
+      .toggle("--adapt-threads", st.adapt_threads)
       .path("--fmnist-dir", st.fmnist_dir)
       .path("--data-dir", st.data_dir)
       .integer("--channels", st.channels, 1, 4)
@@ -265,6 +272,7 @@ struct summary {
   std::optional<std::filesystem::path> checkpoint;
   bool chief = true;               // this process printed and wrote the files (worker 0)
   std::vector<std::filesystem::path> exported;  // --export's files
+  distribute::engine_options engine{};          // the engine options the run set on its strategy
 };
 
 // A multi-worker job failed: every worker that saw the failure has printed it (one line) and the job
@@ -311,7 +319,8 @@ summary run_with(S& strategy, settings st) {
   sum.chief = strategy.is_chief();
   if (!sum.chief) st.quiet = true;
   // Before any data is read: an engine that cannot compute in this precision says why here.
-  if (st.precision != distribute::compute_precision::float32) strategy.set_engine_options({.precision = st.precision});
+  sum.engine = {.adapt_threads = st.adapt_threads, .precision = st.precision};
+  if (st.precision != distribute::compute_precision::float32 || st.adapt_threads) strategy.set_engine_options(sum.engine);
   domains d = st.data_dir.empty() ? load_fashion_mnist(st.fmnist_dir) : load_folders(st.data_dir, st.channels, st.image_size);
   if (st.train_limit) {
     d.a.resize(std::min(d.a.size(), st.train_limit));

@@ -236,6 +236,21 @@ BOOST_AUTO_TEST_CASE(each_placement_trains_and_draws) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(adapt_threads_reaches_the_engine_and_trains) {
+  require_data();
+  settings st = tiny("smoke_adapt");
+  st.strategy = "one_device";
+  st.adapt_threads = true;
+  const summary sum = run(st);
+  BOOST_TEST(sum.engine.adapt_threads);
+  BOOST_TEST(sum.finite);
+  BOOST_TEST(sum.steps == 4);
+  fs::remove_all(st.out_dir);
+  st.adapt_threads = false;
+  BOOST_TEST(!run(st).engine.adapt_threads);
+  fs::remove_all(st.out_dir);
+}
+
 BOOST_AUTO_TEST_CASE(bfloat16_trains_where_the_cpu_has_bf16_units_and_is_refused_by_name_elsewhere) {
   require_data();
   settings st = tiny("smoke_bf16");
@@ -659,6 +674,10 @@ BOOST_AUTO_TEST_CASE(good_values_parse_and_help_stops) {
   BOOST_TEST(st.train.seed == 18446744073709551615ull);
   BOOST_TEST(st.quiet);
   BOOST_TEST(st.strategy == "one_device");
+  BOOST_TEST(!st.adapt_threads);
+  const char* adapt[] = {"x", "--adapt-threads"};
+  BOOST_TEST(parse_arguments(st, 2, adapt));
+  BOOST_TEST(st.adapt_threads);
   const char* help[] = {"x", "--batch", "2", "--help", "--batch", "0"};
   BOOST_TEST(!parse_arguments(st, 6, help));  // --help answers before the bad value after it
   classifier_settings cs;
