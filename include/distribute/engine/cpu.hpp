@@ -207,11 +207,13 @@ class engine<cpu> {
   void gemm(const gemm_geometry& g, const T* a, const T* b, T* c) {
     g.check();
     if (g.m == 0 || g.n == 0) return;
-    enter_openmp();
+    // The operands first: in bfloat16 their rounding is a pass of its own, which may change the
+    // thread count in use (adapt_threads); Eigen then runs with the count that follows it.
     const T* bs = aligned_operand(b, g.b_size(), detail::arena::weights);
     if (!options_.split_independent || g.m == 1) {
       const T* as = aligned_operand(a, g.a_size(), detail::arena::src);
       T* cs = !g.accumulate && is_aligned(c) ? c : arena_.get<T>(detail::arena::dst, static_cast<std::size_t>(g.c_size()));
+      enter_openmp();
       detail::eigen_gemm(g, as, bs, cs);
       if (cs != c) store(cs, c, g.c_size(), g.accumulate);
       return;
@@ -221,6 +223,7 @@ class engine<cpu> {
     row.transpose_a = false;
     T* as = arena_.get<T>(detail::arena::src, static_cast<std::size_t>(g.k));
     T* cs = arena_.get<T>(detail::arena::dst, static_cast<std::size_t>(g.n));
+    enter_openmp();
     for (std::int64_t i = 0; i < g.m; ++i) {
       if (g.transpose_a)
         for (std::int64_t j = 0; j < g.k; ++j) as[j] = a[j * g.m + i];
@@ -391,11 +394,22 @@ class engine<cpu> {
   }
   static bool is_aligned(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p) % 64 == 0; }
   bool half() const noexcept { return precision_ == compute_precision::bfloat16; }
-  // Values rounded to bfloat16 (nearest, ties to even), kept in T.
+  // A value rounded to bfloat16 (nearest, ties to even), kept in T.
+  template <class T>
+  static T to_bfloat16(T v) noexcept {
+    return static_cast<T>(static_cast<float>(bfloat16(static_cast<float>(v))));
+  }
   template <class T>
   static void round_in_place(T* p, std::int64_t n) noexcept {
     DISTRIBUTE_OMP_SIMD
-    for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<float>(bfloat16(static_cast<float>(p[i]))));
+    for (std::int64_t i = 0; i < n; ++i) p[i] = to_bfloat16(p[i]);
+  }
+  // `n` values from `p` rounded to bfloat16, in scratch slot `s` (on the replica's threads).
+  template <class T>
+  const T* rounded(const T* p, std::int64_t n, detail::arena::slot s) {
+    T* copy = arena_.get<T>(s, static_cast<std::size_t>(n));
+    for_each(n, [p, copy](std::int64_t i) { copy[i] = to_bfloat16(p[i]); });
+    return copy;
   }
   // What a reference convolution reads of its input `p`: `p` itself, or in bfloat16 a copy rounded
   // to bfloat16 in scratch slot `s`.
@@ -407,10 +421,10 @@ class engine<cpu> {
   // slot `s` otherwise; in bfloat16 always a copy, rounded to bfloat16.
   template <class T>
   const T* aligned_operand(const T* p, std::int64_t n, detail::arena::slot s) {
-    if (is_aligned(p) && !half()) return p;
+    if (half()) return rounded(p, n, s);
+    if (is_aligned(p)) return p;
     T* copy = arena_.get<T>(s, static_cast<std::size_t>(n));
     std::copy(p, p + n, copy);
-    if (half()) round_in_place(copy, n);
     return copy;
   }
   template <class T>
@@ -451,13 +465,6 @@ class engine<cpu> {
     if (winograd_on_rounded(e))
       return pass(rounded(a, na, detail::arena::rounded_a), rounded(b, nb, detail::arena::rounded_b), false, true);
     return pass(a, b, half(), winograd(e));
-  }
-  // `n` values from `p` rounded to bfloat16, in scratch slot `s` (on the replica's threads).
-  template <class T>
-  const T* rounded(const T* p, std::int64_t n, detail::arena::slot s) {
-    T* copy = arena_.get<T>(s, static_cast<std::size_t>(n));
-    for_each(n, [p, copy](std::int64_t i) { copy[i] = static_cast<T>(static_cast<float>(bfloat16(static_cast<float>(p[i])))); });
-    return copy;
   }
   // The plans of the count in use: oneDNN fixes a primitive's thread count when it makes it.
   detail::dnnl_conv& dnnl() {
