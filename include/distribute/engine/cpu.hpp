@@ -459,11 +459,17 @@ class engine<cpu> {
   // `pass(a, b, half, winograd)` runs it and returns false where oneDNN has no kernel for it (the
   // reference computes it then). In bfloat16 where Winograd pays (winograd_on_rounded) it runs in
   // float32 on copies of the inputs rounded to bfloat16.
+  // The rounding runs before enter(): it is a pass of its own, which may change the thread count in
+  // use (adapt_threads), and oneDNN's primitive must run with the count it was made for.
   template <class Pass>
   bool through_dnnl(const conv_geometry& e, const float* a, std::int64_t na, const float* b, std::int64_t nb, Pass&& pass) {
+    if (winograd_on_rounded(e)) {
+      const float* ra = rounded(a, na, detail::arena::rounded_a);
+      const float* rb = rounded(b, nb, detail::arena::rounded_b);
+      enter();
+      return pass(ra, rb, false, true);
+    }
     enter();
-    if (winograd_on_rounded(e))
-      return pass(rounded(a, na, detail::arena::rounded_a), rounded(b, nb, detail::arena::rounded_b), false, true);
     return pass(a, b, half(), winograd(e));
   }
   // The plans of the count in use: oneDNN fixes a primitive's thread count when it makes it.
