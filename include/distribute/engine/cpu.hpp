@@ -331,8 +331,8 @@ class engine<cpu> {
     for (std::int64_t s = 0; s < segments; ++s) f(s);
   }
 
-  // Eigen's products run on OpenMP threads where the program is built with it: this replica's share
-  // (the count in use).
+  // Eigen's products and oneDNN's primitives run with the calling thread's OpenMP thread count where
+  // the program is built with it: this replica's share (the count in use).
   void enter_openmp() {
 #if defined(_OPENMP)
     pace();
@@ -459,17 +459,17 @@ class engine<cpu> {
   // `pass(a, b, half, winograd)` runs it and returns false where oneDNN has no kernel for it (the
   // reference computes it then). In bfloat16 where Winograd pays (winograd_on_rounded) it runs in
   // float32 on copies of the inputs rounded to bfloat16.
-  // The rounding runs before enter(): it is a pass of its own, which may change the thread count in
-  // use (adapt_threads), and oneDNN's primitive must run with the count it was made for.
+  // The rounding runs before enter_openmp(): it is a pass of its own, which may change the thread
+  // count in use (adapt_threads), and oneDNN's primitive must run with the count it was made for.
   template <class Pass>
   bool through_dnnl(const conv_geometry& e, const float* a, std::int64_t na, const float* b, std::int64_t nb, Pass&& pass) {
     if (winograd_on_rounded(e)) {
       const float* ra = rounded(a, na, detail::arena::rounded_a);
       const float* rb = rounded(b, nb, detail::arena::rounded_b);
-      enter();
+      enter_openmp();
       return pass(ra, rb, false, true);
     }
-    enter();
+    enter_openmp();
     return pass(a, b, half(), winograd(e));
   }
   // The plans of the count in use: oneDNN fixes a primitive's thread count when it makes it.
@@ -477,13 +477,6 @@ class engine<cpu> {
     auto& d = dnnl_[static_cast<std::size_t>(active_)];
     if (!d) d = std::make_shared<detail::dnnl_conv>();
     return *static_cast<detail::dnnl_conv*>(d.get());
-  }
-  // oneDNN runs with the calling thread's OpenMP thread count: this replica's share (the count in use).
-  void enter() {
-#  if defined(_OPENMP)
-    pace();
-    omp_set_num_threads(active_);
-#  endif
   }
 #endif
   // The oneDNN plans per thread count (one count unless adapt_threads), made on first use.
