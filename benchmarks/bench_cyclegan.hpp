@@ -146,6 +146,11 @@ inline options parse(int argc, char** argv) {
       return argv[++i];
     };
     auto integer = [&] { return std::stoi(value()); };
+    auto on_off = [&] {
+      const std::string v = value();
+      if (v != "on" && v != "off") usage((a + " must be on or off").c_str());
+      return v == "on";
+    };
     if (a == "--strategy") o.strategy = value();
     else if (a == "--device") o.device = value();
     else if (a == "--tf32") o.tf32 = true;
@@ -153,11 +158,7 @@ inline options parse(int argc, char** argv) {
     else if (a == "--nondeterministic") o.nondeterministic = true;
     else if (a == "--threads") o.threads = integer();
     else if (a == "--adapt-threads") o.adapt_threads = true;
-    else if (a == "--winograd") {
-      const std::string v = value();
-      if (v != "on" && v != "off") usage("--winograd must be on or off");
-      o.winograd = v == "on";
-    }
+    else if (a == "--winograd") o.winograd = on_off();
     else if (a == "--background-load") o.background_load = integer();
     else if (a == "--precision") o.precision = value();
     else if (a == "--replicas") o.replicas = integer();
@@ -173,17 +174,9 @@ inline options parse(int argc, char** argv) {
     else if (a == "--check-dir") o.check_dir = value();
     else if (a == "--params-only") o.params_only = true;
     else if (a == "--overlap") o.overlap = value();
-    else if (a == "--graphs") {
-      const std::string v = value();
-      if (v != "on" && v != "off") usage("--graphs must be on or off");
-      o.graphs = v == "on";
-    }
+    else if (a == "--graphs") o.graphs = on_off();
     else if (a == "--rounds") o.rounds = integer();
-    else if (a == "--mpi-window") {
-      const auto v = value();
-      if (v != "on" && v != "off") usage("--mpi-window must be on or off");
-      o.mpi_window = v == "on";
-    }
+    else if (a == "--mpi-window") o.mpi_window = on_off();
     else if (a == "--help" || a == "-h") usage("help");
     else usage(("unknown option " + a).c_str());
   }
