@@ -157,6 +157,65 @@ BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_i
   BOOST_TEST((y == again));
 }
 
+// conv_backward: both gradients of a convolution in one call give the bits of the two passes one by
+// one, on every path (direct, Winograd, bfloat16, the reference), with and without a data gradient
+// and a bias; and through oneDNN, dy is reordered once for both passes where they read it alike.
+BOOST_AUTO_TEST_CASE(both_gradients_in_one_call_are_the_two_passes_bits) {
+  const auto geometries = {conv_geometry::of(2, 16, 20, 20, 32, 3, 1, 1),   // direct, blocked layouts
+                           conv_geometry::of(1, 32, 34, 34, 32, 3, 1, 0),   // Winograd where oneDNN has it
+                           conv_geometry::of(2, 3, 17, 17, 16, 7, 2, 3),    // an image's channels, stride 2
+                           conv_geometry::of(1, 8, 9, 9, 3, 3, 1, 0)};      // three output channels
+  std::vector<dist::engine_options> options{{}, {.conv_winograd = false}, {.reference = true}, {.split_independent = true}};
+  for (const auto& o : options)
+    for (bool bf16 : {false, true}) {
+      if (bf16 && !dist::detail::cpu_has_bf16_units()) continue;
+      dist::engine<dist::cpu> one{o}, two{o};
+      if (bf16) {
+        one.use_precision(dist::compute_precision::bfloat16);
+        two.use_precision(dist::compute_precision::bfloat16);
+      }
+      for (const auto& g : geometries)
+        for (bool bias : {false, true})
+          for (bool data : {true, false}) {
+            const auto x = random_values(g.input_size(), 31), dy = random_values(g.output_size(), 32);
+            const auto w = random_values(g.weight_size(), 33);
+            // Gradients accumulate onto what is there; dx is overwritten.
+            std::vector<float> dw1(static_cast<std::size_t>(g.weight_size()), 0.25f), dw2 = dw1;
+            std::vector<float> db1(static_cast<std::size_t>(g.out_channels), 0.5f), db2 = db1;
+            std::vector<float> dx1(static_cast<std::size_t>(g.input_size()), -7.0f), dx2 = dx1;
+            one.conv_backward(g, x.data(), dy.data(), w.data(), data ? dx1.data() : nullptr, dw1.data(), bias ? db1.data() : nullptr);
+            two.conv_backward_weights(g, x.data(), dy.data(), dw2.data(), bias ? db2.data() : nullptr);
+            if (data) two.conv_backward_data(g, dy.data(), w.data(), dx2.data());
+            const std::string what = g.to_string() + (bf16 ? " bfloat16" : " float32") + (o.reference ? " reference" : "") +
+                                     (o.conv_winograd ? "" : " direct") + (o.split_independent ? " split" : "") +
+                                     (bias ? " with bias" : "") + (data ? "" : " without dx");
+            BOOST_TEST((dw1 == dw2), what << ": weight gradients differ");
+            BOOST_TEST((db1 == db2), what << ": bias gradients differ");
+            BOOST_TEST((dx1 == dx2), what << ": data gradients differ");
+          }
+    }
+#if defined(DISTRIBUTE_USE_DNNL)
+  // Counted at the library's seam: one reorder of dy fewer than the two passes, where both read it
+  // in a blocked layout (16 and 32 channels), and as many where the data gradient reads it plain (an
+  // image's 3 input channels: the GEMM-based kernel).
+  for (const auto& [g, saved] : {std::pair{conv_geometry::of(1, 16, 20, 20, 32, 3, 1, 1), 1}, std::pair{conv_geometry::of(1, 3, 17, 17, 16, 7, 2, 3), 0}}) {
+    dist::detail::dnnl_conv conv;
+    dist::detail::arena a;
+    const auto x = random_values(g.input_size(), 41), dy = random_values(g.output_size(), 42), w = random_values(g.weight_size(), 43);
+    std::vector<float> dw(static_cast<std::size_t>(g.weight_size())), dx(static_cast<std::size_t>(g.input_size()));
+    conv.backward_weights(g, x.data(), dy.data(), dw.data(), nullptr, a);  // plans made, then counted
+    conv.backward_data(g, dy.data(), w.data(), dx.data(), a);
+    const std::size_t start = conv.reorders();
+    conv.backward_weights(g, x.data(), dy.data(), dw.data(), nullptr, a);
+    conv.backward_data(g, dy.data(), w.data(), dx.data(), a);
+    const std::size_t apart = conv.reorders() - start;
+    BOOST_TEST(conv.backward(g, x.data(), dy.data(), w.data(), dx.data(), dw.data(), nullptr, a));
+    const std::size_t together = conv.reorders() - start - apart;
+    BOOST_TEST(together + saved == apart, g.to_string() << ": " << apart << " reorders apart, " << together << " together");
+  }
+#endif
+}
+
 BOOST_AUTO_TEST_CASE(layers_match_on_both_engines) {
   // The same layers, the same weights, one replica on each engine: outputs and every gradient.
   auto run = [](bool reference) {

@@ -147,8 +147,8 @@ class engine<cpu> {
   template <class T>
   void conv_forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y) {
     per_example(g, [&](const conv_geometry& e, std::int64_t n) {
-      const T* xn = x + n * g.in_channels * g.in_height * g.in_width;
-      T* yn = y + n * g.out_channels * g.out_height * g.out_width;
+      const T* xn = x + n * per_input(g);
+      T* yn = y + n * per_output(g);
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
         if (use_dnnl(e) && through_dnnl(e, xn, e.input_size(), w, e.weight_size(), [&](const float* a, const float* b, bool h, bool wino) {
@@ -164,35 +164,31 @@ class engine<cpu> {
   template <class T>
   void conv_backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx) {
     per_example(g, [&](const conv_geometry& e, std::int64_t n) {
-      const T* dyn = dy + n * g.out_channels * g.out_height * g.out_width;
-      T* dxn = dx + n * g.in_channels * g.in_height * g.in_width;
-#if DISTRIBUTE_HAS_DNNL
-      if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && through_dnnl(e, dyn, e.output_size(), w, e.weight_size(), [&](const float* a, const float* b, bool h, bool wino) {
-              return dnnl().backward_data(e, a, b, dxn, arena_, h, wino);
-            }))
-          return;
-#endif
-      detail::reference_conv<T>::backward_data(e, input(dyn, e.output_size(), detail::arena::dst),
-                                               input(w, e.weight_size(), detail::arena::weights), dxn, columns<T>(e));
+      backward_data_of(e, dy + n * per_output(g), w, dx + n * per_input(g));
     });
   }
   // dw += the weight gradient for (x, dy); db += the sum of dy per output channel (db may be null).
   template <class T>
   void conv_backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db) {
     per_example(g, [&](const conv_geometry& e, std::int64_t n) {
-      const T* xn = x + n * g.in_channels * g.in_height * g.in_width;
-      const T* dyn = dy + n * g.out_channels * g.out_height * g.out_width;
+      backward_weights_of(e, x + n * per_input(g), dy + n * per_output(g), dw, db);
+    });
+  }
+  // Both gradients of a convolution for one dy: conv_backward_weights(g, x, dy, dw, db), then, where
+  // dx is not null, conv_backward_data(g, dy, w, dx), with the same results. oneDNN's two primitives
+  // read dy in the same blocked layout, so it is reordered (and in bfloat16 rounded) once for both.
+  template <class T>
+  void conv_backward(const conv_geometry& g, const T* x, const T* dy, const T* w, T* dx, T* dw, T* db) {
+    per_example(g, [&](const conv_geometry& e, std::int64_t n) {
+      const T* xn = x + n * per_input(g);
+      const T* dyn = dy + n * per_output(g);
+      T* dxn = dx ? dx + n * per_input(g) : nullptr;
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && through_dnnl(e, xn, e.input_size(), dyn, e.output_size(), [&](const float* a, const float* b, bool h, bool wino) {
-              return dnnl().backward_weights(e, a, b, dw, db, arena_, h, wino);
-            }))
-          return;
+        if (use_dnnl(e) && both_through_dnnl(e, xn, dyn, w, dxn, dw, db)) return;
 #endif
-      // (In bfloat16 the bias gradient sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
-      detail::reference_conv<T>::backward_weights(e, input(xn, e.input_size(), detail::arena::src),
-                                                  input(dyn, e.output_size(), detail::arena::dst), dw, db, columns<T>(e));
+      backward_weights_of(e, xn, dyn, dw, db);
+      if (dxn) backward_data_of(e, dyn, w, dxn);
     });
   }
 
@@ -305,6 +301,36 @@ class engine<cpu> {
   }
 
   // The whole batch at once, or (split_independent) one example at a time.
+  // The values of one example's input and output (a batch may be empty).
+  static std::int64_t per_input(const conv_geometry& g) noexcept { return g.in_channels * g.in_height * g.in_width; }
+  static std::int64_t per_output(const conv_geometry& g) noexcept { return g.out_channels * g.out_height * g.out_width; }
+  // One example's (or, unless split_independent, the whole batch's) data gradient and weight gradient.
+  template <class T>
+  void backward_data_of(const conv_geometry& e, const T* dy, const T* w, T* dx) {
+#if DISTRIBUTE_HAS_DNNL
+    if constexpr (std::is_same_v<T, float>)
+      if (use_dnnl(e) && through_dnnl(e, dy, e.output_size(), w, e.weight_size(), [&](const float* a, const float* b, bool h, bool wino) {
+            return dnnl().backward_data(e, a, b, dx, arena_, h, wino);
+          }))
+        return;
+#endif
+    detail::reference_conv<T>::backward_data(e, input(dy, e.output_size(), detail::arena::dst),
+                                             input(w, e.weight_size(), detail::arena::weights), dx, columns<T>(e));
+  }
+  template <class T>
+  void backward_weights_of(const conv_geometry& e, const T* x, const T* dy, T* dw, T* db) {
+#if DISTRIBUTE_HAS_DNNL
+    if constexpr (std::is_same_v<T, float>)
+      if (use_dnnl(e) && through_dnnl(e, x, e.input_size(), dy, e.output_size(), [&](const float* a, const float* b, bool h, bool wino) {
+            return dnnl().backward_weights(e, a, b, dw, db, arena_, h, wino);
+          }))
+        return;
+#endif
+    // (In bfloat16 the bias gradient sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
+    detail::reference_conv<T>::backward_weights(e, input(x, e.input_size(), detail::arena::src),
+                                                input(dy, e.output_size(), detail::arena::dst), dw, db, columns<T>(e));
+  }
+
   template <class F>
   void per_example(const conv_geometry& g, F&& f) {
     g.check();
@@ -471,6 +497,19 @@ class engine<cpu> {
     }
     enter_openmp();
     return pass(a, b, half(), winograd(e));
+  }
+  // conv_backward's two passes through oneDNN (dnnl_conv::backward), on inputs rounded to bfloat16
+  // once for both where Winograd runs on them; false where oneDNN has no kernel for either.
+  bool both_through_dnnl(const conv_geometry& e, const float* x, const float* dy, const float* w, float* dx, float* dw, float* db) {
+    if (winograd_on_rounded(e)) {
+      const float* rx = rounded(x, e.input_size(), detail::arena::rounded_a);
+      const float* rdy = rounded(dy, e.output_size(), detail::arena::rounded_b);
+      const float* rw = dx ? rounded(w, e.weight_size(), detail::arena::rounded_c) : w;
+      enter_openmp();
+      return dnnl().backward(e, rx, rdy, rw, dx, dw, db, arena_, false, true);
+    }
+    enter_openmp();
+    return dnnl().backward(e, x, dy, w, dx, dw, db, arena_, half(), winograd(e));
   }
   // The plans of the count in use: oneDNN fixes a primitive's thread count when it makes it.
   detail::dnnl_conv& dnnl() {

@@ -162,4 +162,18 @@ concept compute_engine = requires(E& e, const E& ce, const conv_geometry& g, con
   e.gemm(mm, in, in, out);
 };
 
+// Both gradients of one convolution for the same dy: dw += the weight gradient (db += dy's sum per
+// channel, db may be null), then dx = the data gradient where dx is not null. The engine's own
+// conv_backward where it has one (the CPU engine's reads dy once for both passes), otherwise its two
+// passes in that order; the results are the same.
+template <class E, class T>
+void conv_backward(E& e, const conv_geometry& g, const T* x, const T* dy, const T* w, T* dx, T* dw, T* db) {
+  if constexpr (requires { e.conv_backward(g, x, dy, w, dx, dw, db); }) {
+    e.conv_backward(g, x, dy, w, dx, dw, db);
+  } else {
+    e.conv_backward_weights(g, x, dy, dw, db);
+    if (dx) e.conv_backward_data(g, dy, w, dx);
+  }
+}
+
 }  // namespace distribute

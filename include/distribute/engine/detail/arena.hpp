@@ -15,9 +15,9 @@ namespace distribute::detail {
 
 class arena {
  public:
-  // rounded_a, rounded_b: a convolution's two inputs rounded to bfloat16 where it computes in float32
+  // rounded_a, rounded_b, rounded_c: a convolution's inputs rounded to bfloat16 where it computes in float32
   // on them (cpu.hpp: Winograd in bfloat16), beside the slots its library uses.
-  enum slot : std::size_t { src, weights, dst, workspace, gradient, bias_gradient, columns, rounded_a, rounded_b, count };
+  enum slot : std::size_t { src, weights, dst, workspace, gradient, bias_gradient, columns, rounded_a, rounded_b, rounded_c, count };
 
   // At least `n` elements of T in slot `s`: valid until the next request for the same slot. Contents
   // are unspecified.

@@ -10,7 +10,8 @@
 // descriptor is built and nothing is allocated in steady state. oneDNN's workspace also comes from
 // the arena (user scratchpad mode). In bfloat16 the reorders in are also the conversions (rounding
 // to nearest even); a pass oneDNN has no bfloat16 kernel for returns false, and the engine computes
-// it another way.
+// it another way. `backward` runs a convolution's two gradients for one dy, and where their
+// primitives read dy in the same layout (they do wherever both are blocked) reorders it once.
 //
 // With `winograd` a pass is computed with Winograd's minimal filtering F(4x4, 3x3) where the oneDNN
 // build has that kernel (2.x on AVX-512: `jit_wino_4x3:avx512_core`; 3.x has none on x86 and falls
@@ -98,13 +99,7 @@ class dnnl_conv {
     plan* found = plan_for(pass::backward_data, g, false, half, winograd);
     if (!found) return false;
     plan& p = *found;
-    dnnl_memory_t ddst = p.a.in(stream(), dy, a, arena::dst);
-    dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights);
-    dnnl_memory_t dsrc = p.c.out(dx, a, arena::src);
-    std::vector<dnnl_exec_arg_t> args{{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}};
-    run(p, args, a);
-    p.c.back(stream(), dx);
-    check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
+    run_backward_data(p, p.a.in(stream(), dy, a, arena::dst), w, dx, a);
     return true;
   }
 
@@ -114,24 +109,26 @@ class dnnl_conv {
                         bool half = false, bool winograd = false) {
     plan* found = plan_for(pass::backward_weights, g, db != nullptr, half, winograd);
     if (!found) return false;
-    plan& p = *found;
-    dnnl_memory_t src = p.a.in(stream(), x, a, arena::src);
-    dnnl_memory_t ddst = p.b.in(stream(), dy, a, arena::dst);
-    // The gradient lands in scratch (oneDNN overwrites), then is added in the caller's layout.
-    float* dw_user = a.get<float>(arena::gradient, static_cast<std::size_t>(g.weight_size()));
-    dnnl_memory_t dwei = p.c.out(dw_user, a, arena::weights);
-    std::vector<dnnl_exec_arg_t> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}};
-    float* db_user = nullptr;
-    if (db) {
-      db_user = a.get<float>(arena::bias_gradient, static_cast<std::size_t>(g.out_channels));
-      args.push_back({DNNL_ARG_DIFF_BIAS, p.bias.point(db_user)});
-    }
-    run(p, args, a);
-    p.c.back(stream(), dw_user);
-    check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
-    for (std::int64_t i = 0; i < g.weight_size(); ++i) dw[i] += dw_user[i];
-    if (db)
-      for (std::int64_t i = 0; i < g.out_channels; ++i) db[i] += db_user[i];
+    run_backward_weights(*found, g, x, dy, dw, db, a);
+    return true;
+  }
+
+  // Both gradients of one convolution for the same dy: dw += the weight gradient (db += the sum of
+  // dy per channel, db may be null) and, where dx is not null, dx = the data gradient (overwritten).
+  // Where the two primitives read dy in the same layout, dy is reordered into it once for both (the
+  // weight gradient runs first and the data gradient reads its copy). False (nothing done) where
+  // `half` has no kernel for either pass; the caller then runs them one by one.
+  bool backward(const conv_geometry& g, const float* x, const float* dy, const float* w, float* dx, float* dw, float* db,
+                arena& a, bool half = false, bool winograd = false) {
+    plan* weights_plan = plan_for(pass::backward_weights, g, db != nullptr, half, winograd);
+    plan* data_plan = dx ? plan_for(pass::backward_data, g, false, half, winograd) : nullptr;
+    if (!weights_plan || (dx && !data_plan)) return false;
+    const bool shared = data_plan && operand::same_layout(weights_plan->b, data_plan->a);
+    run_backward_weights(*weights_plan, g, x, dy, dw, db, a);
+    if (!data_plan) return true;
+    plan& p = *data_plan;
+    dnnl_memory_t ddst = shared ? p.a.reordered(a, arena::dst) : p.a.in(stream(), dy, a, arena::dst);
+    run_backward_data(p, ddst, w, dx, a);
     return true;
   }
 
@@ -142,6 +139,8 @@ class dnnl_conv {
     return p ? p->impl : std::string();
   }
   std::size_t plans() const noexcept { return plans_.size(); }
+  // The reorders run so far (into and out of the primitives' layouts), for tests and logs.
+  std::size_t reorders() const noexcept { return reorders_; }
 
   // Whether the oneDNN loaded has a Winograd kernel for this CPU (asked once, with a convolution
   // winograd_pays accepts).
@@ -244,8 +243,10 @@ class dnnl_conv {
     std::size_t lib_bytes = 0;  // the size of the primitive's layout
     bool same = true;
     primitive_handle reorder;
+    std::size_t* count = nullptr;  // the reorders run (dnnl_conv::reorders_)
 
-    void set(dnnl_engine_t e, md_ptr u, md_ptr l, bool input) {
+    void set(dnnl_engine_t e, md_ptr u, md_ptr l, bool input, std::size_t& counter) {
+      count = &counter;
       lib_bytes = dnnl_memory_desc_get_size(l);
       same = dnnl_memory_desc_equal(u, l) != 0;
       user.make(e, u);
@@ -267,7 +268,21 @@ class dnnl_conv {
       dnnl_memory_t lm = lib.point(a.get<std::byte>(slot, lib_bytes));
       const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, um}, {DNNL_ARG_TO, lm}};
       check(dnnl_primitive_execute(reorder.get(), s, 2, args), "reorder");
+      ++*count;
       return lm;
+    }
+    // The copy in the primitive's layout that `in` left in scratch slot `slot` (nothing else may have
+    // used the slot since).
+    dnnl_memory_t reordered(arena& a, arena::slot slot) const { return lib.point(a.get<std::byte>(slot, lib_bytes)); }
+    // Whether two operands are reordered into the same layout (so one copy serves both).
+    static bool same_layout(const operand& x, const operand& y) {
+      if (x.same || y.same) return false;
+      return dnnl_memory_desc_equal(x.lib_desc(), y.lib_desc()) != 0;
+    }
+    md_ptr lib_desc() const {
+      md_ptr d = nullptr;
+      check(dnnl_memory_get_memory_desc(lib.m.get(), &d), "dnnl_memory_get_memory_desc");
+      return d;
     }
     // Where the primitive writes: the caller's memory, or scratch to reorder back from.
     dnnl_memory_t out(float* data, arena& a, arena::slot slot) const {
@@ -278,6 +293,7 @@ class dnnl_conv {
       if (same) return;
       const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, lib.m.get()}, {DNNL_ARG_TO, user.point(data)}};
       check(dnnl_primitive_execute(reorder.get(), s, 2, args), "reorder");
+      ++*count;
     }
   };
 
@@ -297,6 +313,37 @@ class dnnl_conv {
     if (p.scratchpad_bytes > 0)
       args.push_back({DNNL_ARG_SCRATCHPAD, p.scratchpad.point(a.get<std::byte>(arena::workspace, p.scratchpad_bytes))});
     check(dnnl_primitive_execute(p.prim.get(), stream(), static_cast<int>(args.size()), args.data()), "convolution");
+  }
+
+  // The data gradient of plan `p` from `ddst` (dy as the primitive reads it) into dx.
+  void run_backward_data(plan& p, dnnl_memory_t ddst, const float* w, float* dx, arena& a) {
+    dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights);
+    dnnl_memory_t dsrc = p.c.out(dx, a, arena::src);
+    std::vector<dnnl_exec_arg_t> args{{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}};
+    run(p, args, a);
+    p.c.back(stream(), dx);
+    check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
+  }
+  // The weight gradient of plan `p`, added to dw (and db where not null). dy's copy in the
+  // primitive's layout, where it needs one, is left in the arena's `dst` slot (backward reads it).
+  void run_backward_weights(plan& p, const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a) {
+    dnnl_memory_t src = p.a.in(stream(), x, a, arena::src);
+    dnnl_memory_t ddst = p.b.in(stream(), dy, a, arena::dst);
+    // The gradient lands in scratch (oneDNN overwrites), then is added in the caller's layout.
+    float* dw_user = a.get<float>(arena::gradient, static_cast<std::size_t>(g.weight_size()));
+    dnnl_memory_t dwei = p.c.out(dw_user, a, arena::weights);
+    std::vector<dnnl_exec_arg_t> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}};
+    float* db_user = nullptr;
+    if (db) {
+      db_user = a.get<float>(arena::bias_gradient, static_cast<std::size_t>(g.out_channels));
+      args.push_back({DNNL_ARG_DIFF_BIAS, p.bias.point(db_user)});
+    }
+    run(p, args, a);
+    p.c.back(stream(), dw_user);
+    check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
+    for (std::int64_t i = 0; i < g.weight_size(); ++i) dw[i] += dw_user[i];
+    if (db)
+      for (std::int64_t i = 0; i < g.out_channels; ++i) db[i] += db_user[i];
   }
 
   // The plan of a pass, made on first use; null where `half` has no kernel (remembered too). Asked
@@ -356,9 +403,9 @@ class dnnl_conv {
     const_dnnl_primitive_desc_t pd = fwd.get();
     switch (which) {
       case pass::forward:
-        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true);
-        p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true);
-        p->c.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_dst_md), false);
+        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true, reorders_);
+        p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true, reorders_);
+        p->c.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_dst_md), false, reorders_);
         break;
       case pass::backward_data: {
         // With fewer than 8 input channels (an image's) the blocked kernels' data gradient runs at a
@@ -370,9 +417,9 @@ class dnnl_conv {
                              fwd.get(), may_lack);
         if (!bwd) return nullptr;
         pd = bwd.get();
-        p->a.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true);
-        p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true);
-        p->c.set(engine_raw_, src_user.get(), query(pd, dnnl_query_diff_src_md), false);
+        p->a.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_);
+        p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true, reorders_);
+        p->c.set(engine_raw_, src_user.get(), query(pd, dnnl_query_diff_src_md), false, reorders_);
         break;
       }
       case pass::backward_weights:
@@ -380,9 +427,9 @@ class dnnl_conv {
                              attr_raw, fwd.get(), may_lack);
         if (!bwd) return nullptr;
         pd = bwd.get();
-        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true);
-        p->b.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true);
-        p->c.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_diff_weights_md), false);
+        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true, reorders_);
+        p->b.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_);
+        p->c.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_diff_weights_md), false, reorders_);
         break;
     }
     const md_ptr scratchpad = query(pd, dnnl_query_scratchpad_md);
@@ -450,6 +497,7 @@ class dnnl_conv {
   handle<dnnl_engine_t, dnnl_engine_destroy> engine_;
   handle<dnnl_stream_t, dnnl_stream_destroy> stream_;
   std::map<key, std::unique_ptr<plan>> plans_;  // destroyed before the stream and the engine
+  std::size_t reorders_ = 0;
 };
 
 }  // namespace distribute::detail
