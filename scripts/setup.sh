@@ -71,6 +71,25 @@ optional_not_installed() {  # dir reason log note "what is/are" consequence
   echo "setup.sh: warning: $6" >&2
 }
 
+# An optional component, installed once: where INSTALLED (a command) says it is in place, REPORT
+# says so; otherwise INSTALL runs holding DIR.lock, since several test runs may start this at once in
+# one tree, where INSTALLED still fails under the lock (another run may have just finished it).
+install_once() {  # dir installed report install
+  if "$2"; then
+    "$3"
+    return
+  fi
+  mkdir -p "$root/build"
+  exec 9>"$1.lock"
+  flock 9
+  if "$2"; then
+    "$3"
+  else
+    "$4"
+  fi
+  exec 9>&-
+}
+
 # A virtual environment at VENV with the pinned REQUIREMENTS (NAME, as people read it) from PyPI,
 # pip's output in LOG. Prints nothing where it worked, and why not where it did not.
 make_pinned_venv() {  # venv requirements log name
@@ -88,34 +107,28 @@ make_pinned_venv() {  # venv requirements log name
 # requirements with the copy the last install left. Where it cannot be installed (no PyPI), this says
 # why, leaves that reason in build/tensorboard-venv.unavailable and goes on: the round-trip test is
 # then skipped, where otherwise a missing environment fails it.
-install_tensorboard_reader() {
-  local venv=$root/build/tensorboard-venv
-  local requirements=$root/tests/summary/requirements.txt
-  local note=$venv.unavailable log=$venv.log
-  if [[ -x $venv/bin/python ]] && cmp -s "$requirements" "$venv/installed-requirements.txt"; then
-    echo "setup.sh: TensorBoard's reader is installed (build/tensorboard-venv)"
-    return
-  fi
-  mkdir -p "$root/build"
-  # One install at a time: several test runs may start at once in one tree.
-  exec 9>"$venv.lock"
-  flock 9
-  if [[ -x $venv/bin/python ]] && cmp -s "$requirements" "$venv/installed-requirements.txt"; then
-    exec 9>&-
-    return
-  fi
+tensorboard_venv=$root/build/tensorboard-venv
+tensorboard_requirements=$root/tests/summary/requirements.txt
+tensorboard_installed() {
+  [[ -x $tensorboard_venv/bin/python ]] && cmp -s "$tensorboard_requirements" "$tensorboard_venv/installed-requirements.txt"
+}
+tensorboard_report() { echo "setup.sh: TensorBoard's reader is installed (build/tensorboard-venv)"; }
+tensorboard_install() {
+  local venv=$tensorboard_venv note=$tensorboard_venv.unavailable log=$tensorboard_venv.log
   echo "setup.sh: installing TensorBoard's reader into build/tensorboard-venv (pinned: tests/summary/requirements.txt)"
   rm -rf "$venv" "$note"
   local reason
-  reason=$(make_pinned_venv "$venv" "$requirements" "$log" tests/summary/requirements.txt)
+  reason=$(make_pinned_venv "$venv" "$tensorboard_requirements" "$log" tests/summary/requirements.txt)
   if [[ -n $reason ]]; then
     optional_not_installed "$venv" "$reason" "$log" "$note" "TensorBoard's reader is" \
       "the test summary.round_trip will be skipped."
   else
-    cp "$requirements" "$venv/installed-requirements.txt"
+    cp "$tensorboard_requirements" "$venv/installed-requirements.txt"
     echo "setup.sh: installed TensorBoard's reader ($(du -sh "$venv" | cut -f1) in build/tensorboard-venv)"
   fi
-  exec 9>&-
+}
+install_tensorboard_reader() {
+  install_once "$tensorboard_venv" tensorboard_installed tensorboard_report tensorboard_install
 }
 
 # The interop tests (tests/interop) check the files nn::save_safetensors and nn::export_onnx write
@@ -137,37 +150,31 @@ install_tensorboard_reader() {
 # Where PyPI cannot be reached the reason is left in build/interop-venv.unavailable and the tests
 # that need it are skipped; where torch cannot be installed from either source, or does not import,
 # in build/interop-venv.no-torch, and only the PyTorch tests are.
-install_interop_venv() {
-  local venv=$root/build/interop-venv
-  local requirements=$root/tests/interop/requirements.txt torch_cpu=$root/tests/interop/requirements-torch.txt
-  local torch_pypi=$root/tests/interop/requirements-torch-pypi.txt
-  local torch_pypi_cuda=$root/tests/interop/requirements-torch-pypi-cuda.txt
+interop_venv=$root/build/interop-venv
+interop_requirements=(requirements.txt requirements-torch.txt requirements-torch-pypi.txt requirements-torch-pypi-cuda.txt)
+interop_wanted() { (cd "$root/tests/interop" && cat "${interop_requirements[@]}"); }
+interop_installed() {
+  [[ -x $interop_venv/bin/python ]] && [[ $(interop_wanted) == "$(cat "$interop_venv/installed-requirements.txt" 2>/dev/null)" ]]
+}
+interop_report() {
+  if [[ -f $interop_venv.no-torch ]]; then
+    echo "setup.sh: the interop environment is installed (build/interop-venv), without PyTorch: $(head -n 1 "$interop_venv.no-torch")"
+  else
+    echo "setup.sh: the interop environment is installed (build/interop-venv)"
+  fi
+}
+interop_install() {
+  local venv=$interop_venv dir=$root/tests/interop
+  local torch_cpu=$dir/requirements-torch.txt torch_pypi=$dir/requirements-torch-pypi.txt
+  local torch_pypi_cuda=$dir/requirements-torch-pypi-cuda.txt
   local note=$venv.unavailable no_torch=$venv.no-torch log=$venv.log
-  local installed
-  installed=$(cat "$requirements" "$torch_cpu" "$torch_pypi" "$torch_pypi_cuda")
-  if [[ -x $venv/bin/python ]] && [[ $installed == "$(cat "$venv/installed-requirements.txt" 2>/dev/null)" ]]; then
-    if [[ -f $no_torch ]]; then
-      echo "setup.sh: the interop environment is installed (build/interop-venv), without PyTorch: $(head -n 1 "$no_torch")"
-    else
-      echo "setup.sh: the interop environment is installed (build/interop-venv)"
-    fi
-    return
-  fi
-  mkdir -p "$root/build"
-  exec 9>"$venv.lock"
-  flock 9
-  if [[ -x $venv/bin/python ]] && [[ $installed == "$(cat "$venv/installed-requirements.txt" 2>/dev/null)" ]]; then
-    exec 9>&-
-    return
-  fi
   echo "setup.sh: installing the interop environment into build/interop-venv (pinned: tests/interop/requirements*.txt)"
   rm -rf "$venv" "$note" "$no_torch"
   local reason
-  reason=$(make_pinned_venv "$venv" "$requirements" "$log" tests/interop/requirements.txt)
+  reason=$(make_pinned_venv "$venv" "$dir/requirements.txt" "$log" tests/interop/requirements.txt)
   if [[ -n $reason ]]; then
     optional_not_installed "$venv" "$reason" "$log" "$note" "the interop environment is" \
       "the interop tests that run Python (interop.torch, interop.onnxruntime) will be skipped."
-    exec 9>&-
     return
   fi
   local pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --only-binary :all:
@@ -201,9 +208,11 @@ install_interop_venv() {
     echo "setup.sh: warning: PyTorch is not installed in build/interop-venv ($log): $missing" >&2
     echo "setup.sh: warning: the test interop.torch will be skipped." >&2
   fi
-  echo "$installed" >"$venv/installed-requirements.txt"
+  interop_wanted >"$venv/installed-requirements.txt"
   echo "setup.sh: installed the interop environment ($(du -sh "$venv" | cut -f1) in build/interop-venv)"
-  exec 9>&-
+}
+install_interop_venv() {
+  install_once "$interop_venv" interop_installed interop_report interop_install
 }
 
 # Downloads the pinned wheels REQUIREMENT... (no dependencies) into WORK/wheel, pip's output in LOG:
@@ -234,23 +243,16 @@ download_wheels() {  # work log requirement...
 # A failed download does not fail the setup: the build then has no cuDNN convolutions (the GPU
 # engine says so when asked for one), and the reason is left in build/cudnn-frontend.unavailable.
 cudnn_frontend_version=1.32.0
-install_cudnn_frontend() {
-  if ! command -v nvcc >/dev/null 2>&1 && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
-    return
-  fi
-  local dir=$root/build/cudnn-frontend
+cudnn_frontend_dir=$root/build/cudnn-frontend
+cudnn_frontend_installed() {
+  [[ -f $cudnn_frontend_dir/include/cudnn_frontend.h && $(cat "$cudnn_frontend_dir/installed-version" 2>/dev/null) == "$cudnn_frontend_version" ]]
+}
+cudnn_frontend_report() {
+  echo "setup.sh: the cudnn-frontend $cudnn_frontend_version headers are installed (build/cudnn-frontend)"
+}
+cudnn_frontend_install() {
+  local dir=$cudnn_frontend_dir
   local note=$dir.unavailable log=$dir.log
-  if [[ -f $dir/include/cudnn_frontend.h && $(cat "$dir/installed-version" 2>/dev/null) == "$cudnn_frontend_version" ]]; then
-    echo "setup.sh: the cudnn-frontend $cudnn_frontend_version headers are installed (build/cudnn-frontend)"
-    return
-  fi
-  mkdir -p "$root/build"
-  exec 9>"$dir.lock"
-  flock 9
-  if [[ -f $dir/include/cudnn_frontend.h && $(cat "$dir/installed-version" 2>/dev/null) == "$cudnn_frontend_version" ]]; then
-    exec 9>&-
-    return
-  fi
   echo "setup.sh: fetching the cudnn-frontend $cudnn_frontend_version headers into build/cudnn-frontend"
   rm -rf "$dir" "$note"
   local work reason
@@ -283,7 +285,12 @@ PY
     echo "$cudnn_frontend_version" >"$dir/installed-version"
     echo "setup.sh: installed the cudnn-frontend $cudnn_frontend_version headers ($(du -sh "$dir" | cut -f1) in build/cudnn-frontend)"
   fi
-  exec 9>&-
+}
+install_cudnn_frontend() {
+  if ! command -v nvcc >/dev/null 2>&1 && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+    return
+  fi
+  install_once "$cudnn_frontend_dir" cudnn_frontend_installed cudnn_frontend_report cudnn_frontend_install
 }
 
 # The CPU engine computes convolutions with oneDNN: Debian 12's libdnnl-dev (above), oneDNN 2.6.3.
@@ -297,21 +304,14 @@ PY
 # Winograd. Where the wheels cannot be fetched (no PyPI), the reason is left in
 # build/onednn.unavailable.
 onednn_wheel_version=2023.2.0  # oneDNN 3.2.0
-install_onednn() {
-  [[ ${DISTRIBUTE_ONEDNN:-} == 3 ]] || return 0
-  local dir=$root/build/onednn
+onednn_dir=$root/build/onednn
+onednn_installed() {
+  [[ -f $onednn_dir/include/oneapi/dnnl/dnnl.h && $(cat "$onednn_dir/installed-version" 2>/dev/null) == "$onednn_wheel_version" ]]
+}
+onednn_report() { echo "setup.sh: oneDNN $(cat "$onednn_dir/onednn-version") is installed (build/onednn)"; }
+onednn_install() {
+  local dir=$onednn_dir
   local note=$dir.unavailable log=$dir.log
-  if [[ -f $dir/include/oneapi/dnnl/dnnl.h && $(cat "$dir/installed-version" 2>/dev/null) == "$onednn_wheel_version" ]]; then
-    echo "setup.sh: oneDNN $(cat "$dir/onednn-version") is installed (build/onednn)"
-    return
-  fi
-  mkdir -p "$root/build"
-  exec 9>"$dir.lock"
-  flock 9
-  if [[ -f $dir/include/oneapi/dnnl/dnnl.h && $(cat "$dir/installed-version" 2>/dev/null) == "$onednn_wheel_version" ]]; then
-    exec 9>&-
-    return
-  fi
   echo "setup.sh: fetching oneDNN (PyPI onednn-cpu-gomp $onednn_wheel_version) into build/onednn"
   rm -rf "$dir" "$note"
   local work reason
@@ -364,7 +364,10 @@ PY
     echo "setup.sh: installed oneDNN $(cat "$dir/onednn-version") ($(du -sh "$dir" | cut -f1) in build/onednn);" \
       "configure with -DDISTRIBUTE_DNNL_ROOT=$dir to build on it"
   fi
-  exec 9>&-
+}
+install_onednn() {
+  [[ ${DISTRIBUTE_ONEDNN:-} == 3 ]] || return 0
+  install_once "$onednn_dir" onednn_installed onednn_report onednn_install
 }
 
 install_packages
