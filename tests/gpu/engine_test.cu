@@ -1041,6 +1041,88 @@ BOOST_AUTO_TEST_CASE(the_cyclegan_networks_match_the_cpu, *boost::unit_test::pre
   }
 }
 
+// nn::tape on a GPU replica records what it records on the CPU and routes the same gradients: a
+// small U-Net (a skip through concat, a residual add) whose output a discriminator scores twice, once
+// frozen beside the input and once beside real data; gradients of the watched input and of both
+// networks' parameters against the CPU's.
+template <class D>
+struct taped_unet {
+  nn::conv2d<float, D> e1, e2;
+  nn::conv_transpose2d<float, D> d1;
+  nn::conv2d<float, D> out;
+  nn::leaky_relu<float, D> act{0.2f};
+  nn::tanh<float, D> th;
+  explicit taped_unet(D d)
+      : e1{{.in_channels = 1, .out_channels = 3, .kernel = 3, .stride = 1, .padding = 1}, 31, d},
+        e2{{.in_channels = 3, .out_channels = 4, .kernel = 4, .stride = 2, .padding = 1}, 32, d},
+        d1{{.in_channels = 4, .out_channels = 3, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0}, 33, d},
+        out{{.in_channels = 6, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, 34, d} {}
+  template <class F>
+  void for_each_parameter(F&& f) {
+    e1.for_each_parameter(f);
+    e2.for_each_parameter(f);
+    d1.for_each_parameter(f);
+    out.for_each_parameter(f);
+  }
+  template <class Tape>
+  auto forward(Tape& t, typename Tape::variable x) {
+    const auto h1 = t(act, t(e1, x));
+    const auto h2 = t(act, t(e2, h1));
+    const auto u1 = t.add(t(act, t(d1, h2)), h1);  // the residual
+    return t(th, t(out, t.concat(u1, h1)));       // the skip
+  }
+};
+
+template <class D>
+auto make_taped_discriminator(D d) {
+  return nn::sequential{nn::conv2d<float, D>{{.in_channels = 2, .out_channels = 3, .kernel = 4, .stride = 2, .padding = 1}, 35, d},
+                        nn::leaky_relu<float, D>{0.2f},
+                        nn::conv2d<float, D>{{.in_channels = 3, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, 36, d}};
+}
+
+// One taped step on replica `r`: the gradient of the input, then every parameter gradient of G, then D's.
+template <class R>
+std::vector<std::vector<float>> taped_step(R& r, const shape& in, const std::vector<float>& x_values,
+                                           const std::vector<float>& real_values, const std::vector<float>& dy_values) {
+  using D = typename R::device_type;
+  auto make = [&](const shape& sh, const std::vector<float>& v) {
+    if constexpr (std::is_same_v<D, dist::cuda>)
+      return dist::tensor<float, dist::cuda>::from_host(sh, std::span<const float>(v), r.device());
+    else
+      return dist::tensor<float, dist::cpu>{sh, v};
+  };
+  taped_unet<D> g{r.device()};
+  auto d = make_taped_discriminator(r.device());
+  nn::tape t{r};
+  const auto x = t.watch(make(in, x_values));
+  const auto fake = g.forward(t, x);
+  const auto on_fake = t(d, t.concat(x, fake), nn::frozen);  // D's parameters untouched by this call
+  const auto on_real = t(d, t.concat(x, t.constant(make(in, real_values))));
+  const auto both = t.add(t.scale(on_fake, 0.5f), on_real);
+  t.backward(both, make(shape::nchw(in.n(), 1, in.h() / 2, in.w() / 2), dy_values));
+  std::vector<std::vector<float>> out{on_host(t.gradient(x))};
+  for (auto& v : gradients_of(g)) out.push_back(std::move(v));
+  for (auto& v : gradients_of(d)) out.push_back(std::move(v));
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(a_taped_model_with_skips_matches_the_cpu, *boost::unit_test::precondition([](auto) {
+  return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+})) {
+  const shape in = shape::nchw(2, 1, 8, 8);
+  const auto x = random_values(static_cast<std::size_t>(in.numel()), 41), real = random_values(x.size(), 42);
+  const auto dy = random_values(static_cast<std::size_t>(in.n() * (in.h() / 2) * (in.w() / 2)), 43);
+  auto r = nn::local();
+  const auto cpu = taped_step(r, in, x, real, dy);
+  std::vector<std::vector<float>> gpu;
+  dist::one_device_strategy<dist::cuda> s;
+  s.run([&](dist::replica auto& rg) { gpu = taped_step(rg, in, x, real, dy); });
+  BOOST_TEST_REQUIRE(cpu.size() == gpu.size(), cpu.size() << " tensors on the CPU, " << gpu.size() << " on the GPU");
+  BOOST_TEST_REQUIRE(cpu.size() == 1 + 8 + 4);  // dx; a weight and a bias for each of G's four layers and D's two
+  for (std::size_t i = 0; i < cpu.size(); ++i)
+    check_close(cpu[i], gpu[i], i == 0 ? std::string("the input's gradient") : "parameter gradient " + std::to_string(i - 1));
+}
+
 // SyncBatchNorm over two GPU replicas (logical, on cuda:0: the statistics cross the replicas through
 // their communicator) equals batch norm over the whole batch on the CPU.
 BOOST_AUTO_TEST_CASE(sync_batch_norm_across_gpu_replicas_is_batch_norm_of_the_whole_batch) {
