@@ -300,7 +300,6 @@ class engine<cpu> {
     return has_dnnl && std::is_same_v<T, float> && !options_.reference;
   }
 
-  // The whole batch at once, or (split_independent) one example at a time.
   // The values of one example's input and output (a batch may be empty).
   static std::int64_t per_input(const conv_geometry& g) noexcept { return g.in_channels * g.in_height * g.in_width; }
   static std::int64_t per_output(const conv_geometry& g) noexcept { return g.out_channels * g.out_height * g.out_width; }
@@ -331,6 +330,7 @@ class engine<cpu> {
                                                 input(dy, e.output_size(), detail::arena::dst), dw, db, columns<T>(e));
   }
 
+  // The whole batch at once, or (split_independent) one example at a time.
   template <class F>
   void per_example(const conv_geometry& g, F&& f) {
     g.check();
