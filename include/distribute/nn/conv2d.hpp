@@ -121,17 +121,14 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
       throw std::invalid_argument("distribute: conv2d " + detail::describe(o_) + " backward got dy of shape " +
                                   dy.shape().to_string() + ", expected " + out.to_string());
     const conv_geometry g = geometry(input_);
-    T* const db = o_.bias ? bias_.grad.data() : nullptr;
-    if (!input_gradient) {
-      e.conv_backward_weights(g, input_.data(), dy.data(), weight_.grad.data(), db);
-      return tensor_type{};
-    }
-    tensor_type dx{in_shape_, device_, uninitialized};
     // With reflection padding the data gradient lands on the padded input, then folds back onto dx.
-    tensor_type dpadded = reflects() ? tensor_type{input_.shape(), device_, uninitialized} : tensor_type{};
-    ::distribute::conv_backward(e, g, input_.data(), dy.data(), weight_.value.data(), (reflects() ? dpadded : dx).data(),
-                                  weight_.grad.data(), db);
-    if (!reflects()) return dx;
+    const bool fold = input_gradient && reflects();
+    tensor_type dx = input_gradient ? tensor_type{in_shape_, device_, uninitialized} : tensor_type{};
+    tensor_type dpadded = fold ? tensor_type{input_.shape(), device_, uninitialized} : tensor_type{};
+    T* const data_gradient = !input_gradient ? nullptr : (fold ? dpadded : dx).data();  // null: weights only
+    ::distribute::conv_backward(e, g, input_.data(), dy.data(), weight_.value.data(), data_gradient, weight_.grad.data(),
+                                o_.bias ? bias_.grad.data() : nullptr);
+    if (!fold) return dx;
     e.for_each_in_segments(in_shape_.n() * in_shape_.c(), in_shape_.h() * in_shape_.w(),
                            detail::kernels::reflect_pad_backward<T>{dpadded.data(), dx.data(), in_shape_.h(),
                                                                     in_shape_.w(), o_.padding});
