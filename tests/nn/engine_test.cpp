@@ -157,6 +157,67 @@ BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_i
   BOOST_TEST((y == again));
 }
 
+// Where Winograd's data gradient spans one more row or column of 4x4 tiles than dy's plane (a 3x3
+// window without padding over an output extent of 0 or 3 modulo 4), oneDNN computes its inside (the
+// same convolution with padding 1) and matrix products its four edges. Every element, edges and
+// corners included, matches the reference; the edges do not depend on the thread count or on how
+// the batch is split; and the split is taken exactly where the rule says.
+BOOST_AUTO_TEST_CASE(winograd_data_gradients_split_into_inside_and_edges_match_the_reference) {
+  struct c {
+    conv_geometry g;
+    bool splits;
+  };
+  const std::vector<c> cases{{conv_geometry::of(2, 32, 34, 34, 32, 3, 1, 0), true},    // 32x32: 9x9 tiles against 8x8
+                             {conv_geometry::of(1, 40, 35, 34, 48, 3, 1, 0), true},    // 33x32: the columns only
+                             {conv_geometry::of(3, 48, 38, 37, 32, 3, 1, 0), true},    // 36x35: both, odd channels
+                             {conv_geometry::of(1, 32, 36, 36, 32, 3, 1, 0), false},   // 34x34: 9x9 tiles either way
+                             {conv_geometry::of(1, 32, 34, 34, 32, 3, 1, 1), false}};  // padded: no edges
+  dist::engine<dist::cpu> wino, one{{.threads = 1}}, two{{.threads = 2}}, split{{.split_independent = true}},
+      ref{{.reference = true}};
+  for (const auto& [g, splits] : cases) {
+#if defined(DISTRIBUTE_USE_DNNL)
+    BOOST_TEST(dist::detail::dnnl_conv::splits_border(g) == splits, g.to_string());
+#endif
+    const auto dy = random_values(g.output_size(), 51), w = random_values(g.weight_size(), 52);
+    auto data_gradient = [&](dist::engine<dist::cpu>& e) {
+      std::vector<float> dx(static_cast<std::size_t>(g.input_size()), -7.0f);  // overwritten, edges included
+      e.conv_backward_data(g, dy.data(), w.data(), dx.data());
+      return dx;
+    };
+    const auto fast = data_gradient(wino), exact = data_gradient(ref);
+    const double err = relative(fast, exact);
+    BOOST_TEST(err < 1e-4, g.to_string() << ": against the reference " << err);
+    // The edges alone (an edge left out or added twice is off by a third of its values or more).
+    double edge_err = 0, scale = 0;
+    for (std::int64_t i = 0; i < g.input_size(); ++i) {
+      const std::int64_t col = i % g.in_width, row = i / g.in_width % g.in_height;
+      scale = std::max(scale, static_cast<double>(std::fabs(exact[static_cast<std::size_t>(i)])));
+      if (row == 0 || col == 0 || row == g.in_height - 1 || col == g.in_width - 1)
+        edge_err = std::max(edge_err, static_cast<double>(std::fabs(fast[static_cast<std::size_t>(i)] - exact[static_cast<std::size_t>(i)])));
+    }
+    BOOST_TEST(edge_err < 1e-4 * scale, g.to_string() << ": edges " << edge_err << " from the reference's, of " << scale);
+    BOOST_TEST((data_gradient(one) == data_gradient(two)), g.to_string() << ": one thread against two");
+    BOOST_TEST((data_gradient(split) == fast), g.to_string() << ": one example at a time against the batch");
+  }
+#if defined(DISTRIBUTE_USE_DNNL)
+  // Counted at the library's seam: where oneDNN has the kernel, each splitting pass is split once.
+  if (dist::detail::dnnl_conv::has_winograd()) {
+    dist::detail::dnnl_conv conv;
+    dist::detail::arena a;
+    for (const auto& [g, splits] : cases) {
+      const auto dy = random_values(g.output_size(), 53), w = random_values(g.weight_size(), 54);
+      std::vector<float> dx(static_cast<std::size_t>(g.input_size()));
+      const std::size_t before = conv.border_splits();
+      BOOST_TEST(conv.backward_data(g, dy.data(), w.data(), dx.data(), a, false, true));
+      BOOST_TEST(conv.border_splits() - before == (splits ? 1u : 0u), g.to_string());
+      // Not asked for Winograd: never split.
+      BOOST_TEST(conv.backward_data(g, dy.data(), w.data(), dx.data(), a, false, false));
+      BOOST_TEST(conv.border_splits() - before == (splits ? 1u : 0u), g.to_string());
+    }
+  }
+#endif
+}
+
 // conv_backward: both gradients of a convolution in one call give the bits of the two passes one by
 // one, on every path (direct, Winograd, bfloat16, the reference), with and without a data gradient
 // and a bias; and through oneDNN, dy is reordered once for both passes where they read it alike.

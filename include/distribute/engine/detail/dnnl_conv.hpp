@@ -21,6 +21,17 @@
 // (about 2e-5 of the output's largest magnitude, against about 1e-6 for direct). `winograd_pays`
 // says where the engine asks for it.
 //
+// The data gradient of a 3x3 convolution without padding spans a plane two rows and two columns
+// larger than dy's; where Winograd's 4x4 output tiles cover that plane with one more row and column
+// of tiles than dy's plane (`splits_border`: 66x66 takes 17x17 tiles, 64x64 16x16), it is computed in
+// two parts. The inside, all but the outermost row and column on each side, is the data gradient of
+// the same convolution with padding 1 over dy's plane, one Winograd pass over 16x16 tiles written
+// straight into place; the four edges are each three matrix products (oneDNN's sgemm, one thread
+// each: the same bits whatever the thread count) of a row or column of dy with one row or column of
+// the window. On two Zen 4 cores a residual block's data gradient (256 channels, 64x64) takes about
+// 9.5 ms so against 12.6 (docs/benchmarks.md); the sums are Winograd's and the edges' orders, so the
+// bits differ from the one-pass result, deterministically.
+//
 // Written against oneDNN's C API: its C++ API is header code that every program including the
 // layers would compile (measured: +7.8 CPU-seconds on the CycleGAN trainer's translation unit).
 // Builds with oneDNN 2.x and 3.x. The two differ in two places, each under DNNL_VERSION_MAJOR: a
@@ -38,8 +49,10 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_version.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -76,6 +89,15 @@ class dnnl_conv {
     return g.kernel == 3 && g.stride == 1 && g.in_channels >= 32 && g.out_channels >= 32 && g.out_height * g.out_width >= 1024;
   }
 
+  // Where a Winograd data gradient is computed as its inside and its edges (above): a 3x3 window at
+  // stride 1 without padding, whose input plane takes one more row or column of 4x4 tiles than its
+  // output plane (the output's extent is 0 or 3 modulo 4).
+  static bool splits_border(const conv_geometry& g) noexcept {
+    const auto tiles = [](std::int64_t n) { return (n + 3) / 4; };
+    return g.kernel == 3 && g.stride == 1 && g.pad == 0 && g.batch > 0 &&
+           (tiles(g.in_height) > tiles(g.out_height) || tiles(g.in_width) > tiles(g.out_width));
+  }
+
   // y = conv(x, w) + bias (bias may be null). False (nothing done) where `half` has no kernel.
   bool forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a, bool half = false,
                bool winograd = false) {
@@ -96,10 +118,10 @@ class dnnl_conv {
   // dx = the data gradient of conv for dy (overwritten). False where `half` has no kernel.
   bool backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a, bool half = false,
                      bool winograd = false) {
-    plan* found = plan_for(pass::backward_data, g, false, half, winograd);
+    plan* found = data_plan_for(g, half, winograd);
     if (!found) return false;
     plan& p = *found;
-    run_backward_data(p, p.a.in(stream(), dy, a, arena::dst), w, dx, a);
+    run_backward_data(p, g, p.a.in(stream(), dy, a, arena::dst), dy, w, dx, a);
     return true;
   }
 
@@ -121,14 +143,14 @@ class dnnl_conv {
   bool backward(const conv_geometry& g, const float* x, const float* dy, const float* w, float* dx, float* dw, float* db,
                 arena& a, bool half = false, bool winograd = false) {
     plan* weights_plan = plan_for(pass::backward_weights, g, db != nullptr, half, winograd);
-    plan* data_plan = dx ? plan_for(pass::backward_data, g, false, half, winograd) : nullptr;
+    plan* data_plan = dx ? data_plan_for(g, half, winograd) : nullptr;
     if (!weights_plan || (dx && !data_plan)) return false;
     const bool shared = data_plan && operand::same_layout(weights_plan->b, data_plan->a);
     run_backward_weights(*weights_plan, g, x, dy, dw, db, a);
     if (!data_plan) return true;
     plan& p = *data_plan;
     dnnl_memory_t ddst = shared ? p.a.reordered(a, arena::dst) : p.a.in(stream(), dy, a, arena::dst);
-    run_backward_data(p, ddst, w, dx, a);
+    run_backward_data(p, g, ddst, dy, w, dx, a);
     return true;
   }
 
@@ -141,6 +163,8 @@ class dnnl_conv {
   std::size_t plans() const noexcept { return plans_.size(); }
   // The reorders run so far (into and out of the primitives' layouts), for tests and logs.
   std::size_t reorders() const noexcept { return reorders_; }
+  // The data gradients computed as their inside and their edges so far (splits_border), for tests.
+  std::size_t border_splits() const noexcept { return border_splits_; }
 
   // Whether the oneDNN loaded has a Winograd kernel for this CPU (asked once, with a convolution
   // winograd_pays accepts).
@@ -193,6 +217,12 @@ class dnnl_conv {
             "dnnl_memory_desc_create_with_tag");
       d_.reset(raw);
     }
+    memory_desc(const std::vector<dnnl_dim_t>& dims, const std::vector<dnnl_dim_t>& strides, dnnl_data_type_t type) {
+      dnnl_memory_desc_t raw = nullptr;
+      check(dnnl_memory_desc_create_with_strides(&raw, static_cast<int>(dims.size()), dims.data(), type, strides.data()),
+            "dnnl_memory_desc_create_with_strides");
+      d_.reset(raw);
+    }
     md_ptr get() const noexcept { return d_.get(); }
 
    private:
@@ -206,6 +236,10 @@ class dnnl_conv {
     memory_desc(const std::vector<dnnl_dim_t>& dims, dnnl_format_tag_t tag, dnnl_data_type_t type) {
       check(dnnl_memory_desc_init_by_tag(&d_, static_cast<int>(dims.size()), dims.data(), type, tag),
             "dnnl_memory_desc_init_by_tag");
+    }
+    memory_desc(const std::vector<dnnl_dim_t>& dims, const std::vector<dnnl_dim_t>& strides, dnnl_data_type_t type) {
+      check(dnnl_memory_desc_init_by_strides(&d_, static_cast<int>(dims.size()), dims.data(), type, strides.data()),
+            "dnnl_memory_desc_init_by_strides");
     }
     md_ptr get() const noexcept { return &d_; }
 
@@ -304,8 +338,9 @@ class dnnl_conv {
     memory scratchpad, bias;
     operand a, b, c;  // forward: src, weights, dst; data gradient: diff_dst, weights, diff_src;
                       // weight gradient: src, diff_dst, diff_weights
+    operand window;   // a data gradient's inside (splits_border): the weights as [kh][kw][in][out]
   };
-  using key = std::array<std::int64_t, 14>;
+  using key = std::array<std::int64_t, 15>;
 
   dnnl_stream_t stream() const noexcept { return stream_.get(); }
 
@@ -315,14 +350,87 @@ class dnnl_conv {
     check(dnnl_primitive_execute(p.prim.get(), stream(), static_cast<int>(args.size()), args.data()), "convolution");
   }
 
-  // The data gradient of plan `p` from `ddst` (dy as the primitive reads it) into dx.
-  void run_backward_data(plan& p, dnnl_memory_t ddst, const float* w, float* dx, arena& a) {
+  // The plan of geometry g's data gradient: its inside's where splits_border applies and oneDNN has
+  // the Winograd kernel for it, the whole pass's otherwise.
+  plan* data_plan_for(const conv_geometry& g, bool half, bool winograd) {
+    if (winograd && !half && splits_border(g))
+      if (plan* inside = plan_for(pass::backward_data, g, false, half, winograd, true)) return inside;
+    return plan_for(pass::backward_data, g, false, half, winograd);
+  }
+
+  // The data gradient of geometry g by plan `p` (g's own, or its inside's) from `ddst` (dy as the
+  // primitive reads it) into dx.
+  void run_backward_data(plan& p, const conv_geometry& g, dnnl_memory_t ddst, const float* dy, const float* w, float* dx,
+                         arena& a) {
+    const bool inside = p.window.lib_bytes > 0;
+    float* written = inside ? dx + g.in_width + 1 : dx;  // the inside starts at row 1, column 1
     dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights);
-    dnnl_memory_t dsrc = p.c.out(dx, a, arena::src);
+    dnnl_memory_t dsrc = p.c.out(written, a, arena::src);
     std::vector<dnnl_exec_arg_t> args{{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}};
     run(p, args, a);
-    p.c.back(stream(), dx);
+    p.c.back(stream(), written);
     check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
+    if (inside) edges(p, g, dy, w, dx, a);
+  }
+
+  // The outermost rows and columns of a split data gradient (splits_border) into dx: row 0 of the
+  // input plane is reached only by the window's row 0 over dy's row 0 (dx[c][0][j] = sum over o and
+  // kw of dy[o][0][j - kw] w[o][c][0][kw]), its last row by window row 2 over dy's last row, and
+  // likewise the outermost columns; each is three products of the window's [in][out] slices with
+  // dy's row or column, one per window column (row), added at its offset. The rows take the corners.
+  void edges(plan& p, const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a) {
+    ++border_splits_;
+    const std::int64_t n_ex = g.batch, C = g.in_channels, K = g.out_channels, H = g.out_height, W = g.out_width;
+    const std::int64_t P = g.in_height, Q = g.in_width;
+    p.window.in(stream(), w, a, arena::weights);
+    check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
+    const float* window = a.get<float>(arena::weights, static_cast<std::size_t>(g.weight_size()));
+    // dy's first and last columns, contiguous per example: [n][side][o][i].
+    float* cols = a.get<float>(arena::columns, static_cast<std::size_t>(n_ex * 2 * K * H));
+    // The column edges land here first ([n][side][c][r], all P rows), then in dx without the corners.
+    float* side = a.get<float>(arena::gradient, static_cast<std::size_t>(n_ex * 2 * C * P));
+    const std::int64_t items = n_ex * 4;
+    std::exception_ptr failed;
+#if defined(_OPENMP)
+#  pragma omp parallel for schedule(static)
+#endif
+    for (std::int64_t item = 0; item < items; ++item) {
+      try {
+        const std::int64_t n = item / 4, edge = item % 4;  // 0 top, 1 bottom, 2 left, 3 right
+        const float* dyn = dy + n * K * H * W;
+        float* dxn = dx + n * C * P * Q;
+        if (edge < 2) {
+          // A row of the input plane: C x Q with rows P*Q apart.
+          float* row = dxn + (edge == 0 ? 0 : (P - 1) * Q);
+          for (std::int64_t c = 0; c < C; ++c) std::fill(row + c * P * Q, row + c * P * Q + Q, 0.0f);
+          const float* dyrow = dyn + (edge == 0 ? 0 : (H - 1) * W);
+          const std::int64_t kh = edge == 0 ? 0 : 2;
+          for (std::int64_t kw = 0; kw < 3; ++kw)
+            check(dnnl_sgemm('N', 'N', C, W, K, 1.0f, window + (kh * 3 + kw) * C * K, K, dyrow, H * W, 1.0f, row + kw, P * Q),
+                  "dnnl_sgemm");
+        } else {
+          const std::int64_t r = edge - 2;  // 0 left, 1 right
+          float* col = cols + (n * 2 + r) * K * H;
+          const std::int64_t at = r == 0 ? 0 : W - 1;
+          for (std::int64_t o = 0; o < K; ++o)
+            for (std::int64_t i = 0; i < H; ++i) col[o * H + i] = dyn[(o * H + i) * W + at];
+          float* out = side + (n * 2 + r) * C * P;
+          std::fill(out, out + C * P, 0.0f);
+          const std::int64_t kw = r == 0 ? 0 : 2;
+          for (std::int64_t kh = 0; kh < 3; ++kh)
+            check(dnnl_sgemm('N', 'N', C, H, K, 1.0f, window + (kh * 3 + kw) * C * K, K, col, H, 1.0f, out + kh, P), "dnnl_sgemm");
+          const std::int64_t x = r == 0 ? 0 : Q - 1;
+          for (std::int64_t c = 0; c < C; ++c)
+            for (std::int64_t i = 1; i < P - 1; ++i) dxn[(c * P + i) * Q + x] = out[c * P + i];
+        }
+      } catch (...) {
+#if defined(_OPENMP)
+#  pragma omp critical(distribute_dnnl_edges)
+#endif
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
   }
   // The weight gradient of plan `p`, added to dw (and db where not null). dy's copy in the
   // primitive's layout, where it needs one, is left in the arena's `dst` slot (backward reads it).
@@ -348,13 +456,15 @@ class dnnl_conv {
 
   // The plan of a pass, made on first use; null where `half` has no kernel (remembered too). Asked
   // for `winograd` where oneDNN has no such kernel (or not for this geometry), the plan is direct.
-  plan* plan_for(pass which, const conv_geometry& g, bool bias, bool half, bool winograd) {
-    const key k{static_cast<std::int64_t>(which), bias, half, winograd, g.batch, g.in_channels, g.in_height, g.in_width,
-                g.out_channels, g.kernel, g.stride, g.pad, g.out_height, g.out_width};
+  // With `inside`, the plan of a split data gradient's inside (splits_border): Winograd only, null
+  // where oneDNN has no such kernel.
+  plan* plan_for(pass which, const conv_geometry& g, bool bias, bool half, bool winograd, bool inside = false) {
+    const key k{static_cast<std::int64_t>(which), bias, half, winograd, inside, g.batch, g.in_channels, g.in_height,
+                g.in_width, g.out_channels, g.kernel, g.stride, g.pad, g.out_height, g.out_width};
     auto it = plans_.find(k);
     if (it != plans_.end()) return it->second.get();
-    std::unique_ptr<plan> made = winograd ? make_plan(which, g, bias, half, dnnl_convolution_winograd) : nullptr;
-    if (!made) made = make_plan(which, g, bias, half, dnnl_convolution_direct);
+    std::unique_ptr<plan> made = winograd ? make_plan(which, g, bias, half, dnnl_convolution_winograd, inside) : nullptr;
+    if (!made && !inside) made = make_plan(which, g, bias, half, dnnl_convolution_direct);
     return plans_.emplace(k, std::move(made)).first->second.get();
   }
 
@@ -364,7 +474,14 @@ class dnnl_conv {
   };
 
   // Null where oneDNN has no kernel for `half` or for `algorithm` (any other failure throws).
-  std::unique_ptr<plan> make_plan(pass which, const conv_geometry& g, bool bias, bool half, dnnl_alg_kind_t algorithm) {
+  // With `inside` (a data gradient, splits_border): the plan of its inside, the same convolution with
+  // padding 1 over the output's plane, writing into the input plane from row 1, column 1; and the
+  // window's reorder for the edges.
+  std::unique_ptr<plan> make_plan(pass which, const conv_geometry& whole, bool bias, bool half, dnnl_alg_kind_t algorithm,
+                                  bool inside = false) {
+    const conv_geometry g = inside ? conv_geometry::of(whole.batch, whole.in_channels, whole.out_height, whole.out_width,
+                                                       whole.out_channels, 3, 1, 1)
+                                   : whole;
     const bool may_lack = half || algorithm != dnnl_convolution_direct;
     const std::vector<dnnl_dim_t> src{g.batch, g.in_channels, g.in_height, g.in_width};
     const std::vector<dnnl_dim_t> wei{g.out_channels, g.in_channels, g.kernel, g.kernel};
@@ -419,7 +536,17 @@ class dnnl_conv {
         pd = bwd.get();
         p->a.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_);
         p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true, reorders_);
-        p->c.set(engine_raw_, src_user.get(), query(pd, dnnl_query_diff_src_md), false, reorders_);
+        if (!inside) {
+          p->c.set(engine_raw_, src_user.get(), query(pd, dnnl_query_diff_src_md), false, reorders_);
+          break;
+        }
+        // The inside of the whole input plane: rows and columns 1 to its extent - 2.
+        const memory_desc in_place(src, {whole.in_channels * whole.in_height * whole.in_width, whole.in_height * whole.in_width,
+                                         whole.in_width, 1},
+                                   dnnl_f32);
+        p->c.set(engine_raw_, in_place.get(), query(pd, dnnl_query_diff_src_md), false, reorders_);
+        const memory_desc hwio = md(wei, dnnl_hwio);
+        p->window.set(engine_raw_, wei_user.get(), hwio.get(), true, reorders_);
         break;
       }
       case pass::backward_weights:
@@ -498,6 +625,7 @@ class dnnl_conv {
   handle<dnnl_stream_t, dnnl_stream_destroy> stream_;
   std::map<key, std::unique_ptr<plan>> plans_;  // destroyed before the stream and the engine
   std::size_t reorders_ = 0;
+  std::size_t border_splits_ = 0;
 };
 
 }  // namespace distribute::detail
