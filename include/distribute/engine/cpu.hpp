@@ -151,8 +151,8 @@ class engine<cpu> {
       T* yn = y + n * per_output(g);
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && through_dnnl(e, xn, e.input_size(), w, e.weight_size(), [&](const float* a, const float* b, bool h, bool wino) {
-              return dnnl().forward(e, a, b, bias, yn, arena_, h, wino);
+        if (use_dnnl(e) && through_dnnl(e, xn, w, [&](const float* a, const float* b, bool h, bool wino, bool round) {
+              return dnnl().forward(e, a, b, bias, yn, arena_, h, wino, round);
             }))
           return;
 #endif
@@ -308,8 +308,8 @@ class engine<cpu> {
   void backward_data_of(const conv_geometry& e, const T* dy, const T* w, T* dx) {
 #if DISTRIBUTE_HAS_DNNL
     if constexpr (std::is_same_v<T, float>)
-      if (use_dnnl(e) && through_dnnl(e, dy, e.output_size(), w, e.weight_size(), [&](const float* a, const float* b, bool h, bool wino) {
-            return dnnl().backward_data(e, a, b, dx, arena_, h, wino);
+      if (use_dnnl(e) && through_dnnl(e, dy, w, [&](const float* a, const float* b, bool h, bool wino, bool round) {
+            return dnnl().backward_data(e, a, b, dx, arena_, h, wino, round);
           }))
         return;
 #endif
@@ -320,8 +320,8 @@ class engine<cpu> {
   void backward_weights_of(const conv_geometry& e, const T* x, const T* dy, T* dw, T* db) {
 #if DISTRIBUTE_HAS_DNNL
     if constexpr (std::is_same_v<T, float>)
-      if (use_dnnl(e) && through_dnnl(e, x, e.input_size(), dy, e.output_size(), [&](const float* a, const float* b, bool h, bool wino) {
-            return dnnl().backward_weights(e, a, b, dw, db, arena_, h, wino);
+      if (use_dnnl(e) && through_dnnl(e, x, dy, [&](const float* a, const float* b, bool h, bool wino, bool round) {
+            return dnnl().backward_weights(e, a, b, dw, db, arena_, h, wino, round);
           }))
         return;
 #endif
@@ -481,34 +481,21 @@ class engine<cpu> {
   bool winograd_on_rounded(const conv_geometry& g) const {
     return options_.conv_winograd && half() && detail::dnnl_conv::winograd_pays(g) && detail::dnnl_conv::has_winograd();
   }
-  // One convolution pass through oneDNN on its two inputs `a` (`na` values) and `b` (`nb`):
-  // `pass(a, b, half, winograd)` runs it and returns false where oneDNN has no kernel for it (the
-  // reference computes it then). In bfloat16 where Winograd pays (winograd_on_rounded) it runs in
-  // float32 on copies of the inputs rounded to bfloat16.
-  // The rounding runs before enter_openmp(): it is a pass of its own, which may change the thread
-  // count in use (adapt_threads), and oneDNN's primitive must run with the count it was made for.
+  // One convolution pass through oneDNN on its two inputs `a` and `b`: `pass(a, b, half, winograd,
+  // round)` runs it and returns false where oneDNN has no kernel for it (the reference computes it
+  // then). In bfloat16 where Winograd pays (winograd_on_rounded) it runs in float32 on its inputs
+  // rounded to bfloat16 (`round`: oneDNN's layouts are written rounded, dnnl_conv.hpp).
   template <class Pass>
-  bool through_dnnl(const conv_geometry& e, const float* a, std::int64_t na, const float* b, std::int64_t nb, Pass&& pass) {
-    if (winograd_on_rounded(e)) {
-      const float* ra = rounded(a, na, detail::arena::rounded_a);
-      const float* rb = rounded(b, nb, detail::arena::rounded_b);
-      enter_openmp();
-      return pass(ra, rb, false, true);
-    }
+  bool through_dnnl(const conv_geometry& e, const float* a, const float* b, Pass&& pass) {
     enter_openmp();
-    return pass(a, b, half(), winograd(e));
+    if (winograd_on_rounded(e)) return pass(a, b, false, true, true);
+    return pass(a, b, half(), winograd(e), false);
   }
   // conv_backward's two passes through oneDNN (dnnl_conv::backward), on inputs rounded to bfloat16
   // once for both where Winograd runs on them; false where oneDNN has no kernel for either.
   bool both_through_dnnl(const conv_geometry& e, const float* x, const float* dy, const float* w, float* dx, float* dw, float* db) {
-    if (winograd_on_rounded(e)) {
-      const float* rx = rounded(x, e.input_size(), detail::arena::rounded_a);
-      const float* rdy = rounded(dy, e.output_size(), detail::arena::rounded_b);
-      const float* rw = dx ? rounded(w, e.weight_size(), detail::arena::rounded_c) : w;
-      enter_openmp();
-      return dnnl().backward(e, rx, rdy, rw, dx, dw, db, arena_, false, true);
-    }
     enter_openmp();
+    if (winograd_on_rounded(e)) return dnnl().backward(e, x, dy, w, dx, dw, db, arena_, false, true, true);
     return dnnl().backward(e, x, dy, w, dx, dw, db, arena_, half(), winograd(e));
   }
   // The plans of the count in use: oneDNN fixes a primitive's thread count when it makes it.

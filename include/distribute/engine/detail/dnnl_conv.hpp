@@ -32,6 +32,12 @@
 // 9.5 ms so against 12.6 (docs/benchmarks.md); the sums are Winograd's and the edges' orders, so the
 // bits differ from the one-pass result, deterministically.
 //
+// With `round` (Winograd in bfloat16: the engine's float32 arithmetic on bfloat16 values) a pass's two
+// inputs are rounded to bfloat16 (nearest, ties to even) on their way into the primitive's layout.
+// Where that layout is channels in blocks of 16 (nChw16c, the activations of every Winograd pass)
+// one pass over the tensor both rounds and reorders (oneDNN's reorders copy float32 exactly and
+// cannot round); elsewhere (the weights) a rounded copy is reordered.
+//
 // Written against oneDNN's C API: its C++ API is header code that every program including the
 // layers would compile (measured: +7.8 CPU-seconds on the CycleGAN trainer's translation unit).
 // Builds with oneDNN 2.x and 3.x. The two differ in two places, each under DNNL_VERSION_MAJOR: a
@@ -43,6 +49,7 @@
 // runs each primitive with the calling thread's OpenMP thread count, which the engine sets to the
 // replica's share before every call.
 
+#include <distribute/bfloat16.hpp>
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/engine/detail/arena.hpp>
 
@@ -99,13 +106,14 @@ class dnnl_conv {
   }
 
   // y = conv(x, w) + bias (bias may be null). False (nothing done) where `half` has no kernel.
+  // With `round`, on x and w rounded to bfloat16 (above).
   bool forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a, bool half = false,
-               bool winograd = false) {
+               bool winograd = false, bool round = false) {
     plan* found = plan_for(pass::forward, g, bias != nullptr, half, winograd);
     if (!found) return false;
     plan& p = *found;
-    dnnl_memory_t src = p.a.in(stream(), x, a, arena::src);
-    dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights);
+    dnnl_memory_t src = p.a.in(stream(), x, a, arena::src, round, arena::rounded_a);
+    dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights, round, arena::rounded_c);
     dnnl_memory_t dst = p.c.out(y, a, arena::dst);
     std::vector<dnnl_exec_arg_t> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
     if (bias) args.push_back({DNNL_ARG_BIAS, p.bias.point(bias)});
@@ -117,21 +125,21 @@ class dnnl_conv {
 
   // dx = the data gradient of conv for dy (overwritten). False where `half` has no kernel.
   bool backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a, bool half = false,
-                     bool winograd = false) {
+                     bool winograd = false, bool round = false) {
     plan* found = data_plan_for(g, half, winograd);
     if (!found) return false;
     plan& p = *found;
-    run_backward_data(p, g, p.a.in(stream(), dy, a, arena::dst), dy, w, dx, a);
+    run_backward_data(p, g, p.a.in(stream(), dy, a, arena::dst, round, arena::rounded_b), dy, w, dx, a, round);
     return true;
   }
 
   // dw += the weight gradient for (x, dy); db += the sum of dy per channel (db may be null). False
   // where `half` has no kernel.
   bool backward_weights(const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a,
-                        bool half = false, bool winograd = false) {
+                        bool half = false, bool winograd = false, bool round = false) {
     plan* found = plan_for(pass::backward_weights, g, db != nullptr, half, winograd);
     if (!found) return false;
-    run_backward_weights(*found, g, x, dy, dw, db, a);
+    run_backward_weights(*found, g, x, dy, dw, db, a, round);
     return true;
   }
 
@@ -141,16 +149,16 @@ class dnnl_conv {
   // weight gradient runs first and the data gradient reads its copy). False (nothing done) where
   // `half` has no kernel for either pass; the caller then runs them one by one.
   bool backward(const conv_geometry& g, const float* x, const float* dy, const float* w, float* dx, float* dw, float* db,
-                arena& a, bool half = false, bool winograd = false) {
+                arena& a, bool half = false, bool winograd = false, bool round = false) {
     plan* weights_plan = plan_for(pass::backward_weights, g, db != nullptr, half, winograd);
     plan* data_plan = dx ? data_plan_for(g, half, winograd) : nullptr;
     if (!weights_plan || (dx && !data_plan)) return false;
     const bool shared = data_plan && operand::same_layout(weights_plan->b, data_plan->a);
-    run_backward_weights(*weights_plan, g, x, dy, dw, db, a);
+    run_backward_weights(*weights_plan, g, x, dy, dw, db, a, round);
     if (!data_plan) return true;
     plan& p = *data_plan;
-    dnnl_memory_t ddst = shared ? p.a.reordered(a, arena::dst) : p.a.in(stream(), dy, a, arena::dst);
-    run_backward_data(p, g, ddst, dy, w, dx, a);
+    dnnl_memory_t ddst = shared ? p.a.reordered(a, arena::dst) : p.a.in(stream(), dy, a, arena::dst, round, arena::rounded_b);
+    run_backward_data(p, g, ddst, dy, w, dx, a, round);
     return true;
   }
 
@@ -275,34 +283,76 @@ class dnnl_conv {
   struct operand {
     memory user, lib;
     std::size_t lib_bytes = 0;  // the size of the primitive's layout
+    std::int64_t count = 0;     // the values, in the caller's layout
     bool same = true;
+    // An activation [n, c, h, w] whose primitive layout is nChw16c with whole blocks of channels:
+    // in() with rounding writes that layout itself.
+    bool blocked16 = false;
+    std::int64_t n = 0, c = 0, hw = 0;
     primitive_handle reorder;
-    std::size_t* count = nullptr;  // the reorders run (dnnl_conv::reorders_)
+    std::size_t* reorders = nullptr;  // the reorders run (dnnl_conv::reorders_)
 
-    void set(dnnl_engine_t e, md_ptr u, md_ptr l, bool input, std::size_t& counter) {
-      count = &counter;
+    // With `accumulate` (an output), the reorder back adds to the caller's values instead of
+    // overwriting them (oneDNN's sum post-op: dst = src + dst, one rounding, as `+=`).
+    // `dims`: an activation's [n, c, h, w] (empty for weights).
+    void set(dnnl_engine_t e, md_ptr u, md_ptr l, bool input, std::size_t& counter, bool accumulate = false,
+             const std::vector<dnnl_dim_t>& dims = {}) {
+      reorders = &counter;
       lib_bytes = dnnl_memory_desc_get_size(l);
+      count = static_cast<std::int64_t>(dnnl_memory_desc_get_size(u) / sizeof(float));
       same = dnnl_memory_desc_equal(u, l) != 0;
+      if (dims.size() == 4 && dims[1] % 16 == 0) {
+        n = dims[0], c = dims[1], hw = dims[2] * dims[3];
+        blocked16 = dnnl_memory_desc_equal(l, md(dims, dnnl_nChw16c).get()) != 0;
+      }
       user.make(e, u);
       if (same) return;
       lib.make(e, l);
+      handle<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy> attr;
+      if (accumulate) {
+        dnnl_primitive_attr_t raw_attr = nullptr;
+        check(dnnl_primitive_attr_create(&raw_attr), "dnnl_primitive_attr_create");
+        attr.reset(raw_attr);
+        dnnl_post_ops_t raw_ops = nullptr;
+        check(dnnl_post_ops_create(&raw_ops), "dnnl_post_ops_create");
+        const handle<dnnl_post_ops_t, dnnl_post_ops_destroy> ops{raw_ops};
+#if DNNL_VERSION_MAJOR >= 3
+        check(dnnl_post_ops_append_sum(raw_ops, 1.0f, 0, dnnl_data_type_undef), "dnnl_post_ops_append_sum");
+#else
+        check(dnnl_post_ops_append_sum(raw_ops, 1.0f), "dnnl_post_ops_append_sum");
+#endif
+        check(dnnl_primitive_attr_set_post_ops(raw_attr, raw_ops), "dnnl_primitive_attr_set_post_ops");
+      }
       dnnl_primitive_desc_t rpd = nullptr;
       check(input ? dnnl_reorder_primitive_desc_create(&rpd, u, e, l, e, nullptr)
-                  : dnnl_reorder_primitive_desc_create(&rpd, l, e, u, e, nullptr),
+                  : dnnl_reorder_primitive_desc_create(&rpd, l, e, u, e, attr.get()),
             "dnnl_reorder_primitive_desc_create");
       const desc_handle owned{rpd};
       dnnl_primitive_t raw = nullptr;
       check(dnnl_primitive_create(&raw, rpd), "dnnl_primitive_create (reorder)");
       reorder.reset(raw);
     }
-    // The operand as the primitive reads it: the caller's memory, or a reordered copy in scratch.
-    dnnl_memory_t in(dnnl_stream_t s, const float* data, arena& a, arena::slot slot) const {
+    // The operand as the primitive reads it: the caller's memory, or a reordered copy in scratch slot
+    // `slot`. With `round`, its values rounded to bfloat16: written in the primitive's layout at once
+    // where that is blocked16, else a rounded copy in slot `plain` (reordered where it has to be).
+    dnnl_memory_t in(dnnl_stream_t s, const float* data, arena& a, arena::slot slot, bool round = false,
+                     arena::slot plain = arena::rounded_a) const {
+      if (round && blocked16) {
+        float* blocks = a.get<float>(slot, lib_bytes / sizeof(float));
+        round_into_blocks(data, blocks, n, c, hw);
+        return lib.point(blocks);
+      }
+      if (round) {
+        float* copy = a.get<float>(plain, static_cast<std::size_t>(count));
+        round_copy(data, copy, count);
+        data = copy;
+      }
       dnnl_memory_t um = user.point(data);
       if (same) return um;
       dnnl_memory_t lm = lib.point(a.get<std::byte>(slot, lib_bytes));
       const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, um}, {DNNL_ARG_TO, lm}};
       check(dnnl_primitive_execute(reorder.get(), s, 2, args), "reorder");
-      ++*count;
+      ++*reorders;
       return lm;
     }
     // The copy in the primitive's layout that `in` left in scratch slot `slot` (nothing else may have
@@ -327,9 +377,39 @@ class dnnl_conv {
       if (same) return;
       const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, lib.m.get()}, {DNNL_ARG_TO, user.point(data)}};
       check(dnnl_primitive_execute(reorder.get(), s, 2, args), "reorder");
-      ++*count;
+      ++*reorders;
     }
   };
+
+  // A value rounded to bfloat16 (distribute::bfloat16's rounding), kept in float.
+  static float to_bfloat16(float v) noexcept { return static_cast<float>(bfloat16(v)); }
+  // to[i] = from[i] rounded, for i < count, on the calling thread's OpenMP threads.
+  static void round_copy(const float* from, float* to, std::int64_t count) noexcept {
+#if defined(_OPENMP)
+#  pragma omp parallel for simd schedule(static)
+#endif
+    for (std::int64_t i = 0; i < count; ++i) to[i] = to_bfloat16(from[i]);
+  }
+  // An [n, c, hw] tensor rounded into nChw16c (c a multiple of 16): block b's position p holds its 16
+  // channels' values at p. One pass in place of a rounded copy and oneDNN's reorder of it.
+  static void round_into_blocks(const float* from, float* to, std::int64_t n, std::int64_t c, std::int64_t hw) noexcept {
+    constexpr std::int64_t run = 64;  // positions per work item: 16 rows of 256 contiguous bytes read
+    const std::int64_t blocks = n * (c / 16), runs = (hw + run - 1) / run;
+#if defined(_OPENMP)
+#  pragma omp parallel for schedule(static)
+#endif
+    for (std::int64_t item = 0; item < blocks * runs; ++item) {
+      const std::int64_t b = item / runs, start = item % runs * run, end = std::min(start + run, hw);
+      const float* src = from + b * 16 * hw;
+      float* dst = to + b * 16 * hw;
+      for (std::int64_t q = start; q < end; ++q) {
+#if defined(_OPENMP)
+#  pragma omp simd
+#endif
+        for (std::int64_t k = 0; k < 16; ++k) dst[q * 16 + k] = to_bfloat16(src[k * hw + q]);
+      }
+    }
+  }
 
   struct plan {
     primitive_handle prim;
@@ -361,16 +441,18 @@ class dnnl_conv {
   // The data gradient of geometry g by plan `p` (g's own, or its inside's) from `ddst` (dy as the
   // primitive reads it) into dx.
   void run_backward_data(plan& p, const conv_geometry& g, dnnl_memory_t ddst, const float* dy, const float* w, float* dx,
-                         arena& a) {
+                         arena& a, bool round) {
     const bool inside = p.window.lib_bytes > 0;
     float* written = inside ? dx + g.in_width + 1 : dx;  // the inside starts at row 1, column 1
-    dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights);
+    dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights, round, arena::rounded_c);
     dnnl_memory_t dsrc = p.c.out(written, a, arena::src);
     std::vector<dnnl_exec_arg_t> args{{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}};
     run(p, args, a);
     p.c.back(stream(), written);
     check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
-    if (inside) edges(p, g, dy, w, dx, a);
+    // Rounded, the edges read the weights' rounded copy (in() left it in rounded_c: the weights are
+    // never blocked16) and round dy's rows and columns as they gather them.
+    if (inside) edges(p, g, dy, round ? a.get<float>(arena::rounded_c, static_cast<std::size_t>(g.weight_size())) : w, dx, a, round);
   }
 
   // The outermost rows and columns of a split data gradient (splits_border) into dx: row 0 of the
@@ -378,15 +460,16 @@ class dnnl_conv {
   // kw of dy[o][0][j - kw] w[o][c][0][kw]), its last row by window row 2 over dy's last row, and
   // likewise the outermost columns; each is three products of the window's [in][out] slices with
   // dy's row or column, one per window column (row), added at its offset. The rows take the corners.
-  void edges(plan& p, const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a) {
+  // With `round`, w is already rounded to bfloat16 and dy's rows and columns are as they are gathered.
+  void edges(plan& p, const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a, bool round) {
     ++border_splits_;
     const std::int64_t n_ex = g.batch, C = g.in_channels, K = g.out_channels, H = g.out_height, W = g.out_width;
-    const std::int64_t P = g.in_height, Q = g.in_width;
+    const std::int64_t P = g.in_height, Q = g.in_width, L = std::max(H, W);
     p.window.in(stream(), w, a, arena::weights);
     check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
     const float* window = a.get<float>(arena::weights, static_cast<std::size_t>(g.weight_size()));
-    // dy's first and last columns, contiguous per example: [n][side][o][i].
-    float* cols = a.get<float>(arena::columns, static_cast<std::size_t>(n_ex * 2 * K * H));
+    // dy's first and last rows and columns, contiguous: [n][edge][o][L].
+    float* lines = a.get<float>(arena::columns, static_cast<std::size_t>(n_ex * 4 * K * L));
     // The column edges land here first ([n][side][c][r], all P rows), then in dx without the corners.
     float* side = a.get<float>(arena::gradient, static_cast<std::size_t>(n_ex * 2 * C * P));
     const std::int64_t items = n_ex * 4;
@@ -399,27 +482,29 @@ class dnnl_conv {
         const std::int64_t n = item / 4, edge = item % 4;  // 0 top, 1 bottom, 2 left, 3 right
         const float* dyn = dy + n * K * H * W;
         float* dxn = dx + n * C * P * Q;
-        if (edge < 2) {
+        float* line = lines + item * K * L;
+        const bool row_edge = edge < 2;
+        const std::int64_t length = row_edge ? W : H, at = edge % 2 == 0 ? 0 : (row_edge ? H - 1 : W - 1);
+        for (std::int64_t o = 0; o < K; ++o)
+          for (std::int64_t i = 0; i < length; ++i) {
+            const float v = row_edge ? dyn[(o * H + at) * W + i] : dyn[(o * H + i) * W + at];
+            line[o * L + i] = round ? to_bfloat16(v) : v;
+          }
+        if (row_edge) {
           // A row of the input plane: C x Q with rows P*Q apart.
           float* row = dxn + (edge == 0 ? 0 : (P - 1) * Q);
           for (std::int64_t c = 0; c < C; ++c) std::fill(row + c * P * Q, row + c * P * Q + Q, 0.0f);
-          const float* dyrow = dyn + (edge == 0 ? 0 : (H - 1) * W);
           const std::int64_t kh = edge == 0 ? 0 : 2;
           for (std::int64_t kw = 0; kw < 3; ++kw)
-            check(dnnl_sgemm('N', 'N', C, W, K, 1.0f, window + (kh * 3 + kw) * C * K, K, dyrow, H * W, 1.0f, row + kw, P * Q),
+            check(dnnl_sgemm('N', 'N', C, W, K, 1.0f, window + (kh * 3 + kw) * C * K, K, line, L, 1.0f, row + kw, P * Q),
                   "dnnl_sgemm");
         } else {
-          const std::int64_t r = edge - 2;  // 0 left, 1 right
-          float* col = cols + (n * 2 + r) * K * H;
-          const std::int64_t at = r == 0 ? 0 : W - 1;
-          for (std::int64_t o = 0; o < K; ++o)
-            for (std::int64_t i = 0; i < H; ++i) col[o * H + i] = dyn[(o * H + i) * W + at];
-          float* out = side + (n * 2 + r) * C * P;
+          float* out = side + (n * 2 + edge - 2) * C * P;
           std::fill(out, out + C * P, 0.0f);
-          const std::int64_t kw = r == 0 ? 0 : 2;
+          const std::int64_t kw = edge == 2 ? 0 : 2;
           for (std::int64_t kh = 0; kh < 3; ++kh)
-            check(dnnl_sgemm('N', 'N', C, H, K, 1.0f, window + (kh * 3 + kw) * C * K, K, col, H, 1.0f, out + kh, P), "dnnl_sgemm");
-          const std::int64_t x = r == 0 ? 0 : Q - 1;
+            check(dnnl_sgemm('N', 'N', C, H, K, 1.0f, window + (kh * 3 + kw) * C * K, K, line, L, 1.0f, out + kh, P), "dnnl_sgemm");
+          const std::int64_t x = edge == 2 ? 0 : Q - 1;
           for (std::int64_t c = 0; c < C; ++c)
             for (std::int64_t i = 1; i < P - 1; ++i) dxn[(c * P + i) * Q + x] = out[c * P + i];
         }
@@ -434,11 +519,13 @@ class dnnl_conv {
   }
   // The weight gradient of plan `p`, added to dw (and db where not null). dy's copy in the
   // primitive's layout, where it needs one, is left in the arena's `dst` slot (backward reads it).
-  void run_backward_weights(plan& p, const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a) {
-    dnnl_memory_t src = p.a.in(stream(), x, a, arena::src);
-    dnnl_memory_t ddst = p.b.in(stream(), dy, a, arena::dst);
-    // The gradient lands in scratch (oneDNN overwrites), then is added in the caller's layout.
-    float* dw_user = a.get<float>(arena::gradient, static_cast<std::size_t>(g.weight_size()));
+  void run_backward_weights(plan& p, const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a,
+                            bool round) {
+    dnnl_memory_t src = p.a.in(stream(), x, a, arena::src, round, arena::rounded_a);
+    dnnl_memory_t ddst = p.b.in(stream(), dy, a, arena::dst, round, arena::rounded_b);
+    // oneDNN overwrites the gradient: it lands in its layout in scratch and the reorder back adds it
+    // to dw; where that layout is the caller's, in scratch too, added below.
+    float* dw_user = p.c.same ? a.get<float>(arena::gradient, static_cast<std::size_t>(g.weight_size())) : dw;
     dnnl_memory_t dwei = p.c.out(dw_user, a, arena::weights);
     std::vector<dnnl_exec_arg_t> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}};
     float* db_user = nullptr;
@@ -447,9 +534,10 @@ class dnnl_conv {
       args.push_back({DNNL_ARG_DIFF_BIAS, p.bias.point(db_user)});
     }
     run(p, args, a);
-    p.c.back(stream(), dw_user);
+    p.c.back(stream(), dw);
     check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
-    for (std::int64_t i = 0; i < g.weight_size(); ++i) dw[i] += dw_user[i];
+    if (p.c.same)
+      for (std::int64_t i = 0; i < g.weight_size(); ++i) dw[i] += dw_user[i];
     if (db)
       for (std::int64_t i = 0; i < g.out_channels; ++i) db[i] += db_user[i];
   }
@@ -520,7 +608,7 @@ class dnnl_conv {
     const_dnnl_primitive_desc_t pd = fwd.get();
     switch (which) {
       case pass::forward:
-        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true, reorders_);
+        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true, reorders_, false, src);
         p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true, reorders_);
         p->c.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_dst_md), false, reorders_);
         break;
@@ -534,7 +622,7 @@ class dnnl_conv {
                              fwd.get(), may_lack);
         if (!bwd) return nullptr;
         pd = bwd.get();
-        p->a.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_);
+        p->a.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_, false, dst);
         p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true, reorders_);
         if (!inside) {
           p->c.set(engine_raw_, src_user.get(), query(pd, dnnl_query_diff_src_md), false, reorders_);
@@ -554,9 +642,9 @@ class dnnl_conv {
                              attr_raw, fwd.get(), may_lack);
         if (!bwd) return nullptr;
         pd = bwd.get();
-        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true, reorders_);
-        p->b.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_);
-        p->c.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_diff_weights_md), false, reorders_);
+        p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true, reorders_, false, src);
+        p->b.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_, false, dst);
+        p->c.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_diff_weights_md), false, reorders_, true);
         break;
     }
     const md_ptr scratchpad = query(pd, dnnl_query_scratchpad_md);
