@@ -29,8 +29,8 @@
 // straight into place; the four edges are each three matrix products (oneDNN's sgemm, one thread
 // each: the same bits whatever the thread count) of a row or column of dy with one row or column of
 // the window. On two Zen 4 cores a residual block's data gradient (256 channels, 64x64) takes about
-// 9.5 ms so against 12.6 (docs/benchmarks.md); the sums are Winograd's and the edges' orders, so the
-// bits differ from the one-pass result, deterministically.
+// 9 ms this way against 12.6 in one pass (docs/benchmarks.md); the sums run in another order, so
+// the bits differ from the one-pass result's, deterministically.
 //
 // With `round` (Winograd in bfloat16: the engine's float32 arithmetic on bfloat16 values) a pass's two
 // inputs are rounded to bfloat16 (nearest, ties to even) on their way into the primitive's layout.
