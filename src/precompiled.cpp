@@ -16,8 +16,9 @@
 
 namespace distribute::detail {
 
-template void eigen_gemm<float>(const gemm_geometry&, const float*, const float*, float*);
-template void eigen_gemm<double>(const gemm_geometry&, const double*, const double*, double*);
+template void eigen_gemm<float>(const gemm_geometry&, const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t);
+template void eigen_gemm<double>(const gemm_geometry&, const double*, std::int64_t, const double*, std::int64_t, double*,
+                                 std::int64_t);
 template class reference_conv<float>;
 template class reference_conv<double>;
 

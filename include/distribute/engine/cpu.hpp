@@ -7,15 +7,19 @@
 //
 // Threads: a replica's engine uses its share of the cores (engine_options::threads, or the share its
 // strategy gives it), never more: N replica threads with N engines of cores/N threads each fill the
-// machine once. Every sum runs in a fixed order that does not depend on the thread count, except
-// oneDNN's weight gradients, whose order depends on the thread count but not on timing: a fixed
-// configuration gives the same bits from run to run.
+// machine once. With engine_options::adapt_threads (the default) it runs fewer (down to one) while
+// other processes keep the cores busy and goes back up when they are free
+// (detail/thread_governor.hpp): each parallel region of oneDNN, Eigen and the engine's passes gets the
+// count in use, active_threads().
 //
-// With engine_options::adapt_threads the engine runs fewer threads (down to one) while other
-// processes keep the cores busy and goes back up when they are free (detail/thread_governor.hpp):
-// each parallel region of oneDNN, Eigen and the engine's passes gets the count in use. The count then
-// depends on the machine's load, and so may the last bits of oneDNN's weight gradients and of the
-// matrix products; off (the default), the count is fixed.
+// No result depends on the count in use. The engine's passes sum in a fixed order of their own;
+// oneDNN's forward and data-gradient kernels give each output one thread (oneDNN 2.x; with 3.x the
+// data gradients run on the configured count always, dnnl_conv::data_gradient_follows_thread_count);
+// oneDNN's weight gradients
+// (whose kernels split their sums between threads) run as a grid of one-thread pieces fixed by the
+// geometry and the configured count (detail/dnnl_conv.hpp), and matrix products as parts of one thread
+// each, fixed the same way (detail/eigen_gemm.hpp). A configuration (replicas, threads()) gives the
+// same bits from run to run whatever the machine's load did.
 
 #include <distribute/bfloat16.hpp>
 #include <distribute/detail/hardware.hpp>
@@ -93,6 +97,10 @@ class engine<cpu> {
   // The threads its parallel regions get now: threads(), or with adapt_threads fewer while the
   // machine is busy.
   int active_threads() const noexcept { return active_; }
+  // Runs n of threads() (at least one) from now on, as adapt_threads does on a busy machine; with
+  // adapt_threads its next decision may change the count again. The results have the same bits for
+  // any count in use (the Determinism section of docs/nn.md): for tests and tools that want to see so.
+  void set_active_threads(int n) noexcept { active_ = std::clamp(n, 1, threads_); }
   // Without adapt_threads: whether this engine's threads found the cores crowded (they waited for a
   // CPU more than a quarter of the time over two windows of a second in a row) and it said so on
   // stderr (once per process, whichever engine saw it first), naming adapt_threads.
@@ -151,13 +159,14 @@ class engine<cpu> {
       T* yn = y + n * per_output(g);
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && through_dnnl(e, xn, w, [&](const float* a, const float* b, bool h, bool wino, bool round) {
-              return dnnl().forward(e, a, b, bias, yn, arena_, h, wino, round);
+        if (use_dnnl(e) && through_dnnl(e, xn, w, [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+              return d.forward(e, a, b, bias, yn, arena_, h, wino, round);
             }))
           return;
 #endif
+      enter_openmp();
       detail::reference_conv<T>::forward(e, input(xn, e.input_size(), detail::arena::src),
-                                         input(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e));
+                                         input(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e), threads_, active_);
     });
   }
   // dx = the data gradient of the convolution for dy (overwritten).
@@ -209,14 +218,17 @@ class engine<cpu> {
     if (!options_.split_independent || g.m == 1) {
       const T* as = aligned_operand(a, g.a_size(), detail::arena::src);
       T* cs = !g.accumulate && is_aligned(c) ? c : arena_.get<T>(detail::arena::dst, static_cast<std::size_t>(g.c_size()));
+      gemm_geometry plain = g;
+      plain.accumulate = false;
       enter_openmp();
-      detail::eigen_gemm(g, as, bs, cs);
+      detail::gemm_in_parts(plain, as, bs, cs, detail::gemm_parts(plain, threads_), active_);
       if (cs != c) store(cs, c, g.c_size(), g.accumulate);
       return;
     }
     gemm_geometry row = g;
     row.m = 1;
     row.transpose_a = false;
+    row.accumulate = false;  // (store adds)
     T* as = arena_.get<T>(detail::arena::src, static_cast<std::size_t>(g.k));
     T* cs = arena_.get<T>(detail::arena::dst, static_cast<std::size_t>(g.n));
     enter_openmp();
@@ -226,7 +238,7 @@ class engine<cpu> {
       else
         std::copy(a + i * g.k, a + (i + 1) * g.k, as);
       if (half()) round_in_place(as, g.k);
-      detail::eigen_gemm(row, static_cast<const T*>(as), bs, cs);
+      detail::gemm_in_parts(row, static_cast<const T*>(as), bs, cs, 1, 1);
       store(cs, c + i * g.n, g.n, g.accumulate);
     }
   }
@@ -308,26 +320,32 @@ class engine<cpu> {
   void backward_data_of(const conv_geometry& e, const T* dy, const T* w, T* dx) {
 #if DISTRIBUTE_HAS_DNNL
     if constexpr (std::is_same_v<T, float>)
-      if (use_dnnl(e) && through_dnnl(e, dy, w, [&](const float* a, const float* b, bool h, bool wino, bool round) {
-            return dnnl().backward_data(e, a, b, dx, arena_, h, wino, round);
-          }))
+      if (use_dnnl(e) && through_dnnl(
+                             e, dy, w,
+                             [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+                               return d.backward_data(e, a, b, dx, arena_, h, wino, round);
+                             },
+                             detail::dnnl_conv::data_gradient_follows_thread_count))
         return;
 #endif
+    enter_openmp();
     detail::reference_conv<T>::backward_data(e, input(dy, e.output_size(), detail::arena::dst),
-                                             input(w, e.weight_size(), detail::arena::weights), dx, columns<T>(e));
+                                             input(w, e.weight_size(), detail::arena::weights), dx, columns<T>(e), threads_, active_);
   }
   template <class T>
   void backward_weights_of(const conv_geometry& e, const T* x, const T* dy, T* dw, T* db) {
 #if DISTRIBUTE_HAS_DNNL
     if constexpr (std::is_same_v<T, float>)
-      if (use_dnnl(e) && through_dnnl(e, x, dy, [&](const float* a, const float* b, bool h, bool wino, bool round) {
-            return dnnl().backward_weights(e, a, b, dw, db, arena_, h, wino, round);
+      if (use_dnnl(e) && through_dnnl(e, x, dy, [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+            return d.backward_weights(e, a, b, dw, db, arena_, h, wino, round);
           }))
         return;
 #endif
     // (In bfloat16 the bias gradient sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
+    enter_openmp();
     detail::reference_conv<T>::backward_weights(e, input(x, e.input_size(), detail::arena::src),
-                                                input(dy, e.output_size(), detail::arena::dst), dw, db, columns<T>(e));
+                                                input(dy, e.output_size(), detail::arena::dst), dw, db, columns<T>(e), threads_,
+                                                active_);
   }
 
   // The whole batch at once, or (split_independent) one example at a time.
@@ -394,8 +412,8 @@ class engine<cpu> {
       std::fprintf(stderr,
                    "distribute: the CPU engine's %d threads waited %.2f s in all for a CPU in the last %.1f s: other programs are using "
                    "these cores, and every parallel region waits for the thread that shares one (a step can run several "
-                   "times slower). engine_options::adapt_threads = true runs fewer threads while that lasts (docs/nn.md, "
-                   "\"On a busy machine\"). (Said once.)\n",
+                   "times slower). This engine has engine_options::adapt_threads off; on (the default) it runs fewer threads "
+                   "while that lasts, with the same results (docs/nn.md, \"On a busy machine\"). (Said once.)\n",
                    threads_, waited, wall);
   }
   void open_window(std::chrono::steady_clock::time_point now) {
@@ -484,24 +502,32 @@ class engine<cpu> {
   // One convolution pass through oneDNN on its two inputs `a` and `b`: `pass(a, b, half, winograd,
   // round)` runs it and returns false where oneDNN has no kernel for it (the reference computes it
   // then). In bfloat16 where Winograd pays (winograd_on_rounded) it runs in float32 on its inputs
-  // rounded to bfloat16 (`round`: oneDNN's layouts are written rounded, dnnl_conv.hpp).
+  // rounded to bfloat16 (`round`: oneDNN's layouts are written rounded, dnnl_conv.hpp). It runs on
+  // the plans and threads of the count in use, or with `whole_team` on all threads(), always (a pass
+  // whose sums oneDNN splits by the count it was made for, dnnl_conv::data_gradient_follows_thread_count).
   template <class Pass>
-  bool through_dnnl(const conv_geometry& e, const float* a, const float* b, Pass&& pass) {
+  bool through_dnnl(const conv_geometry& e, const float* a, const float* b, Pass&& pass, bool whole_team = false) {
     enter_openmp();
-    if (winograd_on_rounded(e)) return pass(a, b, false, true, true);
-    return pass(a, b, half(), winograd(e), false);
+#if defined(_OPENMP)
+    if (whole_team) omp_set_num_threads(threads_);
+#endif
+    detail::dnnl_conv& d = dnnl(whole_team ? threads_ : active_);
+    if (winograd_on_rounded(e)) return pass(d, a, b, false, true, true);
+    return pass(d, a, b, half(), winograd(e), false);
   }
   // conv_backward's two passes through oneDNN (dnnl_conv::backward), on inputs rounded to bfloat16
-  // once for both where Winograd runs on them; false where oneDNN has no kernel for either.
+  // once for both where Winograd runs on them; false where oneDNN has no kernel for either, or where
+  // the data gradient runs on the whole team (through_dnnl): the caller then runs them one by one.
   bool both_through_dnnl(const conv_geometry& e, const float* x, const float* dy, const float* w, float* dx, float* dw, float* db) {
+    if (dx && detail::dnnl_conv::data_gradient_follows_thread_count) return false;
     enter_openmp();
-    if (winograd_on_rounded(e)) return dnnl().backward(e, x, dy, w, dx, dw, db, arena_, false, true, true);
-    return dnnl().backward(e, x, dy, w, dx, dw, db, arena_, half(), winograd(e));
+    if (winograd_on_rounded(e)) return dnnl(active_).backward(e, x, dy, w, dx, dw, db, arena_, false, true, true);
+    return dnnl(active_).backward(e, x, dy, w, dx, dw, db, arena_, half(), winograd(e));
   }
-  // The plans of the count in use: oneDNN fixes a primitive's thread count when it makes it.
-  detail::dnnl_conv& dnnl() {
-    auto& d = dnnl_[static_cast<std::size_t>(active_)];
-    if (!d) d = std::make_shared<detail::dnnl_conv>();
+  // The plans of a thread count: oneDNN fixes a primitive's thread count when it makes it.
+  detail::dnnl_conv& dnnl(int count) {
+    auto& d = dnnl_[static_cast<std::size_t>(count)];
+    if (!d) d = std::make_shared<detail::dnnl_conv>(threads_);
     return *static_cast<detail::dnnl_conv*>(d.get());
   }
 #endif

@@ -47,7 +47,25 @@
 //
 // Threads: oneDNN is built on OpenMP here (both Debian's and the one scripts/setup.sh fetches) and
 // runs each primitive with the calling thread's OpenMP thread count, which the engine sets to the
-// replica's share before every call.
+// count in use before every call.
+//
+// Weight gradients in pieces. A oneDNN weight gradient sums over the batch and the plane, and splits
+// that sum between its threads: its last bits depend on how many threads run it. Made with `pieces`
+// above one (the engine's thread count, a fixed part of its configuration), a weight gradient is
+// instead computed as a fixed grid of pieces: a block of output channels times a block of input
+// channels (whole blocks of 16) for a run of examples, each piece by a primitive made for one
+// thread, over the whole run where the channels are not split and one example at a time where they
+// are. The pieces run on however many threads are in use now (the
+// engine's count may follow the machine's load, engine_options::adapt_threads), and each piece's
+// bits are the same on any of them: the grid, and so the result, depends on the geometry and
+// `pieces` alone. The pieces of one block of channels add into the caller's gradient through
+// oneDNN's reorder (sum post-op); with more than one run of examples each run sums into its own
+// buffer and the runs are added in order. The pieces read x and dy in the layouts oneDNN chose for
+// the whole pass, where an example's block of 16 channels is contiguous (plain nchw, or channels in
+// blocks of 8 or 16); in channels-last layouts the grid splits only the examples. Where oneDNN
+// chose another layout, or would compute a piece with its reference kernel but not the whole pass,
+// the weight gradient stays one primitive on the threads in use (its last bits may then follow
+// their count; the engine tests check the shapes of the library's layers on the machine they run on).
 
 #include <distribute/bfloat16.hpp>
 #include <distribute/engine/conv_geometry.hpp>
@@ -55,6 +73,9 @@
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_version.h>
+#if defined(_OPENMP)
+#  include <omp.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -73,7 +94,16 @@ class dnnl_conv {
  public:
   enum class pass : std::uint8_t { forward, backward_data, backward_weights };
 
-  dnnl_conv() {
+  // oneDNN 3.x's data-gradient kernels for strided convolutions (brgconv_strided) choose their
+  // blocking, and with it the order of their sums, by the thread count they are made for (measured on
+  // 3.2: 3 threads differ from 1, 2 and 4); 2.x's give each value of dx one thread. Where this is
+  // true, the CPU engine runs data gradients on its configured count of threads whatever the count in
+  // use, so that their bits do not follow the load.
+  static constexpr bool data_gradient_follows_thread_count = DNNL_VERSION_MAJOR >= 3;
+
+  // `pieces`: the weight gradients' grid (above); 1 computes each as one primitive on the calling
+  // thread's OpenMP threads.
+  explicit dnnl_conv(int pieces = 1) : pieces_{std::max(1, pieces)} {
     check(dnnl_engine_create(&engine_raw_, dnnl_cpu, 0), "dnnl_engine_create");
     engine_.reset(engine_raw_);
     dnnl_stream_t s = nullptr;
@@ -173,6 +203,16 @@ class dnnl_conv {
   std::size_t reorders() const noexcept { return reorders_; }
   // The data gradients computed as their inside and their edges so far (splits_border), for tests.
   std::size_t border_splits() const noexcept { return border_splits_; }
+  // The grid of pieces a weight gradient of g is computed in (above): output-channel blocks, input-channel
+  // blocks and runs of examples; all 1 where it is one primitive. For tests and logs.
+  struct grid {
+    std::int64_t out_blocks = 1, in_blocks = 1, runs = 1;
+    std::int64_t count() const noexcept { return out_blocks * in_blocks * runs; }
+  };
+  grid weight_grid(const conv_geometry& g, bool bias, bool half = false, bool winograd = false) {
+    const plan* p = plan_for(pass::backward_weights, g, bias, half, winograd);
+    return p && p->sliced ? p->sliced->shape : grid{};
+  }
 
   // Whether the oneDNN loaded has a Winograd kernel for this CPU (asked once, with a convolution
   // winograd_pays accepts).
@@ -411,6 +451,7 @@ class dnnl_conv {
     }
   }
 
+  struct pieces;
   struct plan {
     primitive_handle prim;
     std::string impl;
@@ -419,8 +460,28 @@ class dnnl_conv {
     operand a, b, c;  // forward: src, weights, dst; data gradient: diff_dst, weights, diff_src;
                       // weight gradient: src, diff_dst, diff_weights
     operand window;   // a data gradient's inside (splits_border): the weights as [kh][kw][in][out]
+    std::unique_ptr<pieces> sliced;  // a weight gradient in pieces (a, b: x and dy; no c)
   };
   using key = std::array<std::int64_t, 15>;
+
+  // A weight gradient's pieces (above): one-thread primitives over one example's block of channels.
+  struct pieces {
+    grid shape;
+    std::int64_t out_channels = 0, in_channels = 0;  // of one piece
+    std::int64_t examples = 1;                        // of one primitive call: a whole run, or one
+    // The layouts of x and dy as a piece reads them: channels (padded to blocks of 16 where blocked)
+    // and plane size, and the bytes of a value, to find an example's block in the whole tensor.
+    std::int64_t x_channels = 0, x_plane = 0, dy_channels = 0, dy_plane = 0;
+    std::size_t value_bytes = 4;
+    primitive_handle plain, with_bias;  // the piece's primitive without and with the bias gradient
+    primitive_handle back;              // its gradient's layout -> the caller's [out][in][k][k] block, added
+    std::size_t scratchpad_bytes = 0, gradient_bytes = 0;
+    struct thread_state {  // what one thread points at the data: memory objects and its stream
+      handle<dnnl_stream_t, dnnl_stream_destroy> stream;
+      memory src, ddst, dwei, bias, scratchpad, block;
+    };
+    std::vector<thread_state> threads;
+  };
 
   dnnl_stream_t stream() const noexcept { return stream_.get(); }
 
@@ -523,6 +584,11 @@ class dnnl_conv {
                             bool round) {
     dnnl_memory_t src = p.a.in(stream(), x, a, arena::src, round, arena::rounded_a);
     dnnl_memory_t ddst = p.b.in(stream(), dy, a, arena::dst, round, arena::rounded_b);
+    if (p.sliced) {
+      check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
+      run_pieces(*p.sliced, g, data_of(src), data_of(ddst), dw, db, a);
+      return;
+    }
     // oneDNN overwrites the gradient: it lands in its layout in scratch and the reorder back adds it
     // to dw; where that layout is the caller's, in scratch too, added below.
     float* dw_user = p.c.same ? a.get<float>(arena::gradient, static_cast<std::size_t>(g.weight_size())) : dw;
@@ -540,6 +606,91 @@ class dnnl_conv {
       for (std::int64_t i = 0; i < g.weight_size(); ++i) dw[i] += dw_user[i];
     if (db)
       for (std::int64_t i = 0; i < g.out_channels; ++i) db[i] += db_user[i];
+  }
+
+  static const std::byte* data_of(dnnl_memory_t m) {
+    void* d = nullptr;
+    check(dnnl_memory_get_data_handle(m, &d), "dnnl_memory_get_data_handle");
+    return static_cast<const std::byte*>(d);
+  }
+
+  // A weight gradient in pieces (above), added to dw (and db where not null) from x and dy in the
+  // pieces' layouts (`xs`, `dys`), on the calling thread's OpenMP threads (at most one per piece).
+  void run_pieces(pieces& q, const conv_geometry& g, const std::byte* xs, const std::byte* dys, float* dw, float* db, arena& a) {
+    const grid shape = q.shape;
+    const std::int64_t items = shape.count(), weights = g.weight_size(), window = g.kernel * g.kernel;
+    // With more than one run of examples each run sums into its own [weights, bias] buffer.
+    const std::int64_t run_size = weights + g.out_channels;
+    float* sums = shape.runs > 1 ? a.get<float>(arena::gradient, static_cast<std::size_t>(shape.runs * run_size)) : nullptr;
+    if (sums) std::fill(sums, sums + shape.runs * run_size, 0.0f);
+    int team = 1;
+#if defined(_OPENMP)
+    team = static_cast<int>(std::min<std::int64_t>({omp_get_max_threads(), static_cast<std::int64_t>(q.threads.size()), items}));
+#endif
+    const auto aligned = [](std::size_t bytes) { return (bytes + 63) / 64 * 64; };
+    const std::size_t scratch_step = aligned(q.scratchpad_bytes), gradient_step = aligned(q.gradient_bytes),
+                      bias_step = aligned(static_cast<std::size_t>(q.out_channels) * sizeof(float));
+    std::byte* scratch = a.get<std::byte>(arena::workspace, std::max<std::size_t>(scratch_step, 64) * static_cast<std::size_t>(team));
+    std::byte* gradients = a.get<std::byte>(arena::weights, gradient_step * static_cast<std::size_t>(team));
+    std::byte* biases = a.get<std::byte>(arena::bias_gradient, bias_step * static_cast<std::size_t>(team));
+    std::exception_ptr failed;
+#if defined(_OPENMP)
+#  pragma omp parallel for num_threads(team) schedule(static)
+#endif
+    for (std::int64_t item = 0; item < items; ++item) {
+      try {
+#if defined(_OPENMP)
+        const int t = omp_get_thread_num();
+#else
+        const int t = 0;
+#endif
+        auto& ts = q.threads[static_cast<std::size_t>(t)];
+        const std::int64_t run = item / (shape.out_blocks * shape.in_blocks), o = item / shape.in_blocks % shape.out_blocks,
+                           i = item % shape.in_blocks;
+        float* to = sums ? sums + run * run_size : dw;
+        float* to_bias = sums ? sums + run * run_size + weights : db;
+        const bool bias = db && i == 0;
+        float* bias_out = reinterpret_cast<float*>(biases + bias_step * static_cast<std::size_t>(t));
+        dnnl_memory_t gradient = ts.dwei.point(gradients + gradient_step * static_cast<std::size_t>(t));
+        dnnl_memory_t block = ts.block.point(to + (o * q.out_channels * g.in_channels + i * q.in_channels) * window);
+        const std::int64_t first = run * g.batch / shape.runs, last = (run + 1) * g.batch / shape.runs;
+        for (std::int64_t n = first; n < last; n += q.examples) {
+          std::vector<dnnl_exec_arg_t> args{
+              {DNNL_ARG_SRC, ts.src.point(xs + static_cast<std::size_t>((n * q.x_channels + i * q.in_channels) * q.x_plane) * q.value_bytes)},
+              {DNNL_ARG_DIFF_DST,
+               ts.ddst.point(dys + static_cast<std::size_t>((n * q.dy_channels + o * q.out_channels) * q.dy_plane) * q.value_bytes)},
+              {DNNL_ARG_DIFF_WEIGHTS, gradient}};
+          if (bias) args.push_back({DNNL_ARG_DIFF_BIAS, ts.bias.point(bias_out)});
+          if (q.scratchpad_bytes > 0)
+            args.push_back({DNNL_ARG_SCRATCHPAD, ts.scratchpad.point(scratch + scratch_step * static_cast<std::size_t>(t))});
+          check(dnnl_primitive_execute((bias ? q.with_bias : q.plain).get(), ts.stream.get(), static_cast<int>(args.size()), args.data()),
+                "convolution (a weight gradient's piece)");
+          const dnnl_exec_arg_t back[2] = {{DNNL_ARG_FROM, gradient}, {DNNL_ARG_TO, block}};
+          check(dnnl_primitive_execute(q.back.get(), ts.stream.get(), 2, back), "reorder");
+          check(dnnl_stream_wait(ts.stream.get()), "dnnl_stream_wait");
+          if (bias)
+            for (std::int64_t j = 0; j < q.out_channels; ++j) to_bias[o * q.out_channels + j] += bias_out[j];
+        }
+      } catch (...) {
+#if defined(_OPENMP)
+#  pragma omp critical(distribute_dnnl_pieces)
+#endif
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
+    if (!sums) return;
+    // The runs in order, then into the caller's gradient (one rounding more than a single run).
+    const std::int64_t total = db ? run_size : weights;
+#if defined(_OPENMP)
+#  pragma omp parallel for num_threads(team) schedule(static)
+#endif
+    for (std::int64_t j = 0; j < total; ++j) {
+      float sum = sums[j];
+      for (std::int64_t r = 1; r < shape.runs; ++r) sum += sums[r * run_size + j];
+      if (j < weights) dw[j] += sum;
+      else db[j - weights] += sum;
+    }
   }
 
   // The plan of a pass, made on first use; null where `half` has no kernel (remembered too). Asked
@@ -642,6 +793,7 @@ class dnnl_conv {
                              attr_raw, fwd.get(), may_lack);
         if (!bwd) return nullptr;
         pd = bwd.get();
+        if (pieces_ > 1 && make_pieces(*p, g, bias, half, algorithm, pd, attr_raw, win)) return p;
         p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true, reorders_, false, src);
         p->b.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_, false, dst);
         p->c.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_diff_weights_md), false, reorders_, true);
@@ -656,6 +808,140 @@ class dnnl_conv {
     check(dnnl_primitive_create(&raw, pd), "dnnl_primitive_create (convolution)");
     p->prim.reset(raw);
     return p;
+  }
+
+  // A weight gradient's pieces (above) into p: p.a and p.b reorder x and dy into the layouts the
+  // whole pass `whole` chose, where those are plain or blocks of 16 channels, and p.sliced holds the
+  // grid and the one-thread primitives. False (p untouched) where the layouts are others, or where
+  // oneDNN has no kernel for a piece as good as the whole pass's.
+  bool make_pieces(plan& p, const conv_geometry& g, bool bias, bool half, dnnl_alg_kind_t algorithm,
+                   const_dnnl_primitive_desc_t whole, const_dnnl_primitive_attr_t attr, const window& win) {
+#if defined(_OPENMP)
+    const dnnl_data_type_t in_type = half ? dnnl_bf16 : dnnl_f32;
+    const std::vector<dnnl_dim_t> src{g.batch, g.in_channels, g.in_height, g.in_width};
+    const std::vector<dnnl_dim_t> dst{g.batch, g.out_channels, g.out_height, g.out_width};
+    // The layouts the whole pass chose, where an example's channels in blocks of 16 are contiguous
+    // (plain, or blocks of 8 or 16 channels) or at least the example is (channels last; one block).
+    struct chosen {
+      dnnl_format_tag_t tag = dnnl_format_tag_undef;
+      std::int64_t block = 1;  // channels a layout block holds (0: the channels cannot be split)
+    };
+    const auto layout = [&](md_ptr d, const std::vector<dnnl_dim_t>& dims) {
+      for (const chosen c : {chosen{dnnl_nchw, 1}, chosen{dnnl_nChw8c, 8}, chosen{dnnl_nChw16c, 16}, chosen{dnnl_nhwc, 0}})
+        if (dnnl_memory_desc_equal(d, md(dims, c.tag, in_type).get())) return c;
+      return chosen{};
+    };
+    const chosen x_layout = layout(query(whole, dnnl_query_src_md), src), dy_layout = layout(query(whole, dnnl_query_diff_dst_md), dst);
+    if (x_layout.tag == dnnl_format_tag_undef || dy_layout.tag == dnnl_format_tag_undef) return false;
+    const dnnl_format_tag_t x_tag = x_layout.tag, dy_tag = dy_layout.tag;
+    auto q = std::make_unique<pieces>();
+    q->shape = pieces_grid(g, pieces_, x_layout.block > 0, dy_layout.block > 0);
+    q->out_channels = g.out_channels / q->shape.out_blocks;
+    q->in_channels = g.in_channels / q->shape.in_blocks;
+    const auto padded = [](std::int64_t c, const chosen& l) { return l.block > 1 ? (c + l.block - 1) / l.block * l.block : c; };
+    q->x_channels = padded(g.in_channels, x_layout);
+    q->dy_channels = padded(g.out_channels, dy_layout);
+    q->x_plane = g.in_height * g.in_width;
+    q->dy_plane = g.out_height * g.out_width;
+    q->value_bytes = half ? 2 : 4;
+    // A run of examples whose channels are whole is one primitive over the run (its examples are
+    // contiguous in any of the layouts above); split channels are not, and go one example at a time.
+    q->examples = q->shape.in_blocks == 1 && q->shape.out_blocks == 1 && g.batch % q->shape.runs == 0 ? g.batch / q->shape.runs : 1;
+    const std::vector<dnnl_dim_t> piece_src{q->examples, q->in_channels, g.in_height, g.in_width};
+    const std::vector<dnnl_dim_t> piece_dst{q->examples, q->out_channels, g.out_height, g.out_width};
+    const std::vector<dnnl_dim_t> piece_wei{q->out_channels, q->in_channels, g.kernel, g.kernel};
+    const memory_desc x_md = md(piece_src, x_tag, in_type), dy_md = md(piece_dst, dy_tag, in_type);
+    const memory_desc wei_any = md(piece_wei, dnnl_format_tag_any, in_type), dwei_any = md(piece_wei, dnnl_format_tag_any);
+    const memory_desc bias_md = md({q->out_channels}, dnnl_x);
+    const memory_desc fwd_dst = md(piece_dst, dnnl_format_tag_any);
+    // Made for one thread: oneDNN fixes a primitive's thread count (and the split of its sums) here.
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    struct restore {
+      int n;
+      ~restore() { omp_set_num_threads(n); }
+    } restored{threads};
+    const bool may_lack = true;
+    desc_handle fwd = primitive_desc(pass::forward, algorithm, x_md.get(), wei_any.get(), bias ? bias_md.get() : nullptr, fwd_dst.get(),
+                                     win, attr, nullptr, may_lack);
+    if (!fwd) return false;
+    desc_handle plain = primitive_desc(pass::backward_weights, algorithm, x_md.get(), dwei_any.get(), nullptr, dy_md.get(), win, attr,
+                                       fwd.get(), may_lack);
+    desc_handle with_bias = bias ? primitive_desc(pass::backward_weights, algorithm, x_md.get(), dwei_any.get(), bias_md.get(),
+                                                  dy_md.get(), win, attr, fwd.get(), may_lack)
+                                 : desc_handle{};
+    if (!plain || (bias && !with_bias)) return false;
+    const auto impl_of = [](const_dnnl_primitive_desc_t d) {
+      const char* impl = nullptr;
+      return dnnl_primitive_desc_query(d, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl ? std::string(impl) : std::string();
+    };
+    const std::string whole_impl = impl_of(whole), piece_impl = impl_of(plain.get());
+    const auto reference = [](const std::string& impl) { return impl.find("ref") != std::string::npos; };
+    if (reference(piece_impl) && !reference(whole_impl)) return false;
+    const md_ptr gradient = query(plain.get(), dnnl_query_diff_weights_md);
+    if (with_bias && !dnnl_memory_desc_equal(gradient, query(with_bias.get(), dnnl_query_diff_weights_md))) return false;
+    q->gradient_bytes = dnnl_memory_desc_get_size(gradient);
+    const md_ptr scratch_plain = query(plain.get(), dnnl_query_scratchpad_md);
+    q->scratchpad_bytes = dnnl_memory_desc_get_size(scratch_plain);
+    if (with_bias) q->scratchpad_bytes = std::max(q->scratchpad_bytes, dnnl_memory_desc_get_size(query(with_bias.get(), dnnl_query_scratchpad_md)));
+    const auto create = [&](const_dnnl_primitive_desc_t d, const char* what) {
+      dnnl_primitive_t raw = nullptr;
+      check(dnnl_primitive_create(&raw, d), what);
+      return primitive_handle{raw};
+    };
+    q->plain = create(plain.get(), "dnnl_primitive_create (a weight gradient's piece)");
+    if (with_bias) q->with_bias = create(with_bias.get(), "dnnl_primitive_create (a weight gradient's piece)");
+    // The piece's gradient added into its block of the caller's [out][in][k][k] weights.
+    const memory_desc block(piece_wei, {g.in_channels * g.kernel * g.kernel, g.kernel * g.kernel, g.kernel, 1}, dnnl_f32);
+    {
+      operand adder;
+      std::size_t unused = 0;
+      adder.set(engine_raw_, block.get(), gradient, false, unused, true);
+      if (adder.same) return false;  // (a blocked kernel never writes the caller's strided block)
+      q->back = std::move(adder.reorder);
+    }
+    const memory_desc scratch_md = md({static_cast<dnnl_dim_t>(std::max<std::size_t>(q->scratchpad_bytes, 1))}, dnnl_x, dnnl_u8);
+    q->threads.resize(static_cast<std::size_t>(pieces_));
+    for (auto& ts : q->threads) {
+      dnnl_stream_t raw = nullptr;
+      check(dnnl_stream_create(&raw, engine_raw_, dnnl_stream_default_flags), "dnnl_stream_create");
+      ts.stream.reset(raw);
+      ts.src.make(engine_raw_, x_md.get());
+      ts.ddst.make(engine_raw_, dy_md.get());
+      ts.dwei.make(engine_raw_, gradient);
+      ts.bias.make(engine_raw_, bias_md.get());
+      ts.scratchpad.make(engine_raw_, scratch_md.get());
+      ts.block.make(engine_raw_, block.get());
+    }
+    const memory_desc src_user = md(src, dnnl_nchw), dst_user = md(dst, dnnl_nchw);
+    p.a.set(engine_raw_, src_user.get(), md(src, x_tag, in_type).get(), true, reorders_, false, src);
+    p.b.set(engine_raw_, dst_user.get(), md(dst, dy_tag, in_type).get(), true, reorders_, false, dst);
+    p.impl = piece_impl;
+    p.sliced = std::move(q);
+    return true;
+#else
+    (void)p, (void)g, (void)bias, (void)half, (void)algorithm, (void)whole, (void)attr, (void)win;
+    return false;
+#endif
+  }
+
+  // The grid of a weight gradient in `count` pieces (above): as many runs of examples as the batch
+  // allows up to `count`, then the input channels' blocks of 16, then the output channels', each
+  // split into equal parts (where their layouts let them be split); together at least `count`
+  // pieces where the geometry has them.
+  static grid pieces_grid(const conv_geometry& g, int count, bool split_in = true, bool split_out = true) {
+    const auto largest_divisor = [](std::int64_t n, std::int64_t at_most) {
+      for (std::int64_t d = std::min(n, std::max<std::int64_t>(at_most, 1)); d > 1; --d)
+        if (n % d == 0) return d;
+      return std::int64_t{1};
+    };
+    grid shape;
+    shape.runs = std::max<std::int64_t>(1, std::min<std::int64_t>(g.batch, count));
+    std::int64_t rest = (count + shape.runs - 1) / shape.runs;
+    shape.in_blocks = largest_divisor(split_in && g.in_channels % 16 == 0 ? g.in_channels / 16 : 1, rest);
+    rest = (rest + shape.in_blocks - 1) / shape.in_blocks;
+    shape.out_blocks = largest_divisor(split_out && g.out_channels % 16 == 0 ? g.out_channels / 16 : 1, rest);
+    return shape;
   }
 
   // The primitive descriptor of one pass over the operands (in the order of forward: src, weights,
@@ -714,6 +1000,7 @@ class dnnl_conv {
   std::map<key, std::unique_ptr<plan>> plans_;  // destroyed before the stream and the engine
   std::size_t reorders_ = 0;
   std::size_t border_splits_ = 0;
+  int pieces_ = 1;
 };
 
 }  // namespace distribute::detail

@@ -1,9 +1,12 @@
 #pragma once
 // The portable convolution: im2col of one example and one Eigen GEMM, per example. It is the
 // fallback where no faster library is built in, and the reference the tests hold the fast engines
-// to. Per example, so an example's output has the same bits under any split of the batch.
+// to. Per example, so an example's output has the same bits under any split of the batch. Each GEMM
+// runs in the parts gemm_parts gives for the engine's configured thread count `parts_for` on up to
+// `threads` threads (eigen_gemm.hpp): the bits do not depend on `threads`.
 
 #include <distribute/engine/conv_geometry.hpp>
+#include <distribute/engine/detail/eigen_gemm.hpp>
 
 // On the fast path (DISTRIBUTE_PRECOMPILED) the members are only declared: their float and double
 // instantiations come from the precompiled unit, and Eigen is not parsed.
@@ -74,9 +77,11 @@ class reference_conv {
 
   // Defined below the class, not inline: a program built with the precompiled unit
   // (DISTRIBUTE_PRECOMPILED) takes the float and double instantiations from it.
-  static void forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf);
-  static void backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf);
-  static void backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf);
+  static void forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf, int parts_for = 1,
+                      int threads = 1);
+  static void backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf, int parts_for = 1, int threads = 1);
+  static void backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf, int parts_for = 1,
+                               int threads = 1);
 };
 
 #if defined(DISTRIBUTE_REFERENCE_CONV_DEFINED)
@@ -84,46 +89,44 @@ template <class T>
 using reference_matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 template <class T>
-void reference_conv<T>::forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf) {
+void reference_conv<T>::forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf, int parts_for,
+                                int threads) {
   const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
-  using cmap = Eigen::Map<const reference_matrix<T>>;
-  using map = Eigen::Map<reference_matrix<T>>;
-  const cmap wm(w, g.out_channels, rows);
-  map col(colbuf, rows, plane);
+  const gemm_geometry product{.m = g.out_channels, .n = plane, .k = rows};
+  const int parts = gemm_parts(product, parts_for);
   for (std::int64_t n = 0; n < g.batch; ++n) {
     im2col(x + n * g.in_channels * g.in_height * g.in_width, g, colbuf);
-    map yn(y + n * g.out_channels * plane, g.out_channels, plane);
-    yn.noalias() = wm * col;
-    if (bias) yn.colwise() += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(bias, g.out_channels);
+    T* yn = y + n * g.out_channels * plane;
+    gemm_in_parts(product, w, static_cast<const T*>(colbuf), yn, parts, threads);
+    if (bias)
+      Eigen::Map<reference_matrix<T>>(yn, g.out_channels, plane).colwise() +=
+          Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(bias, g.out_channels);
   }
 }
 
 template <class T>
-void reference_conv<T>::backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf) {
+void reference_conv<T>::backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf, int parts_for,
+                                      int threads) {
   const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
   const std::int64_t in_size = g.in_channels * g.in_height * g.in_width;
-  using cmap = Eigen::Map<const reference_matrix<T>>;
-  using map = Eigen::Map<reference_matrix<T>>;
-  const cmap wm(w, g.out_channels, rows);
-  map col(colbuf, rows, plane);
+  const gemm_geometry product{.m = rows, .n = plane, .k = g.out_channels, .transpose_a = true};
+  const int parts = gemm_parts(product, parts_for);
   for (std::int64_t i = 0; i < g.batch * in_size; ++i) dx[i] = T(0);
   for (std::int64_t n = 0; n < g.batch; ++n) {
-    col.noalias() = wm.transpose() * cmap(dy + n * g.out_channels * plane, g.out_channels, plane);
+    gemm_in_parts(product, w, dy + n * g.out_channels * plane, colbuf, parts, threads);
     col2im_add(colbuf, g, dx + n * in_size);
   }
 }
 
 template <class T>
-void reference_conv<T>::backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf) {
+void reference_conv<T>::backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf, int parts_for,
+                                         int threads) {
   const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
-  using cmap = Eigen::Map<const reference_matrix<T>>;
-  using map = Eigen::Map<reference_matrix<T>>;
-  map dwm(dw, g.out_channels, rows);
-  map col(colbuf, rows, plane);
+  const gemm_geometry product{.m = g.out_channels, .n = rows, .k = plane, .transpose_b = true, .accumulate = true};
+  const int parts = gemm_parts(product, parts_for);
   for (std::int64_t n = 0; n < g.batch; ++n) {
     im2col(x + n * g.in_channels * g.in_height * g.in_width, g, colbuf);
-    const cmap dyn(dy + n * g.out_channels * plane, g.out_channels, plane);
-    dwm.noalias() += dyn * col.transpose();
+    gemm_in_parts(product, dy + n * g.out_channels * plane, static_cast<const T*>(colbuf), dw, parts, threads);
     // The bias gradient in index order: Eigen's vectorised sum starts where the data is aligned, so
     // its bits would depend on where the batch happens to lie in memory.
     if (db)
