@@ -8,7 +8,7 @@
 //   bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] [--replicas N] [--size 28]
 //                  [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8] [--steps 5] [--warmup 1]
 //                  [--overlap on|off|both] [--rounds 3] [--mpi-window on|off] [--precision float32|bf16|fp16]
-//                  [--graphs on|off] [--autotune] [--nondeterministic] [--threads N] [--adapt-threads]
+//                  [--graphs on|off] [--autotune] [--nondeterministic] [--threads N] [--adapt-threads on|off]
 //                  [--winograd on|off] [--background-load N] [--seed 1] [--check-dir DIR] [--params-only]
 //
 // --strategy multi_worker (builds with MPI; start it under mpirun -np K) runs K workers of --replicas
@@ -22,8 +22,9 @@
 // (1 - communication on / communication off) and what the step time says of it.
 //
 // --threads N sets each replica's engine threads (engine_options::threads; 0, the default, takes the
-// replica's share of the cores). --adapt-threads lets each CPU engine run fewer threads while other
-// processes keep the cores busy (engine_options::adapt_threads). --winograd off computes every CPU
+// replica's share of the cores). --adapt-threads off keeps each CPU engine at that count; on (the
+// default, engine_options::adapt_threads) it runs fewer threads while other processes keep the cores
+// busy. --winograd off computes every CPU
 // convolution directly (engine_options::conv_winograd; on, the default, the wide 3x3 ones with
 // Winograd's kernel where the oneDNN has one).
 //
@@ -109,7 +110,7 @@ struct options {
   bool mpi_window = true;      // multi_worker: all-reduce through a shared-memory window on one machine (off: the ring of messages used between machines)
   int rounds = 3;
   int threads = 0;             // engine_options::threads (0: the replica's share of the cores)
-  bool adapt_threads = false;  // engine_options::adapt_threads
+  bool adapt_threads = true;   // engine_options::adapt_threads (--adapt-threads on|off)
   bool winograd = true;        // engine_options::conv_winograd
   int background_load = 0;     // busy child processes while the steps run
 };
@@ -132,7 +133,7 @@ inline dist::engine_options engine_options_for(const options& o) {
                "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] "
                "[--replicas N] [--size S]\n       [--channels C] [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] "
                "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--graphs on|off] [--autotune] [--nondeterministic]\n"
-               "       [--threads N] [--adapt-threads] [--winograd on|off] [--background-load N] [--seed S] [--check-dir DIR] [--params-only]\n",
+               "       [--threads N] [--adapt-threads on|off] [--winograd on|off] [--background-load N] [--seed S] [--check-dir DIR] [--params-only]\n",
                why);
   std::exit(2);
 }
@@ -157,7 +158,7 @@ inline options parse(int argc, char** argv) {
     else if (a == "--autotune") o.autotune = true;
     else if (a == "--nondeterministic") o.nondeterministic = true;
     else if (a == "--threads") o.threads = integer();
-    else if (a == "--adapt-threads") o.adapt_threads = true;
+    else if (a == "--adapt-threads") o.adapt_threads = on_off();
     else if (a == "--winograd") o.winograd = on_off();
     else if (a == "--background-load") o.background_load = integer();
     else if (a == "--precision") o.precision = value();
@@ -444,7 +445,7 @@ int run(S& s, const options& o, const device_report& dev = {}) {
               o.warmup, images, rss);
   if (device_mib >= 0) say(", peak device memory %.1f MiB", device_mib);
   say("\n");
-  if (in_use.load() > 0) say("  engine threads in use at the end: %d%s\n", in_use.load(), o.adapt_threads ? " (--adapt-threads)" : "");
+  if (in_use.load() > 0) say("  engine threads in use at the end: %d%s\n", in_use.load(), o.adapt_threads ? "" : " (--adapt-threads off)");
   if (const auto graphs = tr.graph_status(); !graphs.empty()) say("  CUDA graphs: %s\n", graphs.c_str());
 
   if (!o.check_dir.empty()) {

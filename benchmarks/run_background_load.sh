@@ -3,12 +3,13 @@
 # (bench_cyclegan --background-load), for each way of running the engine's threads, in interleaved
 # rounds (every candidate once per round, quiet then loaded, so that other work on the machine falls
 # on all of them alike):
-#   default     the replica's share of the cores, libgomp's default waits (spin, then sleep)
-#   passive     OMP_WAIT_POLICY=passive in the environment (threads sleep at once at a barrier)
-#   spin1000    GOMP_SPINCOUNT=1000 in the environment (a short spin before sleeping)
+#   default     the engine's defaults: the replica's share of the cores, fewer while other programs
+#               keep them busy (engine_options::adapt_threads)
+#   fixed       the share, always (--adapt-threads off), libgomp's default waits (spin, then sleep)
+#   passive     fixed, with OMP_WAIT_POLICY=passive in the environment (threads sleep at once at a barrier)
+#   spin1000    fixed, with GOMP_SPINCOUNT=1000 in the environment (a short spin before sleeping)
 #   threads1    engine_options::threads = 1 (--threads 1)
-#   adapt       engine_options::adapt_threads (--adapt-threads)
-# for one_device (all cores) and mirrored (2 replicas of one thread each; there threads1 and adapt are
+# for one_device (all cores) and mirrored (2 replicas of one thread each; there threads1 and fixed are
 # the default, so --mirrored-candidates leaves them out). Prints one line per run and
 # a table of each candidate's images/s (median of --steps steps per run, the runs in order) with the
 # lowest loaded run as a share of the median quiet run; the JSON lines (with the candidate, the round,
@@ -16,7 +17,7 @@
 #
 #   benchmarks/run_background_load.sh [--bench build/release/benchmarks/bench_cyclegan] [--rounds 5]
 #       [--steps 20] [--warmup 3] [--load 1] [--strategies "one_device mirrored"]
-#       [--candidates "default passive spin1000 threads1 adapt"]
+#       [--candidates "default fixed passive spin1000 threads1"]
 #       [--mirrored-candidates "default passive spin1000"] [--json FILE]
 set -euo pipefail
 
@@ -27,7 +28,7 @@ steps=20
 warmup=3
 busy=1
 strategies="one_device mirrored"
-candidates="default passive spin1000 threads1 adapt"
+candidates="default fixed passive spin1000 threads1"
 mirrored_candidates="default passive spin1000"
 json=""
 die() { echo "run_background_load.sh: $*" >&2; exit 1; }
@@ -61,10 +62,10 @@ for ((r = 1; r <= rounds; r++)); do
         env=() flags=()
         case $c in
           default) ;;
-          passive) env=(OMP_WAIT_POLICY=passive) ;;
-          spin1000) env=(GOMP_SPINCOUNT=1000) ;;
+          fixed) flags=(--adapt-threads off) ;;
+          passive) env=(OMP_WAIT_POLICY=passive) flags=(--adapt-threads off) ;;
+          spin1000) env=(GOMP_SPINCOUNT=1000) flags=(--adapt-threads off) ;;
           threads1) flags=(--threads 1) ;;
-          adapt) flags=(--adapt-threads) ;;
           *) die "unknown candidate $c" ;;
         esac
         l0=$(cut -d' ' -f1-3 /proc/loadavg)

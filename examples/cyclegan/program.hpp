@@ -31,8 +31,8 @@ struct settings {
   // bfloat16 (GPUs; CPUs with bf16 units). float16 would need loss scaling, which the trainer has not.
   distribute::compute_precision precision = distribute::compute_precision::float32;
   // CPU replicas of more than one thread: fewer threads while other programs keep the cores busy
-  // (engine_options::adapt_threads; the last bits of the results then follow the load).
-  bool adapt_threads = false;
+  // (engine_options::adapt_threads, on by default; the results have the same bits either way).
+  bool adapt_threads = true;
   int replicas = 0;               // of the process (under multi_worker, each worker's); 0: the device's default
   train_options train{};
   int epochs = 1;
@@ -110,9 +110,9 @@ training
                                    bfloat16: half the bytes, bfloat16's precision)
   --graphs on|off                  --device cuda: replay each network's forward and backward as CUDA
                                    graphs once captured (default off; the same results either way)
-  --adapt-threads                  CPU replicas of several threads (one_device): run fewer while other
-                                   programs keep the cores busy (steady speed; reruns then agree to
-                                   float rounding, not bit for bit)
+  --adapt-threads on|off           CPU replicas of several threads (one_device): run fewer while other
+                                   programs keep the cores busy (default on: a steady speed; the same
+                                   results either way)
 data
   --fmnist-dir DIR                 Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
   --data-dir DIR                   DIR/trainA and DIR/trainB image folders instead (testA/testB optional)
@@ -173,7 +173,7 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
                 t.compression = v == "bfloat16" ? dist::gradient_compression::bfloat16 : dist::gradient_compression::none;
               })
       .choice("--graphs", {"on", "off"}, [&](const std::string& v) { t.graphs = v == "on"; })
-      .toggle("--adapt-threads", st.adapt_threads)
+      .choice("--adapt-threads", {"on", "off"}, [&](const std::string& v) { st.adapt_threads = v == "on"; })
       .path("--fmnist-dir", st.fmnist_dir)
       .path("--data-dir", st.data_dir)
       .integer("--channels", st.channels, 1, 4)
@@ -320,7 +320,7 @@ summary run_with(S& strategy, settings st) {
   if (!sum.chief) st.quiet = true;
   // Before any data is read: an engine that cannot compute in this precision says why here.
   sum.engine = {.adapt_threads = st.adapt_threads, .precision = st.precision};
-  if (st.precision != distribute::compute_precision::float32 || st.adapt_threads) strategy.set_engine_options(sum.engine);
+  if (st.precision != distribute::compute_precision::float32 || !st.adapt_threads) strategy.set_engine_options(sum.engine);
   domains d = st.data_dir.empty() ? load_fashion_mnist(st.fmnist_dir) : load_folders(st.data_dir, st.channels, st.image_size);
   if (st.train_limit) {
     d.a.resize(std::min(d.a.size(), st.train_limit));

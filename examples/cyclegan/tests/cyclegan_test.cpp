@@ -674,9 +674,12 @@ BOOST_AUTO_TEST_CASE(good_values_parse_and_help_stops) {
   BOOST_TEST(st.train.seed == 18446744073709551615ull);
   BOOST_TEST(st.quiet);
   BOOST_TEST(st.strategy == "one_device");
+  BOOST_TEST(st.adapt_threads);  // the default
+  const char* fixed[] = {"x", "--adapt-threads", "off"};
+  BOOST_TEST(parse_arguments(st, 3, fixed));
   BOOST_TEST(!st.adapt_threads);
-  const char* adapt[] = {"x", "--adapt-threads"};
-  BOOST_TEST(parse_arguments(st, 2, adapt));
+  const char* adapt[] = {"x", "--adapt-threads", "on"};
+  BOOST_TEST(parse_arguments(st, 3, adapt));
   BOOST_TEST(st.adapt_threads);
   const char* help[] = {"x", "--batch", "2", "--help", "--batch", "0"};
   BOOST_TEST(!parse_arguments(st, 6, help));  // --help answers before the bad value after it

@@ -73,11 +73,11 @@ struct engine_options {
   // core with a busy process runs half the time, and every parallel region waits for it at its
   // barrier (measured: a 2-core step 4.5x slower with one busy process, docs/benchmarks.md). The
   // engine watches how long its own threads wait for a CPU (the kernel's run delay) and tries one
-  // thread more now and then. The thread count then depends on the load, and with it the last bits of
-  // oneDNN's weight gradients and of matrix products: reruns agree to float rounding, not bit for bit.
-  // Off, the count is fixed and a fixed configuration gives the same bits from run to run. GPU
-  // engines ignore it.
-  bool adapt_threads = false;
+  // thread more now and then. The results do not depend on how many threads run: every sum is split
+  // by the configured count (`threads`), never by the count in use, so reruns have the same bits
+  // whatever the load did. Off, the count never moves (and the engine says once on stderr when its
+  // threads wait for the cores). GPU engines ignore it.
+  bool adapt_threads = true;
   // CPU engines: compute 3x3 convolutions at stride 1 with at least 32 channels in and out over
   // planes of at least 32x32 with Winograd's minimal filtering F(4x4, 3x3), where the oneDNN the
   // program runs on has that kernel (oneDNN 2.x on CPUs with AVX-512; the engine's name says
