@@ -70,6 +70,7 @@
 #include <distribute/bfloat16.hpp>
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/engine/detail/arena.hpp>
+#include <distribute/engine/detail/openmp.hpp>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_version.h>
@@ -534,49 +535,42 @@ class dnnl_conv {
     // The column edges land here first ([n][side][c][r], all P rows), then in dx without the corners.
     float* side = a.get<float>(arena::gradient, static_cast<std::size_t>(n_ex * 2 * C * P));
     const std::int64_t items = n_ex * 4;
-    std::exception_ptr failed;
 #if defined(_OPENMP)
-#  pragma omp parallel for schedule(static)
+    const int team = omp_get_max_threads();
+#else
+    const int team = 1;
 #endif
-    for (std::int64_t item = 0; item < items; ++item) {
-      try {
-        const std::int64_t n = item / 4, edge = item % 4;  // 0 top, 1 bottom, 2 left, 3 right
-        const float* dyn = dy + n * K * H * W;
-        float* dxn = dx + n * C * P * Q;
-        float* line = lines + item * K * L;
-        const bool row_edge = edge < 2;
-        const std::int64_t length = row_edge ? W : H, at = edge % 2 == 0 ? 0 : (row_edge ? H - 1 : W - 1);
-        for (std::int64_t o = 0; o < K; ++o)
-          for (std::int64_t i = 0; i < length; ++i) {
-            const float v = row_edge ? dyn[(o * H + at) * W + i] : dyn[(o * H + i) * W + at];
-            line[o * L + i] = round ? to_bfloat16(v) : v;
-          }
-        if (row_edge) {
-          // A row of the input plane: C x Q with rows P*Q apart.
-          float* row = dxn + (edge == 0 ? 0 : (P - 1) * Q);
-          for (std::int64_t c = 0; c < C; ++c) std::fill(row + c * P * Q, row + c * P * Q + Q, 0.0f);
-          const std::int64_t kh = edge == 0 ? 0 : 2;
-          for (std::int64_t kw = 0; kw < 3; ++kw)
-            check(dnnl_sgemm('N', 'N', C, W, K, 1.0f, window + (kh * 3 + kw) * C * K, K, line, L, 1.0f, row + kw, P * Q),
-                  "dnnl_sgemm");
-        } else {
-          float* out = side + (n * 2 + edge - 2) * C * P;
-          std::fill(out, out + C * P, 0.0f);
-          const std::int64_t kw = edge == 2 ? 0 : 2;
-          for (std::int64_t kh = 0; kh < 3; ++kh)
-            check(dnnl_sgemm('N', 'N', C, H, K, 1.0f, window + (kh * 3 + kw) * C * K, K, line, L, 1.0f, out + kh, P), "dnnl_sgemm");
-          const std::int64_t x = edge == 2 ? 0 : Q - 1;
-          for (std::int64_t c = 0; c < C; ++c)
-            for (std::int64_t i = 1; i < P - 1; ++i) dxn[(c * P + i) * Q + x] = out[c * P + i];
+    parallel_items(items, team, [&](std::int64_t item) {
+      const std::int64_t n = item / 4, edge = item % 4;  // 0 top, 1 bottom, 2 left, 3 right
+      const float* dyn = dy + n * K * H * W;
+      float* dxn = dx + n * C * P * Q;
+      float* line = lines + item * K * L;
+      const bool row_edge = edge < 2;
+      const std::int64_t length = row_edge ? W : H, at = edge % 2 == 0 ? 0 : (row_edge ? H - 1 : W - 1);
+      for (std::int64_t o = 0; o < K; ++o)
+        for (std::int64_t i = 0; i < length; ++i) {
+          const float v = row_edge ? dyn[(o * H + at) * W + i] : dyn[(o * H + i) * W + at];
+          line[o * L + i] = round ? to_bfloat16(v) : v;
         }
-      } catch (...) {
-#if defined(_OPENMP)
-#  pragma omp critical(distribute_dnnl_edges)
-#endif
-        if (!failed) failed = std::current_exception();
+      if (row_edge) {
+        // A row of the input plane: C x Q with rows P*Q apart.
+        float* row = dxn + (edge == 0 ? 0 : (P - 1) * Q);
+        for (std::int64_t c = 0; c < C; ++c) std::fill(row + c * P * Q, row + c * P * Q + Q, 0.0f);
+        const std::int64_t kh = edge == 0 ? 0 : 2;
+        for (std::int64_t kw = 0; kw < 3; ++kw)
+          check(dnnl_sgemm('N', 'N', C, W, K, 1.0f, window + (kh * 3 + kw) * C * K, K, line, L, 1.0f, row + kw, P * Q),
+                "dnnl_sgemm");
+      } else {
+        float* out = side + (n * 2 + edge - 2) * C * P;
+        std::fill(out, out + C * P, 0.0f);
+        const std::int64_t kw = edge == 2 ? 0 : 2;
+        for (std::int64_t kh = 0; kh < 3; ++kh)
+          check(dnnl_sgemm('N', 'N', C, H, K, 1.0f, window + (kh * 3 + kw) * C * K, K, line, L, 1.0f, out + kh, P), "dnnl_sgemm");
+        const std::int64_t x = edge == 2 ? 0 : Q - 1;
+        for (std::int64_t c = 0; c < C; ++c)
+          for (std::int64_t i = 1; i < P - 1; ++i) dxn[(c * P + i) * Q + x] = out[c * P + i];
       }
-    }
-    if (failed) std::rethrow_exception(failed);
+    });
   }
   // The weight gradient of plan `p`, added to dw (and db where not null). dy's copy in the
   // primitive's layout, where it needs one, is left in the arena's `dst` slot (backward reads it).
@@ -633,52 +627,40 @@ class dnnl_conv {
     std::byte* scratch = a.get<std::byte>(arena::workspace, std::max<std::size_t>(scratch_step, 64) * static_cast<std::size_t>(team));
     std::byte* gradients = a.get<std::byte>(arena::weights, gradient_step * static_cast<std::size_t>(team));
     std::byte* biases = a.get<std::byte>(arena::bias_gradient, bias_step * static_cast<std::size_t>(team));
-    std::exception_ptr failed;
+    parallel_items(items, team, [&](std::int64_t item) {
 #if defined(_OPENMP)
-#  pragma omp parallel for num_threads(team) schedule(static)
-#endif
-    for (std::int64_t item = 0; item < items; ++item) {
-      try {
-#if defined(_OPENMP)
-        const int t = omp_get_thread_num();
+      const int t = omp_get_thread_num();
 #else
-        const int t = 0;
+      const int t = 0;
 #endif
-        auto& ts = q.threads[static_cast<std::size_t>(t)];
-        const std::int64_t run = item / (shape.out_blocks * shape.in_blocks), o = item / shape.in_blocks % shape.out_blocks,
-                           i = item % shape.in_blocks;
-        float* to = sums ? sums + run * run_size : dw;
-        float* to_bias = sums ? sums + run * run_size + weights : db;
-        const bool bias = db && i == 0;
-        float* bias_out = reinterpret_cast<float*>(biases + bias_step * static_cast<std::size_t>(t));
-        dnnl_memory_t gradient = ts.dwei.point(gradients + gradient_step * static_cast<std::size_t>(t));
-        dnnl_memory_t block = ts.block.point(to + (o * q.out_channels * g.in_channels + i * q.in_channels) * window);
-        const std::int64_t first = run * g.batch / shape.runs, last = (run + 1) * g.batch / shape.runs;
-        for (std::int64_t n = first; n < last; n += q.examples) {
-          std::vector<dnnl_exec_arg_t> args{
-              {DNNL_ARG_SRC, ts.src.point(xs + static_cast<std::size_t>((n * q.x_channels + i * q.in_channels) * q.x_plane) * q.value_bytes)},
-              {DNNL_ARG_DIFF_DST,
-               ts.ddst.point(dys + static_cast<std::size_t>((n * q.dy_channels + o * q.out_channels) * q.dy_plane) * q.value_bytes)},
-              {DNNL_ARG_DIFF_WEIGHTS, gradient}};
-          if (bias) args.push_back({DNNL_ARG_DIFF_BIAS, ts.bias.point(bias_out)});
-          if (q.scratchpad_bytes > 0)
-            args.push_back({DNNL_ARG_SCRATCHPAD, ts.scratchpad.point(scratch + scratch_step * static_cast<std::size_t>(t))});
-          check(dnnl_primitive_execute((bias ? q.with_bias : q.plain).get(), ts.stream.get(), static_cast<int>(args.size()), args.data()),
-                "convolution (a weight gradient's piece)");
-          const dnnl_exec_arg_t back[2] = {{DNNL_ARG_FROM, gradient}, {DNNL_ARG_TO, block}};
-          check(dnnl_primitive_execute(q.back.get(), ts.stream.get(), 2, back), "reorder");
-          check(dnnl_stream_wait(ts.stream.get()), "dnnl_stream_wait");
-          if (bias)
-            for (std::int64_t j = 0; j < q.out_channels; ++j) to_bias[o * q.out_channels + j] += bias_out[j];
-        }
-      } catch (...) {
-#if defined(_OPENMP)
-#  pragma omp critical(distribute_dnnl_pieces)
-#endif
-        if (!failed) failed = std::current_exception();
+      auto& ts = q.threads[static_cast<std::size_t>(t)];
+      const std::int64_t run = item / (shape.out_blocks * shape.in_blocks), o = item / shape.in_blocks % shape.out_blocks,
+                         i = item % shape.in_blocks;
+      float* to = sums ? sums + run * run_size : dw;
+      float* to_bias = sums ? sums + run * run_size + weights : db;
+      const bool bias = db && i == 0;
+      float* bias_out = reinterpret_cast<float*>(biases + bias_step * static_cast<std::size_t>(t));
+      dnnl_memory_t gradient = ts.dwei.point(gradients + gradient_step * static_cast<std::size_t>(t));
+      dnnl_memory_t block = ts.block.point(to + (o * q.out_channels * g.in_channels + i * q.in_channels) * window);
+      const std::int64_t first = run * g.batch / shape.runs, last = (run + 1) * g.batch / shape.runs;
+      for (std::int64_t n = first; n < last; n += q.examples) {
+        std::vector<dnnl_exec_arg_t> args{
+            {DNNL_ARG_SRC, ts.src.point(xs + static_cast<std::size_t>((n * q.x_channels + i * q.in_channels) * q.x_plane) * q.value_bytes)},
+            {DNNL_ARG_DIFF_DST,
+             ts.ddst.point(dys + static_cast<std::size_t>((n * q.dy_channels + o * q.out_channels) * q.dy_plane) * q.value_bytes)},
+            {DNNL_ARG_DIFF_WEIGHTS, gradient}};
+        if (bias) args.push_back({DNNL_ARG_DIFF_BIAS, ts.bias.point(bias_out)});
+        if (q.scratchpad_bytes > 0)
+          args.push_back({DNNL_ARG_SCRATCHPAD, ts.scratchpad.point(scratch + scratch_step * static_cast<std::size_t>(t))});
+        check(dnnl_primitive_execute((bias ? q.with_bias : q.plain).get(), ts.stream.get(), static_cast<int>(args.size()), args.data()),
+              "convolution (a weight gradient's piece)");
+        const dnnl_exec_arg_t back[2] = {{DNNL_ARG_FROM, gradient}, {DNNL_ARG_TO, block}};
+        check(dnnl_primitive_execute(q.back.get(), ts.stream.get(), 2, back), "reorder");
+        check(dnnl_stream_wait(ts.stream.get()), "dnnl_stream_wait");
+        if (bias)
+          for (std::int64_t j = 0; j < q.out_channels; ++j) to_bias[o * q.out_channels + j] += bias_out[j];
       }
-    }
-    if (failed) std::rethrow_exception(failed);
+    });
     if (!sums) return;
     // The runs in order, then into the caller's gradient (one rounding more than a single run).
     const std::int64_t total = db ? run_size : weights;
@@ -855,12 +837,7 @@ class dnnl_conv {
     const memory_desc bias_md = md({q->out_channels}, dnnl_x);
     const memory_desc fwd_dst = md(piece_dst, dnnl_format_tag_any);
     // Made for one thread: oneDNN fixes a primitive's thread count (and the split of its sums) here.
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    struct restore {
-      int n;
-      ~restore() { omp_set_num_threads(n); }
-    } restored{threads};
+    const one_openmp_thread alone;
     const bool may_lack = true;
     desc_handle fwd = primitive_desc(pass::forward, algorithm, x_md.get(), wei_any.get(), bias ? bias_md.get() : nullptr, fwd_dst.get(),
                                      win, attr, nullptr, may_lack);

@@ -8,14 +8,11 @@
 // use now (gemm_in_parts). The engine passes 64-byte aligned operands: the bits then depend on the
 // sizes and the configured count alone, not on how many threads run the parts.
 
+#include <distribute/engine/detail/openmp.hpp>
 #include <distribute/engine/gemm_geometry.hpp>
 
 #include <algorithm>
 #include <cstdint>
-#include <exception>
-#if defined(_OPENMP)
-#  include <omp.h>
-#endif
 
 // A program built on the fast path (DISTRIBUTE_PRECOMPILED, src/precompiled.cpp) sees only the
 // declaration: the float and double instantiations, and the Eigen kernels under them, come from the
@@ -71,8 +68,12 @@ namespace distribute::detail {
 
 // How many parts a product of `g` is computed in for an engine configured with `threads` threads:
 // one per thread where the product has at least 2^17 multiply-adds a part and 8 rows (or columns)
-// of c a part, fewer otherwise. It reads the sizes and the configured count only.
+// of c a part, fewer otherwise. It reads the sizes and the configured count only. (Built without
+// OpenMP an engine runs one thread whatever its count: one part.)
 inline int gemm_parts(const gemm_geometry& g, int threads) noexcept {
+#if !defined(_OPENMP)
+  threads = 1;
+#endif
   const std::int64_t work = g.m * g.n * g.k, side = std::max(g.m, g.n);
   const std::int64_t parts = std::min<std::int64_t>({threads, work >> 17, side / 8});
   return static_cast<int>(std::max<std::int64_t>(parts, 1));
@@ -102,29 +103,14 @@ void gemm_in_parts(const gemm_geometry& g, const T* a, const T* b, T* c, int par
   const int team = std::min(threads, parts);
   if (team > 1) {
     // Inside the region Eigen runs each part on its own thread.
-    std::exception_ptr failed;
-#  pragma omp parallel for num_threads(team) schedule(static)
-    for (int p = 0; p < parts; ++p) {
-      try {
-        part(p);
-      } catch (...) {
-#  pragma omp critical(distribute_gemm_parts)
-        if (!failed) failed = std::current_exception();
-      }
-    }
-    if (failed) std::rethrow_exception(failed);
+    parallel_items(parts, team, [&](std::int64_t p) { part(static_cast<int>(p)); });
     return;
   }
-  // On this thread alone: Eigen takes its thread count from OpenMP's.
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  struct restore {
-    int n;
-    ~restore() { omp_set_num_threads(n); }
-  } restored{saved};
 #else
   (void)threads;
 #endif
+  // On this thread alone: Eigen takes its thread count from OpenMP's.
+  const one_openmp_thread alone;
   for (int p = 0; p < parts; ++p) part(p);
 }
 
