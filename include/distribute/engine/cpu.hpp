@@ -15,11 +15,11 @@
 // No result depends on the count in use. The engine's passes sum in a fixed order of their own;
 // oneDNN's forward and data-gradient kernels give each output one thread (oneDNN 2.x; with 3.x the
 // data gradients run on the configured count always, dnnl_conv::data_gradient_follows_thread_count);
-// oneDNN's weight gradients
-// (whose kernels split their sums between threads) run as a grid of one-thread pieces fixed by the
-// geometry and the configured count (detail/dnnl_conv.hpp), and matrix products as parts of one thread
-// each, fixed the same way (detail/eigen_gemm.hpp). A configuration (replicas, threads()) gives the
-// same bits from run to run whatever the machine's load did.
+// oneDNN's weight gradients (whose kernels split their sums between threads) run as a grid of
+// one-thread pieces fixed by the geometry and the configured count (detail/dnnl_conv.hpp), and
+// matrix products as parts of one thread each, fixed the same way (detail/eigen_gemm.hpp). A
+// configuration (replicas, threads()) gives the same bits from run to run whatever the machine's
+// load did.
 
 #include <distribute/bfloat16.hpp>
 #include <distribute/detail/hardware.hpp>
@@ -499,8 +499,8 @@ class engine<cpu> {
   bool winograd_on_rounded(const conv_geometry& g) const {
     return options_.conv_winograd && half() && detail::dnnl_conv::winograd_pays(g) && detail::dnnl_conv::has_winograd();
   }
-  // One convolution pass through oneDNN on its two inputs `a` and `b`: `pass(a, b, half, winograd,
-  // round)` runs it and returns false where oneDNN has no kernel for it (the reference computes it
+  // One convolution pass through oneDNN on its two inputs `a` and `b`: `pass(plans, a, b, half,
+  // winograd, round)` runs it and returns false where oneDNN has no kernel for it (the reference computes it
   // then). In bfloat16 where Winograd pays (winograd_on_rounded) it runs in float32 on its inputs
   // rounded to bfloat16 (`round`: oneDNN's layouts are written rounded, dnnl_conv.hpp). It runs on
   // the plans and threads of the count in use, or with `whole_team` on all threads(), always (a pass

@@ -53,19 +53,19 @@
 // that sum between its threads: its last bits depend on how many threads run it. Made with `pieces`
 // above one (the engine's thread count, a fixed part of its configuration), a weight gradient is
 // instead computed as a fixed grid of pieces: a block of output channels times a block of input
-// channels (whole blocks of 16) for a run of examples, each piece by a primitive made for one
-// thread, over the whole run where the channels are not split and one example at a time where they
-// are. The pieces run on however many threads are in use now (the
-// engine's count may follow the machine's load, engine_options::adapt_threads), and each piece's
-// bits are the same on any of them: the grid, and so the result, depends on the geometry and
-// `pieces` alone. The pieces of one block of channels add into the caller's gradient through
-// oneDNN's reorder (sum post-op); with more than one run of examples each run sums into its own
-// buffer and the runs are added in order. The pieces read x and dy in the layouts oneDNN chose for
-// the whole pass, where an example's block of 16 channels is contiguous (plain nchw, or channels in
-// blocks of 8 or 16); in channels-last layouts the grid splits only the examples. Where oneDNN
-// chose another layout, or would compute a piece with its reference kernel but not the whole pass,
-// the weight gradient stays one primitive on the threads in use (its last bits may then follow
-// their count; the engine tests check the shapes of the library's layers on the machine they run on).
+// channels (whole blocks of 16) for a run of examples, each piece by a primitive made for one thread,
+// over the whole run where the channels are not split and one example at a time where they are. The
+// pieces run on however many threads are in use now (the engine's count may follow the machine's load,
+// engine_options::adapt_threads), and each piece's bits are the same on any of them: the grid, and so
+// the result, depends on the geometry and `pieces` alone. The pieces of one block of channels add into
+// the caller's gradient through oneDNN's reorder (sum post-op); with more than one run of examples
+// each run sums into its own buffer and the runs are added in order. The pieces read x and dy in the
+// layouts oneDNN chose for the whole pass, where an example's block of 16 channels is contiguous
+// (plain nchw, or channels in blocks of 8 or 16); in channels-last layouts the grid splits only the
+// examples. Where oneDNN chose another layout, or would compute a piece with its reference kernel but
+// not the whole pass, the weight gradient stays one primitive on the threads in use (its last bits may
+// then follow their count; the engine tests check the shapes of the library's layers on the machine
+// they run on).
 
 #include <distribute/bfloat16.hpp>
 #include <distribute/engine/conv_geometry.hpp>
