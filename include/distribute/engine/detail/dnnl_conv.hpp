@@ -349,29 +349,7 @@ class dnnl_conv {
       user.make(e, u);
       if (same) return;
       lib.make(e, l);
-      handle<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy> attr;
-      if (accumulate) {
-        dnnl_primitive_attr_t raw_attr = nullptr;
-        check(dnnl_primitive_attr_create(&raw_attr), "dnnl_primitive_attr_create");
-        attr.reset(raw_attr);
-        dnnl_post_ops_t raw_ops = nullptr;
-        check(dnnl_post_ops_create(&raw_ops), "dnnl_post_ops_create");
-        const handle<dnnl_post_ops_t, dnnl_post_ops_destroy> ops{raw_ops};
-#if DNNL_VERSION_MAJOR >= 3
-        check(dnnl_post_ops_append_sum(raw_ops, 1.0f, 0, dnnl_data_type_undef), "dnnl_post_ops_append_sum");
-#else
-        check(dnnl_post_ops_append_sum(raw_ops, 1.0f), "dnnl_post_ops_append_sum");
-#endif
-        check(dnnl_primitive_attr_set_post_ops(raw_attr, raw_ops), "dnnl_primitive_attr_set_post_ops");
-      }
-      dnnl_primitive_desc_t rpd = nullptr;
-      check(input ? dnnl_reorder_primitive_desc_create(&rpd, u, e, l, e, nullptr)
-                  : dnnl_reorder_primitive_desc_create(&rpd, l, e, u, e, attr.get()),
-            "dnnl_reorder_primitive_desc_create");
-      const desc_handle owned{rpd};
-      dnnl_primitive_t raw = nullptr;
-      check(dnnl_primitive_create(&raw, rpd), "dnnl_primitive_create (reorder)");
-      reorder.reset(raw);
+      reorder = input ? make_reorder(e, u, l, false) : make_reorder(e, l, u, accumulate);
     }
     // The operand as the primitive reads it: the caller's memory, or a reordered copy in scratch slot
     // `slot`. With `round`, its values rounded to bfloat16: written in the primitive's layout at once
@@ -421,6 +399,42 @@ class dnnl_conv {
       ++*reorders;
     }
   };
+
+  // The primitive of `pd`; `what` names it in the error.
+  static primitive_handle make_primitive(const_dnnl_primitive_desc_t pd, const char* what) {
+    dnnl_primitive_t raw = nullptr;
+    check(dnnl_primitive_create(&raw, pd), what);
+    return primitive_handle{raw};
+  }
+  // The implementation oneDNN chose for `pd` ("jit:avx512_core", ...; "" where it does not say).
+  static std::string impl_of(const_dnnl_primitive_desc_t pd) {
+    const char* impl = nullptr;
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl ? std::string(impl)
+                                                                                                    : std::string();
+  }
+  // A reorder from layout `from` to `to`; with `accumulate` it adds to what `to` holds (oneDNN's sum
+  // post-op: dst = src + dst, one rounding, as `+=`).
+  static primitive_handle make_reorder(dnnl_engine_t e, md_ptr from, md_ptr to, bool accumulate) {
+    handle<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy> attr;
+    if (accumulate) {
+      dnnl_primitive_attr_t raw_attr = nullptr;
+      check(dnnl_primitive_attr_create(&raw_attr), "dnnl_primitive_attr_create");
+      attr.reset(raw_attr);
+      dnnl_post_ops_t raw_ops = nullptr;
+      check(dnnl_post_ops_create(&raw_ops), "dnnl_post_ops_create");
+      const handle<dnnl_post_ops_t, dnnl_post_ops_destroy> ops{raw_ops};
+#if DNNL_VERSION_MAJOR >= 3
+      check(dnnl_post_ops_append_sum(raw_ops, 1.0f, 0, dnnl_data_type_undef), "dnnl_post_ops_append_sum");
+#else
+      check(dnnl_post_ops_append_sum(raw_ops, 1.0f), "dnnl_post_ops_append_sum");
+#endif
+      check(dnnl_primitive_attr_set_post_ops(raw_attr, raw_ops), "dnnl_primitive_attr_set_post_ops");
+    }
+    dnnl_primitive_desc_t rpd = nullptr;
+    check(dnnl_reorder_primitive_desc_create(&rpd, from, e, to, e, attr.get()), "dnnl_reorder_primitive_desc_create");
+    const desc_handle owned{rpd};
+    return make_primitive(rpd, "dnnl_primitive_create (reorder)");
+  }
 
   // A value rounded to bfloat16 (distribute::bfloat16's rounding), kept in float.
   static float to_bfloat16(float v) noexcept { return static_cast<float>(bfloat16(v)); }
@@ -644,15 +658,17 @@ class dnnl_conv {
       dnnl_memory_t block = ts.block.point(to + (o * q.out_channels * g.in_channels + i * q.in_channels) * window);
       const std::int64_t first = run * g.batch / shape.runs, last = (run + 1) * g.batch / shape.runs;
       for (std::int64_t n = first; n < last; n += q.examples) {
-        std::vector<dnnl_exec_arg_t> args{
-            {DNNL_ARG_SRC, ts.src.point(xs + static_cast<std::size_t>((n * q.x_channels + i * q.in_channels) * q.x_plane) * q.value_bytes)},
-            {DNNL_ARG_DIFF_DST,
-             ts.ddst.point(dys + static_cast<std::size_t>((n * q.dy_channels + o * q.out_channels) * q.dy_plane) * q.value_bytes)},
-            {DNNL_ARG_DIFF_WEIGHTS, gradient}};
-        if (bias) args.push_back({DNNL_ARG_DIFF_BIAS, ts.bias.point(bias_out)});
+        std::array<dnnl_exec_arg_t, 5> args{
+            {{DNNL_ARG_SRC,
+              ts.src.point(xs + static_cast<std::size_t>((n * q.x_channels + i * q.in_channels) * q.x_plane) * q.value_bytes)},
+             {DNNL_ARG_DIFF_DST,
+              ts.ddst.point(dys + static_cast<std::size_t>((n * q.dy_channels + o * q.out_channels) * q.dy_plane) * q.value_bytes)},
+             {DNNL_ARG_DIFF_WEIGHTS, gradient}}};
+        int used = 3;
+        if (bias) args[static_cast<std::size_t>(used++)] = {DNNL_ARG_DIFF_BIAS, ts.bias.point(bias_out)};
         if (q.scratchpad_bytes > 0)
-          args.push_back({DNNL_ARG_SCRATCHPAD, ts.scratchpad.point(scratch + scratch_step * static_cast<std::size_t>(t))});
-        check(dnnl_primitive_execute((bias ? q.with_bias : q.plain).get(), ts.stream.get(), static_cast<int>(args.size()), args.data()),
+          args[static_cast<std::size_t>(used++)] = {DNNL_ARG_SCRATCHPAD, ts.scratchpad.point(scratch + scratch_step * static_cast<std::size_t>(t))};
+        check(dnnl_primitive_execute((bias ? q.with_bias : q.plain).get(), ts.stream.get(), used, args.data()),
               "convolution (a weight gradient's piece)");
         const dnnl_exec_arg_t back[2] = {{DNNL_ARG_FROM, gradient}, {DNNL_ARG_TO, block}};
         check(dnnl_primitive_execute(q.back.get(), ts.stream.get(), 2, back), "reorder");
@@ -784,11 +800,8 @@ class dnnl_conv {
     const md_ptr scratchpad = query(pd, dnnl_query_scratchpad_md);
     p->scratchpad_bytes = dnnl_memory_desc_get_size(scratchpad);
     p->scratchpad.make(engine_raw_, scratchpad);
-    const char* impl = nullptr;
-    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) p->impl = impl;
-    dnnl_primitive_t raw = nullptr;
-    check(dnnl_primitive_create(&raw, pd), "dnnl_primitive_create (convolution)");
-    p->prim.reset(raw);
+    p->impl = impl_of(pd);
+    p->prim = make_primitive(pd, "dnnl_primitive_create (convolution)");
     return p;
   }
 
@@ -848,10 +861,6 @@ class dnnl_conv {
                                                   dy_md.get(), win, attr, fwd.get(), may_lack)
                                  : desc_handle{};
     if (!plain || (bias && !with_bias)) return false;
-    const auto impl_of = [](const_dnnl_primitive_desc_t d) {
-      const char* impl = nullptr;
-      return dnnl_primitive_desc_query(d, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl ? std::string(impl) : std::string();
-    };
     const std::string whole_impl = impl_of(whole), piece_impl = impl_of(plain.get());
     const auto reference = [](const std::string& impl) { return impl.find("ref") != std::string::npos; };
     if (reference(piece_impl) && !reference(whole_impl)) return false;
@@ -861,22 +870,12 @@ class dnnl_conv {
     const md_ptr scratch_plain = query(plain.get(), dnnl_query_scratchpad_md);
     q->scratchpad_bytes = dnnl_memory_desc_get_size(scratch_plain);
     if (with_bias) q->scratchpad_bytes = std::max(q->scratchpad_bytes, dnnl_memory_desc_get_size(query(with_bias.get(), dnnl_query_scratchpad_md)));
-    const auto create = [&](const_dnnl_primitive_desc_t d, const char* what) {
-      dnnl_primitive_t raw = nullptr;
-      check(dnnl_primitive_create(&raw, d), what);
-      return primitive_handle{raw};
-    };
-    q->plain = create(plain.get(), "dnnl_primitive_create (a weight gradient's piece)");
-    if (with_bias) q->with_bias = create(with_bias.get(), "dnnl_primitive_create (a weight gradient's piece)");
     // The piece's gradient added into its block of the caller's [out][in][k][k] weights.
     const memory_desc block(piece_wei, {g.in_channels * g.kernel * g.kernel, g.kernel * g.kernel, g.kernel, 1}, dnnl_f32);
-    {
-      operand adder;
-      std::size_t unused = 0;
-      adder.set(engine_raw_, block.get(), gradient, false, unused, true);
-      if (adder.same) return false;  // (a blocked kernel never writes the caller's strided block)
-      q->back = std::move(adder.reorder);
-    }
+    if (dnnl_memory_desc_equal(block.get(), gradient)) return false;  // (a blocked kernel never writes the strided block)
+    q->plain = make_primitive(plain.get(), "dnnl_primitive_create (a weight gradient's piece)");
+    if (with_bias) q->with_bias = make_primitive(with_bias.get(), "dnnl_primitive_create (a weight gradient's piece)");
+    q->back = make_reorder(engine_raw_, gradient, block.get(), true);
     const memory_desc scratch_md = md({static_cast<dnnl_dim_t>(std::max<std::size_t>(q->scratchpad_bytes, 1))}, dnnl_x, dnnl_u8);
     q->threads.resize(static_cast<std::size_t>(pieces_));
     for (auto& ts : q->threads) {
