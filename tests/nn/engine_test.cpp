@@ -225,7 +225,8 @@ BOOST_AUTO_TEST_CASE(both_gradients_in_one_call_are_the_two_passes_bits) {
   const auto geometries = {conv_geometry::of(2, 16, 20, 20, 32, 3, 1, 1),   // direct, blocked layouts
                            conv_geometry::of(1, 32, 34, 34, 32, 3, 1, 0),   // Winograd where oneDNN has it
                            conv_geometry::of(2, 3, 17, 17, 16, 7, 2, 3),    // an image's channels, stride 2
-                           conv_geometry::of(1, 8, 9, 9, 3, 3, 1, 0)};      // three output channels
+                           conv_geometry::of(1, 8, 9, 9, 3, 3, 1, 0),       // three output channels
+                           conv_geometry::of(2, 32, 12, 12, 3, 5, 1, 2)};   // three from many: swapped passes
   std::vector<dist::engine_options> options{{}, {.conv_winograd = false}, {.reference = true}, {.split_independent = true}};
   for (const auto& o : options)
     for (bool bf16 : {false, true}) {
@@ -381,15 +382,18 @@ BOOST_AUTO_TEST_CASE(adapt_threads_steps_down_while_other_threads_keep_the_cores
 // the same bits with every count in use (set_active_threads, as adapt_threads does on a busy
 // machine), for the forward pass, both gradients and the bias gradient, and matches the reference:
 // a batch of one and of several (the runs of examples), channels in whole blocks of 16 and not (an
-// image's 3, a 3-channel output, 4 in blocks of 8), Winograd's and direct kernels, and with and
-// without a bias.
+// image's 3, a 3-channel output, 4 in blocks of 8), Winograd's and direct kernels, oneDNN's gemm-based
+// bfloat16 weight gradient (plain weights: its pieces add into the caller's block as they are), the
+// gradients of a convolution that swaps sides, and with and without a bias.
 BOOST_AUTO_TEST_CASE(every_count_in_use_gives_the_same_bits) {
   const std::vector<conv_geometry> geometries{
       conv_geometry::of(1, 3, 38, 38, 32, 7, 1, 0),    conv_geometry::of(1, 32, 34, 34, 64, 3, 2, 1),
       conv_geometry::of(1, 64, 34, 34, 64, 3, 1, 0),   conv_geometry::of(1, 32, 38, 38, 3, 7, 1, 0),
       conv_geometry::of(4, 16, 18, 18, 16, 3, 1, 0),   conv_geometry::of(5, 32, 36, 36, 48, 3, 1, 0),
       conv_geometry::of(3, 48, 20, 20, 3, 4, 2, 1),    conv_geometry::of(8, 1, 20, 20, 16, 7, 1, 0),
-      conv_geometry::of(2, 4, 8, 7, 4, 3, 1, 0)};  // (oneDNN blocks 4 channels by 8 on AVX2 and AVX-512)
+      conv_geometry::of(2, 4, 8, 7, 4, 3, 1, 0),   // (oneDNN blocks 4 channels by 8 on AVX2 and AVX-512)
+      conv_geometry::of(3, 16, 21, 19, 1, 4, 1, 1),   // one channel out: the swapped convolution's passes
+      conv_geometry::of(1, 3, 40, 40, 32, 7, 1, 6)};  // (bfloat16: oneDNN's gemm-based kernel, plain weights)
   std::vector<bool> precisions{false};
   if (dist::detail::cpu_has_bf16_units()) precisions.push_back(true);
   for (const bool half : precisions)
@@ -474,6 +478,55 @@ BOOST_AUTO_TEST_CASE(weight_gradients_in_pieces_follow_the_geometry_and_the_conf
   BOOST_TEST((grid(2, conv_geometry::of(8, 1, 20, 20, 16, 7, 1, 0)) == t{2, 1, 1}));     // a batch: runs of examples
   BOOST_TEST((grid(4, conv_geometry::of(2, 64, 20, 20, 64, 3, 1, 1)) == t{2, 2, 1}));
   BOOST_TEST((grid(1, conv_geometry::of(1, 256, 18, 18, 256, 3, 1, 0)) == t{1, 1, 1}));  // one thread: one primitive
+}
+#endif
+
+#if DISTRIBUTE_HAS_DNNL
+// A convolution with few output channels from many computes its gradients as passes of its swapped
+// convolution (dnnl_conv.hpp): the rule, the swapped geometry, and gradients that match the reference
+// with the window turned and the bias gradient summed apart, through dnnl_conv and through the engine.
+BOOST_AUTO_TEST_CASE(narrow_outputs_take_their_gradients_from_the_swapped_convolution) {
+  using conv = dist::detail::dnnl_conv;
+  BOOST_TEST(conv::swaps_sides(conv_geometry::of(1, 64, 262, 262, 3, 7, 1, 0)));  // a generator's last layer
+  BOOST_TEST(conv::swaps_sides(conv_geometry::of(1, 512, 31, 31, 1, 4, 1, 1)));   // a PatchGAN's last
+  BOOST_TEST(!conv::swaps_sides(conv_geometry::of(1, 64, 34, 34, 3, 4, 2, 1)));   // stride 2
+  BOOST_TEST(!conv::swaps_sides(conv_geometry::of(1, 64, 34, 34, 8, 3, 1, 1)));   // a block of 8 out
+  BOOST_TEST(!conv::swaps_sides(conv_geometry::of(1, 8, 34, 34, 3, 3, 1, 1)));    // few channels in too
+  conv_geometry short_output = conv_geometry::of(1, 64, 34, 34, 3, 3, 1, 0);
+  short_output.out_height = 31;  // the window leaves the last input row unused: no swapped geometry
+  BOOST_TEST(!conv::swaps_sides(short_output));
+  BOOST_TEST((conv::swapped(conv_geometry::of(2, 64, 262, 262, 3, 7, 1, 0)) == conv_geometry::of(2, 3, 256, 256, 64, 7, 1, 6)));
+  BOOST_TEST((conv::swapped(conv_geometry::of(1, 512, 31, 31, 1, 4, 1, 1)) == conv_geometry::of(1, 1, 30, 30, 512, 4, 1, 2)));
+
+  std::vector<bool> precisions{false};
+  if (dist::detail::cpu_has_bf16_units()) precisions.push_back(true);
+  for (const bool half : precisions)
+    for (const auto& g : {conv_geometry::of(2, 32, 20, 18, 3, 7, 1, 0), conv_geometry::of(2, 48, 12, 13, 1, 4, 1, 1),
+                          conv_geometry::of(1, 16, 9, 9, 5, 3, 1, 1)}) {
+      BOOST_TEST_REQUIRE(conv::swaps_sides(g));
+      const auto x = random_values(g.input_size(), 31), w = random_values(g.weight_size(), 32), dy = random_values(g.output_size(), 33);
+      dist::engine<dist::cpu> reference{{.threads = 1, .reference = true}};
+      if (half) reference.use_precision(dist::compute_precision::bfloat16);
+      std::vector<float> dx_ref(static_cast<std::size_t>(g.input_size()));
+      std::vector<float> dw_ref(static_cast<std::size_t>(g.weight_size()), 0.25f), db_ref(static_cast<std::size_t>(g.out_channels), 0.5f);
+      reference.conv_backward_data(g, dy.data(), w.data(), dx_ref.data());
+      reference.conv_backward_weights(g, x.data(), dy.data(), dw_ref.data(), db_ref.data());
+
+      conv d{2};
+      dist::detail::arena a;
+      std::vector<float> dx(static_cast<std::size_t>(g.input_size()), -7.0f);
+      std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.25f), db(static_cast<std::size_t>(g.out_channels), 0.5f);
+      if (!d.backward_data(g, dy.data(), w.data(), dx.data(), a, half)) continue;  // no bfloat16 kernel: computed elsewhere
+      BOOST_TEST(d.swapped_passes() == 1u);
+      BOOST_TEST_REQUIRE(d.backward_weights(g, x.data(), dy.data(), dw.data(), db.data(), a, half));
+      BOOST_TEST(d.swapped_passes() == 2u);
+      BOOST_TEST(!d.backward(g, x.data(), dy.data(), w.data(), dx.data(), dw.data(), db.data(), a, half));  // one by one
+      const double bound = half ? 1e-4 : 2e-5;
+      BOOST_TEST(relative(dx, dx_ref) < bound, g.to_string() << " half " << half << ": the data gradient");
+      BOOST_TEST(relative(dw, dw_ref) < bound, g.to_string() << " half " << half << ": the weight gradient");
+      BOOST_TEST(relative(db, db_ref) < 1e-6, g.to_string() << " half " << half << ": the bias gradient");
+      BOOST_TEST(d.implementation(conv::pass::backward_data, g, false, half) == d.implementation(conv::pass::forward, conv::swapped(g), false, half));
+    }
 }
 #endif
 
