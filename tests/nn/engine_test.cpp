@@ -484,7 +484,8 @@ BOOST_AUTO_TEST_CASE(weight_gradients_in_pieces_follow_the_geometry_and_the_conf
 #if DISTRIBUTE_HAS_DNNL
 // A convolution with few output channels from many computes its gradients as passes of its swapped
 // convolution (dnnl_conv.hpp): the rule, the swapped geometry, and gradients that match the reference
-// with the window turned and the bias gradient summed apart, through dnnl_conv and through the engine.
+// with the window turned and the bias gradient summed apart, through dnnl_conv (the engine's passes
+// over such shapes are in fast_convolutions_match_the_reference and every_count_in_use_gives_the_same_bits).
 BOOST_AUTO_TEST_CASE(narrow_outputs_take_their_gradients_from_the_swapped_convolution) {
   using conv = dist::detail::dnnl_conv;
   BOOST_TEST(conv::swaps_sides(conv_geometry::of(1, 64, 262, 262, 3, 7, 1, 0)));  // a generator's last layer

@@ -210,10 +210,10 @@ class dnnl_conv {
   bool backward_weights(const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a,
                         bool half = false, bool winograd = false, bool round = false) {
     if (swaps_sides(g)) {
-      // In bfloat16 on float32 copies rounded to bfloat16 (above).
-      const conv_geometry s = swapped(g);
-      plan* found = plan_for(pass::backward_weights, s, false, false, false);
+      // In bfloat16 on float32 copies rounded to bfloat16 (above; plan_of picks the float32 plan).
+      plan* found = plan_of(pass::backward_weights, g, false, half, winograd);
       if (!found) return false;
+      const conv_geometry s = swapped(g);
       const auto n = static_cast<std::size_t>(g.weight_size());
       float* turned = a.get<float>(arena::swapped, n);
       std::fill_n(turned, n, 0.0f);
@@ -615,12 +615,7 @@ class dnnl_conv {
     // The column edges land here first ([n][side][c][r], all P rows), then in dx without the corners.
     float* side = a.get<float>(arena::gradient, static_cast<std::size_t>(n_ex * 2 * C * P));
     const std::int64_t items = n_ex * 4;
-#if defined(_OPENMP)
-    const int team = omp_get_max_threads();
-#else
-    const int team = 1;
-#endif
-    parallel_items(items, team, [&](std::int64_t item) {
+    parallel_items(items, openmp_threads(), [&](std::int64_t item) {
       const std::int64_t n = item / 4, edge = item % 4;  // 0 top, 1 bottom, 2 left, 3 right
       const float* dyn = dy + n * K * H * W;
       float* dxn = dx + n * C * P * Q;
@@ -697,10 +692,7 @@ class dnnl_conv {
     const std::int64_t run_size = weights + g.out_channels;
     float* sums = shape.runs > 1 ? a.get<float>(arena::gradient, static_cast<std::size_t>(shape.runs * run_size)) : nullptr;
     if (sums) std::fill(sums, sums + shape.runs * run_size, 0.0f);
-    int team = 1;
-#if defined(_OPENMP)
-    team = static_cast<int>(std::min<std::int64_t>({omp_get_max_threads(), static_cast<std::int64_t>(q.threads.size()), items}));
-#endif
+    const int team = static_cast<int>(std::min<std::int64_t>({openmp_threads(), static_cast<std::int64_t>(q.threads.size()), items}));
     const auto aligned = [](std::size_t bytes) { return (bytes + 63) / 64 * 64; };
     const std::size_t scratch_step = aligned(q.scratchpad_bytes), gradient_step = aligned(q.gradient_bytes),
                       bias_step = aligned(static_cast<std::size_t>(q.out_channels) * sizeof(float));
@@ -789,12 +781,7 @@ class dnnl_conv {
   // passes read them.
   static void bias_gradient(const conv_geometry& g, const float* dy, float* db, bool rounded) {
     const std::int64_t plane = g.out_height * g.out_width;
-#if defined(_OPENMP)
-    const int team = omp_get_max_threads();
-#else
-    const int team = 1;
-#endif
-    parallel_items(g.out_channels, team, [&](std::int64_t c) {
+    parallel_items(g.out_channels, openmp_threads(), [&](std::int64_t c) {
       double total = 0;
       for (std::int64_t n = 0; n < g.batch; ++n) {
         const float* p = dy + (n * g.out_channels + c) * plane;

@@ -33,6 +33,15 @@ class one_openmp_thread {
   int saved_ = 1;
 };
 
+// The calling thread's OpenMP thread count (the team its next parallel region gets); 1 without OpenMP.
+inline int openmp_threads() noexcept {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
 // f(item) for every item in [0, items), split statically over `team` threads (at least one); the
 // first exception any call threw is rethrown once all have finished.
 template <class F>
