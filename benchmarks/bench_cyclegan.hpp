@@ -446,6 +446,11 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   if (device_mib >= 0) say(", peak device memory %.1f MiB", device_mib);
   say("\n");
   if (in_use.load() > 0) say("  engine threads in use at the end: %d%s\n", in_use.load(), o.adapt_threads ? "" : " (--adapt-threads off)");
+  // The CPU engine's kernel choices, timed during the warm-up (engine_options::cpu_conv_choice).
+  if (const auto choices = dist::cpu_conv_choices(); !choices.empty()) {
+    say("  kernel choices timed during the warm-up (%zu):\n", choices.size());
+    for (const auto& c : choices) say("    %s\n", c.to_string().c_str());
+  }
   if (const auto graphs = tr.graph_status(); !graphs.empty()) say("  CUDA graphs: %s\n", graphs.c_str());
 
   if (!o.check_dir.empty()) {

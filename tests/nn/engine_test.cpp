@@ -122,7 +122,8 @@ BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_i
   // Geometries engine_options::conv_winograd applies to (3x3, stride 1, >= 32 channels in and out,
   // >= 32x32 output planes: a residual block's, with and without padding), and one just outside
   // (31x31 output) that stays direct.
-  dist::engine<dist::cpu> wino, direct{{.conv_winograd = false}}, ref{{.reference = true}};
+  // (Winograd by the rule: the timed choice has its own test.)
+  dist::engine<dist::cpu> wino{{.cpu_conv_choice = dist::conv_choice::rule}}, direct{{.conv_winograd = false}}, ref{{.reference = true}};
   const auto eligible = {conv_geometry::of(2, 32, 34, 34, 32, 3, 1, 0), conv_geometry::of(1, 64, 40, 36, 48, 3, 1, 1)};
   const auto outside = conv_geometry::of(2, 32, 33, 33, 32, 3, 1, 0);
 #if defined(DISTRIBUTE_USE_DNNL)
@@ -152,7 +153,7 @@ BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_i
   const auto x = random_values(g.input_size(), 21), w = random_values(g.weight_size(), 22);
   std::vector<float> y(static_cast<std::size_t>(g.output_size())), again(y.size());
   wino.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), y.data());
-  dist::engine<dist::cpu> other;
+  dist::engine<dist::cpu> other{{.cpu_conv_choice = dist::conv_choice::rule}};
   other.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), again.data());
   BOOST_TEST((y == again));
 }
@@ -385,8 +386,9 @@ BOOST_AUTO_TEST_CASE(adapt_threads_steps_down_while_other_threads_keep_the_cores
 // image's 3, a 3-channel output, 4 in blocks of 8), Winograd's and direct kernels, oneDNN's gemm-based
 // bfloat16 weight gradient (plain weights: its pieces add into the caller's block as they are), the
 // gradients of a convolution that swaps sides, and with and without a bias.
-BOOST_AUTO_TEST_CASE(every_count_in_use_gives_the_same_bits) {
-  const std::vector<conv_geometry> geometries{
+// The convolutions whose passes the count-in-use tests run: the library's layers' kinds of shape.
+const std::vector<conv_geometry>& count_in_use_geometries() {
+  static const std::vector<conv_geometry> geometries{
       conv_geometry::of(1, 3, 38, 38, 32, 7, 1, 0),    conv_geometry::of(1, 32, 34, 34, 64, 3, 2, 1),
       conv_geometry::of(1, 64, 34, 34, 64, 3, 1, 0),   conv_geometry::of(1, 32, 38, 38, 3, 7, 1, 0),
       conv_geometry::of(4, 16, 18, 18, 16, 3, 1, 0),   conv_geometry::of(5, 32, 36, 36, 48, 3, 1, 0),
@@ -394,6 +396,11 @@ BOOST_AUTO_TEST_CASE(every_count_in_use_gives_the_same_bits) {
       conv_geometry::of(2, 4, 8, 7, 4, 3, 1, 0),   // (oneDNN blocks 4 channels by 8 on AVX2 and AVX-512)
       conv_geometry::of(3, 16, 21, 19, 1, 4, 1, 1),   // one channel out: the swapped convolution's passes
       conv_geometry::of(1, 3, 40, 40, 32, 7, 1, 6)};  // (bfloat16: oneDNN's gemm-based kernel, plain weights)
+  return geometries;
+}
+
+BOOST_AUTO_TEST_CASE(every_count_in_use_gives_the_same_bits) {
+  const auto& geometries = count_in_use_geometries();
   std::vector<bool> precisions{false};
   if (dist::detail::cpu_has_bf16_units()) precisions.push_back(true);
   for (const bool half : precisions)
@@ -463,6 +470,157 @@ BOOST_AUTO_TEST_CASE(every_count_in_use_gives_the_same_bits) {
 }
 
 #if DISTRIBUTE_HAS_DNNL
+// Which passes may run on fewer threads than configured is a rule of the kernel oneDNN names, not of
+// the CPU the suite runs on: kernels of other CPUs (AMX, brgemm) by their names, then every pass of the
+// count-in-use geometries as this CPU's oneDNN makes them, checked against the rule and listed with
+// the ISA (so a log says whether AMX kernels were exercised). every_count_in_use_gives_the_same_bits
+// checks the bits the engine gets by it.
+BOOST_AUTO_TEST_CASE(passes_run_on_fewer_threads_only_where_their_kernel_keeps_its_order) {
+  using conv = dist::detail::dnnl_conv;
+  using rule = conv::thread_rule;
+  using pass = conv::pass;
+  // Names oneDNN 2.6 and 3.x report on AVX-512, Zen 4, and Sapphire Rapids with AMX.
+  BOOST_TEST((conv::rule_for(pass::forward, "jit:avx512_core", false) == rule::per_output));
+  BOOST_TEST((conv::rule_for(pass::forward, "jit_wino_4x3:avx512_core", false) == rule::per_output));
+  BOOST_TEST((conv::rule_for(pass::forward, "jit:avx512_core_bf16", false) == rule::per_output));
+  BOOST_TEST((conv::rule_for(pass::forward, "jit_bf16:avx512_core_bf16", false) == rule::per_output));
+  BOOST_TEST((conv::rule_for(pass::forward, "ref:any", false) == rule::per_output));
+  BOOST_TEST((conv::rule_for(pass::backward_data, "jit:avx2", false) ==
+              (conv::data_gradient_follows_thread_count ? rule::fixed_count : rule::per_output)));
+  BOOST_TEST((conv::rule_for(pass::forward, "gemm:jit", false) == rule::fixed_count));
+  BOOST_TEST((conv::rule_for(pass::backward_data, "x64:gemm:jit", false) == rule::fixed_count));
+  BOOST_TEST((conv::rule_for(pass::forward, "jit:avx512_core_amx_bf16", false) == rule::fixed_count));
+  BOOST_TEST((conv::rule_for(pass::forward, "brgconv:avx512_core_amx_bf16", false) == rule::fixed_count));
+  BOOST_TEST((conv::rule_for(pass::backward_data, "brgconv_strided:avx10_1_512_amx", false) == rule::fixed_count));
+  BOOST_TEST((conv::rule_for(pass::forward, "some_future_kernel:avx10_2", false) == rule::fixed_count));
+  // A weight gradient oneDNN computes whole splits the batch between its threads (the AMX one that
+  // made the bits follow the count), whatever its name; in pieces it keeps them with any.
+  BOOST_TEST((conv::rule_for(pass::backward_weights, "jit:avx512_core_amx_bf16", false) == rule::fixed_count));
+  BOOST_TEST((conv::rule_for(pass::backward_weights, "jit:avx512_core", false) == rule::fixed_count));
+  BOOST_TEST((conv::rule_for(pass::backward_weights, "jit:avx512_core_amx_bf16", true) == rule::pieces));
+
+  BOOST_TEST_MESSAGE("oneDNN " << conv::library() << " on ISA " << conv::isa());
+  std::vector<bool> precisions{false};
+  if (dist::detail::cpu_has_bf16_units()) precisions.push_back(true);
+  int fewer = 0, configured = 0;
+  for (const bool half : precisions)
+    for (const auto& g : count_in_use_geometries())
+      for (const pass which : {pass::forward, pass::backward_data, pass::backward_weights})
+        for (const bool bias : {false, true}) {
+          if (which == pass::backward_data && bias) continue;
+          const bool wino = conv::winograd_pays(g) && conv::has_winograd();
+          conv d{3};
+          const dist::detail::openmp_thread_count all{3};
+          const std::string kernel = d.implementation(which, g, bias, half, wino);
+          if (kernel.empty()) continue;  // no bfloat16 kernel: the engine computes it another way
+          const rule r = d.rule(which, g, bias, half, wino);
+          const bool pieces = which == pass::backward_weights && d.in_pieces(g, bias, half, wino);
+          BOOST_TEST_MESSAGE(g.to_string() << (half ? " bf16 " : " f32 ") << static_cast<int>(which) << " bias " << bias << ": "
+                                           << kernel << ": " << conv::to_string(r));
+          // The plan's rule is the rule of its kernel's name; a weight gradient never runs on fewer
+          // threads unless in pieces, nor does a kernel the rule does not know.
+          BOOST_TEST((r == conv::rule_for(which, kernel, pieces)), g.to_string() << " " << kernel);
+          if (which == pass::backward_weights) BOOST_TEST((r != rule::per_output), g.to_string() << " " << kernel);
+          if (r == rule::fixed_count) ++configured;
+          else ++fewer;
+        }
+  BOOST_TEST_MESSAGE(fewer << " passes may run on fewer threads than configured, " << configured << " on the configured count");
+  BOOST_TEST(fewer + configured > 0);
+}
+
+// Where a pass could run Winograd or the direct kernel, the timed choice (the default) keeps the
+// faster by the margin, once, before the pass's first result: with a timer that makes the direct
+// kernel faster the engine computes direct convolution's bits (those of conv_winograd = false) at
+// every step, times each candidate once, and reports the choice; a Winograd that is not slower by a
+// third keeps Winograd; `rule` never times. In float32 and, where the CPU has bf16 units, bfloat16.
+BOOST_AUTO_TEST_CASE(the_timed_kernel_choice_keeps_the_faster_once_and_its_bits_after) {
+  const auto g = conv_geometry::of(1, 32, 34, 34, 32, 3, 1, 0);
+  BOOST_TEST_REQUIRE(dist::detail::dnnl_conv::winograd_pays(g));
+  if (!dist::detail::dnnl_conv::has_winograd()) {
+    BOOST_TEST_MESSAGE("oneDNN has no Winograd kernel here: nothing to choose between");
+    return;
+  }
+  const auto x = random_values(g.input_size(), 41), w = random_values(g.weight_size(), 42), dy = random_values(g.output_size(), 43);
+  const auto steps = [&](dist::engine<dist::cpu>& e) {
+    std::vector<std::vector<float>> out;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size()));
+      std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.0f);
+      e.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), y.data());
+      e.conv_backward(g, x.data(), dy.data(), w.data(), dx.data(), dw.data(), static_cast<float*>(nullptr));
+      y.insert(y.end(), dx.begin(), dx.end());
+      y.insert(y.end(), dw.begin(), dw.end());
+      out.push_back(std::move(y));
+    }
+    return out;
+  };
+  std::vector<bool> precisions{false};
+  if (dist::detail::cpu_has_bf16_units()) precisions.push_back(true);
+  for (const bool half : precisions) {
+    const auto precision = half ? dist::compute_precision::bfloat16 : dist::compute_precision::float32;
+    const auto make = [&](dist::engine_options o) {
+      o.threads = 2;
+      o.precision = precision;
+      return o;
+    };
+    dist::engine<dist::cpu> wino{make({.cpu_conv_choice = dist::conv_choice::rule})}, direct{make({.conv_winograd = false})};
+    const auto wino_bits = steps(wino), direct_bits = steps(direct);
+    BOOST_TEST_REQUIRE((wino_bits[0] != direct_bits[0]), "Winograd and direct give other bits (half " << half << ")");
+
+    // Direct takes 0.6 of Winograd's time: the engine takes it, and computes its bits at every step.
+    int timed = 0;
+    dist::engine<dist::cpu> faster_direct{make({})};
+    faster_direct.set_conv_timer([&](const dist::conv_choice_record& r, bool winograd) {
+      ++timed;
+      BOOST_TEST((r.geometry == g));
+      return winograd ? 1.0 : 0.6;
+    });
+    const auto chose_direct = steps(faster_direct);
+    for (const auto& step : chose_direct) BOOST_TEST((step == direct_bits[0]), "half " << half);
+    BOOST_TEST(timed == 6);  // two candidates, three passes, once
+    const auto choices = faster_direct.conv_choices();
+    BOOST_TEST_REQUIRE(choices.size() == 3u);
+    for (const auto& c : choices) {
+      BOOST_TEST(!c.winograd);
+      BOOST_TEST((c.precision == precision));
+      BOOST_TEST(c.direct_seconds == 0.6);
+      BOOST_TEST_MESSAGE(c.to_string());
+    }
+
+    // Direct at 0.7 of Winograd's time is inside the margin: Winograd stays.
+    dist::engine<dist::cpu> close{make({})};
+    close.set_conv_timer([](const dist::conv_choice_record&, bool winograd) { return winograd ? 1.0 : 0.7; });
+    for (const auto& step : steps(close)) BOOST_TEST((step == wino_bits[0]), "half " << half);
+    for (const auto& c : close.conv_choices()) BOOST_TEST(c.winograd);
+
+    // The rule times nothing.
+    dist::engine<dist::cpu> ruled{make({.cpu_conv_choice = dist::conv_choice::rule})};
+    ruled.set_conv_timer([&](const dist::conv_choice_record&, bool) {
+      BOOST_FAIL("the rule timed a pass");
+      return 0.0;
+    });
+    BOOST_TEST((steps(ruled)[2] == wino_bits[0]));
+    BOOST_TEST(ruled.conv_choices().empty());
+  }
+  // Timed for real, the choice is made once per case for the process and reported with its times.
+  dist::engine<dist::cpu> real{{.threads = 2}}, again{{.threads = 2}};
+  const auto first = steps(real);
+  BOOST_TEST((first[2] == first[0]));
+  BOOST_TEST((steps(again)[0] == first[0]), "a second engine of the process uses the same choices");
+  std::size_t ours = 0;
+  conv_geometry other_batch = g;
+  other_batch.batch = 5;
+  for (const auto& c : real.conv_choices())
+    if (c.same_case({.pass = c.pass, .geometry = other_batch, .precision = dist::compute_precision::float32})) {
+      ++ours;
+      BOOST_TEST(c.winograd_seconds > 0.0);
+      BOOST_TEST(c.direct_seconds > 0.0);
+      BOOST_TEST(c.winograd == !(c.direct_seconds * 1.5 <= c.winograd_seconds));
+      BOOST_TEST_MESSAGE("timed here: " << c.to_string());
+    }
+  BOOST_TEST(ours == 3u);
+}
+
 // The grid of a weight gradient's pieces reads the geometry and the configured count only: as many
 // runs of examples as the batch allows, then blocks of 16 input channels, then output channels.
 BOOST_AUTO_TEST_CASE(weight_gradients_in_pieces_follow_the_geometry_and_the_configured_count) {
@@ -919,7 +1077,8 @@ BOOST_AUTO_TEST_CASE(bfloat16_convolutions_and_products_on_a_cpu_with_bf16_units
     const auto x = values(static_cast<std::size_t>(g.input_size()), 31), w = values(static_cast<std::size_t>(g.weight_size()), 32);
     const auto dy = values(static_cast<std::size_t>(g.output_size()), 33);
     auto run = [&](compute_precision p, const std::vector<float>& xs, const std::vector<float>& ws, const std::vector<float>& dys) {
-      dist::engine<dist::cpu> e{{.threads = 1}};
+      // (Winograd by the rule: timed, a CPU with AMX takes oneDNN's bfloat16 kernel, which is faster there.)
+      dist::engine<dist::cpu> e{{.threads = 1, .cpu_conv_choice = dist::conv_choice::rule}};
       e.use_precision(p);
       std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size()));
       std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.0f), db(static_cast<std::size_t>(g.out_channels), 0.0f);

@@ -13,17 +13,19 @@
 // count in use, active_threads().
 //
 // No result depends on the count in use. The engine's passes sum in a fixed order of their own;
-// oneDNN's forward and data-gradient kernels give each output one thread (oneDNN 2.x; with 3.x the
-// data gradients run on the configured count always, dnnl_conv::data_gradient_follows_thread_count);
-// oneDNN's weight gradients (whose kernels split their sums between threads) run as a grid of
-// one-thread pieces fixed by the geometry and the configured count (detail/dnnl_conv.hpp), and
-// matrix products as parts of one thread each, fixed the same way (detail/eigen_gemm.hpp). A
-// configuration (replicas, threads()) gives the same bits from run to run whatever the machine's
-// load did.
+// a oneDNN pass runs on the count in use only where its kernel gives each output one thread, or where
+// it is a weight gradient cut into one-thread pieces fixed by the geometry and the configured count,
+// and the configured count would get the same kernel; every other oneDNN pass (weight gradients oneDNN
+// would not cut, the AMX, brgemm and sgemm-based kernels, any kernel not known to keep its order, the
+// data gradients of oneDNN 3.x) runs on the configured count always (dnnl_conv's thread_rule, by the
+// kernel oneDNN reports on this CPU). Matrix products run as parts of one thread each, fixed the same
+// way (detail/eigen_gemm.hpp). A configuration (replicas, threads()) gives the same bits from run to
+// run whatever the machine's load did.
 
 #include <distribute/bfloat16.hpp>
 #include <distribute/detail/hardware.hpp>
 #include <distribute/device/cpu.hpp>
+#include <distribute/engine/conv_choices.hpp>
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/engine/detail/arena.hpp>
 #include <distribute/engine/detail/eigen_gemm.hpp>
@@ -53,16 +55,21 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace distribute {
@@ -134,7 +141,9 @@ class engine<cpu> {
 #if DISTRIBUTE_HAS_DNNL
     if (uses_dnnl<float>()) {
       convolutions = detail::dnnl_conv::library();
-      if (options_.conv_winograd && detail::dnnl_conv::has_winograd()) convolutions += " (Winograd for wide 3x3 convolutions)";
+      if (options_.conv_winograd && detail::dnnl_conv::has_winograd())
+        convolutions += options_.cpu_conv_choice == conv_choice::rule ? " (Winograd for wide 3x3 convolutions)"
+                                                                       : " (Winograd for wide 3x3 convolutions where timed faster)";
     }
 #endif
     return convolutions + ", " +
@@ -145,6 +154,16 @@ class engine<cpu> {
            " asked for, one used (built without OpenMP)";
 #endif
   }
+  // The choices between Winograd and the direct kernel this process made by timing
+  // (engine_options::cpu_conv_choice), with the times, in the order they were made: those of every
+  // engine of the process (one table), or of this engine alone where set_conv_timer was called.
+  std::vector<conv_choice_record> conv_choices() const {
+    return conv_timer_ ? own_choices_.all() : detail::shared_conv_choices().all();
+  }
+  // For tests: `timer(record, winograd)` gives the seconds each candidate takes in place of running
+  // it, and this engine keeps its choices apart from the process's.
+  void set_conv_timer(std::function<double(const conv_choice_record&, bool winograd)> timer) { conv_timer_ = std::move(timer); }
+
   // Scratch memory held, in bytes.
   std::size_t scratch_bytes() const noexcept { return arena_.bytes(); }
   detail::arena& scratch() noexcept { return arena_; }
@@ -159,7 +178,8 @@ class engine<cpu> {
       T* yn = y + n * per_output(g);
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && through_dnnl(e, xn, w, [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+        if (use_dnnl(e) && through_dnnl(e, xn, w, detail::dnnl_conv::pass::forward, bias != nullptr,
+                                        [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
               return d.forward(e, a, b, bias, yn, arena_, h, wino, round);
             }))
           return;
@@ -320,12 +340,10 @@ class engine<cpu> {
   void backward_data_of(const conv_geometry& e, const T* dy, const T* w, T* dx) {
 #if DISTRIBUTE_HAS_DNNL
     if constexpr (std::is_same_v<T, float>)
-      if (use_dnnl(e) && through_dnnl(
-                             e, dy, w,
-                             [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
-                               return d.backward_data(e, a, b, dx, arena_, h, wino, round);
-                             },
-                             detail::dnnl_conv::data_gradient_follows_thread_count))
+      if (use_dnnl(e) && through_dnnl(e, dy, w, detail::dnnl_conv::pass::backward_data, false,
+                                      [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+                                        return d.backward_data(e, a, b, dx, arena_, h, wino, round);
+                                      }))
         return;
 #endif
     enter_openmp();
@@ -336,7 +354,8 @@ class engine<cpu> {
   void backward_weights_of(const conv_geometry& e, const T* x, const T* dy, T* dw, T* db) {
 #if DISTRIBUTE_HAS_DNNL
     if constexpr (std::is_same_v<T, float>)
-      if (use_dnnl(e) && through_dnnl(e, x, dy, [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+      if (use_dnnl(e) && through_dnnl(e, x, dy, detail::dnnl_conv::pass::backward_weights, db != nullptr,
+                                      [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
             return d.backward_weights(e, a, b, dw, db, arena_, h, wino, round);
           }))
         return;
@@ -488,41 +507,105 @@ class engine<cpu> {
 
 #if DISTRIBUTE_HAS_DNNL
   bool use_dnnl(const conv_geometry& g) const noexcept { return !options_.reference && detail::dnnl_conv::supports(g); }
-  // Winograd's kernel where it is faster (detail::dnnl_conv::winograd_pays) and the options allow it.
-  bool winograd(const conv_geometry& g) const noexcept {
-    return options_.conv_winograd && !half() && detail::dnnl_conv::winograd_pays(g);
+  // Whether pass `which` of e runs Winograd (in bfloat16: float32 Winograd on its inputs rounded to
+  // bfloat16, as oneDNN's bfloat16 kernels read them: the same values) rather than the direct kernel
+  // (in bfloat16 oneDNN's bfloat16 one). Only where Winograd applies (conv_winograd, winograd_pays,
+  // and a oneDNN with the kernel); there by engine_options::cpu_conv_choice: `rule` always, `timed`
+  // (the default) unless the direct kernel took at most two thirds of Winograd's time when the two
+  // were timed at the pass's first run, on its own inputs (a and b, as through_dnnl gets them).
+  // The choice is kept for the process (conv_choices()), shared by every engine and every batch
+  // size, so that all replicas of a run, and every later step, compute alike.
+  bool winograd_for(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a, const float* b, bool bias) {
+    if (!options_.conv_winograd || !detail::dnnl_conv::winograd_pays(e) || !detail::dnnl_conv::has_winograd()) return false;
+    if (options_.cpu_conv_choice == conv_choice::rule) return true;
+    const conv_choice_record wanted{static_cast<conv_pass>(which), e, precision_ == compute_precision::bfloat16 ? compute_precision::bfloat16
+                                                                                                          : compute_precision::float32,
+                                    threads_};
+    auto& table = conv_timer_ ? own_choices_ : detail::shared_conv_choices();
+    if (const auto* known = table.find(wanted)) return known->winograd;
+    return table.decide(wanted, [&](conv_choice_record& r) {
+      r.winograd_seconds = conv_timer_ ? conv_timer_(r, true) : time_pass(which, e, a, b, bias, true);
+      r.direct_seconds = conv_timer_ ? conv_timer_(r, false) : time_pass(which, e, a, b, bias, false);
+      r.winograd = !(r.direct_seconds * 1.5 <= r.winograd_seconds);
+    }).winograd;
   }
-  // In bfloat16, where Winograd pays and oneDNN has it: the convolution reads its inputs rounded to
-  // bfloat16, as oneDNN's bfloat16 kernels do, and computes in float32 with Winograd's kernel, which
-  // there is faster than the bfloat16 direct one (a residual block's convolution at the paper's size:
-  // docs/benchmarks.md). The result is a float32 convolution of the bfloat16 inputs either way.
-  bool winograd_on_rounded(const conv_geometry& g) const {
-    return options_.conv_winograd && half() && detail::dnnl_conv::winograd_pays(g) && detail::dnnl_conv::has_winograd();
+  // The best of two runs of a pass of e (after one that makes its plans), in seconds, on scratch
+  // outputs; infinity where oneDNN has no kernel for it.
+  double time_pass(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a, const float* b, bool bias, bool wino) {
+    using pass = detail::dnnl_conv::pass;
+    const bool h = !wino && half(), round = wino && half();
+    std::vector<float> out(static_cast<std::size_t>(which == pass::forward          ? e.output_size()
+                                                    : which == pass::backward_data ? e.input_size()
+                                                                                    : e.weight_size()),
+                           0.0f);
+    std::vector<float> channels(static_cast<std::size_t>(e.out_channels), 0.0f);
+    float* per_channel = bias ? channels.data() : nullptr;
+    double best = std::numeric_limits<double>::infinity();
+    for (int run = 0; run < 3; ++run) {
+      enter_openmp();
+      const std::pair<pass, bool> one{which, bias};
+      detail::dnnl_conv& d = dnnl_now({&one, 1}, e, h, wino);
+      const auto start = std::chrono::steady_clock::now();
+      const bool ran = which == pass::forward         ? d.forward(e, a, b, per_channel, out.data(), arena_, h, wino, round)
+                       : which == pass::backward_data ? d.backward_data(e, a, b, out.data(), arena_, h, wino, round)
+                                                      : d.backward_weights(e, a, b, out.data(), per_channel, arena_, h, wino, round);
+      if (!ran) return std::numeric_limits<double>::infinity();
+      if (run > 0) best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
   }
   // One convolution pass through oneDNN on its two inputs `a` and `b`: `pass(plans, a, b, half,
   // winograd, round)` runs it and returns false where oneDNN has no kernel for it (the reference computes it
-  // then). In bfloat16 where Winograd pays (winograd_on_rounded) it runs in float32 on its inputs
+  // then). In bfloat16 where Winograd runs (winograd_for) it runs in float32 on its inputs
   // rounded to bfloat16 (`round`: oneDNN's layouts are written rounded, dnnl_conv.hpp). It runs on
-  // the plans and threads of the count in use, or with `whole_team` on all threads(), always (a pass
-  // whose sums oneDNN splits by the count it was made for, dnnl_conv::data_gradient_follows_thread_count).
+  // the plans and threads dnnl_now picks for it.
   template <class Pass>
-  bool through_dnnl(const conv_geometry& e, const float* a, const float* b, Pass&& pass, bool whole_team = false) {
+  bool through_dnnl(const conv_geometry& e, const float* a, const float* b, detail::dnnl_conv::pass which, bool bias, Pass&& pass) {
+    const bool wino = winograd_for(which, e, a, b, bias);
     enter_openmp();
-#if defined(_OPENMP)
-    if (whole_team) omp_set_num_threads(threads_);
-#endif
-    detail::dnnl_conv& d = dnnl(whole_team ? threads_ : active_);
-    if (winograd_on_rounded(e)) return pass(d, a, b, false, true, true);
-    return pass(d, a, b, half(), winograd(e), false);
+    const bool rounded = wino && half(), h = !wino && half();
+    const std::pair<detail::dnnl_conv::pass, bool> one{which, bias};
+    return pass(dnnl_now({&one, 1}, e, h, wino), a, b, h, wino, rounded);
   }
   // conv_backward's two passes through oneDNN (dnnl_conv::backward), on inputs rounded to bfloat16
-  // once for both where Winograd runs on them; false where oneDNN has no kernel for either, or where
-  // the data gradient runs on the whole team (through_dnnl): the caller then runs them one by one.
+  // once for both where Winograd runs on them; false where oneDNN has no kernel for either, where
+  // their kernels were chosen apart (winograd_for), or where either pass must run on the configured
+  // count while fewer are in use (dnnl_now): the caller then runs them one by one.
   bool both_through_dnnl(const conv_geometry& e, const float* x, const float* dy, const float* w, float* dx, float* dw, float* db) {
-    if (dx && detail::dnnl_conv::data_gradient_follows_thread_count) return false;
+    using pass = detail::dnnl_conv::pass;
+    const bool wino = winograd_for(pass::backward_weights, e, x, dy, db != nullptr);
+    if (dx && winograd_for(pass::backward_data, e, dy, w, false) != wino) return false;  // (chosen apart)
     enter_openmp();
-    if (winograd_on_rounded(e)) return dnnl(active_).backward(e, x, dy, w, dx, dw, db, arena_, false, true, true);
-    return dnnl(active_).backward(e, x, dy, w, dx, dw, db, arena_, half(), winograd(e));
+    const bool rounded = wino && half(), h = !wino && half();
+    const std::array<std::pair<pass, bool>, 2> both{{{pass::backward_weights, db != nullptr}, {pass::backward_data, false}}};
+    detail::dnnl_conv& d = dnnl_now(std::span{both}.first(dx ? 2 : 1), e, h, wino);
+    if (&d != &dnnl(active_)) return false;
+    return d.backward(e, x, dy, w, dx, dw, db, arena_, h, wino, rounded);
+  }
+  // The plans, and the OpenMP thread count, that passes of e (each with or without bias) run on now:
+  // those of the count in use where every pass keeps its bits on any count (dnnl_conv's thread_rule)
+  // with the kernel the configured count gets too; otherwise the configured count's, on all threads(),
+  // so that no result follows the count in use (engine_options::adapt_threads).
+  detail::dnnl_conv& dnnl_now(std::span<const std::pair<detail::dnnl_conv::pass, bool>> passes, const conv_geometry& e, bool h,
+                              bool wino) {
+    detail::dnnl_conv& now = dnnl(active_);
+    if (active_ == threads_) return now;
+    detail::dnnl_conv& configured = dnnl(threads_);
+    bool keeps = true;
+    for (const auto& [which, bias] : passes) {
+      std::string kernel;
+      {
+        const detail::openmp_thread_count all{threads_};  // (its plan is made for them)
+        kernel = configured.implementation(which, e, bias, h, wino);
+      }
+      keeps = keeps && now.rule(which, e, bias, h, wino) != detail::dnnl_conv::thread_rule::fixed_count &&
+              now.implementation(which, e, bias, h, wino) == kernel;
+    }
+    if (keeps) return now;
+#if defined(_OPENMP)
+    omp_set_num_threads(threads_);
+#endif
+    return configured;
   }
   // The plans of a thread count: oneDNN fixes a primitive's thread count when it makes it.
   detail::dnnl_conv& dnnl(int count) {
@@ -531,6 +614,8 @@ class engine<cpu> {
     return *static_cast<detail::dnnl_conv*>(d.get());
   }
 #endif
+  std::function<double(const conv_choice_record&, bool)> conv_timer_;
+  detail::conv_choice_table own_choices_;
   // The oneDNN plans per thread count (one count unless adapt_threads), made on first use.
   std::vector<std::shared_ptr<void>> dnnl_;
 

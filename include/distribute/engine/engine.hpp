@@ -53,6 +53,18 @@ constexpr bool is_half(compute_precision p) noexcept {
   return p == compute_precision::bfloat16 || p == compute_precision::float16;
 }
 
+// A convolution's three passes, for the choices an engine reports.
+enum class conv_pass : std::uint8_t { forward, backward_data, backward_weights };
+inline const char* to_string(conv_pass p) noexcept {
+  return p == conv_pass::forward ? "forward" : p == conv_pass::backward_data ? "data gradient" : "weight gradient";
+}
+
+// How a CPU engine picks between two ways oneDNN can compute a convolution pass (engine_options).
+enum class conv_choice : std::uint8_t {
+  timed,  // timed on this machine at the pass's first run: the faster, by a margin
+  rule,   // the rule written in the library (winograd_pays), measured on a Zen 4
+};
+
 // How an engine computes. Every field has a default that suits training.
 struct engine_options {
   // Threads of this replica's engine; 0 takes the replica's share of the cores this process may run
@@ -88,6 +100,17 @@ struct engine_options {
   // convolution is direct, as PyTorch's CPU convolutions are. GPU engines ignore it (cuDNN's
   // heuristics choose their algorithms).
   bool conv_winograd = true;
+  // CPU engines: where a pass could run either way (the convolutions `conv_winograd` takes to
+  // Winograd: in float32 Winograd or direct; in bfloat16 float32 Winograd on the inputs rounded to
+  // bfloat16, or oneDNN's bfloat16 direct kernel), `timed` times both on this machine at the pass's
+  // first run (the shape, the pass, the precision: best of two runs each, on scratch outputs) and keeps
+  // Winograd unless the direct kernel takes at most two thirds of its time; `rule` always takes
+  // Winograd there. Winograd wins by 2.5-3x on AVX-512 CPUs without AMX (a Zen 4 measured it), where
+  // the timed choice keeps it; on a CPU with AMX oneDNN's bfloat16 direct kernels beat it by about
+  // 2.6x, and the timed choice takes them. The choice is made once per engine and shape, before the
+  // pass's first result, so a run's later steps compute alike; two runs choose alike unless the two
+  // times sit at the margin (engine<cpu>::conv_choices() reports them; `rule` fixes the choice).
+  conv_choice cpu_conv_choice = conv_choice::timed;
   // GPU engines: whether float convolutions and matrix products may use TF32 tensor cores (a 10-bit
   // mantissa in the products, float accumulation: about 1e-3 relative, several times faster). Off,
   // they compute in float32 throughout and match the CPU engine to float rounding. The CPU engine

@@ -82,10 +82,25 @@
 // each run sums into its own buffer and the runs are added in order. The pieces read x and dy in the
 // layouts oneDNN chose for the whole pass, where an example's block of 16 channels is contiguous
 // (plain nchw, or channels in blocks of 8 or 16); in channels-last layouts the grid splits only the
-// examples. Where oneDNN chose another layout, or would compute a piece with its reference kernel but
-// not the whole pass, the weight gradient stays one primitive on the threads in use (its last bits may
-// then follow their count; the engine tests check the shapes of the library's layers on the machine
-// they run on).
+// examples. Where oneDNN chose another layout, where the grid has fewer pieces than the configured
+// count of threads, or where oneDNN would compute a piece with its reference kernel but not the whole
+// pass, the weight gradient stays one primitive, and its rule (below) is to run on the configured
+// count of threads always.
+//
+// Which passes keep their bits on any count of threads (`thread_rule`, per plan, from the kernel
+// oneDNN reports). Not the kernel a CPU happens to pick: a pass runs on the count in use only where
+// its kernel is one whose sums are known to be split by output and not by thread (oneDNN's direct
+// `jit:` kernels on AVX2 and AVX-512, `jit_bf16`, Winograd, and the reference kernels: each output is
+// one thread's fixed loop over channels and window), or where it is a weight gradient in one-thread
+// pieces. Every other kernel runs on the configured count whatever the count in use
+// (`fixed_count`): oneDNN's weight gradients unsliced (their threads split the batch and add their
+// partial sums: jit_avx512_core_amx_convolution_bwd_weights_t and brgemm's bwd_w balance the batch
+// over the threads the primitive was made for, then accumulate thread by thread), the kernels built
+// on sgemm (`gemm:`; its driver may split the sum dimension between threads), the AMX and brgemm
+// kernels (`amx`, `brg`: their blockings are chosen for the thread count, as 3.x's strided data
+// gradient is measured to do), the data gradients of oneDNN 3.x, and any kernel not named here. On a
+// CPU with AMX that keeps the bits of a configuration fixed at the price of not shedding threads on
+// those passes when the machine is busy (engine_options::adapt_threads).
 
 #include <distribute/bfloat16.hpp>
 #include <distribute/engine/conv_geometry.hpp>
@@ -105,6 +120,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -122,6 +138,46 @@ class dnnl_conv {
   // true, the CPU engine runs data gradients on its configured count of threads whatever the count in
   // use, so that their bits do not follow the load.
   static constexpr bool data_gradient_follows_thread_count = DNNL_VERSION_MAJOR >= 3;
+
+  // How a pass keeps its bits whatever the count of threads in use (above).
+  enum class thread_rule : std::uint8_t {
+    per_output,   // its kernel sums each output on one thread in a fixed order: any count in use
+    pieces,       // a weight gradient in one-thread pieces: any count in use
+    fixed_count,  // its kernel's sums may follow the thread count: the configured count always
+  };
+  // The rule for a pass by the kernel oneDNN chose for it (`impl`, its implementation name) and
+  // whether it is a weight gradient in pieces.
+  static thread_rule rule_for(pass which, const std::string& impl, bool in_pieces) noexcept {
+    if (in_pieces) return thread_rule::pieces;
+    if (which == pass::backward_weights) return thread_rule::fixed_count;
+    if (which == pass::backward_data && data_gradient_follows_thread_count) return thread_rule::fixed_count;
+    const auto has = [&](const char* part) { return impl.find(part) != std::string::npos; };
+    if (has("amx") || has("brg") || has("gemm")) return thread_rule::fixed_count;
+    if (has("ref") || impl.rfind("jit:", 0) == 0 || impl.rfind("jit_bf16:", 0) == 0 || impl.rfind("jit_wino", 0) == 0)
+      return thread_rule::per_output;
+    return thread_rule::fixed_count;
+  }
+  static const char* to_string(thread_rule r) noexcept {
+    switch (r) {
+      case thread_rule::per_output: return "one thread per output";
+      case thread_rule::pieces: return "one-thread pieces";
+      case thread_rule::fixed_count: return "the configured count";
+    }
+    return "?";
+  }
+  // The ISA oneDNN dispatches to on this CPU, for logs and tests: "avx512_core_amx", "avx512_core_bf16", ...
+  static std::string isa() {
+    switch (dnnl_get_effective_cpu_isa()) {
+      case dnnl_cpu_isa_sse41: return "sse41";
+      case dnnl_cpu_isa_avx: return "avx";
+      case dnnl_cpu_isa_avx2: return "avx2";
+      case dnnl_cpu_isa_avx512_core: return "avx512_core";
+      case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+      case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+      case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+      default: return "isa " + std::to_string(static_cast<int>(dnnl_get_effective_cpu_isa()));
+    }
+  }
 
   // `pieces`: the weight gradients' grid (above); 1 computes each as one primitive on the calling
   // thread's OpenMP threads.
@@ -256,8 +312,16 @@ class dnnl_conv {
   // "jit_wino_4x3:avx512_core"), for logs and benchmarks; "" where `half` has no kernel.
   // The gradients of a convolution that swaps_sides name the swapped convolution's kernels.
   std::string implementation(pass which, const conv_geometry& g, bool bias, bool half = false, bool winograd = false) {
-    const plan* p = plan_of(which, g, bias, half, winograd);
+    const plan* p = pass_plan(which, g, bias, half, winograd);
     return p ? p->impl : std::string();
+  }
+  // The rule by which a pass keeps its bits on any count of threads in use (above), for the plan the
+  // pass runs on (made here if it is not yet); per_output where `half` has no kernel (the caller
+  // computes the pass another way). The swapped convolution's data gradient is its forward; a data
+  // gradient split at its border is its inside's Winograd pass and edges of one thread each.
+  thread_rule rule(pass which, const conv_geometry& g, bool bias, bool half = false, bool winograd = false) {
+    const plan* p = pass_plan(which, g, bias, half, winograd);
+    return p ? p->rule : thread_rule::per_output;
   }
   std::size_t plans() const noexcept { return plans_.size(); }
   // The reorders run so far (into and out of the primitives' layouts), for tests and logs.
@@ -277,6 +341,11 @@ class dnnl_conv {
     grid shape = p->sliced->shape;
     if (swaps_sides(g)) std::swap(shape.out_blocks, shape.in_blocks);
     return shape;
+  }
+  // Whether a weight gradient of g is computed in pieces (above), for tests and logs.
+  bool in_pieces(const conv_geometry& g, bool bias, bool half = false, bool winograd = false) {
+    const plan* p = plan_of(pass::backward_weights, g, bias, half, winograd);
+    return p && p->sliced;
   }
   // The passes computed through a swapped convolution so far (swaps_sides), for tests.
   std::size_t swapped_passes() const noexcept { return swapped_passes_; }
@@ -536,6 +605,7 @@ class dnnl_conv {
   struct plan {
     primitive_handle prim;
     std::string impl;
+    thread_rule rule = thread_rule::fixed_count;
     std::size_t scratchpad_bytes = 0;
     memory scratchpad, bias;
     operand a, b, c;  // forward: src, weights, dst; data gradient: diff_dst, weights, diff_src;
@@ -749,6 +819,13 @@ class dnnl_conv {
     }
   }
 
+  // The plan a pass of g runs on as forward, backward_data and backward_weights run it: plan_of, and
+  // for a data gradient split at its border (data_plan_for) its inside's.
+  plan* pass_plan(pass which, const conv_geometry& g, bool bias, bool half, bool winograd) {
+    if (which == pass::backward_data && !swaps_sides(g)) return data_plan_for(g, half, winograd);
+    return plan_of(which, g, bias, half, winograd);
+  }
+
   // The plan a pass of g runs on: for the gradients of a convolution that swaps_sides, the swapped
   // convolution's forward (the data gradient) or weight gradient (without bias: db is summed apart).
   plan* plan_of(pass which, const conv_geometry& g, bool bias, bool half, bool winograd) {
@@ -821,6 +898,11 @@ class dnnl_conv {
                                                        whole.out_channels, 3, 1, 1)
                                    : whole;
     const bool may_lack = half || algorithm != dnnl_convolution_direct;
+    // A weight gradient in pieces reads x and dy in the layouts oneDNN chooses for the whole pass,
+    // which may follow the thread count it is chosen for: chosen for the configured count (`pieces_`),
+    // whatever the count in use, so that every count's plan cuts the same grid in the same layouts.
+    std::optional<openmp_thread_count> configured;
+    if (which == pass::backward_weights && pieces_ > 1) configured.emplace(pieces_);
     const std::vector<dnnl_dim_t> src{g.batch, g.in_channels, g.in_height, g.in_width};
     const std::vector<dnnl_dim_t> wei{g.out_channels, g.in_channels, g.kernel, g.kernel};
     const std::vector<dnnl_dim_t> dst{g.batch, g.out_channels, g.out_height, g.out_width};
@@ -902,6 +984,7 @@ class dnnl_conv {
     p->scratchpad_bytes = dnnl_memory_desc_get_size(scratchpad);
     p->scratchpad.make(engine_raw_, scratchpad);
     p->impl = impl_of(pd);
+    p->rule = rule_for(which, p->impl, false);
     p->prim = make_primitive(pd, "dnnl_primitive_create (convolution)");
     return p;
   }
@@ -932,6 +1015,10 @@ class dnnl_conv {
     const dnnl_format_tag_t x_tag = x_layout.tag, dy_tag = dy_layout.tag;
     auto q = std::make_unique<pieces>();
     q->shape = pieces_grid(g, pieces_, x_layout.block > 0, dy_layout.block > 0);
+    // Fewer pieces than configured threads would leave threads idle on an idle machine (a batch of
+    // one in channels-last layouts, which oneDNN's AMX kernels take, is one piece): the whole pass on
+    // the configured count is faster there.
+    if (q->shape.count() < pieces_) return false;
     q->out_channels = g.out_channels / q->shape.out_blocks;
     q->in_channels = g.in_channels / q->shape.in_blocks;
     const auto padded = [](std::int64_t c, const chosen& l) { return l.block > 1 ? (c + l.block - 1) / l.block * l.block : c; };
@@ -995,6 +1082,7 @@ class dnnl_conv {
     p.a.set(engine_raw_, src_user.get(), md(src, x_tag, in_type).get(), true, reorders_, false, src);
     p.b.set(engine_raw_, dst_user.get(), md(dst, dy_tag, in_type).get(), true, reorders_, false, dst);
     p.impl = piece_impl;
+    p.rule = thread_rule::pieces;
     p.sliced = std::move(q);
     return true;
 #else

@@ -1,7 +1,7 @@
 #pragma once
 // OpenMP for the CPU engine's libraries: a scope in which the calling thread's parallel regions, and
 // the libraries that take their thread count from OpenMP (oneDNN when it makes a primitive, Eigen),
-// run on one thread; and a loop over independent items on a team of threads that carries the first
+// run on a given count of threads (or one); and a loop over independent items on a team of threads that carries the first
 // exception out of the region (an exception must not leave an OpenMP region). Without OpenMP both
 // run on the calling thread.
 
@@ -13,24 +13,32 @@
 
 namespace distribute::detail {
 
-class one_openmp_thread {
+// A scope in which the calling thread's parallel regions get `count` threads (at least one).
+class openmp_thread_count {
  public:
-  one_openmp_thread() noexcept {
+  explicit openmp_thread_count(int count) noexcept {
 #if defined(_OPENMP)
     saved_ = omp_get_max_threads();
-    omp_set_num_threads(1);
+    omp_set_num_threads(count < 1 ? 1 : count);
+#else
+    (void)count;
 #endif
   }
-  ~one_openmp_thread() {
+  ~openmp_thread_count() {
 #if defined(_OPENMP)
     omp_set_num_threads(saved_);
 #endif
   }
-  one_openmp_thread(const one_openmp_thread&) = delete;
-  one_openmp_thread& operator=(const one_openmp_thread&) = delete;
+  openmp_thread_count(const openmp_thread_count&) = delete;
+  openmp_thread_count& operator=(const openmp_thread_count&) = delete;
 
  private:
   int saved_ = 1;
+};
+
+class one_openmp_thread : public openmp_thread_count {
+ public:
+  one_openmp_thread() noexcept : openmp_thread_count{1} {}
 };
 
 // The calling thread's OpenMP thread count (the team its next parallel region gets); 1 without OpenMP.
