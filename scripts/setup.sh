@@ -1,48 +1,99 @@
 #!/usr/bin/env bash
-# Installs the Debian packages this project builds and tests with (the README lists them), the
-# Python virtual environment with TensorBoard that the summary tests read event files with, and,
-# where a CUDA toolkit is installed, the cudnn-frontend headers the GPU engine's convolutions use.
-# Idempotent: when everything is installed it only says so.
+# Installs what this project needs, by purpose:
+#
+#   scripts/setup.sh demo   what scripts/demo.sh needs: the compiler, the libraries the CycleGAN
+#                           example builds on, and Fashion-MNIST (Debian packages, about 130 MB to
+#                           download).
+#   scripts/setup.sh test   that, and what the test suite needs besides (scripts/test.sh runs this):
+#                           Debian packages for the tests (Boost.Test, Open MPI, ...), TensorBoard's
+#                           reader and the interop environment with PyTorch (about 2 GB in all),
+#                           and, where a CUDA toolkit is installed, clang 19 and the cudnn-frontend
+#                           headers.
+#   scripts/setup.sh        the same as `test`, for those who call it without an argument (CI).
+#
+# Each part says in one line what it installs, why, and how big it is. Idempotent: where everything
+# is installed it only says so. The README lists the packages.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-packages=(
-  g++
-  cmake
-  libeigen3-dev
-  libboost-test-dev
-  libopenmpi-dev
-  openmpi-bin
-  libbenchmark-dev
-  libstb-dev
-  zlib1g-dev
-  dataset-fashion-mnist
-  libdnnl-dev
-  nlohmann-json3-dev
-  python3-venv
-)
-
-# Where a CUDA toolkit is installed, clang 19 (Debian 12, about 50 MB) reads the GPU code as a second
-# compiler (the ctest gpu_syntax.clang; skipped without it). Not needed, and not installed, elsewhere.
-if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
-  packages+=(clang-19)
+usage() {
+  echo "usage: scripts/setup.sh [demo|test]   (default: test)" >&2
+  echo "  demo: what scripts/demo.sh needs; test: that, and what the test suite needs" >&2
+}
+purpose=${1:-test}
+case $purpose in
+  demo | test) ;;
+  -h | --help) usage; exit 0 ;;
+  *) usage; exit 2 ;;
+esac
+if [[ $# -gt 1 ]]; then
+  usage
+  exit 2
 fi
 
+have_cuda() { command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; }
+
+# What the demo builds and runs on (the targets cyclegan_train_cpu and fmnist_classifier, configured
+# with the tests off). Open MPI is not among them: the demo's replicas are threads of one process,
+# and the trainer links the MPI backend only where it is installed. The sizes said below are
+# downloads on Debian 12, the packages these pull in included.
+demo_packages=(
+  g++                    # the compiler (C++20)
+  cmake                  # the build
+  libeigen3-dev          # Eigen: the tensors and layers
+  libdnnl-dev            # oneDNN 2.6: the CPU engine's convolutions (without it, several times slower)
+  zlib1g-dev             # zlib: Fashion-MNIST's files are gzip-compressed
+  libstb-dev             # stb: the example writes its sample grids and loss curves as PNG
+  dataset-fashion-mnist  # the data set the demo trains and scores on
+)
+# What the test suite needs besides. Boost.Test is what configuring the tests requires
+# (DISTRIBUTE_BUILD_TESTS).
+test_packages=(
+  libboost-test-dev      # Boost.Test: the test programs' framework
+  libopenmpi-dev         # Open MPI: the MPI backend (distribute::mpi) and the `mpi` tests
+  openmpi-bin            # mpiexec, which starts those tests' processes
+  libbenchmark-dev       # Google Benchmark (listed from the start; no target links it at present)
+  nlohmann-json3-dev     # nlohmann's JSON: safetensors files (nn::save_safetensors), the interop tests
+  python3-venv           # the virtual environments below (TensorBoard's reader, the interop tests)
+)
+# Where a CUDA toolkit is installed, clang 19 (Debian 12) reads the GPU code as a second compiler
+# (the ctest gpu_syntax.clang; skipped without it). Not needed, and not installed, elsewhere.
+gpu_test_packages=(clang-19)
+
+# Says in one line what a group of packages is for and whether it is installed, and adds its
+# missing packages to `missing`, which install_packages installs with one apt-get.
 missing=()
-for pkg in "${packages[@]}"; do
-  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
-  if [[ "$status" != "install ok installed" ]]; then
-    missing+=("$pkg")
+check_packages() {  # "purpose: what (size): why" package...
+  local part=$1 absent=() pkg status
+  shift
+  for pkg in "$@"; do
+    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+    if [[ "$status" != "install ok installed" ]]; then
+      absent+=("$pkg")
+    fi
+  done
+  if [[ ${#absent[@]} -eq 0 ]]; then
+    echo "setup.sh: $part; installed"
+  else
+    echo "setup.sh: $part; missing: ${absent[*]}"
+    missing+=("${absent[@]}")
   fi
-done
+}
 
 install_packages() {
+  check_packages "demo: ${demo_packages[*]} (Debian, about 130 MB to download): the compiler, and the libraries and data set the example builds and trains on" \
+    "${demo_packages[@]}"
+  if [[ $purpose == test ]]; then
+    check_packages "test: ${test_packages[*]} (Debian, about 60 MB to download): Boost.Test, Open MPI, JSON for safetensors, and the Python environments below" \
+      "${test_packages[@]}"
+    if have_cuda; then
+      check_packages "test: ${gpu_test_packages[*]} (Debian, about 55 MB to download; where CUDA is installed): the second compiler, with which the test gpu_syntax.clang reads the GPU code" \
+        "${gpu_test_packages[@]}"
+    fi
+  fi
   if [[ ${#missing[@]} -eq 0 ]]; then
-    echo "setup.sh: all ${#packages[@]} required packages are installed"
     return
   fi
-
-  echo "setup.sh: missing packages: ${missing[*]}"
 
   if [[ $(id -u) -eq 0 ]]; then
     as_root=()
@@ -71,24 +122,27 @@ optional_not_installed() {  # dir reason log note "what is/are" consequence
   echo "setup.sh: warning: $6" >&2
 }
 
-# An optional component, installed once: where INSTALLED (a command) says it is in place, REPORT
-# says so; otherwise INSTALL runs holding DIR.lock, since several test runs may start this at once in
-# one tree, where INSTALLED still fails under the lock (another run may have just finished it).
-install_once() {  # dir installed report install
-  if "$2"; then
-    "$3"
+# An optional component, installed once: where INSTALLED (a command) says it is in place, its line
+# PART ("purpose: what (where, size): why") says so, with what NOTE (a command) prints after it;
+# otherwise INSTALL runs holding DIR.lock, since several test runs may start this at once in one
+# tree, where INSTALLED still fails under the lock (another run may have just finished it).
+install_once() {  # dir part installed note install
+  if "$3"; then
+    echo "setup.sh: $2; installed$("$4")"
     return
   fi
   mkdir -p "$root/build"
   exec 9>"$1.lock"
   flock 9
-  if "$2"; then
-    "$3"
+  if "$3"; then
+    echo "setup.sh: $2; installed$("$4")"
   else
-    "$4"
+    echo "setup.sh: $2; missing"
+    "$5"
   fi
   exec 9>&-
 }
+no_note() { :; }
 
 # A virtual environment at VENV with the pinned REQUIREMENTS (NAME, as people read it) from PyPI,
 # pip's output in LOG. Prints nothing where it worked, and why not where it did not.
@@ -112,7 +166,6 @@ tensorboard_requirements=$root/tests/summary/requirements.txt
 tensorboard_installed() {
   [[ -x $tensorboard_venv/bin/python ]] && cmp -s "$tensorboard_requirements" "$tensorboard_venv/installed-requirements.txt"
 }
-tensorboard_report() { echo "setup.sh: TensorBoard's reader is installed (build/tensorboard-venv)"; }
 tensorboard_install() {
   local venv=$tensorboard_venv note=$tensorboard_venv.unavailable log=$tensorboard_venv.log
   echo "setup.sh: installing TensorBoard's reader into build/tensorboard-venv (pinned: tests/summary/requirements.txt)"
@@ -128,7 +181,9 @@ tensorboard_install() {
   fi
 }
 install_tensorboard_reader() {
-  install_once "$tensorboard_venv" tensorboard_installed tensorboard_report tensorboard_install
+  install_once "$tensorboard_venv" \
+    "test: TensorBoard's reader (build/tensorboard-venv, about 180 MB): the summary tests read event files back with it" \
+    tensorboard_installed no_note tensorboard_install
 }
 
 # The interop tests (tests/interop) check the files nn::save_safetensors and nn::export_onnx write
@@ -156,11 +211,9 @@ interop_wanted() { (cd "$root/tests/interop" && cat "${interop_requirements[@]}"
 interop_installed() {
   [[ -x $interop_venv/bin/python ]] && [[ $(interop_wanted) == "$(cat "$interop_venv/installed-requirements.txt" 2>/dev/null)" ]]
 }
-interop_report() {
+interop_note() {
   if [[ -f $interop_venv.no-torch ]]; then
-    echo "setup.sh: the interop environment is installed (build/interop-venv), without PyTorch: $(head -n 1 "$interop_venv.no-torch")"
-  else
-    echo "setup.sh: the interop environment is installed (build/interop-venv)"
+    echo ", without PyTorch: $(head -n 1 "$interop_venv.no-torch")"
   fi
 }
 interop_install() {
@@ -212,7 +265,9 @@ interop_install() {
   echo "setup.sh: installed the interop environment ($(du -sh "$venv" | cut -f1) in build/interop-venv)"
 }
 install_interop_venv() {
-  install_once "$interop_venv" interop_installed interop_report interop_install
+  install_once "$interop_venv" \
+    "test: the interop environment (build/interop-venv, about 1.8 GB with PyTorch): the interop tests read the safetensors and ONNX files we write with PyTorch, onnx and onnxruntime" \
+    interop_installed interop_note interop_install
 }
 
 # Downloads the pinned wheels REQUIREMENT... (no dependencies) into WORK/wheel, pip's output in LOG:
@@ -239,16 +294,13 @@ download_wheels() {  # work log requirement...
 # library that no Debian package has: its headers (about 3 MB; MIT and Apache-2.0, the licences are
 # copied with them) are taken from the PyPI wheel nvidia-cudnn-frontend at the version pinned here,
 # into build/cudnn-frontend/include, where CMake looks for them (DISTRIBUTE_CUDNN_FRONTEND_INCLUDE_DIR).
-# Only where a CUDA toolkit is installed.
-# A failed download does not fail the setup: the build then has no cuDNN convolutions (the GPU
+# Only where a CUDA toolkit is installed, and only for the tests and the GPU build: the demo builds no
+# GPU code. A failed download does not fail the setup: the build then has no cuDNN convolutions (the GPU
 # engine says so when asked for one), and the reason is left in build/cudnn-frontend.unavailable.
 cudnn_frontend_version=1.32.0
 cudnn_frontend_dir=$root/build/cudnn-frontend
 cudnn_frontend_installed() {
   [[ -f $cudnn_frontend_dir/include/cudnn_frontend.h && $(cat "$cudnn_frontend_dir/installed-version" 2>/dev/null) == "$cudnn_frontend_version" ]]
-}
-cudnn_frontend_report() {
-  echo "setup.sh: the cudnn-frontend $cudnn_frontend_version headers are installed (build/cudnn-frontend)"
 }
 cudnn_frontend_install() {
   local dir=$cudnn_frontend_dir
@@ -287,10 +339,10 @@ PY
   fi
 }
 install_cudnn_frontend() {
-  if ! command -v nvcc >/dev/null 2>&1 && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
-    return
-  fi
-  install_once "$cudnn_frontend_dir" cudnn_frontend_installed cudnn_frontend_report cudnn_frontend_install
+  have_cuda || return 0
+  install_once "$cudnn_frontend_dir" \
+    "test: the cudnn-frontend $cudnn_frontend_version headers (build/cudnn-frontend, about 3 MB; where CUDA is installed): the GPU engine's convolutions call cuDNN through them" \
+    cudnn_frontend_installed no_note cudnn_frontend_install
 }
 
 # The CPU engine computes convolutions with oneDNN: Debian 12's libdnnl-dev (above), oneDNN 2.6.3.
@@ -308,7 +360,6 @@ onednn_dir=$root/build/onednn
 onednn_installed() {
   [[ -f $onednn_dir/include/oneapi/dnnl/dnnl.h && $(cat "$onednn_dir/installed-version" 2>/dev/null) == "$onednn_wheel_version" ]]
 }
-onednn_report() { echo "setup.sh: oneDNN $(cat "$onednn_dir/onednn-version") is installed (build/onednn)"; }
 onednn_install() {
   local dir=$onednn_dir
   local note=$dir.unavailable log=$dir.log
@@ -367,11 +418,17 @@ PY
 }
 install_onednn() {
   [[ ${DISTRIBUTE_ONEDNN:-} == 3 ]] || return 0
-  install_once "$onednn_dir" onednn_installed onednn_report onednn_install
+  install_once "$onednn_dir" \
+    "$purpose: oneDNN 3.2 (build/onednn, about 55 MB; asked for with DISTRIBUTE_ONEDNN=3): its newer kernels, for a build configured with -DDISTRIBUTE_DNNL_ROOT=$onednn_dir" \
+    onednn_installed no_note onednn_install
 }
 
 install_packages
 install_onednn
-install_tensorboard_reader
-install_interop_venv
-install_cudnn_frontend
+if [[ $purpose == test ]]; then
+  install_tensorboard_reader
+  install_interop_venv
+  install_cudnn_frontend
+else
+  echo "setup.sh: demo: the test suite's packages and Python environments (about 2 GB) are not needed; scripts/setup.sh test installs them"
+fi

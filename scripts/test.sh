@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Builds the release preset and runs the test suite. Extra arguments go to ctest:
+# Installs what the tests need (scripts/setup.sh test), builds the release preset and runs the test
+# suite. Extra arguments go to ctest:
 #   scripts/test.sh -L core        scripts/test.sh -R consumer
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-scripts/setup.sh
-cmake --preset release
+scripts/setup.sh test
+# scripts/demo.sh configures build/release without the tests where Boost.Test was not installed, and
+# where Open MPI was not either, without the MPI backend (DISTRIBUTE_ENABLE_MPI keeps the value its
+# first configure found). Such a folder gets both again, as this machine has them now.
+configure=()
+if grep -qx 'DISTRIBUTE_BUILD_TESTS:BOOL=OFF' build/release/CMakeCache.txt 2>/dev/null; then
+  echo "test.sh: build/release was configured without the tests (by scripts/demo.sh); configuring them, and MPI as installed"
+  configure=(-DDISTRIBUTE_BUILD_TESTS=ON -U DISTRIBUTE_ENABLE_MPI)
+fi
+cmake --preset release "${configure[@]}"
 cmake --build --preset release -j "$(nproc)"
 ctest --preset release -j "$(nproc)" "$@"
