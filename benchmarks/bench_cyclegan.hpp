@@ -65,6 +65,7 @@
 #include "bench_common.hpp"
 
 #include <distribute/distribute.hpp>
+#include <distribute/preemption.hpp>
 
 #include <sched.h>
 #include <signal.h>
@@ -446,6 +447,17 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   if (device_mib >= 0) say(", peak device memory %.1f MiB", device_mib);
   say("\n");
   if (in_use.load() > 0) say("  engine threads in use at the end: %d%s\n", in_use.load(), o.adapt_threads ? "" : " (--adapt-threads off)");
+  // What watching for preemption adds to a step without a signal (preemption_watch::stop_requested:
+  // a flag read in one process, one all-reduce of one integer across workers), beside the step.
+  {
+    dist::preemption_watch<S> watch{s};
+    constexpr int checks = 2000;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < checks; ++i)
+      if (watch.stop_requested()) break;
+    const double check = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / checks;
+    say("  preemption check (no signal): %.2f us a step, %.4f%% of the step\n", 1e6 * check, 100 * check / per_step);
+  }
   // The CPU engine's kernel choices, timed during the warm-up (engine_options::cpu_conv_choice).
   if (const auto choices = dist::cpu_conv_choices(); !choices.empty()) {
     say("  kernel choices timed during the warm-up (%zu):\n", choices.size());

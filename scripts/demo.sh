@@ -60,10 +60,18 @@ fi
 classifier_s=$((SECONDS - step))
 
 step=$SECONDS
-echo "demo.sh: training the CycleGAN, mirrored over 2 CPU replicas"
+echo "demo.sh: training the CycleGAN, mirrored over 2 CPU replicas (Ctrl-C stops it with a checkpoint of its step)"
+# Ctrl-C (SIGINT) stops the trainer after the step it lands in, with a checkpoint; it then exits with
+# 130, and the next scripts/demo.sh continues from that step (--resume).
+status=0
 "$bin/cyclegan_train_cpu" --strategy mirrored --replicas 2 --placement full --epochs 2 \
-  --out "$out/cyclegan" --checkpoint-dir "$out/cyclegan/checkpoints" --resume \
-  --classifier "$classifier" "$@"
+  --out "$out/cyclegan" --checkpoint-dir "$out/cyclegan/checkpoints" --resume --preempted-exit-code 130 \
+  --classifier "$classifier" "$@" || status=$?
+if ((status == 130)); then
+  echo "demo.sh: interrupted; run scripts/demo.sh again to continue the CycleGAN from its checkpoint"
+  exit 130
+fi
+((status == 0)) || exit "$status"
 cyclegan_s=$((SECONDS - step))
 
 cat <<MSG

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto sum = cyclegan::run(st);
+    if (sum.preempted) return st.preempted_exit_code;
     if (!st.evaluate && !st.quiet && sum.chief) std::printf("pictures and loss curves: %s\n", st.out_dir.string().c_str());
     return sum.finite ? 0 : 2;
   } catch (const cyclegan::job_failed&) {

@@ -8,6 +8,7 @@
 #include "trainer.hpp"
 
 #include <distribute/checkpoint.hpp>
+#include <distribute/preemption.hpp>
 #include <distribute/summary/writer.hpp>
 
 #include <chrono>
@@ -48,6 +49,7 @@ struct settings {
   std::filesystem::path checkpoint_dir;
   std::int64_t checkpoint_every = 500;
   bool resume = false;
+  int preempted_exit_code = 0;     // what the program exits with after a signal stopped it (a checkpoint written)
   std::filesystem::path classifier;  // fmnist_classifier's checkpoint: scores at the end / --evaluate
   bool evaluate = false;
   std::size_t eval_limit = 0;      // score at most this many test images per direction (0: all)
@@ -123,6 +125,10 @@ output
   --sample-every N --samples N     a picture grid every N steps (default 200), N rows (default 6)
   --checkpoint-dir DIR --checkpoint-every N   checkpoints (default every 500 steps and at the end)
   --resume                         continue from the latest checkpoint in --checkpoint-dir
+                                   With --checkpoint-dir, SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 to any
+                                   worker stops every worker after the same step with a checkpoint of
+                                   it; --resume then continues from that step
+  --preempted-exit-code N          the exit code after such a stop (default 0)
   --stop-at-step N                 stop early at step N (the schedule still spans the whole run)
   --classifier FILE                fmnist_classifier's checkpoint: score translations at the end
   --evaluate                       only score the latest checkpoint (needs --classifier)
@@ -185,6 +191,7 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
       .path("--checkpoint-dir", st.checkpoint_dir)
       .integer("--checkpoint-every", st.checkpoint_every, std::int64_t{0}, max_steps)
       .toggle("--resume", st.resume)
+      .integer("--preempted-exit-code", st.preempted_exit_code, 0, 255)
       .integer("--stop-at-step", st.stop_at_step, std::int64_t{0}, max_steps)
       .path("--classifier", st.classifier)
       .toggle("--evaluate", st.evaluate)
@@ -240,6 +247,7 @@ inline void validate(const settings& st) {
   check("--samples", st.samples, 1, max_samples);
   check("--checkpoint-every", st.checkpoint_every, std::int64_t{0}, max_steps);
   check("--stop-at-step", st.stop_at_step, std::int64_t{0}, max_steps);
+  check("--preempted-exit-code", st.preempted_exit_code, 0, 255);
   check("--verify-every", st.verify_every, std::int64_t{0}, max_steps);
   if (st.resume && st.checkpoint_dir.empty()) throw std::invalid_argument("--resume needs --checkpoint-dir");
 }
@@ -270,6 +278,7 @@ struct summary {
   std::optional<scores> quality;
   std::vector<std::filesystem::path> pictures;
   std::optional<std::filesystem::path> checkpoint;
+  std::optional<std::string> preempted;  // a signal stopped the run after a checkpoint: which, after which step
   bool chief = true;               // this process printed and wrote the files (worker 0)
   std::vector<std::filesystem::path> exported;  // --export's files
   distribute::engine_options engine{};          // the engine options the run set on its strategy
@@ -461,7 +470,12 @@ summary run_with(S& strategy, settings st) {
       tr.save(ar);
       sum.checkpoint = ckdir->save(tr.steps_done(), ar);
     };
-    while (tr.steps_done() < stop) {
+    // With checkpoints, a signal to any worker stops every worker after the same step, with a
+    // checkpoint of it (distribute::preemption_watch; one all-reduce of one integer a step across
+    // processes, none in one).
+    std::optional<distribute::preemption_watch<S>> preemption;
+    if (ckdir) preemption.emplace(strategy);
+    while (tr.steps_done() < stop && !sum.preempted) {
       const std::int64_t epoch = tr.steps_done() / per_epoch;
       std::int64_t skip = tr.steps_done() % per_epoch;  // the data position inside the epoch
       for (auto&& [ba, bb] : pipeline.epoch(static_cast<std::uint64_t>(epoch))) {
@@ -501,6 +515,13 @@ summary run_with(S& strategy, settings st) {
           write_grid(st.out_dir / name, s);
           if (sum.chief) bar.note("wrote " + (st.out_dir / name).string());
         }
+        if (preemption && preemption->stop_requested()) {
+          board.flush();
+          save_checkpoint();
+          sum.preempted = (preemption->signal() ? distribute::signal_name(preemption->signal()) : std::string("a signal to another worker")) +
+                          " after step " + std::to_string(s);
+          break;
+        }
         if (ckdir && st.checkpoint_every && s % st.checkpoint_every == 0 && s < stop) {
           board.flush();
           save_checkpoint();
@@ -508,6 +529,16 @@ summary run_with(S& strategy, settings st) {
         }
         if (s >= stop) break;
       }
+    }
+    if (sum.preempted) {
+      // Stopped on purpose: the checkpoint is written; the rest (final pictures, scores) waits for the
+      // run that continues from it.
+      if (!st.quiet && sum.chief)
+        std::printf("stopped by %s: checkpoint %s; run again with --resume to continue from it\n", sum.preempted->c_str(),
+                    sum.checkpoint ? sum.checkpoint->string().c_str() : st.checkpoint_dir.string().c_str());
+      sum.steps = tr.steps_done();
+      sum.time = strategy.timings() - loop_start;
+      return sum;
     }
     if (ckdir) save_checkpoint();
     else if (sum.chief) write_csv(csv, rows);

@@ -10,7 +10,7 @@
 // inputs' own.
 //
 //   pix2pix [--steps N] [--minutes M] [--batch B] [--channels C] [--lr LR] [--d-lr LR] [--l1-weight W]
-//           [--replicas R] [--one-device] [--test N] [--data DIR]
+//           [--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR]
 #include <distribute/distribute.hpp>
 #include <distribute/nn.hpp>
 #include <distribute/nn/tape.hpp>
@@ -22,8 +22,10 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -170,6 +172,7 @@ struct options {
   bool one_device = false;
   std::size_t test = 2000;
   std::string data_dir{data::fashion_mnist_default_dir};
+  std::string checkpoint_dir;  // with one: resumes from it, and a signal stops the run with a checkpoint
 };
 
 // --- training ------------------------------------------------------------------------------------------
@@ -189,8 +192,45 @@ int train(S& strategy, const options& o) {
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<std::size_t> pick(0, train_set.size() - 1);
   const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  double before = 0;  // training seconds of the runs this one continues
+  auto elapsed = [&] { return before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   int step = 0;
+  // With --checkpoint-dir: the run continues from the latest checkpoint there, and SIGTERM, SIGINT
+  // (Ctrl-C) or SIGUSR1 stop it after the step they land in, with a checkpoint of it. What a restart
+  // needs: the networks, their optimisers, the data's random engine, the time spent.
+  std::optional<dist::preemption_checkpoint<S>> preemption;
+  if (!o.checkpoint_dir.empty())
+    preemption.emplace(
+        strategy, o.checkpoint_dir,
+        [&](dist::checkpoint::archive& a) {
+          a.put_model("generator", gens[0]);
+          a.put_model("discriminator", discs[0]);
+          a.put_state("generator_adam", g_opts[0]);
+          a.put_state("discriminator_adam", d_opts[0]);
+          std::ostringstream engine;
+          engine << rng;
+          const std::string text = engine.str();
+          a.put_bytes("rng", std::as_bytes(std::span(text)));
+          a.put("seconds", elapsed());
+        },
+        [&](const dist::checkpoint::archive& a) {
+          a.get_model("generator", gens[0]);
+          a.get_model("discriminator", discs[0]);
+          a.get_state("generator_adam", g_opts[0]);
+          a.get_state("discriminator_adam", d_opts[0]);
+          strategy.broadcast(gens, 0);
+          strategy.broadcast(discs, 0);
+          strategy.broadcast(g_opts, 0);
+          strategy.broadcast(d_opts, 0);
+          const auto text = a.bytes("rng");
+          std::istringstream engine(std::string(reinterpret_cast<const char*>(text.data()), text.size()));
+          engine >> rng;
+          before = a.get<double>("seconds");
+        });
+  if (preemption && preemption->resumed()) {
+    step = static_cast<int>(preemption->first_step());
+    std::printf("resumed from %s at step %d (%.1f s trained)\n", preemption->restored_from()->string().c_str(), step, before);
+  }
   for (; step < o.steps && elapsed() < 60 * o.minutes; ++step) {
     std::vector<std::size_t> which(static_cast<std::size_t>(global));
     for (auto& i : which) i = pick(rng);
@@ -243,7 +283,12 @@ int train(S& strategy, const options& o) {
       std::printf("step %4d  %6.1f s  train L1 %.4f  G gan %.4f  D %.4f\n", step, elapsed(), l1, gan, disc);
       std::fflush(stdout);
     }
+    if (preemption && preemption->after_step(step)) {
+      std::printf("stopped by %s; run again with the same --checkpoint-dir to continue\n", preemption->describe().c_str());
+      return preemption->exit_code();
+    }
   }
+  if (preemption && step > 0) preemption->save(step - 1);
   const double train_seconds = elapsed();
   strategy.verify_mirrored(gens);
 
@@ -296,9 +341,10 @@ int main(int argc, char** argv) {
       else if (flag == "--one-device") o.one_device = true;
       else if (flag == "--test") o.test = std::stoull(value());
       else if (flag == "--data") o.data_dir = value();
+      else if (flag == "--checkpoint-dir") o.checkpoint_dir = value();
       else {
         std::puts("usage: pix2pix [--steps N] [--minutes M] [--batch B] [--channels C] [--lr LR] [--d-lr LR] [--l1-weight W] "
-                  "[--replicas R] [--one-device] [--test N] [--data DIR]");
+                  "[--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR]");
         return flag == "--help" ? 0 : 1;
       }
     }

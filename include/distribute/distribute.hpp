@@ -35,6 +35,7 @@
 #endif
 
 #include <distribute/checkpoint.hpp>
+#include <distribute/preemption.hpp>
 
 // Tensors, layers and optimisers need Eigen; included when it is on the include path.
 #if __has_include(<Eigen/Core>)

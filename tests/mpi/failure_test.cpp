@@ -12,7 +12,9 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <unistd.h>
+#include <csignal>
 #include <vector>
 
 #include <sys/wait.h>
@@ -260,6 +262,64 @@ BOOST_AUTO_TEST_CASE(resume_after_a_kill_matches_an_uninterrupted_run) {
   BOOST_TEST((got == want), "the resumed job's parameters are bit-identical to the uninterrupted job's");
   std::filesystem::remove_all(clean);
   std::filesystem::remove_all(killed);
+}
+
+// preemption_checkpoint across processes: SIGTERM to one of three workers (raised by it inside a
+// step while the others wait in a collective, or sent from outside by pid) stops all three after
+// the same step with one checkpoint, and the job run again continues from it to the parameters of
+// a job that was never interrupted.
+BOOST_AUTO_TEST_CASE(a_signal_to_one_worker_stops_every_worker_after_the_same_step_with_one_checkpoint) {
+  const auto clean = fresh_dir("preempt_clean"), inside = fresh_dir("preempt_inside"), outside = fresh_dir("preempt_outside");
+  const std::string common = "--scenario=preempt --steps=8 --replicas=1 --timeout-ms=20000 ";
+  const auto reference = run_job(3, common + "--dir=" + quote(clean.string()));
+  BOOST_TEST_REQUIRE(reference.exit_code == 0);
+  const auto want = read_all(clean / "final.bin");
+  BOOST_TEST_REQUIRE(!want.empty());
+
+  const auto stopped = run_job(3, common + "--signal-at=3 --signal-worker=1 --dir=" + quote(inside.string()));
+  BOOST_TEST(stopped.exit_code == 0);
+  for (int w = 0; w < 3; ++w)
+    BOOST_TEST(has(stopped, "worker " + std::to_string(w) + " stopped after step 3"), "worker " << w);
+  BOOST_TEST(has(stopped, "SIGTERM after step 3"));  // worker 1's own line
+  BOOST_TEST(has(stopped, "a signal to another worker after step 3"));
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(inside / "checkpoints")) files.push_back(e.path().filename().string());
+  BOOST_TEST_REQUIRE(files.size() == 1u, "one checkpoint");
+  BOOST_TEST(files[0] == "ckpt-0000000003.dck");
+  const auto resumed = run_job(3, common + "--dir=" + quote(inside.string()));
+  BOOST_TEST_REQUIRE(resumed.exit_code == 0);
+  BOOST_TEST(has(resumed, "resumed at step 4"));
+  BOOST_TEST((read_all(inside / "final.bin") == want), "the resumed job's parameters are the uninterrupted job's");
+
+  // From outside: the job runs with 50 ms steps; SIGTERM goes to worker 2's process by its pid.
+  job_result from_outside{};
+  std::thread job([&] { from_outside = run_job(3, common + "--pid-dir=" + quote(outside.string()) + " --dir=" + quote(outside.string())); });
+  const auto pid_file = outside / "pid-2";
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!std::filesystem::exists(pid_file) && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));  // a few steps in
+  pid_t pid = 0;
+  std::ifstream(pid_file) >> pid;
+  BOOST_TEST_REQUIRE(pid > 0);
+  BOOST_TEST(::kill(pid, SIGTERM) == 0);
+  job.join();
+  BOOST_TEST(from_outside.exit_code == 0);
+  BOOST_TEST(has(from_outside, "SIGTERM after step"));
+  // Every worker names the same step.
+  std::string first_line;
+  for (int w = 0; w < 3; ++w) {
+    const auto at = from_outside.output.find("worker " + std::to_string(w) + " stopped after step ");
+    BOOST_TEST_REQUIRE(at != std::string::npos, "worker " << w);
+    const auto step = from_outside.output.substr(at + 28, from_outside.output.find(' ', at + 28) - (at + 28));
+    if (w == 0) first_line = step;
+    BOOST_TEST(step == first_line, "worker " << w << " stopped after step " << step);
+  }
+  const auto finished = run_job(3, common + "--dir=" + quote(outside.string()));
+  BOOST_TEST_REQUIRE(finished.exit_code == 0);
+  BOOST_TEST(has(finished, "resumed at step"));
+  BOOST_TEST((read_all(outside / "final.bin") == want), "resumed after a signal from outside: the uninterrupted job's parameters");
+  for (const auto& d : {clean, inside, outside}) std::filesystem::remove_all(d);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

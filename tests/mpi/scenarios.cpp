@@ -21,9 +21,16 @@
 //   --scenario=throw    a replica of worker 1 throws at step 2 (--linger: the process then sleeps;
 //                       --overlap: inside a gradient overlap with a bucket in flight).
 //   --scenario=single   a program started without a launcher is one worker.
+//   --scenario=preempt  the training of `train` under preemption_checkpoint (no periodic checkpoints):
+//                       --signal-at=K --signal-worker=W: worker W raises SIGTERM on itself inside
+//                       step K while the other workers wait in a collective for it; --pid-dir=D:
+//                       every worker writes its pid to D/pid-<worker> and each step takes 50 ms more,
+//                       for a signal from outside. Each worker prints "worker w stopped after step k"
+//                       or "worker w trained to step N"; the chief writes final.bin at the end.
 // Exit codes: 0 done, 3 a collective error reached the program (the job is then aborted), 4 wrong.
 
 #include "mpi_test_support.hpp"
+#include <distribute/preemption.hpp>
 #include "training.hpp"
 #include "../pipeline/pipeline_test_support.hpp"
 
@@ -41,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 namespace dist = distribute;
@@ -128,6 +136,56 @@ int train(strategy_type& s, const arguments& args) {
     out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
     std::printf("trained to step %lld\n", static_cast<long long>(steps));
   }
+  return 0;
+}
+
+// Training under preemption_checkpoint (above).
+int preempt(strategy_type& s, const arguments& args) {
+  const std::filesystem::path dir = args.at("dir");
+  const std::int64_t steps = number(args, "steps", 8), signal_at = number(args, "signal-at", -1),
+                     signal_worker = number(args, "signal-worker", 1);
+  const bool outside = args.contains("pid-dir");
+  auto nets = s.mirror([](auto&) { return dist::test::make_net(1234); });
+  auto opts = s.mirror([](auto&) { return dist::optim::adam<float>{{.lr = 1e-2}}; });
+  dist::preemption_checkpoint handler{s, dir / "checkpoints",
+                                      [&](ckpt::archive& a) {
+                                        a.put_model("model", nets[0]);
+                                        a.put_state("optimizer", opts[0]);
+                                      },
+                                      [&](const ckpt::archive& a) {
+                                        a.get_model("model", nets[0]);
+                                        a.get_state("optimizer", opts[0]);
+                                        s.broadcast(nets, 0);
+                                        s.broadcast(opts, 0);
+                                      }};
+  if (handler.resumed() && s.is_chief()) std::printf("resumed at step %lld\n", static_cast<long long>(handler.first_step()));
+  if (outside) {
+    std::ofstream(std::filesystem::path(args.at("pid-dir")) / ("pid-" + std::to_string(s.worker_index()))) << ::getpid() << "\n";
+  }
+  for (std::int64_t step = handler.first_step(); step < steps; ++step) {
+    if (step == signal_at)
+      s.run([&](dist::replica auto& r) {
+        r.barrier();
+        if (s.worker_index() == signal_worker && r.replica_id() == s.first_replica_id()) std::raise(SIGTERM);
+        r.barrier();
+      });
+    dist::test::train_step(s, nets, opts, step);
+    if (outside) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (handler.after_step(step)) {
+      std::printf("worker %d stopped after step %lld (%s)\n", s.worker_index(), static_cast<long long>(step),
+                  handler.describe().c_str());
+      std::fflush(stdout);
+      return handler.exit_code();
+    }
+  }
+  handler.save(steps - 1);
+  s.verify_mirrored(nets);
+  if (s.is_chief()) {
+    const auto p = dist::test::parameters_of(nets[0]);
+    std::ofstream out(dir / "final.bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
+  }
+  std::printf("worker %d trained to step %lld\n", s.worker_index(), static_cast<long long>(steps));
   return 0;
 }
 
@@ -309,6 +367,7 @@ int run_scenario(int argc, char** argv) {
     if (name == "p2p-mismatch") return p2p_mismatch(args);
     strategy_type s{argc, argv, options_from(args)};
     if (name == "train") return train(s, args);
+    if (name == "preempt") return preempt(s, args);
     if (name == "stall") return stall(s);
     if (name == "mismatch") return mismatch(s);
     if (name == "api-mismatch") return api_mismatch(s);

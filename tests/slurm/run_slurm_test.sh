@@ -3,6 +3,9 @@
 # slurmd, all in a temporary directory, on ports of their own), and the program launched by it
 #   1. directly:          srun -n 2 --mpi=pmix PROGRAM --run_test=strategy,collectives
 #   2. inside an allocation: salloc -n 2 MPIEXEC -n 2 [PREFLAGS] PROGRAM --run_test=...
+#   3. preemption:        srun -n 2 --mpi=pmix PROGRAM --scenario=preempt, a SIGUSR1 from Slurm to the
+#                         job's tasks (scancel --signal, the way Slurm signals a job it preempts or
+#                         whose time runs out under srun --signal), then the job again: it resumes
 #
 #   run_slurm_test.sh PROGRAM STATE_DIR MPIEXEC [MPIEXEC_PREFLAGS...]
 #   run_slurm_test.sh --cleanup STATE_DIR        stop what a killed run left behind
@@ -410,6 +413,56 @@ log "\$ ${cmd[*]}"
 start=$SECONDS
 waited "$run_tmp/log/salloc_mpiexec.txt" "${marked[@]}" timeout -k 5 60 "${cmd[@]}"
 check_job "salloc + mpiexec" $? "$run_tmp/log/salloc_mpiexec.txt" $((SECONDS - start))
+
+# 3. Preemption: Slurm signals the job's tasks (scancel --signal=USR1, as srun --signal=USR1@T does T
+# seconds before the time limit, within Slurm's minute of resolution, which is why the test does not
+# wait for one); preemption_checkpoint stops both workers after the same step with one checkpoint,
+# and the job run again resumes from it.
+if grep -qw pmix <<<"$mpi_list" && [[ $mpi_flavour == *"Open MPI"* || $mpi_flavour == *OpenRTE* ]]; then
+  preempt_dir=$run_tmp/work/preempt
+  mkdir -p "$preempt_dir"
+  cmd=(srun -n 2 --mpi=pmix --time=2 --job-name=distribute_preempt "$program" --scenario=preempt --replicas=1 --steps=2000
+       --pid-dir="$preempt_dir" --dir="$preempt_dir")
+  log "\$ ${cmd[*]}"
+  start=$SECONDS
+  "${marked[@]}" timeout -k 5 90 "${cmd[@]}" >"$run_tmp/log/preempt.txt" 2>&1 &
+  launcher=$!
+  for ((i = 0; i < 240; i++)); do
+    [[ -f $preempt_dir/pid-0 && -f $preempt_dir/pid-1 ]] && break
+    kill -0 "$launcher" 2>/dev/null || break
+    sleep 0.25
+  done
+  sleep 0.5  # a few steps in
+  jobid=$(timeout 10 squeue -h -n distribute_preempt -o %i | head -n 1)
+  log "\$ scancel --signal=USR1 $jobid"
+  [[ -n $jobid ]] && timeout 10 scancel --signal=USR1 "$jobid"
+  wait "$launcher"
+  status=$?
+  stopped=$(grep -o 'worker [01] stopped after step [0-9]*' "$run_tmp/log/preempt.txt" | awk '{print $NF}' | sort -u)
+  if ((status == 0)) && [[ $(grep -c 'stopped after step' "$run_tmp/log/preempt.txt") == 2 && $(wc -l <<<"$stopped") == 1 ]] &&
+    [[ -n $stopped ]] && grep -q 'SIGUSR1 after step' "$run_tmp/log/preempt.txt" &&
+    [[ $(ls "$preempt_dir/checkpoints") == "$(printf 'ckpt-%010d.dck' "$stopped")" ]]; then
+    log "PASS: preemption: both workers stopped after step $stopped with one checkpoint ($((SECONDS - start)) s)"
+    cmd=(srun -n 2 --mpi=pmix --time=2 "$program" --scenario=preempt --replicas=1 --steps=$((stopped + 3)) --dir="$preempt_dir")
+    log "\$ ${cmd[*]}"
+    waited "$run_tmp/log/preempt_resume.txt" "${marked[@]}" timeout -k 5 60 "${cmd[@]}"
+    status=$?
+    if ((status == 0)) && grep -q "resumed at step $((stopped + 1))" "$run_tmp/log/preempt_resume.txt" &&
+      [[ $(grep -c "trained to step $((stopped + 3))" "$run_tmp/log/preempt_resume.txt") == 2 ]]; then
+      log "PASS: preemption: the job run again resumed at step $((stopped + 1))"
+    else
+      log "FAIL: preemption: the job run again: exit status $status; its output:"
+      cat "$run_tmp/log/preempt_resume.txt"
+      failures=$((failures + 1))
+    fi
+  else
+    log "FAIL: preemption: exit status $status, steps stopped after: '${stopped//$'\n'/ }', checkpoints: $(ls "$preempt_dir/checkpoints" 2>&1 | tr '\n' ' '); its output:"
+    cat "$run_tmp/log/preempt.txt"
+    failures=$((failures + 1))
+  fi
+else
+  log "NOTE: without srun --mpi=pmix for Open MPI the preemption case is not run"
+fi
 
 ((failures == 0)) || exit 1
 log "all launches passed"

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
+#include <csignal>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -497,6 +500,62 @@ BOOST_AUTO_TEST_SUITE_END()
 // --- resume ------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_SUITE(resume)
+
+// SIGINT (Ctrl-C) while the trainer runs with checkpoints: it stops after the step the signal lands
+// in, with a checkpoint of that step and the CSV up to it, and reports it; --resume then continues
+// from the next step to the uninterrupted run's checkpoint, bit for bit.
+BOOST_AUTO_TEST_CASE(a_signal_stops_the_run_with_a_checkpoint_and_resume_continues_bit_for_bit) {
+  require_data();
+  for (const char* strategy : {"one_device", "mirrored"}) {
+    BOOST_TEST_CONTEXT(strategy) {
+      settings whole = tiny(std::string("signal_whole_") + strategy);
+      whole.strategy = strategy;
+      whole.steps = 40;
+      whole.train_limit = 24;
+      whole.sample_every = 0;
+      whole.checkpoint_dir = whole.out_dir / "ckpt";
+      whole.checkpoint_every = 2;
+      run(whole);
+
+      settings part = whole;
+      part.out_dir = scratch(std::string("signal_part_") + strategy);
+      part.checkpoint_dir = part.out_dir / "ckpt";
+      // Ctrl-C once the run has written its first checkpoint (after step 2).
+      std::jthread ctrl_c([&](std::stop_token stop) {
+        while (!stop.stop_requested() && !fs::exists(part.checkpoint_dir / dist::checkpoint::directory::file_name(2)))
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (!stop.stop_requested()) std::raise(SIGINT);
+      });
+      const summary stopped = run(part);
+      ctrl_c.request_stop();
+      ctrl_c.join();
+      BOOST_TEST_REQUIRE(stopped.preempted.has_value(), "the run was not stopped (it ended at step " << stopped.steps << ")");
+      BOOST_TEST(stopped.preempted->starts_with("SIGINT after step "), *stopped.preempted);
+      BOOST_TEST(stopped.steps >= 2);
+      BOOST_TEST(stopped.steps < 40);
+      BOOST_TEST(!stopped.quality.has_value());
+      const auto saved = dist::checkpoint::directory(part.checkpoint_dir).steps();
+      BOOST_TEST_REQUIRE(!saved.empty());
+      BOOST_TEST(saved.front().first == stopped.steps, "the checkpoint is of the step it stopped after");
+      BOOST_TEST(read_csv(part.out_dir / "losses.csv", 1000).size() == static_cast<std::size_t>(stopped.steps));
+
+      part.resume = true;
+      const summary resumed = run(part);
+      BOOST_TEST(!resumed.preempted.has_value());
+      BOOST_TEST(resumed.steps == 40);
+      BOOST_TEST(resumed.steps_run == 40 - stopped.steps, "no step lost or repeated");
+      const auto a = dist::checkpoint::directory(whole.checkpoint_dir).load_latest();
+      const auto b = dist::checkpoint::directory(part.checkpoint_dir).load_latest();
+      BOOST_REQUIRE(a && b);
+      for (const auto& name : a->names()) {
+        const auto x = a->bytes(name), y = b->bytes(name);
+        BOOST_TEST(std::equal(x.begin(), x.end(), y.begin(), y.end()), "section " << name);
+      }
+      fs::remove_all(whole.out_dir);
+      fs::remove_all(part.out_dir);
+    }
+  }
+}
 
 BOOST_AUTO_TEST_CASE(resumed_equals_uninterrupted_bit_for_bit) {
   require_data();
