@@ -16,6 +16,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <span>
@@ -24,6 +26,8 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include <unistd.h>
 
 namespace dist = distribute;
 namespace nn = distribute::nn;
@@ -619,6 +623,51 @@ BOOST_AUTO_TEST_CASE(the_timed_kernel_choice_keeps_the_faster_once_and_its_bits_
       BOOST_TEST_MESSAGE("timed here: " << c.to_string());
     }
   BOOST_TEST(ours == 3u);
+}
+
+// The choices file: a choice made in one process is read by the next on the same machine (and not on
+// another), without timing again; lines that do not parse are ignored.
+BOOST_AUTO_TEST_CASE(kernel_choices_persist_per_machine_in_the_choices_file) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("distribute_conv_choices_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const fs::path file = dir / "sub" / "choices.txt";
+  const dist::conv_choice_record wanted{.pass = dist::conv_pass::backward_weights,
+                                        .geometry = conv_geometry::of(2, 64, 34, 34, 64, 3, 1, 0),
+                                        .precision = dist::compute_precision::bfloat16,
+                                        .threads = 2};
+  int timed = 0;
+  const auto time = [&](dist::conv_choice_record& r) {
+    ++timed;
+    r.winograd_seconds = 0.004;
+    r.direct_seconds = 0.002;
+    r.winograd = false;
+  };
+  {
+    dist::detail::conv_choice_table first{file, "machine A"};
+    BOOST_TEST(first.find(wanted) == nullptr);
+    BOOST_TEST(!first.decide(wanted, time).winograd);
+    BOOST_TEST(timed == 1);
+  }
+  BOOST_TEST_REQUIRE(fs::exists(file));
+  { std::ofstream(file, std::ios::app) << "garbage without a tab\nmachine A\t9 9 9\n"; }
+  dist::conv_choice_record other_batch = wanted;
+  other_batch.geometry.batch = 7;  // a choice holds whatever the batch
+  dist::detail::conv_choice_table second{file, "machine A"};
+  const auto* read = second.find(other_batch);
+  BOOST_TEST_REQUIRE(read != nullptr);
+  BOOST_TEST(read->from_file);
+  BOOST_TEST(!read->winograd);
+  BOOST_TEST(read->direct_seconds == 0.002);
+  BOOST_TEST(!second.decide(other_batch, time).winograd);
+  BOOST_TEST(timed == 1);  // not timed again
+  BOOST_TEST(second.all().size() == 1u);
+  BOOST_TEST(read->to_string().find("from an earlier run") != std::string::npos, read->to_string());
+  dist::detail::conv_choice_table elsewhere{file, "machine B"};
+  BOOST_TEST(elsewhere.find(wanted) == nullptr);
+  dist::detail::conv_choice_table unnamed{file, ""};  // no machine named yet: the file is not read
+  BOOST_TEST(unnamed.find(wanted) == nullptr);
+  fs::remove_all(dir);
 }
 
 // The grid of a weight gradient's pieces reads the geometry and the configured count only: as many

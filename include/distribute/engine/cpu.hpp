@@ -61,6 +61,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -73,6 +74,24 @@
 #include <vector>
 
 namespace distribute {
+
+#if DISTRIBUTE_HAS_DNNL
+namespace detail {
+// The name under which the choices file keeps this machine's choices: its CPU, and the ISA and
+// version of the oneDNN it runs (another of either times again).
+inline std::string conv_choices_machine() {
+  std::string model = "unknown CPU";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);)
+    if (line.starts_with("model name")) {
+      if (const auto colon = line.find(':'); colon != std::string::npos) model = line.substr(line.find_first_not_of(' ', colon + 1));
+      break;
+    }
+  std::replace(model.begin(), model.end(), '\t', ' ');
+  return model + ", " + dnnl_conv::isa() + ", " + dnnl_conv::library() + ", " + std::to_string(usable_hardware_threads()) + " threads";
+}
+}  // namespace detail
+#endif
 
 template <>
 class engine<cpu> {
@@ -521,27 +540,38 @@ class engine<cpu> {
     const conv_choice_record wanted{static_cast<conv_pass>(which), e, precision_ == compute_precision::bfloat16 ? compute_precision::bfloat16
                                                                                                           : compute_precision::float32,
                                     threads_};
-    auto& table = conv_timer_ ? own_choices_ : detail::shared_conv_choices();
+    if (conv_timer_) {
+      if (const auto* known = own_choices_.find(wanted)) return known->winograd;
+      return own_choices_.decide(wanted, [&](conv_choice_record& r) {
+        r.winograd_seconds = conv_timer_(r, true);
+        r.direct_seconds = conv_timer_(r, false);
+        r.winograd = !(r.direct_seconds * 1.5 <= r.winograd_seconds);
+      }).winograd;
+    }
+    auto& table = detail::shared_conv_choices();
+    table.name_machine(detail::conv_choices_machine());
     if (const auto* known = table.find(wanted)) return known->winograd;
     return table.decide(wanted, [&](conv_choice_record& r) {
-      r.winograd_seconds = conv_timer_ ? conv_timer_(r, true) : time_pass(which, e, a, b, bias, true);
-      r.direct_seconds = conv_timer_ ? conv_timer_(r, false) : time_pass(which, e, a, b, bias, false);
+      const auto [winograd_s, direct_s] = time_both(which, e, a, b, bias);
+      r.winograd_seconds = winograd_s;
+      r.direct_seconds = direct_s;
       r.winograd = !(r.direct_seconds * 1.5 <= r.winograd_seconds);
     }).winograd;
   }
-  // The best of two runs of a pass of e (after one that makes its plans), in seconds, on scratch
-  // outputs; infinity where oneDNN has no kernel for it.
-  double time_pass(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a, const float* b, bool bias, bool wino) {
+  // The best times, in seconds, of Winograd and of the direct kernel for a pass of e on scratch
+  // outputs: each run twice first (making its plans, touching its scratch, waking the threads), then
+  // three times each, in turns (Winograd, direct, Winograd, ...), so that a change of the machine's
+  // load or clock during the timing falls on both. Infinity for a kernel oneDNN does not have.
+  std::pair<double, double> time_both(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a, const float* b, bool bias) {
     using pass = detail::dnnl_conv::pass;
-    const bool h = !wino && half(), round = wino && half();
     std::vector<float> out(static_cast<std::size_t>(which == pass::forward          ? e.output_size()
                                                     : which == pass::backward_data ? e.input_size()
                                                                                     : e.weight_size()),
                            0.0f);
     std::vector<float> channels(static_cast<std::size_t>(e.out_channels), 0.0f);
     float* per_channel = bias ? channels.data() : nullptr;
-    double best = std::numeric_limits<double>::infinity();
-    for (int run = 0; run < 3; ++run) {
+    const auto once = [&](bool wino) {  // seconds, or infinity
+      const bool h = !wino && half(), round = wino && half();
       enter_openmp();
       const std::pair<pass, bool> one{which, bias};
       detail::dnnl_conv& d = dnnl_now({&one, 1}, e, h, wino);
@@ -549,10 +579,15 @@ class engine<cpu> {
       const bool ran = which == pass::forward         ? d.forward(e, a, b, per_channel, out.data(), arena_, h, wino, round)
                        : which == pass::backward_data ? d.backward_data(e, a, b, out.data(), arena_, h, wino, round)
                                                       : d.backward_weights(e, a, b, out.data(), per_channel, arena_, h, wino, round);
-      if (!ran) return std::numeric_limits<double>::infinity();
-      if (run > 0) best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    return best;
+      return ran ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                 : std::numeric_limits<double>::infinity();
+    };
+    for (int warm = 0; warm < 2; ++warm)
+      for (const bool wino : {true, false}) (void)once(wino);
+    double best[2] = {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
+    for (int turn = 0; turn < 3; ++turn)
+      for (const bool wino : {true, false}) best[wino ? 0 : 1] = std::min(best[wino ? 0 : 1], once(wino));
+    return {best[0], best[1]};
   }
   // One convolution pass through oneDNN on its two inputs `a` and `b`: `pass(plans, a, b, half,
   // winograd, round)` runs it and returns false where oneDNN has no kernel for it (the reference computes it

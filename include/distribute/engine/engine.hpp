@@ -103,13 +103,16 @@ struct engine_options {
   // CPU engines: where a pass could run either way (the convolutions `conv_winograd` takes to
   // Winograd: in float32 Winograd or direct; in bfloat16 float32 Winograd on the inputs rounded to
   // bfloat16, or oneDNN's bfloat16 direct kernel), `timed` times both on this machine at the pass's
-  // first run (the shape, the pass, the precision: best of two runs each, on scratch outputs) and keeps
-  // Winograd unless the direct kernel takes at most two thirds of its time; `rule` always takes
-  // Winograd there. Winograd wins by 2.5-3x on AVX-512 CPUs without AMX (a Zen 4 measured it), where
-  // the timed choice keeps it; on a CPU with AMX oneDNN's bfloat16 direct kernels beat it by about
-  // 2.6x, and the timed choice takes them. The choice is made once per engine and shape, before the
-  // pass's first result, so a run's later steps compute alike; two runs choose alike unless the two
-  // times sit at the margin (engine<cpu>::conv_choices() reports them; `rule` fixes the choice).
+  // first run (the shape, the pass, the precision: best of three runs each, in turns, on scratch
+  // outputs) and keeps Winograd unless the direct kernel takes at most two thirds of its time;
+  // `rule` always takes Winograd there. Winograd wins by 2.5-3x on AVX-512 CPUs without AMX (a Zen 4
+  // measured it), where the timed choice keeps it; on a Xeon with AMX, in bfloat16, oneDNN's direct
+  // kernels took 0.58-0.74 of its time for a residual block's convolution, and the timed choice
+  // takes them where they are that much faster. The choice is made once per process and shape, before
+  // the pass's first result, so every replica and later step computes alike, and kept in a file of
+  // the machine's choices (engine/conv_choices.hpp: $DISTRIBUTE_CONV_CHOICES or
+  // ~/.cache/distribute/cpu_conv_choices.txt) that later runs read, so that they compute alike too
+  // (engine<cpu>::conv_choices() reports them; `rule` fixes the choice to Winograd).
   conv_choice cpu_conv_choice = conv_choice::timed;
   // GPU engines: whether float convolutions and matrix products may use TF32 tensor cores (a 10-bit
   // mantissa in the products, float accumulation: about 1e-3 relative, several times faster). Off,
