@@ -20,10 +20,10 @@
 //
 //   bench_allreduce_gpu [--replicas 2,4] [--max-bytes 256M] [--quick] [--device 0]
 
-#include <distribute/comm/nccl.cuh>
-#include <distribute/device/cuda.cuh>
-#include <distribute/strategy/mirrored_strategy_cuda.cuh>
-#include <distribute/tensor/cuda_tensor.cuh>
+#include <distribute/cuda/comm/nccl.cuh>
+#include <distribute/cuda/device/cuda.cuh>
+#include <distribute/cuda/strategy/mirrored_strategy.cuh>
+#include <distribute/cuda/tensor/tensor.cuh>
 
 #include "bench_common.hpp"
 
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
       check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
       check_nccl(ncclCommInitRank(&raw, 1, id, 0), "ncclCommInitRank");
     }
-    dist::mirrored_strategy<dist::cuda> ours{{dist::cuda{o.device}}, {}, dist::cuda_engine::nccl};
+    dist::mirrored_strategy<dist::cuda> ours{{dist::cuda{o.device}}, {}, dist::cuda_collective_engine::nccl};
 
     std::printf("\n# NCCL, one rank: time per call (one rank in place moves no data: this is per-call overhead, not bandwidth)\n");
     std::printf("%8s  %10s  %10s  %12s\n", "bytes", "ours us", "raw us", "overhead us");
@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
       check_nccl(ncclCommInitAll(comms.data(), gpus, ordinals.data()), "ncclCommInitAll");
       std::vector<dist::detail::owned_stream> streams;
       for (int g = 0; g < gpus; ++g) streams.emplace_back(g);
-      dist::mirrored_strategy<dist::cuda> all{dist::all_cuda_devices(), {}, dist::cuda_engine::nccl};
+      dist::mirrored_strategy<dist::cuda> all{dist::all_cuda_devices(), {}, dist::cuda_collective_engine::nccl};
       const double bus = 2.0 * (gpus - 1) / gpus;
       for (const std::size_t bytes : sizes) {
         const std::size_t n = bytes / sizeof(float);

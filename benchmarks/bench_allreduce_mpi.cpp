@@ -35,6 +35,7 @@
 // step of the strategy, between barriers, so that the clock on rank 0 covers every replica; ours and
 // MPI alternate in rounds so that both see the same machine.
 
+#include <distribute/comm/mpi_runtime.hpp>
 #include <distribute/concepts/replica.hpp>
 #include <distribute/strategy/multi_worker_mirrored_strategy.hpp>
 
@@ -565,7 +566,7 @@ void overlap(int rank, int workers, const options& opts) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dist::comm::detail::mpi_runtime::instance(&argc, &argv);
+  dist::comm::mpi_runtime::instance(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

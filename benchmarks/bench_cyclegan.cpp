@@ -18,10 +18,10 @@ int main(int argc, char** argv) {
             "-DDISTRIBUTE_BENCH_CYCLEGAN_CUDA=ON; benchmarks/peer/run_peer.sh --gpu does)");
 #endif
     }
-    const dist::engine_options engine = engine_options_for(o);
+    const dist::compute_options engine = engine_options_for(o);
     if (o.strategy == "one_device") {
       dist::one_device_strategy<dist::cpu> s;
-      s.set_engine_options(engine);
+      s.set_compute_options(engine);
       return run(s, o);
     }
     if (o.strategy == "multi_worker") {
@@ -29,14 +29,14 @@ int main(int argc, char** argv) {
       dist::comm::mpi_options mpi;
       mpi.shared_memory = o.mpi_window;
       dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = o.replicas, .mpi = mpi}};
-      s.set_engine_options(engine);
+      s.set_compute_options(engine);
       return run(s, o);
 #else
       usage("--strategy multi_worker: this build of bench_cyclegan has no MPI");
 #endif
     }
     dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(o.replicas)};
-    s.set_engine_options(engine);
+    s.set_compute_options(engine);
     return run(s, o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cyclegan: %s\n", e.what());

@@ -21,11 +21,11 @@
 // replicas' mean), the communication share of the blocking step, the share of it that overlap hid
 // (1 - communication on / communication off) and what the step time says of it.
 //
-// --threads N sets each replica's engine threads (engine_options::threads; 0, the default, takes the
+// --threads N sets each replica's engine threads (compute_options::threads; 0, the default, takes the
 // replica's share of the cores). --adapt-threads off keeps each CPU engine at that count; on (the
-// default, engine_options::adapt_threads) it runs fewer threads while other processes keep the cores
+// default, compute_options::adapt_threads) it runs fewer threads while other processes keep the cores
 // busy. --winograd off computes every CPU
-// convolution directly (engine_options::conv_winograd; on, the default, the wide 3x3 ones with
+// convolution directly (compute_options::conv_winograd; on, the default, the wide 3x3 ones with
 // Winograd's kernel where the oneDNN has one).
 //
 // --background-load N starts N busy processes (forked children, each spinning on arithmetic at
@@ -45,8 +45,8 @@
 // nn::graphed: its forward and backward are captured as CUDA graphs in the warm-up steps and replayed
 // in the timed ones (the line "CUDA graphs:" says whether each network replays, or why it does not).
 // --autotune times cuDNN's engines for each convolution in the warm-up steps and keeps the fastest
-// (engine_options::conv_autotune; the peer's torch.backends.cudnn.benchmark). --nondeterministic lets
-// cuDNN pick engines whose sums depend on timing (engine_options::deterministic = false), as the
+// (compute_options::conv_autotune; the peer's torch.backends.cudnn.benchmark). --nondeterministic lets
+// cuDNN pick engines whose sums depend on timing (compute_options::deterministic = false), as the
 // peer's default (torch.backends.cudnn.deterministic = False) does.
 //
 // --batch is the GLOBAL batch (split between the replicas). Every step trains on the same random
@@ -97,7 +97,7 @@ struct options {
   std::string strategy = "one_device";
   std::string device = "cpu";  // cpu or cuda (where the build has CUDA)
   bool tf32 = false;           // cuda: TF32 tensor-core convolutions and products
-  std::string precision = "float32";  // float32, bf16 or fp16 (cuda) convolutions and products (engine_options::precision)
+  std::string precision = "float32";  // float32, bf16 or fp16 (cuda) convolutions and products (compute_options::precision)
   int replicas = 2;
   int size = 28, channels = 1, filters = 16, blocks = 3, d_layers = 2, batch = 8;
   int steps = 5, warmup = 1;
@@ -106,18 +106,18 @@ struct options {
   bool params_only = false;  // print the parameter counts as JSON and exit
   std::string overlap = "on";  // on, off or both (alternating, --rounds times)
   bool graphs = false;         // cuda: each network's passes replayed as CUDA graphs (nn::graphed)
-  bool autotune = false;       // cuda: cuDNN's engines timed per convolution (engine_options::conv_autotune)
-  bool nondeterministic = false;  // cuda: any cuDNN engine (engine_options::deterministic = false)
+  bool autotune = false;       // cuda: cuDNN's engines timed per convolution (compute_options::conv_autotune)
+  bool nondeterministic = false;  // cuda: any cuDNN engine (compute_options::deterministic = false)
   bool mpi_window = true;      // multi_worker: all-reduce through a shared-memory window on one machine (off: the ring of messages used between machines)
   int rounds = 3;
-  int threads = 0;             // engine_options::threads (0: the replica's share of the cores)
-  bool adapt_threads = true;   // engine_options::adapt_threads (--adapt-threads on|off)
-  bool winograd = true;        // engine_options::conv_winograd
+  int threads = 0;             // compute_options::threads (0: the replica's share of the cores)
+  bool adapt_threads = true;   // compute_options::adapt_threads (--adapt-threads on|off)
+  bool winograd = true;        // compute_options::conv_winograd
   int background_load = 0;     // busy child processes while the steps run
 };
 
 // The engine options of --threads, --adapt-threads, --winograd, --tf32, --precision, --autotune and --nondeterministic.
-inline dist::engine_options engine_options_for(const options& o) {
+inline dist::compute_options engine_options_for(const options& o) {
   return {.threads = o.threads,
           .adapt_threads = o.adapt_threads,
           .conv_winograd = o.winograd,
@@ -458,7 +458,7 @@ int run(S& s, const options& o, const device_report& dev = {}) {
     const double check = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / checks;
     say("  preemption check (no signal): %.2f us a step, %.4f%% of the step\n", 1e6 * check, 100 * check / per_step);
   }
-  // The CPU engine's kernel choices, timed during the warm-up (engine_options::cpu_conv_choice).
+  // The CPU engine's kernel choices, timed during the warm-up (compute_options::cpu_conv_choice).
   if (const auto choices = dist::cpu_conv_choices(); !choices.empty()) {
     say("  kernel choices timed during the warm-up (%zu):\n", choices.size());
     for (const auto& c : choices) say("    %s\n", c.to_string().c_str());

@@ -3,11 +3,11 @@
 #include "bench_cyclegan.hpp"
 #include "graphs.cuh"
 
-#include <distribute/device/cuda.cuh>
-#include <distribute/device/cuda_memory.cuh>
-#include <distribute/engine/cuda.cuh>
-#include <distribute/strategy/mirrored_strategy_cuda.cuh>
-#include <distribute/strategy/one_device_strategy_cuda.cuh>
+#include <distribute/cuda/device/cuda.cuh>
+#include <distribute/cuda/device/memory.cuh>
+#include <distribute/cuda/engine/cuda.cuh>
+#include <distribute/cuda/strategy/mirrored_strategy.cuh>
+#include <distribute/cuda/strategy/one_device_strategy.cuh>
 
 #include <cuda_runtime.h>
 
@@ -53,17 +53,17 @@ std::string product_name(int ordinal) {
 int run_on_cuda(const options& o) {
   const int gpus = dist::cuda_device_count();
   if (gpus == 0) throw std::runtime_error("--device cuda: no CUDA device is visible");
-  const dist::engine_options engine = engine_options_for(o);
+  const dist::compute_options engine = engine_options_for(o);
   if (o.strategy == "one_device") {
     const dist::cuda_stream stream(0);  // the legacy default stream cannot be captured (--graphs on)
     dist::one_device_strategy<dist::cuda> s{dist::cuda{0}.on(stream.get())};
-    s.set_engine_options(engine);
+    s.set_compute_options(engine);
     return run(s, o, report_of(product_name(0)));
   }
   std::vector<dist::cuda> devices;
   for (int r = 0; r < o.replicas; ++r) devices.emplace_back(r % gpus);
   dist::mirrored_strategy<dist::cuda> s{devices};
-  s.set_engine_options(engine);
+  s.set_compute_options(engine);
   return run(s, o, report_of(product_name(0) + " x" + std::to_string(o.replicas) + " replicas"));
 }
 

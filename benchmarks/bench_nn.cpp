@@ -115,16 +115,16 @@ struct conv_result {
 
 // One replica of one thread on an engine with `options`.
 struct one_thread_replica {
-  dist::detail::engine_slot slot;
+  dist::engine_slot<dist::cpu> slot;
   dist::replica_context<dist::cpu, dist::comm::local> r;
-  explicit one_thread_replica(dist::engine_options options) : r{dist::cpu{}, dist::comm::local{}, &slot} {
+  explicit one_thread_replica(dist::compute_options options) : r{dist::cpu{}, dist::comm::local{}, &slot} {
     options.threads = 1;
     slot.reset(options, 1);
   }
 };
 
 template <class Layer>
-std::pair<double, double> time_layer(Layer& layer, dist::engine_options options, const dist::tensor<float>& x) {
+std::pair<double, double> time_layer(Layer& layer, dist::compute_options options, const dist::tensor<float>& x) {
   one_thread_replica rep{options};
   auto y = layer.forward(rep.r, x);
   dist::tensor<float> dy{y.shape()};

@@ -1,7 +1,7 @@
 // The GPU cost of training arithmetic, side by side in one run on one GPU: bench_nn's GPU counterpart.
 //   - The bound: the device's measured peak, a square cuBLAS SGEMM (8192 x 8192 x 8192) in float32
 //     (CUBLAS_PEDANTIC_MATH: no TF32, as the GPU engine computes float32) and with TF32 tensor cores
-//     (CUBLAS_TF32_TENSOR_OP_MATH, as the engine computes with engine_options::tf32), in TFLOP/s;
+//     (CUBLAS_TF32_TENSOR_OP_MATH, as the engine computes with compute_options::tf32), in TFLOP/s;
 //     measured at the start and again at the end of the run, so that a clock that moved shows.
 //   - Ours: nn::conv2d and nn::conv_transpose2d on a GPU replica (one_device_strategy<cuda>: the GPU
 //     engine, cuDNN) at bench_nn's cases, CycleGAN's demo and paper shapes (conv_cases.hpp), forward
@@ -19,12 +19,12 @@
 //
 // Without a visible GPU it says so and exits 1 (a benchmark, not a test).
 
-#include <distribute/device/cuda.cuh>
+#include <distribute/cuda/device/cuda.cuh>
+#include <distribute/cuda/engine/cuda.cuh>
+#include <distribute/cuda/strategy/one_device_strategy.cuh>
+#include <distribute/cuda/tensor/tensor.cuh>
 #include <distribute/distribute.hpp>
-#include <distribute/engine/cuda.cuh>
 #include <distribute/nn.hpp>
-#include <distribute/strategy/one_device_strategy_cuda.cuh>
-#include <distribute/tensor/cuda_tensor.cuh>
 
 #include "bench_common.hpp"
 #include "conv_cases.hpp"
@@ -261,8 +261,8 @@ int run(int ordinal) {
 
   // One replica per precision, on one stream: each engine keeps its cuDNN plans across the cases.
   dist::one_device_strategy<dist::cuda> f32{device}, t32{device};
-  f32.set_engine_options({.tf32 = false});
-  t32.set_engine_options({.tf32 = true});
+  f32.set_compute_options({.tf32 = false});
+  t32.set_compute_options({.tf32 = true});
   std::string engine_name;
   f32.run([&](dist::replica auto& r) { engine_name = r.engine().name(); });
   std::printf("GPU engine: %s (and the same with TF32)\n", engine_name.c_str());

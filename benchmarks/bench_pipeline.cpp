@@ -24,6 +24,7 @@
 #include <distribute/nn.hpp>
 #include <distribute/optim/adam.hpp>
 #include <distribute/pipeline.hpp>
+#include <distribute/tensor/micro_batches.hpp>
 
 #include "bench_common.hpp"
 
@@ -339,8 +340,8 @@ model_case make_case(const flags& f, std::string mode, dist::pipeline_options o,
         [&](auto& r, dist::optim::adam<>& opt) {
           const int copy = st->model.copy_of(r.replica_id());
           const std::int64_t lo = model_batch * copy / copies, hi = model_batch * (copy + 1) / copies;
-          auto result = st->model.train_step(r, dist::detail::batch_slice(x, lo, hi - lo),
-                                             dist::detail::batch_slice(y, lo, hi - lo), mse_loss{}, model_batch);
+          auto result = st->model.train_step(r, dist::batch_slice(x, lo, hi - lo),
+                                             dist::batch_slice(y, lo, hi - lo), mse_loss{}, model_batch);
           opt.step(r, st->model.local(r));
           return result;
         },

@@ -78,7 +78,7 @@ bool reset_peak_rss() {
 struct options {
   int size = 28, channels = 1, filters = 16, blocks = 3, d_layers = 2, batch = 8;
   int rounds = 10, steps = 3, warmup = 1, check_steps = 2;
-  int threads = 0;  // engine_options::threads (0: every core)
+  int threads = 0;  // compute_options::threads (0: every core)
   bool check_only = false, paper = false;
   std::string profile;  // "hand" or "tape": after the check, only that side's steps (for a profiler)
   std::uint64_t seed = 1;
@@ -217,7 +217,7 @@ struct clock_pair {
 int run(const options& o) {
   using S = dist::one_device_strategy<dist::cpu>;
   S s;
-  s.set_engine_options({.threads = o.threads});
+  s.set_compute_options({.threads = o.threads});
   const int threads = s.run_on_primary([](auto& r) { return r.engine().threads(); });
   cyclegan::train_options t;
   t.gen = {.channels = o.channels, .filters = o.filters, .blocks = o.blocks};

@@ -4,11 +4,11 @@
 # rounds (every candidate once per round, quiet then loaded, so that other work on the machine falls
 # on all of them alike):
 #   default     the engine's defaults: the replica's share of the cores, fewer while other programs
-#               keep them busy (engine_options::adapt_threads)
+#               keep them busy (compute_options::adapt_threads)
 #   fixed       the share, always (--adapt-threads off), libgomp's default waits (spin, then sleep)
 #   passive     fixed, with OMP_WAIT_POLICY=passive in the environment (threads sleep at once at a barrier)
 #   spin1000    fixed, with GOMP_SPINCOUNT=1000 in the environment (a short spin before sleeping)
-#   threads1    engine_options::threads = 1 (--threads 1)
+#   threads1    compute_options::threads = 1 (--threads 1)
 # for one_device (all cores) and mirrored (2 replicas of one thread each; there threads1 and fixed are
 # the default, so --mirrored-candidates leaves them out). Prints one line per run and
 # a table of each candidate's images/s (median of --steps steps per run, the runs in order) with the

@@ -5,7 +5,7 @@
 #
 # Used by the top-level CMakeLists.txt and, installed, by distributeConfig.cmake. Needs CUDAToolkit
 # found first. Either library may be missing: NCCL::NCCL then does not exist, distribute::cuda links
-# without it and <distribute/comm/nccl.cuh> is unavailable (config.hpp probes <nccl.h>).
+# without it and <distribute/cuda/comm/nccl.cuh> is unavailable (config.hpp probes <nccl.h>).
 
 set(_distribute_cuda_hints "")
 if(CUDAToolkit_LIBRARY_ROOT)

@@ -29,7 +29,7 @@
 #   --graphs  with --gpu: each network's passes as CUDA graphs on both sides (ours --graphs on,
 #             the peer torch.cuda.make_graphed_callables)
 #   --autotune with --gpu: cuDNN's engines timed per convolution shape on both sides (ours
-#             --autotune, engine_options::conv_autotune; the peer torch.backends.cudnn.benchmark)
+#             --autotune, compute_options::conv_autotune; the peer torch.backends.cudnn.benchmark)
 #   --precision bf16  mixed precision on both sides (ours --precision bf16: on the CPU oneDNN's bf16
 #             kernels, where it has bf16 units; the peer the step under torch.autocast); fp16: --gpu only
 #

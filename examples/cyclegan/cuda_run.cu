@@ -5,12 +5,12 @@
 #include "program.hpp"
 #include "graphs.cuh"
 
-#include <distribute/device/cuda.cuh>
-#include <distribute/engine/cuda.cuh>
-#include <distribute/strategy/mirrored_strategy_cuda.cuh>
-#include <distribute/strategy/one_device_strategy_cuda.cuh>
+#include <distribute/cuda/device/cuda.cuh>
+#include <distribute/cuda/engine/cuda.cuh>
+#include <distribute/cuda/strategy/mirrored_strategy.cuh>
+#include <distribute/cuda/strategy/one_device_strategy.cuh>
 #if DISTRIBUTE_HAS_MPI && DISTRIBUTE_HAS_NCCL
-#  include <distribute/strategy/multi_worker_mirrored_strategy_cuda.cuh>
+#  include <distribute/cuda/strategy/multi_worker_mirrored_strategy.cuh>
 #endif
 
 #include <stdexcept>

@@ -5,8 +5,8 @@
 // Included by the CUDA units (cuda_run.cu, the benchmark's) before they instantiate the trainer.
 #include "trainer.hpp"
 
-#include <distribute/device/cuda.cuh>
-#include <distribute/nn/graphed.cuh>
+#include <distribute/cuda/device/cuda.cuh>
+#include <distribute/cuda/nn/graphed.cuh>
 
 #include <utility>
 

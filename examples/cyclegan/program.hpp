@@ -28,11 +28,11 @@ namespace cyclegan {
 struct settings {
   std::string strategy = "mirrored";
   std::string device = "cpu";     // cpu or cuda
-  // What convolutions and matrix products compute in (engine_options::precision): float32, or
+  // What convolutions and matrix products compute in (compute_options::precision): float32, or
   // bfloat16 (GPUs; CPUs with bf16 units). float16 would need loss scaling, which the trainer has not.
   distribute::compute_precision precision = distribute::compute_precision::float32;
   // CPU replicas of more than one thread: fewer threads while other programs keep the cores busy
-  // (engine_options::adapt_threads, on by default; the results have the same bits either way).
+  // (compute_options::adapt_threads, on by default; the results have the same bits either way).
   bool adapt_threads = true;
   int replicas = 0;               // of the process (under multi_worker, each worker's); 0: the device's default
   train_options train{};
@@ -281,7 +281,7 @@ struct summary {
   std::optional<std::string> preempted;  // a signal stopped the run after a checkpoint: which, after which step
   bool chief = true;               // this process printed and wrote the files (worker 0)
   std::vector<std::filesystem::path> exported;  // --export's files
-  distribute::engine_options engine{};          // the engine options the run set on its strategy
+  distribute::compute_options engine{};          // the engine options the run set on its strategy
 };
 
 // A multi-worker job failed: every worker that saw the failure has printed it (one line) and the job
@@ -329,7 +329,7 @@ summary run_with(S& strategy, settings st) {
   if (!sum.chief) st.quiet = true;
   // Before any data is read: an engine that cannot compute in this precision says why here.
   sum.engine = {.adapt_threads = st.adapt_threads, .precision = st.precision};
-  if (st.precision != distribute::compute_precision::float32 || !st.adapt_threads) strategy.set_engine_options(sum.engine);
+  if (st.precision != distribute::compute_precision::float32 || !st.adapt_threads) strategy.set_compute_options(sum.engine);
   domains d = st.data_dir.empty() ? load_fashion_mnist(st.fmnist_dir) : load_folders(st.data_dir, st.channels, st.image_size);
   if (st.train_limit) {
     d.a.resize(std::min(d.a.size(), st.train_limit));

@@ -115,12 +115,12 @@ struct step_losses {
 // k t and t += u, computed by the replica's engine.
 template <class R, class T>
 T scaled(R& r, T t, double k) {
-  r.engine().for_each(static_cast<std::int64_t>(t.size()), nn::detail::kernels::scale<float>{t.data(), t.data(), static_cast<float>(k)});
+  r.engine().for_each(static_cast<std::int64_t>(t.size()), dist::detail::kernels::scale<float>{t.data(), t.data(), static_cast<float>(k)});
   return t;
 }
 template <class R, class T>
 void add_to(R& r, T& t, const T& u) {
-  r.engine().for_each(static_cast<std::int64_t>(t.size()), nn::detail::kernels::add_to<float>{t.data(), u.data()});
+  r.engine().for_each(static_cast<std::int64_t>(t.size()), dist::detail::kernels::add_to<float>{t.data(), u.data()});
 }
 template <class T>
 T filled_like(const T& t, float v) {

@@ -16,6 +16,7 @@
 #include <distribute/distribute.hpp>
 #include <distribute/optim/adam.hpp>
 #include <distribute/pipeline.hpp>
+#include <distribute/tensor/micro_batches.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -166,7 +167,7 @@ struct l1_loss {
   }
 };
 
-dist::engine_options engine_of(const flags& f) {
+dist::compute_options engine_of(const flags& f) {
   if (!f.exact) return {};
   return {.threads = 1, .split_independent = true, .reference = true};
 }
@@ -182,7 +183,7 @@ struct run {
 // `replicas` replicas; each copy (of `copies`) trains on its share of every batch.
 template <class S>
 run train(S& strategy, const flags& f, const std::string& mode, int copies, int micro_batches) {
-  strategy.set_engine_options(engine_of(f));
+  strategy.set_compute_options(engine_of(f));
   const std::uint64_t seed = 7;
   dist::pipeline model(strategy, {.micro_batches = micro_batches, .schedule = f.schedule, .copies = copies},
                        [&](const dist::cpu&) { return make_encoder(f, seed); },
@@ -197,8 +198,8 @@ run train(S& strategy, const flags& f, const std::string& mode, int copies, int 
         [&](auto& r, dist::optim::adam<>& opt) {
           const int c = model.copy_of(r.replica_id());
           const std::int64_t lo = f.batch * c / copies, hi = f.batch * (c + 1) / copies;
-          auto result = model.train_step(r, dist::detail::batch_slice(b.noisy, lo, hi - lo),
-                                         dist::detail::batch_slice(b.clean, lo, hi - lo), l1_loss{}, f.batch);
+          auto result = model.train_step(r, dist::batch_slice(b.noisy, lo, hi - lo),
+                                         dist::batch_slice(b.clean, lo, hi - lo), l1_loss{}, f.batch);
           opt.step(r, model.local(r));
           return result;
         },

@@ -14,6 +14,7 @@
 #include <distribute/distribute.hpp>
 #include <distribute/nn.hpp>
 #include <distribute/nn/tape.hpp>
+#include <distribute/optim/adam.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -40,6 +40,7 @@
 // Tensors, layers and optimisers need Eigen; included when it is on the include path.
 #if __has_include(<Eigen/Core>)
 #  include <distribute/nn.hpp>
+#  include <distribute/optim.hpp>
 #endif
 
 // The input pipeline; IDX sources when zlib is on the include path. Image folders are not included

@@ -29,7 +29,7 @@ struct collective_aborted : collective_error {
 
 // The copies of a mirrored value differ where they must be identical.
 // Something was asked of a stream being captured into a CUDA graph that a graph cannot hold: a
-// wait for the device, a value read on the host, a collective (nn::graphed, device/cuda_graph.cuh).
+// wait for the device, a value read on the host, a collective (nn::graphed, cuda/device/graph.cuh).
 struct graph_capture_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

@@ -1,6 +1,7 @@
 #pragma once
-// Tensors, layers, losses and optimisers in one include (needs Eigen 3.3 or later). Eigen views of
-// tensors are opt-in: <distribute/tensor/eigen.hpp> (Matrix maps), <distribute/tensor/eigen_tensor.hpp>.
+// Tensors, layers and losses in one include (needs Eigen 3.3 or later); the optimisers that step
+// them are <distribute/optim.hpp>. Eigen views of tensors are opt-in: <distribute/tensor/eigen.hpp>
+// (Matrix maps), <distribute/tensor/eigen_tensor.hpp>.
 
 #include <distribute/tensor/shape.hpp>
 #include <distribute/tensor/tensor.hpp>
@@ -24,7 +25,3 @@
 #include <distribute/nn/tape.hpp>
 #include <distribute/nn/tensor_ops.hpp>
 #include <distribute/nn/with_precision.hpp>
-
-#include <distribute/optim/adam.hpp>
-#include <distribute/optim/loss_scaler.hpp>
-#include <distribute/optim/sgd.hpp>

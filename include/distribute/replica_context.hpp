@@ -3,13 +3,13 @@
 // values, and the collectives of its group. One template serves every strategy; the communicator
 // decides what the collectives cost (nothing at all for the `local` communicator of one device).
 
-#include <distribute/comm/detail/gradient_buckets.hpp>
-#include <distribute/comm/detail/gradient_overlap.hpp>
+#include <distribute/comm/gradient_buckets.hpp>
+#include <distribute/comm/gradient_overlap.hpp>
 #include <distribute/concepts/communicator.hpp>
 #include <distribute/concepts/device.hpp>
 #include <distribute/detail/activity.hpp>
 #include <distribute/dtype.hpp>
-#include <distribute/engine/detail/engine_slot.hpp>
+#include <distribute/engine/engine_slot.hpp>
 #include <distribute/errors.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/reduce_op.hpp>
@@ -79,7 +79,7 @@ class replica_context {
   // `slot`: where the strategy keeps this replica's compute engine; without one, the replica computes
   // with the calling thread's default engine (every core). `meter`: where the replica's time inside
   // collectives adds up (the strategy's `timings()`); without one it is not measured.
-  replica_context(D device, C comm, detail::engine_slot* slot = nullptr, detail::collective_meter* meter = nullptr)
+  replica_context(D device, C comm, engine_slot<D>* slot = nullptr, detail::collective_meter* meter = nullptr)
       : device_{std::move(device)}, comm_{std::move(comm)}, engine_{slot} {
     if constexpr (measured) meter_ = meter;
   }
@@ -99,7 +99,7 @@ class replica_context {
   // of the cores and its own scratch and cached primitives. Made on first use.
   template <class E = distribute::engine<D>>
   E& engine() const {
-    if (engine_) return engine_->template get<D>(device_);
+    if (engine_) return engine_->get(device_);
     if constexpr (requires { E::thread_default(device_); }) return E::thread_default(device_);
     else return E::thread_default();
   }
@@ -200,15 +200,15 @@ class replica_context {
   template <gradient_enumerable M>
   std::size_t all_reduce_gradients(M& model, const gradient_reduction& options = {}) {
     std::size_t collectives = 0;
-    communicate("all_reduce_gradients", [&] { collectives = detail::all_reduce_gradients(comm_, model, options); });
+    communicate("all_reduce_gradients", [&] { collectives = comm::all_reduce_gradients(comm_, model, options); });
     return collectives;
   }
 
-  // The same all-reduce overlapped with backward (comm/detail/gradient_overlap.hpp): `add` a model
+  // The same all-reduce overlapped with backward (comm/gradient_overlap.hpp): `add` a model
   // just before its last backward of the step, `wait` before its optimiser step. Until `wait`, this
   // replica's collectives go through the overlap, in order.
   gradient_overlap<C> overlap_gradients(const gradient_reduction& options = {}) {
-    if constexpr (measured) return gradient_overlap<C>{comm_, &overlap_, D::kind == device_kind::cpu, options, meter_};
+    if constexpr (measured) return gradient_overlap<C>{comm_, &overlap_, host_memory_v<D>, options, meter_};
     else return gradient_overlap<C>{comm_, nullptr, false, options, nullptr};
   }
 
@@ -292,10 +292,10 @@ class replica_context {
 
   D device_;
   [[no_unique_address]] C comm_;
-  detail::engine_slot* engine_ = nullptr;
+  engine_slot<D>* engine_ = nullptr;
   [[no_unique_address]] std::conditional_t<measured, detail::collective_meter*, no_meter> meter_{};
   struct no_overlap {};
-  [[no_unique_address]] std::conditional_t<measured, detail::overlap_hook*, no_overlap> overlap_{};
+  [[no_unique_address]] std::conditional_t<measured, comm::overlap_hook*, no_overlap> overlap_{};
   struct no_capture {};
   [[no_unique_address]] std::conditional_t<measured, graph_capture, no_capture> capturing_{};
   struct no_hold {};

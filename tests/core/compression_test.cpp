@@ -5,6 +5,7 @@
 #include "test_support.hpp"
 
 #include <distribute/bfloat16.hpp>
+#include <distribute/comm/gradient_buckets.hpp>
 
 #include <boost/test/unit_test.hpp>
 
@@ -248,7 +249,7 @@ BOOST_AUTO_TEST_CASE(the_narrowing_buffer_kept_per_thread_is_bounded_by_the_buck
                                        .compression = dist::gradient_compression::bfloat16};
     const auto kept = s.run(
         [&](dist::replica auto& r, toy_model& m) {
-          auto& buffer = dist::detail::kept_narrowing_buffer<bfloat16>();
+          auto& buffer = dist::comm::kept_narrowing_buffer<bfloat16>();
           buffer = {};
           for (auto& g : m.gradients) g = gradients_for(r.replica_id(), g.size());
           r.all_reduce_gradients(m, how);

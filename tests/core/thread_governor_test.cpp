@@ -1,4 +1,4 @@
-// engine_options::adapt_threads: the decision (detail::thread_governor) fed with made-up windows of
+// compute_options::adapt_threads: the decision (detail::thread_governor) fed with made-up windows of
 // (wall time, time the team waited for a CPU), and the reading of the kernel's run delay.
 #include <distribute/engine/detail/thread_governor.hpp>
 

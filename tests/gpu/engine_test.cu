@@ -1,6 +1,6 @@
 // The GPU compute engine, in one file because it is the one that includes the cudnn-frontend.
 //
-// Suite `layers`: the engine (engine/cuda.cuh) under the CPU layers: every layer, loss and optimiser
+// Suite `layers`: the engine (cuda/engine/cuda.cuh) under the CPU layers: every layer, loss and optimiser
 // the example CycleGAN uses, its whole generator and discriminator, and SyncBatchNorm across two GPU
 // replicas, run on a GPU replica and on the CPU from the same seed and input; outputs, input
 // gradients and every parameter gradient agree within 1e-3 of the CPU value relative to the largest
@@ -8,7 +8,7 @@
 // matrix products against the CPU engine's and its passes on the replica's stream, and Adam's state on
 // a GPU: checkpointed there and resumed on either device, and copied to another replica.
 //
-// Suite `cudnn`: the engine's cuDNN convolutions (engine/detail/cudnn_conv.cuh) against the CPU
+// Suite `cudnn`: the engine's cuDNN convolutions (cuda/engine/detail/cudnn_conv.cuh) against the CPU
 // engine's reference (im2col + Eigen): every convolution the CycleGAN example runs, at small
 // sizes, in its three passes (forward with and without a bias, the data gradient, the weight and
 // bias gradients added to non-zero values), in float32 (within 1e-4 relative) and with TF32 allowed
@@ -19,7 +19,7 @@
 //
 // Suite `passes`: the per-element passes the launch-shape tests (tests/launch_shape) hold the CPU
 // engine to, on the GPU: reflection padding with the CPU's bits, chunked segmented sums, and cuDNN's
-// engines with engine_options::deterministic on and off within conv_workspace_limit. Here rather
+// engines with compute_options::deterministic on and off within conv_workspace_limit. Here rather
 // than in a binary of its own, so that the cudnn-frontend is compiled once.
 //
 // It includes the cudnn-frontend (through the engine), and compiles in over a minute and a half on a
@@ -30,18 +30,18 @@
 
 #include <distribute/checkpoint/archive.hpp>
 #include <distribute/config.hpp>
+#include <distribute/cuda/engine/cuda.cuh>
+#include <distribute/cuda/nn/graphed.cuh>
+#include <distribute/cuda/nn/graphed_step.cuh>
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/engine/cpu.hpp>
-#include <distribute/engine/cuda.cuh>
 #include <distribute/engine/detail/segmented_sum_plan.hpp>
-#include <distribute/engine/detail/serial.hpp>
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/engine/serial.hpp>
 #include <distribute/nn.hpp>
-#include <distribute/nn/graphed.cuh>
-#include <distribute/nn/graphed_step.cuh>
+#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/optim/adam.hpp>
 #if DISTRIBUTE_HAS_CUDNN
-#  include <distribute/engine/detail/cudnn_conv.cuh>
+#  include <distribute/cuda/engine/detail/cudnn_conv.cuh>
 #endif
 
 #include "../../examples/cyclegan/models.hpp"
@@ -150,7 +150,7 @@ void check_against_reference(const named_geometry& ng, dist::compute_precision p
   dist::detail::owned_stream stream(0);
   const dist::cuda d = dist::cuda{0}.on(stream.get());
   dist::detail::cudnn_convolutions gpu(0, stream.get(), autotune);
-  dist::engine<dist::cpu> cpu{dist::engine_options{.reference = true}};
+  dist::engine<dist::cpu> cpu{dist::compute_options{.reference = true}};
 
   const auto x = random_values(g.input_size(), 1);
   const auto w = random_values(g.weight_size(), 2);
@@ -278,7 +278,7 @@ BOOST_AUTO_TEST_CASE(pointers_off_a_16_byte_boundary_get_plans_of_their_own) {
   dist::detail::owned_stream stream(0);
   const dist::cuda d = dist::cuda{0}.on(stream.get());
   dist::detail::cudnn_convolutions gpu(0, stream.get());
-  dist::engine<dist::cpu> cpu{dist::engine_options{.reference = true}};
+  dist::engine<dist::cpu> cpu{dist::compute_options{.reference = true}};
   const auto g = dist::conv_geometry::of(2, 3, 12, 12, 5, 3, 1, 1);
   const auto x = random_values(g.input_size(), 11), w = random_values(g.weight_size(), 12), bias = random_values(5, 13);
   const auto dy = random_values(g.output_size(), 14), dw0 = random_values(g.weight_size(), 15);
@@ -488,8 +488,8 @@ BOOST_AUTO_TEST_SUITE(layers)
 
 BOOST_AUTO_TEST_CASE(the_engine_is_the_replicas) {
   static_assert(dist::compute_engine<dist::engine<dist::cuda>>);
-  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
-  s.set_engine_options({.tf32 = true});
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::cuda_peer};
+  s.set_compute_options({.tf32 = true});
   const auto seen = s.run([](dist::replica auto& r) {
     auto& e = r.engine();
     return std::tuple{e.stream() == r.device().stream(), e.options().tf32, &e == &r.engine()};
@@ -649,7 +649,7 @@ BOOST_AUTO_TEST_CASE(overlapped_gradient_all_reduce_on_gpu_replicas_has_the_bits
 #endif
 }
 
-// --- CUDA graphs (nn/graphed.cuh) ---
+// --- CUDA graphs (cuda/nn/graphed.cuh) ---
 
 // The CycleGAN's kinds of layers (convolutions, reflection padding, instance norm, a transposed
 // convolution, activations): nothing in either pass reads the device from the host.
@@ -850,7 +850,7 @@ BOOST_AUTO_TEST_CASE(a_graphed_model_that_calls_collectives_runs_eagerly,
   s.verify_mirrored(nets);
 }
 
-// --- whole steps as CUDA graphs (nn/graphed_step.cuh) ---
+// --- whole steps as CUDA graphs (cuda/nn/graphed_step.cuh) ---
 
 struct whole_run {
   std::vector<float> losses;                 // each step's, read from the tensor the step returned
@@ -1135,7 +1135,7 @@ BOOST_AUTO_TEST_CASE(sync_batch_norm_across_gpu_replicas_is_batch_norm_of_the_wh
   const auto dx = bn.backward(r, dist::tensor<float, dist::cpu>{whole, dy});
   const auto grads = gradients_of(bn);
 
-  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::cuda_peer};
   auto sbn = s.mirror([](auto& d) { return nn::sync_batch_norm<float, dist::cuda>{{.channels = 3}, 5, d}; });
   const auto per = static_cast<std::size_t>(half.numel());
   auto outs = s.run([&](dist::replica auto& rg, nn::sync_batch_norm<float, dist::cuda>& layer) {
@@ -1164,7 +1164,7 @@ BOOST_AUTO_TEST_CASE(sync_batch_norm_across_gpu_replicas_is_batch_norm_of_the_wh
 // copy is caught.
 BOOST_AUTO_TEST_CASE(a_gpu_models_digest_reads_its_parameters_through_the_host) {
   const cyclegan::discriminator_options o{.channels = 1, .filters = 4, .layers = 2};
-  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::cuda_peer};
   auto m = s.mirror([&](auto& d) { return cyclegan::make_discriminator(o, 3, d); });
   s.verify_mirrored(m);
   auto cpu_model = cyclegan::make_discriminator(o, 3);
@@ -1183,7 +1183,7 @@ BOOST_AUTO_TEST_CASE(a_gpu_models_digest_reads_its_parameters_through_the_host) 
 // own memory, after which both replicas compute what the CPU model computes.
 BOOST_AUTO_TEST_CASE(a_gpu_models_state_crosses_devices_and_replicas) {
   const cyclegan::discriminator_options o{.channels = 1, .filters = 4, .layers = 2, .norm = cyclegan::norm_kind::batch};
-  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::cuda_peer};
   auto m = s.mirror([&](auto& d) { return cyclegan::make_discriminator(o, 3, d); });
   auto cpu_model = cyclegan::make_discriminator(o, 3);
   auto other_cpu = cyclegan::make_discriminator(o, 4);  // other weights
@@ -1434,7 +1434,7 @@ BOOST_AUTO_TEST_CASE(a_copied_adam_steps_a_model_on_another_replica) {
   dist::optim::adam<float> reference_opt{o};
   for (int t = 0; t < 5; ++t) cpu_step(reference, reference_opt, t);
 
-  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::cuda_peer};
   auto models = s.mirror([](auto& d) { return make_linear(d); });
   auto opts = s.mirror([&](auto&) { return dist::optim::adam<float>{o}; });
   for (int t = 0; t < 2; ++t)
@@ -1465,7 +1465,7 @@ BOOST_AUTO_TEST_SUITE_END()
 // The GPU engine's side of the launch shape (label `gpu`; exit 77, skipped, without a device): the
 // per-element reflection padding has the CPU's bits on the GPU too; segmented sums cut into chunks
 // match the CPU's to double rounding and repeat bit for bit; cuDNN convolutions with
-// engine_options::deterministic on and off both match the CPU reference to float32 rounding,
+// compute_options::deterministic on and off both match the CPU reference to float32 rounding,
 // deterministic ones repeat bit for bit, and no plan's workspace passes conv_workspace_limit.
 namespace passes_case {
 
@@ -1530,7 +1530,7 @@ BOOST_AUTO_TEST_CASE(segmented_sums_in_chunks_match_the_cpu_and_repeat) {
                                          {256, 16384}, {7, 8193}, {1000, 10}}) {
     const auto x = random_values(segments * length, 3);
     std::vector<double> want(static_cast<std::size_t>(segments));
-    dist::detail::serial_engine{}.segmented_sum(segments, length, kernels::value_of<float>{x.data(), length}, want.data());
+    dist::serial_engine{}.segmented_sum(segments, length, kernels::value_of<float>{x.data(), length}, want.data());
     const auto dx = upload(x);
     dist::tensor<double, dist::cuda> sums(dist::shape{segments});
     gpu.segmented_sum(segments, length, kernels::value_of<float>{dx.data(), length}, sums.data());
@@ -1553,11 +1553,11 @@ BOOST_AUTO_TEST_CASE(segmented_sums_in_chunks_match_the_cpu_and_repeat) {
 BOOST_AUTO_TEST_CASE(convolutions_in_both_modes_match_the_cpu) {
   const dist::conv_geometry shapes[] = {dist::conv_geometry::of(1, 256, 66, 66, 256, 3, 1, 0),
                                         dist::conv_geometry::of(1, 3, 262, 262, 64, 7, 1, 0)};
-  dist::engine<dist::cpu> cpu{dist::engine_options{.reference = true}};
+  dist::engine<dist::cpu> cpu{dist::compute_options{.reference = true}};
   for (const dist::conv_geometry& g : shapes)
     for (const bool deterministic : {true, false}) {
       dist::detail::owned_stream stream(0);
-      const dist::engine_options o{.deterministic = deterministic};
+      const dist::compute_options o{.deterministic = deterministic};
       dist::detail::cudnn_convolutions conv(0, stream.get(), o);
       const auto x = random_values(g.input_size(), 4), w = random_values(g.weight_size(), 5), dy = random_values(g.output_size(), 6);
       std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size())),

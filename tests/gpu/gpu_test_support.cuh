@@ -5,17 +5,17 @@
 
 #include "../core/test_support.hpp"
 
-#include <distribute/comm/cuda_peer.cuh>
 #include <distribute/config.hpp>
-#include <distribute/device/cuda.cuh>
-#include <distribute/strategy/mirrored_strategy_cuda.cuh>
-#include <distribute/strategy/one_device_strategy_cuda.cuh>
-#include <distribute/tensor/cuda_tensor.cuh>
+#include <distribute/cuda/comm/cuda_peer.cuh>
+#include <distribute/cuda/device/cuda.cuh>
+#include <distribute/cuda/strategy/mirrored_strategy.cuh>
+#include <distribute/cuda/strategy/one_device_strategy.cuh>
+#include <distribute/cuda/tensor/tensor.cuh>
 #if DISTRIBUTE_HAS_NCCL
-#  include <distribute/comm/nccl.cuh>
+#  include <distribute/cuda/comm/nccl.cuh>
 #endif
 #if DISTRIBUTE_HAS_NCCL && DISTRIBUTE_HAS_MPI
-#  include <distribute/strategy/multi_worker_mirrored_strategy_cuda.cuh>
+#  include <distribute/cuda/strategy/multi_worker_mirrored_strategy.cuh>
 #endif
 
 #include <boost/mpl/list.hpp>
@@ -55,7 +55,7 @@ struct peer_n {
   static constexpr const char* name = "mirrored_strategy<cuda> on cuda_peer";
   static mirrored_strategy<cuda> make(collective_options o = {}) {
     mirrored_strategy<cuda> s{cuda_replicas(N), o};
-    BOOST_REQUIRE(s.engine() == cuda_engine::cuda_peer);
+    BOOST_REQUIRE(s.collective_engine() == cuda_collective_engine::cuda_peer);
     return s;
   }
 };
@@ -64,7 +64,7 @@ struct nccl_1 {
   static constexpr int replicas = 1;
   static constexpr const char* name = "mirrored_strategy<cuda> on NCCL";
   static mirrored_strategy<cuda> make(collective_options o = {}) {
-    return mirrored_strategy<cuda>{{cuda{0}}, o, cuda_engine::nccl};
+    return mirrored_strategy<cuda>{{cuda{0}}, o, cuda_collective_engine::nccl};
   }
 };
 

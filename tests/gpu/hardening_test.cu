@@ -15,9 +15,9 @@
 
 #include "gpu_test_support.cuh"
 
-#include <distribute/comm/detail/cuda_kernels.cuh>
+#include <distribute/cuda/comm/detail/cuda_kernels.cuh>
 #if DISTRIBUTE_HAS_NCCL
-#  include <distribute/comm/nccl.cuh>
+#  include <distribute/cuda/comm/nccl.cuh>
 #endif
 
 #include <boost/test/unit_test.hpp>
@@ -247,7 +247,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_large_device_all_reduce_takes_no_staging_memory,
     r.all_reduce(dist::reduce_op::sum, small);
   });
   // What the library holds is read from its memory pool: memory it frees stays cached in the pool
-  // (device/cuda_memory.cuh), so the device's free memory does not come back when a buffer is freed.
+  // (cuda/device/memory.cuh), so the device's free memory does not come back when a buffer is freed.
   // The device's free memory is checked too, for what the engine (NCCL) might take for itself.
   const std::size_t before = free_device_memory();
   const auto held_before = dist::cuda_memory_usage(0);

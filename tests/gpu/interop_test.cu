@@ -7,8 +7,8 @@
 #define BOOST_TEST_NO_MAIN
 #include <boost/test/unit_test.hpp>
 
-#include <distribute/device/cuda.cuh>
-#include <distribute/tensor/cuda_tensor.cuh>
+#include <distribute/cuda/device/cuda.cuh>
+#include <distribute/cuda/tensor/tensor.cuh>
 #include <distribute/nn/batch_norm.hpp>
 #include <distribute/nn/conv2d.hpp>
 #include <distribute/nn/conv_transpose2d.hpp>

@@ -96,15 +96,15 @@ BOOST_AUTO_TEST_CASE(the_gpu_strategies_model_the_concepts) {
 }
 
 BOOST_AUTO_TEST_CASE(engines_follow_the_device_list) {
-  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2)}.engine() == dist::cuda_engine::cuda_peer));
-  BOOST_CHECK_THROW((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2), {}, dist::cuda_engine::nccl}), std::invalid_argument);
+  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2)}.collective_engine() == dist::cuda_collective_engine::cuda_peer));
+  BOOST_CHECK_THROW((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::nccl}), std::invalid_argument);
   BOOST_CHECK_THROW(dist::mirrored_strategy<dist::cuda>{std::vector<dist::cuda>{}}, std::invalid_argument);
   // One replica talks to nobody: cuda_peer, unless NCCL is asked for by name.
-  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(1)}.engine() == dist::cuda_engine::cuda_peer));
+  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(1)}.collective_engine() == dist::cuda_collective_engine::cuda_peer));
 #if DISTRIBUTE_HAS_NCCL
-  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{{dist::cuda{0}}, {}, dist::cuda_engine::nccl}.engine() == dist::cuda_engine::nccl));
+  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{{dist::cuda{0}}, {}, dist::cuda_collective_engine::nccl}.collective_engine() == dist::cuda_collective_engine::nccl));
   dist::mirrored_strategy<dist::cuda> all;
-  BOOST_TEST((all.engine() == (dist::cuda_device_count() >= 2 ? dist::cuda_engine::nccl : dist::cuda_engine::cuda_peer)));
+  BOOST_TEST((all.collective_engine() == (dist::cuda_device_count() >= 2 ? dist::cuda_collective_engine::nccl : dist::cuda_collective_engine::cuda_peer)));
   BOOST_TEST(all.num_replicas_in_sync() == dist::cuda_device_count());
 #endif
   // Every replica gets a stream of its own.
@@ -245,13 +245,13 @@ BOOST_AUTO_TEST_CASE(gradients_all_reduced_as_bfloat16_on_gpu_replicas) {
       }
     }
   };
-  dist::mirrored_strategy<dist::cuda> peer{dist::cuda_replicas(2), {}, dist::cuda_engine::cuda_peer};
+  dist::mirrored_strategy<dist::cuda> peer{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::cuda_peer};
   check(peer, "cuda_peer");
 #if DISTRIBUTE_HAS_NCCL
   if (dist::cuda_device_count() >= 2) {
     auto devices = dist::all_cuda_devices();
     devices.resize(2);
-    dist::mirrored_strategy<dist::cuda> nccl{devices, {}, dist::cuda_engine::nccl};
+    dist::mirrored_strategy<dist::cuda> nccl{devices, {}, dist::cuda_collective_engine::nccl};
     check(nccl, "NCCL");
   } else {
     BOOST_TEST_MESSAGE("NCCL's bfloat16 gradient all-reduce needs two GPUs; this machine has one");
@@ -268,8 +268,8 @@ namespace distribute::test {
 
 struct gpu_peer {
   static mirrored_strategy<cuda> make(int replicas, collective_options o = {}) {
-    mirrored_strategy<cuda> s{cuda_replicas(replicas), o, cuda_engine::cuda_peer};
-    BOOST_REQUIRE(s.engine() == cuda_engine::cuda_peer);
+    mirrored_strategy<cuda> s{cuda_replicas(replicas), o, cuda_collective_engine::cuda_peer};
+    BOOST_REQUIRE(s.collective_engine() == cuda_collective_engine::cuda_peer);
     return s;
   }
   static int max_replicas() noexcept { return 8; }
@@ -281,7 +281,7 @@ struct gpu_nccl {
   static mirrored_strategy<cuda> make(int replicas, collective_options o = {}) {
     auto devices = all_cuda_devices();
     devices.resize(static_cast<std::size_t>(replicas));
-    return mirrored_strategy<cuda>{devices, o, cuda_engine::nccl};
+    return mirrored_strategy<cuda>{devices, o, cuda_collective_engine::nccl};
   }
   static int max_replicas() { return cuda_device_count(); }
   static one_device_strategy<cuda> one_device() { return one_device_strategy<cuda>{cuda{0}}; }

@@ -151,13 +151,13 @@ BOOST_AUTO_TEST_SUITE(onnxruntime)
 
 // onnxruntime computes what our forward did, on an engine with `options`, within `tolerance`.
 template <class M>
-void check_with_onnxruntime(M& model, dist::shape input, const std::string& what, dist::engine_options options = {},
+void check_with_onnxruntime(M& model, dist::shape input, const std::string& what, dist::compute_options options = {},
                             double tolerance = 1e-5) {
   const auto py = python(false);
   temp_dir dir;
   model.set_training(false);
-  dist::detail::engine_slot slot;
-  slot.options = options;
+  dist::engine_slot<dist::cpu> slot;
+  slot.reset(options, 0);
   nn::local_replica r{dist::cpu{}, dist::comm::local{}, &slot};
   const auto x = random_input<float>(input, 13);
   const auto y = model.forward(r, x);
@@ -181,7 +181,7 @@ BOOST_AUTO_TEST_CASE(generator_at_demo_size) {
 }
 
 // At the paper's size the residual blocks' convolutions are ones the CPU engine computes with
-// Winograd's kernel by default (engine_options::conv_winograd), which rounds more than onnxruntime's
+// Winograd's kernel by default (compute_options::conv_winograd), which rounds more than onnxruntime's
 // direct convolutions: within 1e-5 with every convolution direct, and within 5e-5 as the engine
 // computes by default (measured: 6.5e-6 and 1.2e-5).
 BOOST_AUTO_TEST_CASE(generator_at_paper_size) {

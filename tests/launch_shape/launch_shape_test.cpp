@@ -251,7 +251,7 @@ BOOST_AUTO_TEST_CASE(conv_engine_filter_follows_the_options) {
   using dist::compute_precision;
   // The defaults: float32 is float32 (no TF32 engines), deterministic engines only, 64 MiB of
   // workspace at most, the heuristics' first engine that builds.
-  const d::conv_engine_filter defaults = d::conv_engine_filter_for(compute_precision::float32, dist::engine_options{});
+  const d::conv_engine_filter defaults = d::conv_engine_filter_for(compute_precision::float32, dist::compute_options{});
   BOOST_TEST(defaults.exclude_tf32);
   BOOST_TEST(defaults.exclude_nondeterministic);
   BOOST_TEST(defaults.workspace_limit == std::int64_t{64} << 20);

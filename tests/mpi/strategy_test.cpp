@@ -6,6 +6,7 @@
 
 #include <distribute/data.hpp>
 #include <distribute/nn.hpp>
+#include <distribute/optim/adam.hpp>
 
 #include <boost/test/unit_test.hpp>
 

@@ -6,6 +6,7 @@
 
 #include <distribute/nn/gradients.hpp>
 #include <distribute/optim/adam.hpp>
+#include <distribute/tensor/micro_batches.hpp>
 
 #include <boost/test/unit_test.hpp>
 
@@ -35,7 +36,7 @@ struct mse_loss {
 };
 
 constexpr std::int64_t global_batch = 8;
-const dist::engine_options exact{.threads = 1, .split_independent = true, .reference = true};
+const dist::compute_options exact{.threads = 1, .split_independent = true, .reference = true};
 
 std::vector<float> parameters_of(auto& model) {
   std::vector<float> v;
@@ -47,7 +48,7 @@ std::vector<float> parameters_of(auto& model) {
 // each replica's share over that many compute_gradients calls, all-reducing on the last only.
 std::vector<float> train(int replicas, int micro_batches, int calls = 1) {
   dist::mirrored_strategy<> s(dist::cpu_replicas(replicas));
-  s.set_engine_options(exact);
+  s.set_compute_options(exact);
   auto models = s.mirror([](auto&) { return make_model(); });
   auto opts = s.values_from_function([](int) { return dist::optim::adam<>({.lr = 1e-2}); });
   for (int t = 0; t < 3; ++t) {
@@ -58,7 +59,7 @@ std::vector<float> train(int replicas, int micro_batches, int calls = 1) {
       model.zero_grad();
       for (int c = 0; c < calls; ++c) {
         const std::int64_t a = lo + (hi - lo) * c / calls, b = lo + (hi - lo) * (c + 1) / calls;
-        nn::compute_gradients(r, model, dist::detail::batch_slice(x, a, b - a), dist::detail::batch_slice(y, a, b - a),
+        nn::compute_gradients(r, model, dist::batch_slice(x, a, b - a), dist::batch_slice(y, a, b - a),
                               mse_loss{}, global_batch, {.micro_batches = micro_batches, .all_reduce = c + 1 == calls});
       }
       opt.step(r, model);

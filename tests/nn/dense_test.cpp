@@ -379,7 +379,7 @@ BOOST_AUTO_TEST_CASE(linear_examples_are_split_independent) {
   };
   for (bool split : {true, false}) {
     dist::one_device_strategy<> s;
-    s.set_engine_options({.threads = 2, .split_independent = split});
+    s.set_compute_options({.threads = 2, .split_independent = split});
     s.run([&](dist::replica auto& r) {
       nn::linear<float> lin{{.in_features = in, .out_features = out}, 7};
       const auto y = lin.forward(r, x);

@@ -123,7 +123,7 @@ BOOST_AUTO_TEST_CASE(fast_convolutions_match_the_reference) {
 }
 
 BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_it) {
-  // Geometries engine_options::conv_winograd applies to (3x3, stride 1, >= 32 channels in and out,
+  // Geometries compute_options::conv_winograd applies to (3x3, stride 1, >= 32 channels in and out,
   // >= 32x32 output planes: a residual block's, with and without padding), and one just outside
   // (31x31 output) that stays direct.
   // (Winograd by the rule: the timed choice has its own test.)
@@ -232,7 +232,7 @@ BOOST_AUTO_TEST_CASE(both_gradients_in_one_call_are_the_two_passes_bits) {
                            conv_geometry::of(2, 3, 17, 17, 16, 7, 2, 3),    // an image's channels, stride 2
                            conv_geometry::of(1, 8, 9, 9, 3, 3, 1, 0),       // three output channels
                            conv_geometry::of(2, 32, 12, 12, 3, 5, 1, 2)};   // three from many: swapped passes
-  std::vector<dist::engine_options> options{{}, {.conv_winograd = false}, {.reference = true}, {.split_independent = true}};
+  std::vector<dist::compute_options> options{{}, {.conv_winograd = false}, {.reference = true}, {.split_independent = true}};
   for (const auto& o : options)
     for (bool bf16 : {false, true}) {
       if (bf16 && !dist::detail::cpu_has_bf16_units()) continue;
@@ -287,7 +287,7 @@ BOOST_AUTO_TEST_CASE(layers_match_on_both_engines) {
   // The same layers, the same weights, one replica on each engine: outputs and every gradient.
   auto run = [](bool reference) {
     dist::one_device_strategy<> s;
-    s.set_engine_options({.reference = reference});
+    s.set_compute_options({.reference = reference});
     std::vector<std::vector<float>> out;
     s.run([&](dist::replica auto& r) {
       nn::conv2d<float> reflect{{.in_channels = 3, .out_channels = 8, .kernel = 3, .stride = 1, .padding = 1,
@@ -334,17 +334,17 @@ BOOST_AUTO_TEST_CASE(each_replica_gets_its_share_of_the_cores) {
     BOOST_TEST((std::adjacent_find(a.begin(), a.end()) == a.end()));
   }
   dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
-  s.set_engine_options({.threads = 3});
+  s.set_compute_options({.threads = 3});
   for (int t : s.run([](dist::replica auto& r) { return r.engine().threads(); })) BOOST_TEST(t == 3);
 }
 
-// engine_options::adapt_threads (the default) with threads busy on every core: the engine's team
+// compute_options::adapt_threads (the default) with threads busy on every core: the engine's team
 // waits for a CPU, so it steps down (the decision itself: core.thread_governor_decision), and
 // computes the same bits as an engine whose count is fixed. Off, the count never moves, and the
 // engine says once on stderr that its threads wait for the cores (saw_crowding).
 BOOST_AUTO_TEST_CASE(adapt_threads_steps_down_while_other_threads_keep_the_cores_busy) {
   const int cores = static_cast<int>(std::max(1u, dist::detail::usable_hardware_threads()));
-  BOOST_TEST(dist::engine_options{}.adapt_threads);
+  BOOST_TEST(dist::compute_options{}.adapt_threads);
   dist::engine<dist::cpu> fixed{{.threads = 2, .adapt_threads = false}};
   dist::engine<dist::cpu> adapting{{.threads = 2}};
   BOOST_TEST(adapting.threads() == 2);
@@ -562,7 +562,7 @@ BOOST_AUTO_TEST_CASE(the_timed_kernel_choice_keeps_the_faster_once_and_its_bits_
   if (dist::detail::cpu_has_bf16_units()) precisions.push_back(true);
   for (const bool half : precisions) {
     const auto precision = half ? dist::compute_precision::bfloat16 : dist::compute_precision::float32;
-    const auto make = [&](dist::engine_options o) {
+    const auto make = [&](dist::compute_options o) {
       o.threads = 2;
       o.precision = precision;
       return o;
@@ -896,7 +896,7 @@ BOOST_AUTO_TEST_CASE(plane_sums_add_in_the_documented_order_on_any_thread_count)
       results.push_back(sums);
     }
     std::vector<double> serial(static_cast<std::size_t>(planes), -1.0);
-    dist::detail::serial_engine{}.segmented_sum(planes, length, nn::detail::kernels::value_of<float>{x.data(), length}, serial.data());
+    dist::serial_engine{}.segmented_sum(planes, length, nn::detail::kernels::value_of<float>{x.data(), length}, serial.data());
     results.push_back(serial);
     for (std::int64_t s = 0; s < planes; ++s) {
       const std::vector<double> terms(x.begin() + s * length, x.begin() + (s + 1) * length);

@@ -377,8 +377,8 @@ BOOST_AUTO_TEST_CASE(mse_and_l1_values_and_gradients) {
 // an empty batch gives 0; bad operands fail as in the host form.
 BOOST_AUTO_TEST_CASE(values_left_on_the_device_have_the_host_values_bits) {
   struct serial_replica {
-    dist::detail::serial_engine e;
-    dist::detail::serial_engine& engine() { return e; }
+    dist::serial_engine e;
+    dist::serial_engine& engine() { return e; }
   } serial;
   struct cpu_replica {
     dist::engine<dist::cpu> e{{.threads = 2}};

@@ -4,6 +4,7 @@
 
 #include <distribute/distribute.hpp>
 #include <distribute/nn.hpp>
+#include <distribute/optim.hpp>
 
 #include <boost/test/unit_test.hpp>
 

@@ -168,7 +168,7 @@ BOOST_AUTO_TEST_CASE(dropout_masks_follow_the_seed_the_pass_and_the_replica) {
   // Thread counts do not change the draws; replicas draw differently from one another.
   auto masks = [&](int replicas, int threads) {
     dist::mirrored_strategy<> s{dist::cpu_replicas(replicas)};
-    s.set_engine_options({.threads = threads});
+    s.set_compute_options({.threads = threads});
     auto layers = s.mirror([](auto&) { return nn::dropout<float>{{.rate = 0.5}, 3}; });
     auto out = s.run([&](dist::replica auto& rr, nn::dropout<float>& d) { return d.forward(rr, x); }, layers);
     s.verify_mirrored(layers);  // every copy counted one pass

@@ -48,9 +48,10 @@ static_assert(!nn::parameterized<std::vector<float>>);
 
 // A test device whose memory is host memory, to take the optimisers' device path (their state held
 // as tensor<T, D> of the engine's device, optim/detail/state_buffers.hpp) on a machine without a GPU.
-// Its kind says "not a CPU"; `stream` stands for the stream a GPU device is bound to.
+// It says its memory is not the host's (device_traits); `stream` stands for the stream a GPU device is
+// bound to.
 struct host_memory_device {
-  static constexpr dist::device_kind kind = dist::device_kind::cuda;
+  static constexpr bool host_memory = false;
   int ordinal = 0;
   int stream = 0;
   int index() const noexcept { return ordinal; }

@@ -12,6 +12,7 @@
 
 #include <distribute/comm/mpi.hpp>
 #include <distribute/strategy/multi_worker_mirrored_strategy.hpp>
+#include <distribute/tensor/micro_batches.hpp>
 
 #include <chrono>
 #include <string>
@@ -30,7 +31,7 @@ strategy_type make_strategy() {
   o.collectives.timeout = std::chrono::seconds(30);
   o.abort_grace = std::chrono::seconds(2);
   strategy_type s{{.local_replicas = 1, .mpi = o}};
-  s.set_engine_options(pt::reference_engine());
+  s.set_compute_options(pt::reference_engine());
   return s;
 }
 
@@ -47,7 +48,7 @@ pt::run_result run_on_workers(strategy_type& s, int copies, std::int64_t batch, 
     auto losses = s.run([&](auto& r) {
       const int c = model.copy_of(r.replica_id());
       const std::int64_t lo = batch * c / copies, hi = batch * (c + 1) / copies;
-      auto result = model.train_step(r, dist::detail::batch_slice(x, lo, hi - lo), dist::detail::batch_slice(y, lo, hi - lo),
+      auto result = model.train_step(r, dist::batch_slice(x, lo, hi - lo), dist::batch_slice(y, lo, hi - lo),
                                      pt::mse_loss{}, batch);
       opt.step(r, model.local(r));
       return result.loss;

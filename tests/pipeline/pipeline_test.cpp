@@ -77,7 +77,7 @@ BOOST_AUTO_TEST_CASE(the_ideal_bubble_is_the_formula) {
 }
 
 BOOST_AUTO_TEST_CASE(micro_batches_are_as_even_as_possible_and_never_empty) {
-  using dist::detail::micro_batch_sizes;
+  using dist::micro_batch_sizes;
   BOOST_TEST(micro_batch_sizes(8, 3) == (std::vector<std::int64_t>{3, 3, 2}), boost::test_tools::per_element());
   BOOST_TEST(micro_batch_sizes(2, 4) == (std::vector<std::int64_t>{1, 1}), boost::test_tools::per_element());
   BOOST_TEST(micro_batch_sizes(0, 4).empty());

@@ -6,6 +6,7 @@
 #include <distribute/nn.hpp>
 #include <distribute/optim/adam.hpp>
 #include <distribute/pipeline.hpp>
+#include <distribute/tensor/micro_batches.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -113,14 +114,14 @@ inline tensor<float> targets(std::int64_t n, int step) {
   return t;
 }
 
-inline engine_options reference_engine(bool reference = true) {
+inline compute_options reference_engine(bool reference = true) {
   return {.threads = 1, .split_independent = reference, .reference = reference};
 }
 
 inline mirrored_strategy<> reference_strategy(int n, std::chrono::milliseconds timeout = std::chrono::minutes(1),
                                                bool reference = true) {
   mirrored_strategy<> s(cpu_replicas(n), collective_options{.timeout = timeout});
-  s.set_engine_options(reference_engine(reference));
+  s.set_compute_options(reference_engine(reference));
   return s;
 }
 
@@ -184,7 +185,7 @@ constexpr double learning_rate = 1e-2;
 // Every stage on one device, the whole batch in one forward and backward, Adam per stage.
 inline run_result one_device_run(int stages, std::int64_t batch, int steps, bool reference = true) {
   one_device_strategy<> s;
-  s.set_engine_options(reference_engine(reference));
+  s.set_compute_options(reference_engine(reference));
   std::vector<test_stage> model;
   for (int k = 0; k < stages; ++k) model.emplace_back(k);
   std::vector<optim::adam<>> opts(static_cast<std::size_t>(stages), optim::adam<>({.lr = learning_rate}));
@@ -210,7 +211,7 @@ inline run_result one_device_run(int stages, std::int64_t batch, int steps, bool
 
 inline tensor<float> one_device_forward(int stages, const tensor<float>& x) {
   one_device_strategy<> s;
-  s.set_engine_options(reference_engine());
+  s.set_compute_options(reference_engine());
   std::vector<test_stage> model;
   for (int k = 0; k < stages; ++k) model.emplace_back(k);
   return s.run([&](auto& r) {
@@ -237,7 +238,7 @@ inline run_result pipelined_run(int stages, int copies, std::int64_t batch, int 
       auto losses = s.run([&](auto& r) {
         const int c = model.copy_of(r.replica_id());
         const std::int64_t lo = batch * c / copies, hi = batch * (c + 1) / copies;
-        auto result = model.train_step(r, detail::batch_slice(x, lo, hi - lo), detail::batch_slice(y, lo, hi - lo),
+        auto result = model.train_step(r, batch_slice(x, lo, hi - lo), batch_slice(y, lo, hi - lo),
                                        mse_loss{}, batch);
         opts[static_cast<std::size_t>(r.replica_id())].step(r, model.local(r));
         return result.loss;
@@ -271,7 +272,7 @@ inline run_result one_device_pipelined_run(int stages, std::int64_t batch, int s
   return with_stages(stages, [&](auto n) {
     constexpr int N = decltype(n)::value;
     one_device_strategy<> s;
-    s.set_engine_options(reference_engine());
+    s.set_compute_options(reference_engine());
     auto model = make_pipeline<N>(s, o);
     optim::adam<> opt({.lr = learning_rate});
     run_result out;

@@ -1,4 +1,4 @@
-// The GPU's float <-> 16-bit conversions (device/detail/half_conversions.cuh: CUDA's `_rn`
+// The GPU's float <-> 16-bit conversions (cuda/device/half_conversions.cuh: CUDA's `_rn`
 // intrinsics, whose host forms CUDA's headers provide) run through thrust::transform on the host, as
 // bfloat16 gradients on the wire are narrowed and widened on a stream, against the library's own
 // bfloat16 (distribute/bfloat16.hpp), which the CPU communicators reduce: the same bits for every
@@ -7,7 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <distribute/bfloat16.hpp>
-#include <distribute/device/detail/half_conversions.cuh>
+#include <distribute/cuda/device/half_conversions.cuh>
 
 #include <thrust/system/cpp/execution_policy.h>
 #include <thrust/transform.h>

@@ -1,5 +1,5 @@
 // The layers' element-wise functors (nn/detail/kernels.hpp) run through the Thrust loops of
-// engine/detail/thrust_for_each.hpp, on the host (Thrust's CPP system, thrust::cpp::par), against what
+// cuda/engine/detail/thrust_for_each.hpp, on the host (Thrust's CPP system, thrust::cpp::par), against what
 // the CPU layers, losses and optimisers compute for the same inputs: what a GPU engine that runs the
 // same functors through the same loops on a CUDA policy builds on. Every value is compared element by
 // element to 1e-6 relative; the message of each comparison (--log_level=message) says how many values
@@ -13,7 +13,8 @@
 #endif
 #include <boost/test/unit_test.hpp>
 
-#include <distribute/engine/detail/thrust_for_each.hpp>
+#include <distribute/cuda/engine/detail/thrust_for_each.hpp>
+#include <distribute/detail/element_kernels.hpp>
 #include <distribute/nn/activations.hpp>
 #include <distribute/nn/batch_norm.hpp>
 #include <distribute/nn/classification_losses.hpp>
@@ -28,6 +29,7 @@
 #include <distribute/nn/residual_block.hpp>
 #include <distribute/optim/adam.hpp>
 #include <distribute/optim/sgd.hpp>
+#include <distribute/optim/detail/update_kernels.hpp>
 
 #include <thrust/fill.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -50,6 +52,8 @@ namespace dist = distribute;
 namespace nn = distribute::nn;
 namespace optim = distribute::optim;
 namespace kernels = distribute::nn::detail::kernels;
+namespace element_kernels = distribute::detail::kernels;
+namespace update_kernels = distribute::optim::detail::kernels;
 using dist::shape;
 using dist::tensor;
 using dist::detail::for_each_index;
@@ -258,8 +262,8 @@ BOOST_AUTO_TEST_CASE(residual_sum_matches_the_block) {
   const auto ldx = block.backward(r, dy);
   auto y = block.body().forward(r, x);  // the body alone: the same bits as inside the block
   auto dx = block.body().backward(r, dy);
-  for_each_index(par, size_of(y), kernels::add_to<float>{y.data(), x.data()});
-  for_each_index(par, size_of(dx), kernels::add_to<float>{dx.data(), dy.data()});
+  for_each_index(par, size_of(y), element_kernels::add_to<float>{y.data(), x.data()});
+  for_each_index(par, size_of(dx), element_kernels::add_to<float>{dx.data(), dy.data()});
   check_close("residual_block forward", y.values(), ly.values());
   check_close("residual_block backward", dx.values(), ldx.values());
 }
@@ -282,7 +286,7 @@ BOOST_AUTO_TEST_CASE(dropout_matches_the_layer) {
       std::vector<float> y(x.size()), mask(x.size()), dx(x.size());
       for_each_index(par, n, kernels::dropout_forward<float>{x.data(), y.data(), mask.data(), key, threshold,
                                                              static_cast<float>(1.0 / (1.0 - rate))});
-      for_each_index(par, n, kernels::multiply<float>{dy.data(), mask.data(), dx.data()});
+      for_each_index(par, n, element_kernels::multiply<float>{dy.data(), mask.data(), dx.data()});
       const std::string at = " pass " + std::to_string(pass) + " " + s.to_string();
       check_close("dropout forward" + at, y, ly.values());
       check_close("dropout backward" + at, dx, ldx.values());
@@ -417,7 +421,7 @@ BOOST_AUTO_TEST_CASE(channel_bias_matches_conv_transpose2d) {
       for (std::int64_t n = 0; n < out.n(); ++n) acc += sums[static_cast<std::size_t>(n * C + c)];
       db[static_cast<std::size_t>(c)] = static_cast<float>(acc);
     }
-    for_each_index(par, C, kernels::add_to<float>{grad.data(), db.data()});
+    for_each_index(par, C, element_kernels::add_to<float>{grad.data(), db.data()});
     check_close("conv_transpose2d bias gradient after dy " + std::to_string(seed), grad, layer.bias().grad.values());
     // The layer's own pass: the per-channel totals in example order, added on the device.
     std::vector<float> totals(static_cast<std::size_t>(C), 0.0f);
@@ -516,8 +520,8 @@ BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
           dgamma[p % uc] += static_cast<float>(sums[up + p]);
           dbeta[p % uc] += static_cast<float>(sums[p]);
         }
-        for_each_index(par, C, kernels::scale<float>{dgamma.data(), gamma_grad.data(), 1.0f});
-        for_each_index(par, C, kernels::scale<float>{dbeta.data(), beta_grad.data(), 1.0f});
+        for_each_index(par, C, element_kernels::scale<float>{dgamma.data(), gamma_grad.data(), 1.0f});
+        for_each_index(par, C, element_kernels::scale<float>{dbeta.data(), beta_grad.data(), 1.0f});
         check_close("instance_norm gamma gradient" + at, gamma_grad, layer.gamma().grad.values());
         check_close("instance_norm beta gradient" + at, beta_grad, layer.beta().grad.values());
         // The layer's pass, onto gradients holding earlier values: the host loop's bits.
@@ -641,8 +645,8 @@ BOOST_AUTO_TEST_CASE(batch_norm_matches_the_layer) {
           coef[3 * c + 2] = static_cast<float>(sums[uc + c] / count);
         }
       }
-      for_each_index(par, C, kernels::add_to<float>{gamma_grad.data(), dgamma.data()});
-      for_each_index(par, C, kernels::add_to<float>{beta_grad.data(), dbeta.data()});
+      for_each_index(par, C, element_kernels::add_to<float>{gamma_grad.data(), dgamma.data()});
+      for_each_index(par, C, element_kernels::add_to<float>{beta_grad.data(), dbeta.data()});
       const auto dx = input_gradient(dy, f.xhat, coef, true);
       const std::string at = std::string(training ? " training " : " evaluation ") + s.to_string();
       check_close("batch_norm forward" + at, f.y, ly.values());
@@ -741,10 +745,10 @@ BOOST_AUTO_TEST_CASE(adam_matches_the_optimiser) {
     std::vector<double> scalars{0.0, o.lr, 0.0, 0.0};
     for (int t = 1; t <= 5; ++t) {
       const auto g = set_random_gradients(model, 100 * static_cast<std::uint32_t>(t));
-      for_each_index(par, 1, kernels::adam_step_scalars{scalars.data(), o.beta1, o.beta2});
+      for_each_index(par, 1, update_kernels::adam_step_scalars{scalars.data(), o.beta1, o.beta2});
       for (std::size_t j = 0; j < p.size(); ++j)
         for_each_index(par, static_cast<std::int64_t>(p[j].size()),
-                       kernels::adam_update<float>{p_cap[j].data(), g[j].data(), m_cap[j].data(), v_cap[j].data(),
+                       update_kernels::adam_update<float>{p_cap[j].data(), g[j].data(), m_cap[j].data(), v_cap[j].data(),
                                                    static_cast<float>(o.beta1), static_cast<float>(o.beta2),
                                                    static_cast<float>(o.weight_decay), 0.0f, 0.0f,
                                                    static_cast<float>(o.eps), scalars.data()});
@@ -755,7 +759,7 @@ BOOST_AUTO_TEST_CASE(adam_matches_the_optimiser) {
       const auto sqrt_bc2 = static_cast<float>(std::sqrt(1 - std::pow(o.beta2, tt)));
       for (std::size_t j = 0; j < p.size(); ++j)
         for_each_index(par, static_cast<std::int64_t>(p[j].size()),
-                       kernels::adam_update<float>{p[j].data(), g[j].data(), m[j].data(), v[j].data(),
+                       update_kernels::adam_update<float>{p[j].data(), g[j].data(), m[j].data(), v[j].data(),
                                                    static_cast<float>(o.beta1), static_cast<float>(o.beta2),
                                                    static_cast<float>(o.weight_decay), step_size, sqrt_bc2,
                                                    static_cast<float>(o.eps), nullptr});
@@ -786,7 +790,7 @@ BOOST_AUTO_TEST_CASE(sgd_matches_the_optimiser) {
       else opt.step(model);
       for (std::size_t j = 0; j < p.size(); ++j)
         for_each_index(par, static_cast<std::int64_t>(p[j].size()),
-                       kernels::sgd_update<float>{p[j].data(), g[j].data(), velocity[j].data(), static_cast<float>(o.lr),
+                       update_kernels::sgd_update<float>{p[j].data(), g[j].data(), velocity[j].data(), static_cast<float>(o.lr),
                                                   static_cast<float>(o.momentum), static_cast<float>(o.weight_decay), nullptr});
       const auto layer = values_of(model);
       for (std::size_t j = 0; j < p.size(); ++j)

@@ -11,7 +11,7 @@
 // the file format (checkpoint/file.hpp) refuses files of the other order.
 
 #include <distribute/checkpoint/error.hpp>
-#include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/concepts/gradient_enumerable.hpp>
 #include <distribute/detail/digest.hpp>
 
 #include <algorithm>

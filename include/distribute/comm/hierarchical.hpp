@@ -26,10 +26,11 @@
 // out of the job.
 
 #include <distribute/collective_options.hpp>
-#include <distribute/comm/detail/check.hpp>
+#include <distribute/comm/argument_checks.hpp>
 #include <distribute/comm/detail/copy_bytes.hpp>
-#include <distribute/comm/detail/job_layout.hpp>
+#include <distribute/comm/job_layout.hpp>
 #include <distribute/comm/shared_memory.hpp>
+#include <distribute/concepts/communicator.hpp>
 #include <distribute/detail/hardware.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
@@ -80,7 +81,7 @@ class hierarchical_group {
       : cross_{std::move(cross)},
         local_{check_count(local_replicas), cross_.size() > 1 ? local_options(options) : options},
         worker_{cross_.rank()},
-        layout_{detail::job_layout::gather(cross_, local_replicas)},
+        layout_{job_layout::gather(cross_, local_replicas)},
         published_(static_cast<std::size_t>(local_replicas)) {
     if constexpr (detail::reduces_several_lists<Cross, float>) {
       if (how == local_reduction::automatic) {
@@ -108,8 +109,8 @@ class hierarchical_group {
   int num_workers() const noexcept { return layout_.num_workers(); }
   int local_replicas() const noexcept { return local_.size(); }
   int total_replicas() const noexcept { return layout_.total_replicas(); }
-  // Where the job's replicas are (detail/job_layout.hpp).
-  const detail::job_layout& layout() const noexcept { return layout_; }
+  // Where the job's replicas are (comm/job_layout.hpp).
+  const job_layout& layout() const noexcept { return layout_; }
   // The first replica of worker `w` and how many it holds.
   int first_replica(int w) const noexcept { return layout_.first_replica(w); }
   int replicas_of(int w) const noexcept { return layout_.replicas_of(w); }
@@ -137,7 +138,7 @@ class hierarchical_group {
   Cross cross_;
   shared_memory_group local_;
   int worker_;
-  detail::job_layout layout_;
+  job_layout layout_;
   std::vector<const void*> published_;  // what local replica 0 publishes for the fan-out
   bool first_replica_reduces_ = false;
 };
@@ -188,7 +189,7 @@ class hierarchical {
   // in.size() == size() * out.size(); replica rank() receives the reduction of block rank().
   template <element T>
   void reduce_scatter(reduce_op op, std::span<const T> in, std::span<T> out) {
-    detail::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
+    check_block_sizes("reduce_scatter", in.size(), out.size(), size());
     std::vector<T> all(in.begin(), in.end());
     all_reduce(op, std::span<T>(all));
     std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank()) * out.size()), out.size(), out.begin());
@@ -197,7 +198,7 @@ class hierarchical {
   // out.size() == size() * in.size(); block q of `out` is replica q's `in`.
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    detail::check_block_sizes("all_gather", out.size(), in.size(), size());
+    check_block_sizes("all_gather", out.size(), in.size(), size());
     if (g_->num_workers() == 1) return local_.all_gather(in, out);
     const std::size_t m = in.size();
     const auto mine = out.subspan(static_cast<std::size_t>(g_->first_replica(g_->worker_)) * m,
@@ -217,7 +218,7 @@ class hierarchical {
 
   template <element T>
   void broadcast(std::span<T> buf, int root) {
-    detail::check_root(root, size());
+    check_root(root, size());
     if (g_->num_workers() == 1) return local_.broadcast(buf, root);
     const int root_worker = g_->worker_of(root), root_local = root - g_->first_replica(root_worker);
     // On the root's worker, local replica 0 gets the root's buffer first.
@@ -304,5 +305,9 @@ template <class Cross>
 inline hierarchical<Cross> hierarchical_group<Cross>::endpoint(int local_rank) {
   return hierarchical<Cross>(*this, local_rank);
 }
+
+// A communicator over any communicator of the workers (the strategy's is comm::mpi; shared memory
+// stands in here, where MPI may not be included).
+static_assert(distribute::point_to_point_communicator<hierarchical<shared_memory>>);
 
 }  // namespace distribute::comm

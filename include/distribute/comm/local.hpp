@@ -6,9 +6,10 @@
 // all_gather and reduce_scatter from input to output (a host copy here; the GPU's group of one,
 // comm::cuda_solo, copies in its stream order because its buffers may be device memory).
 
+#include <distribute/concepts/communicator.hpp>
+#include <distribute/comm/argument_checks.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
-#include <distribute/comm/detail/check.hpp>
 
 #include <algorithm>
 #include <span>
@@ -33,17 +34,17 @@ class group_of_one {
 
   template <element T>
   void reduce_scatter(reduce_op, std::span<const T> in, std::span<T> out) {
-    detail::check_block_sizes("reduce_scatter", in.size(), out.size(), 1);
+    check_block_sizes("reduce_scatter", in.size(), out.size(), 1);
     copy_unless_same(in, out);
   }
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    detail::check_block_sizes("all_gather", out.size(), in.size(), 1);
+    check_block_sizes("all_gather", out.size(), in.size(), 1);
     copy_unless_same(in, out);
   }
   template <element T>
   void broadcast(std::span<T>, int root) {
-    detail::check_root(root, 1);
+    check_root(root, 1);
   }
   void barrier() noexcept {}
 
@@ -65,5 +66,7 @@ struct host_copy {
 }  // namespace detail
 
 class local : public group_of_one<detail::host_copy> {};
+
+static_assert(distribute::communicator<local>);
 
 }  // namespace distribute::comm

@@ -1,10 +1,17 @@
 #pragma once
 // Collectives between processes (workers), over MPI.
 //
+// This header is over 600 lines for one class, and stays one: every member of `mpi` posts and
+// completes its requests in the one state its copies share (detail/mpi_state.hpp) and fails through
+// one path (`fail_with`, which takes the worker out of the job), and the collectives, the rings they
+// are built from and the point-to-point messages are all made of those members. What needs neither
+// lives apart: the options (mpi_options.hpp), the calls' fingerprints (detail/mpi_call.hpp), the
+// messages' headers (detail/mpi_p2p.hpp) and the shared-memory path (detail/mpi_node_window.hpp).
+//
 // Every collective is built from non-blocking point-to-point messages (MPI_Isend / MPI_Irecv) and
 // completed by polling against a deadline, so that a worker that died or stalled is reported instead
 // of waited for: the call fails with `collective_timeout` naming the collective and the workers it
-// was waiting for, and the job is then aborted (see detail/mpi_runtime.hpp), because a collective
+// was waiting for, and the job is then aborted (see comm/mpi_runtime.hpp), because a collective
 // cannot be withdrawn once its messages are posted.
 //
 // The algorithms are the bandwidth-optimal rings (all-reduce = ring reduce-scatter + ring
@@ -53,7 +60,7 @@
 //     distribute: worker 1's recv of 64 float32 from worker 0 (tag 3)<origin> met worker 0's send of
 //     80 float32<origin>
 // - Either error, or an MPI error, is a failure of this worker as a failed collective is: the
-//   communicator refuses further calls and the job is aborted (detail/mpi_runtime.hpp). Once this
+//   communicator refuses further calls and the job is aborted (comm/mpi_runtime.hpp). Once this
 //   process has failed on any MPI communicator, every communicator of it refuses further calls.
 // - The messages never match the collectives' own (their tags are disjoint: detail/mpi_p2p.hpp) nor
 //   the program's (the communicator is a duplicate).
@@ -65,15 +72,18 @@
 // world does. Its errors name workers by their rank in the communicator the chain of splits started
 // from (the "worker" numbers of the whole job), and say which rank they have in the split one.
 
+#include <distribute/concepts/communicator.hpp>
 #include <distribute/collective_options.hpp>
-#include <distribute/comm/detail/check.hpp>
+#include <distribute/comm/argument_checks.hpp>
 #include <distribute/comm/detail/copy_bytes.hpp>
 #include <distribute/comm/detail/flat_ranges.hpp>
 #include <distribute/comm/detail/mpi_call.hpp>
 #include <distribute/comm/detail/mpi_node_window.hpp>
 #include <distribute/comm/detail/mpi_p2p.hpp>
-#include <distribute/comm/detail/mpi_runtime.hpp>
+#include <distribute/comm/detail/mpi_state.hpp>
 #include <distribute/comm/detail/reduce_kernel.hpp>
+#include <distribute/comm/mpi_options.hpp>
+#include <distribute/comm/mpi_runtime.hpp>
 #include <distribute/detail/backoff.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/errors.hpp>
@@ -98,23 +108,6 @@
 #include <vector>
 
 namespace distribute::comm {
-
-struct mpi_options {
-  collective_options collectives{};
-#ifdef NDEBUG
-  bool check_fingerprints = false;
-#else
-  bool check_fingerprints = true;
-#endif
-  // After a failure, how long the process may go on (to log, or write what it can) before the job is
-  // aborted. A process that exits earlier aborts the job as it exits.
-  std::chrono::milliseconds abort_grace = std::chrono::seconds(10);
-  // Workers on one machine all-reduce through a shared-memory window, in chunks of this many bytes
-  // (at least 4 KiB, a multiple of 64; two per worker are mapped). Read when the communicator is
-  // made; workers that differ agree on the smaller chunk, and on no window if any turns it off.
-  bool shared_memory = true;
-  std::size_t shared_memory_chunk = std::size_t{1} << 20;
-};
 
 class mpi {
  public:
@@ -143,7 +136,7 @@ class mpi {
     if (!s_->failure.empty()) return;
     s_->failure = message;
     if (s_->window) s_->window->mark_failed(message);
-    detail::mpi_runtime::instance().fail(message, s_->options.abort_grace);
+    mpi_runtime::instance().fail(message, s_->options.abort_grace);
   }
 
   // Whether all-reduce goes through a shared-memory window (every worker on this machine, and
@@ -207,7 +200,7 @@ class mpi {
   // in.size() == size() * out.size(); this worker receives the reduction of block rank().
   template <detail::mpi_value T>
   void reduce_scatter(reduce_op op, std::span<const T> in, std::span<T> out) {
-    detail::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
+    check_block_sizes("reduce_scatter", in.size(), out.size(), size());
     auto c = begin(collective_kind::reduce_scatter, detail::type_code<T>(), op, in.size());
     T* work = scratch<T>(s_->packed, in.size());
     if (!in.empty()) std::memcpy(work, in.data(), in.size_bytes());
@@ -220,7 +213,7 @@ class mpi {
   // of `out` itself.
   template <detail::mpi_value T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    detail::check_block_sizes("all_gather", out.size(), in.size(), size());
+    check_block_sizes("all_gather", out.size(), in.size(), size());
     std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.size());
     auto c = begin(collective_kind::all_gather, detail::type_code<T>(), reduce_op::sum, in.size());
     ring_all_gather(in, out, counts, c);
@@ -244,7 +237,7 @@ class mpi {
 
   template <detail::mpi_value T>
   void broadcast(std::span<T> buf, int root) {
-    detail::check_root(root, size());
+    check_root(root, size());
     auto c = begin(collective_kind::broadcast, detail::type_code<T>(), reduce_op::sum, buf.size(), root);
     auto& reqs = s_->requests;
     reqs.clear();
@@ -296,7 +289,7 @@ class mpi {
       const int rc = MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, dst, mpi_tag, s.comm, &r);
       if (rc != MPI_SUCCESS)
         fail_with<collective_aborted>("distribute: " + detail::describe_send(name(rank()), name(dst), tag, posted.header) +
-                                      " could not be posted: " + detail::mpi_error_string(rc));
+                                      " could not be posted: " + mpi_error_string(rc));
       posted.requests.push_back(r);
     };
     isend(&posted.header, sizeof posted.header);
@@ -329,7 +322,7 @@ class mpi {
     MPI_Request header = MPI_REQUEST_NULL;
     MPI_Status status;
     if (const int rc = MPI_Irecv(&theirs, sizeof theirs, MPI_BYTE, src, mpi_tag, s.comm, &header); rc != MPI_SUCCESS)
-      fail_with<collective_aborted>("distribute: " + described() + " could not be posted: " + detail::mpi_error_string(rc));
+      fail_with<collective_aborted>("distribute: " + described() + " could not be posted: " + mpi_error_string(rc));
     if (!poll(&header, 1, &status, std::chrono::steady_clock::now() + timeout, described)) {
       // Withdrawn (or completed, should it match meanwhile) before `theirs` goes out of scope.
       MPI_Cancel(&header);
@@ -359,7 +352,7 @@ class mpi {
       pieces.push_back(MPI_REQUEST_NULL);
       if (const int rc = MPI_Irecv(into + at, static_cast<int>(lengths.back()), MPI_BYTE, src, mpi_tag, s.comm, &pieces.back());
           rc != MPI_SUCCESS)
-        fail_with<collective_aborted>("distribute: " + described() + " could not be posted: " + detail::mpi_error_string(rc));
+        fail_with<collective_aborted>("distribute: " + described() + " could not be posted: " + mpi_error_string(rc));
     }
     std::vector<MPI_Status> statuses(pieces.size());
     // The sender posted its data with its header: a fresh timeout is only for a sender that stopped
@@ -408,7 +401,7 @@ class mpi {
     MPI_Comm sub = MPI_COMM_NULL;
     if (const int rc = MPI_Comm_split(s_->comm, color, key, &sub); rc != MPI_SUCCESS)
       fail_with<collective_aborted>("distribute: split(color " + std::to_string(color) + ") on " + where() +
-                                    " failed: " + detail::mpi_error_string(rc));
+                                    " failed: " + mpi_error_string(rc));
     return mpi(std::make_shared<state>(adopt, sub, s_->options, std::move(names)));
   }
 
@@ -419,91 +412,8 @@ class mpi {
   // Messages larger than this are split: MPI counts are ints.
   static constexpr std::size_t max_message = std::size_t{1} << 30;
 
-  struct adopt_t {};
-  static constexpr adopt_t adopt{};
-
-  struct state {
-    state(MPI_Comm parent, const mpi_options& opts) : options{opts} {
-      detail::mpi_runtime::instance();
-      if (const int rc = MPI_Comm_dup(parent, &comm); rc != MPI_SUCCESS)
-        throw std::runtime_error("distribute: MPI_Comm_dup failed: " + detail::mpi_error_string(rc));
-      set_up();
-    }
-    // A communicator made for this state (by split); `worker_names[r]`: how rank r is named.
-    state(adopt_t, MPI_Comm own, const mpi_options& opts, std::vector<int> worker_names)
-        : comm{own}, options{opts}, names{std::move(worker_names)} {
-      set_up();
-    }
-    ~state() {
-      int finalized = 0;
-      MPI_Finalized(&finalized);
-      // A communicator with requests that never completed is left to the abort, and so is the window
-      // of a worker leaving by an exception: freeing it waits for every other worker. So is the memory
-      // of sends in flight: MPI may still read it.
-      if (finalized || !failure.empty()) {
-        for (auto& m : sends) (void)m.release();
-        return;
-      }
-      finish_sends();
-      if (window && std::uncaught_exceptions() == 0) window->release();
-      MPI_Comm_free(&comm);
-    }
-
-    void set_up() {
-      // Errors come back as codes, to be reported as exceptions that name the collective.
-      MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-      MPI_Comm_rank(comm, &rank);
-      MPI_Comm_size(comm, &size);
-      int* tag_ub = nullptr;
-      int found = 0;
-      MPI_Comm_get_attr(comm, MPI_TAG_UB, &tag_ub, &found);
-      if (found && tag_ub) tag_limit = std::min(tag_limit, *tag_ub - detail::p2p_tag_base + 1);
-      window = detail::mpi_node_window::create(comm, rank, size, options.shared_memory, options.shared_memory_chunk);
-      if (window && !names.empty()) window->name_workers(names);
-    }
-
-    // Waits, within the timeout, for the sends still in flight; gives up on the others (their memory
-    // stays with MPI).
-    void finish_sends() noexcept {
-      const auto deadline = std::chrono::steady_clock::now() + options.collectives.timeout;
-      for (auto& m : sends) {
-        int done = 0;
-        while (MPI_Testall(static_cast<int>(m->requests.size()), m->requests.data(), &done, MPI_STATUSES_IGNORE) ==
-                   MPI_SUCCESS &&
-               !done && std::chrono::steady_clock::now() < deadline)
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-        if (done) continue;
-        const int from = names.empty() ? rank : names[static_cast<std::size_t>(rank)];
-        const int to = names.empty() ? m->dst : names[static_cast<std::size_t>(m->dst)];
-        std::fprintf(stderr, "distribute: %s was not received within %lld ms of the communicator's end\n",
-                     detail::describe_send(from, to, m->tag, m->header).c_str(),
-                     static_cast<long long>(options.collectives.timeout.count()));
-        for (auto& r : m->requests)
-          if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-        (void)m.release();
-      }
-      sends.clear();
-    }
-    state(const state&) = delete;
-    state& operator=(const state&) = delete;
-
-    MPI_Comm comm = MPI_COMM_NULL;
-    int rank = 0, size = 1;
-    mpi_options options;
-    std::int64_t seq = 0;
-    std::vector<MPI_Request> requests;
-    std::vector<int> peers;  // the worker of each request
-    std::vector<int> expected;  // bytes a receive must get; -1 for a send
-    std::vector<MPI_Status> statuses;
-    std::vector<std::byte> packed;    // a copy of a const input
-    std::vector<std::byte> incoming;  // the pieces being received, before they are combined
-    std::unique_ptr<detail::mpi_node_window> window;  // when every worker is on this machine
-    std::string failure;
-    std::vector<int> names;  // how each rank is named in messages (split communicators); empty: by rank
-    int tag_limit = detail::p2p_tag_limit;
-    std::vector<std::unique_ptr<detail::p2p_send>> sends;  // in flight
-    std::vector<std::vector<std::byte>> spare;             // memory of delivered sends, for the next ones
-  };
+  using state = detail::mpi_state;
+  static constexpr state::adopt_t adopt{};
 
   explicit mpi(std::shared_ptr<state> s) noexcept : s_{std::move(s)} {}
 
@@ -528,7 +438,7 @@ class mpi {
   template <class Describe>
   void refuse_if_failed(Describe&& describe) const {
     const state& s = *s_;
-    auto& runtime = detail::mpi_runtime::instance();
+    auto& runtime = mpi_runtime::instance();
     if (s.failure.empty() && !runtime.failed()) return;
     const std::string why = s.failure.empty() ? runtime.failure_message() : s.failure;
     throw collective_aborted("distribute: " + describe() + " cannot run: an earlier collective failed: " + why);
@@ -566,7 +476,7 @@ class mpi {
       if (const int rc = MPI_Testall(static_cast<int>(m.requests.size()), m.requests.data(), &done, MPI_STATUSES_IGNORE);
           rc != MPI_SUCCESS)
         fail_with<collective_aborted>("distribute: " + detail::describe_send(name(rank()), name(m.dst), m.tag, m.header) +
-                                      " failed: " + detail::mpi_error_string(rc));
+                                      " failed: " + mpi_error_string(rc));
       if (!done) {
         ++i;
         continue;
@@ -586,7 +496,7 @@ class mpi {
     for (std::uint64_t i = 0;; ++i) {
       int done = 0;
       if (const int rc = MPI_Testall(n, requests, &done, statuses); rc != MPI_SUCCESS)
-        fail_with<collective_aborted>("distribute: " + describe() + " failed: " + detail::mpi_error_string(rc));
+        fail_with<collective_aborted>("distribute: " + describe() + " failed: " + mpi_error_string(rc));
       if (done) return true;
       if ((i & 63) != 63) continue;
       const auto now = std::chrono::steady_clock::now();
@@ -602,7 +512,7 @@ class mpi {
   };
 
   static MPI_Comm world() {
-    detail::mpi_runtime::instance();
+    mpi_runtime::instance();
     return MPI_COMM_WORLD;
   }
 
@@ -672,7 +582,7 @@ class mpi {
         s_->peers.push_back(peer);
         s_->expected.push_back(-1);
         fail_with<collective_aborted>("distribute: " + where() + " could not post a message to " + worker(peer) + ": " +
-                                      detail::mpi_error_string(rc));
+                                      mpi_error_string(rc));
       }
       s_->requests.push_back(r);
       s_->peers.resize(s_->requests.size(), peer);
@@ -729,7 +639,7 @@ class mpi {
                                      ": the workers called collectives of different sizes (turn on "
                                      "check_fingerprints to see each worker's call)");
     fail_with<collective_aborted>(at + " failed" + (peer >= 0 ? " talking to " + worker(peer) : std::string{}) +
-                                  ": " + detail::mpi_error_string(code));
+                                  ": " + mpi_error_string(code));
   }
 
   [[noreturn]] void report_window_failure(const active_call& c, detail::window_failure f) {
@@ -888,6 +798,8 @@ class mpi {
 
   std::shared_ptr<state> s_;
 };
+
+static_assert(distribute::point_to_point_communicator<mpi>);
 
 }  // namespace distribute::comm
 

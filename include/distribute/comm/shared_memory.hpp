@@ -25,7 +25,9 @@
 // its parent; it starts its steps, and fails, with the parent, and its errors name replicas by their
 // rank in the outermost group.
 
-#include <distribute/comm/detail/check.hpp>
+#include <distribute/concepts/communicator.hpp>
+#include <distribute/comm/argument_checks.hpp>
+#include <distribute/comm/detail/collective_descriptor.hpp>
 #include <distribute/comm/detail/mailbox.hpp>
 #include <distribute/comm/detail/reduce_kernel.hpp>
 #include <distribute/comm/detail/rendezvous.hpp>
@@ -55,92 +57,6 @@ namespace distribute {
 namespace comm {
 
 class shared_memory;
-
-namespace detail {
-
-// graph_replay: the replay of a CUDA graph holding `count` collectives of each replica (GPU replicas
-// meet before launching it: comm/nccl.cuh).
-enum class collective_kind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier, graph_replay };
-
-inline const char* to_string(collective_kind k) noexcept {
-  switch (k) {
-    case collective_kind::all_reduce: return "all_reduce";
-    case collective_kind::reduce_scatter: return "reduce_scatter";
-    case collective_kind::all_gather: return "all_gather";
-    case collective_kind::broadcast: return "broadcast";
-    case collective_kind::barrier: return "barrier";
-    case collective_kind::graph_replay: return "replay of a CUDA graph";
-  }
-  return "collective";
-}
-
-struct segment {
-  void* data;
-  std::size_t size;
-};
-
-// What a rank called, as published to the others.
-struct descriptor {
-  collective_kind kind = collective_kind::barrier;
-  dtype type = dtype::float32;
-  reduce_op op = reduce_op::sum;
-  int root = 0;
-  std::size_t count = 0;           // elements: all buffers of an all_reduce together, or the input
-  std::size_t out_count = 0;       // elements of the output (reduce_scatter, all_gather)
-  const segment* segs = nullptr;   // the buffers of an all_reduce, or the buffer of a broadcast
-  std::size_t n_segs = 0;
-  const void* in = nullptr;
-  void* out = nullptr;
-  // Where it was issued (collective_origin.hpp): filled in when the rank posts it.
-  const char* api = nullptr;
-  std::int64_t step = -1;
-  bool in_step = false;
-};
-
-inline bool same_call(const descriptor& a, const descriptor& b) noexcept {
-  if (a.kind != b.kind || !distribute::detail::same_api(a.api, b.api)) return false;
-  if (a.kind == collective_kind::barrier) return true;
-  if (a.type != b.type || a.count != b.count || a.out_count != b.out_count || a.n_segs != b.n_segs) return false;
-  if ((a.kind == collective_kind::all_reduce || a.kind == collective_kind::reduce_scatter) && a.op != b.op)
-    return false;
-  if (a.kind == collective_kind::broadcast && a.root != b.root) return false;
-  for (std::size_t i = 0; i < a.n_segs; ++i)
-    if (a.segs[i].size != b.segs[i].size) return false;
-  return true;
-}
-
-inline std::string describe(const descriptor& d) {
-  std::string s = to_string(d.kind);
-  const std::string t(distribute::to_string(d.type));
-  switch (d.kind) {
-    case collective_kind::barrier: return s + distribute::detail::describe_origin(d.api, d.step, d.in_step);
-    case collective_kind::graph_replay:
-      return s + " holding " + std::to_string(d.count) + " collective" + (d.count == 1 ? "" : "s") +
-             distribute::detail::describe_origin(d.api, d.step, d.in_step);
-    case collective_kind::all_reduce:
-    case collective_kind::reduce_scatter: s += "("; s += distribute::to_string(d.op); s += ")"; break;
-    case collective_kind::broadcast: s += " from replica " + std::to_string(d.root); break;
-    case collective_kind::all_gather: break;
-  }
-  s += " of " + std::to_string(d.count) + " " + t;
-  if (d.kind == collective_kind::all_reduce && d.n_segs != 1) {
-    s += " in " + std::to_string(d.n_segs) + " buffers (";
-    for (std::size_t i = 0; i < d.n_segs && i < 8; ++i) s += (i ? ", " : "") + std::to_string(d.segs[i].size);
-    if (d.n_segs > 8) s += ", ...";
-    s += ")";
-  }
-  if (d.kind == collective_kind::reduce_scatter || d.kind == collective_kind::all_gather)
-    s += " into " + std::to_string(d.out_count);
-  return s + distribute::detail::describe_origin(d.api, d.step, d.in_step);
-}
-
-inline std::string list_replicas(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "replica " : "replicas ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
-}  // namespace detail
 
 // The shared state of one group of replica threads. Create one per group; each thread talks through
 // its own `shared_memory` endpoint from `endpoint(rank)`.
@@ -323,13 +239,13 @@ class shared_memory {
   template <element T>
   void all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
     std::size_t total = 0;
-    const auto segs = segments_of(bufs, total);
+    const auto segs = detail::segments_of(bufs, total);
     all_reduce_segments<T>(op, segs.data(), segs.size(), total);
   }
 
   template <element T>
   void reduce_scatter(reduce_op op, std::span<const T> in, std::span<T> out) {
-    comm::detail::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
+    comm::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
     detail::descriptor d{.kind = detail::collective_kind::reduce_scatter, .type = dtype_of<T>, .op = op,
                          .count = in.size(), .out_count = out.size(), .in = in.data(), .out = out.data()};
     collective(d, [&](const slot_view& v) {
@@ -344,7 +260,7 @@ class shared_memory {
 
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    comm::detail::check_block_sizes("all_gather", out.size(), in.size(), size());
+    comm::check_block_sizes("all_gather", out.size(), in.size(), size());
     detail::descriptor d{.kind = detail::collective_kind::all_gather, .type = dtype_of<T>, .count = in.size(),
                          .out_count = out.size(), .in = in.data(), .out = out.data()};
     collective(d, [&](const slot_view& v) {
@@ -359,7 +275,7 @@ class shared_memory {
 
   template <element T>
   void broadcast(std::span<T> buf, int root) {
-    comm::detail::check_root(root, size());
+    comm::check_root(root, size());
     detail::segment seg{buf.data(), buf.size()};
     detail::descriptor d{.kind = detail::collective_kind::broadcast, .type = dtype_of<T>, .root = root,
                          .count = buf.size(), .segs = &seg, .n_segs = 1};
@@ -379,7 +295,7 @@ class shared_memory {
   void send(std::span<const T> buf, int dst, int tag) {
     check_peer("send", dst, tag);
     auto& g = *g_;
-    const detail::p2p_call call = p2p_call_of<T>(dst, tag, buf.size());
+    const detail::p2p_call call = detail::p2p_call_of<T>(dst, tag, buf.size());
     if (g.rendezvous_.aborted())
       throw collective_aborted("distribute: " + describe_send(rank_, call) + " was abandoned because " +
                                g.rendezvous_.cause_message());
@@ -413,7 +329,7 @@ class shared_memory {
   void recv(std::span<T> buf, int src, int tag) {
     check_peer("recv", src, tag);
     auto& g = *g_;
-    const detail::p2p_call call = p2p_call_of<T>(src, tag, buf.size());
+    const detail::p2p_call call = detail::p2p_call_of<T>(src, tag, buf.size());
     auto& box = g.mailboxes_[static_cast<std::size_t>(rank_)];
     const auto started = std::chrono::steady_clock::now();
     const auto deadline = started + g.options_.timeout;
@@ -495,7 +411,7 @@ class shared_memory {
   template <element T, class Work>
   void all_reduce_by_first(reduce_op op, std::span<const std::span<T>> bufs, Work&& work) {
     std::size_t total = 0;
-    const auto segs = segments_of(bufs, total);
+    const auto segs = detail::segments_of(bufs, total);
     const detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op,
                                .count = total, .segs = segs.data(), .n_segs = segs.size()};
     const slot_view v = post_and_meet(d);
@@ -532,22 +448,13 @@ class shared_memory {
       throw std::invalid_argument(std::string("distribute: ") + what + " needs a tag >= 0, got " + std::to_string(tag));
   }
 
-  template <class T>
-  static detail::p2p_call p2p_call_of(int peer, int tag, std::size_t count) {
-    const collective_origin& o = distribute::detail::current_origin;
-    return {peer, tag, dtype_of<T>, count, o.api, o.step, o.in_step};
-  }
-
-  static std::string payload(const detail::p2p_call& c) {
-    return std::to_string(c.count) + " " + std::string(distribute::to_string(c.type)) + ", tag " + std::to_string(c.tag);
-  }
   // "replica 0's send of 64 float32, tag 3, to replica 1 from X in step 2"
   std::string describe_send(int from, const detail::p2p_call& c) const {
-    return "replica " + std::to_string(g_->name(from)) + "'s send of " + payload(c) + ", to replica " +
+    return "replica " + std::to_string(g_->name(from)) + "'s send of " + detail::payload(c) + ", to replica " +
            std::to_string(g_->name(c.peer)) + distribute::detail::describe_origin(c.api, c.step, c.in_step);
   }
   std::string describe_recv(int at, const detail::p2p_call& c, bool with_owner = true) const {
-    return (with_owner ? "replica " + std::to_string(g_->name(at)) + "'s " : std::string{}) + "recv of " + payload(c) +
+    return (with_owner ? "replica " + std::to_string(g_->name(at)) + "'s " : std::string{}) + "recv of " + detail::payload(c) +
            " from replica " + std::to_string(g_->name(c.peer)) + distribute::detail::describe_origin(c.api, c.step, c.in_step);
   }
 
@@ -558,19 +465,6 @@ class shared_memory {
     const Error error(msg);
     g_->abort_all(std::make_exception_ptr(error), msg);
     throw error;
-  }
-
-  // The buffers as segments, and their total length.
-  template <class T>
-  static std::vector<detail::segment> segments_of(std::span<const std::span<T>> bufs, std::size_t& total) {
-    std::vector<detail::segment> segs;
-    segs.reserve(bufs.size());
-    total = 0;
-    for (auto b : bufs) {
-      segs.push_back({b.data(), b.size()});
-      total += b.size();
-    }
-    return segs;
   }
 
   template <class T>
@@ -695,6 +589,8 @@ class shared_memory {
 };
 
 inline shared_memory shared_memory_group::endpoint(int rank) { return shared_memory(*this, rank); }
+
+static_assert(distribute::point_to_point_communicator<shared_memory>);
 
 }  // namespace comm
 }  // namespace distribute

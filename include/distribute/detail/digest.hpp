@@ -35,13 +35,13 @@ struct model_digest {
 
 // Copies n elements between memory of device D and any other memory the process can address (the
 // host, or another device of the same kind), in either direction; returns once they are there.
-// Specialised by each device's header (device/cuda.cuh).
+// Specialised by each device's header (cuda/device/cuda.cuh).
 template <class D>
 struct device_memory;
 
 // Whether a model's parameters are host memory: a model without a device, or on a CPU.
 template <class M>
-concept host_parameters = !requires { M::device_type::kind; } || (M::device_type::kind == device_kind::cpu);
+concept host_parameters = !requires { typename M::device_type; } || device_traits<typename M::device_type>::host_memory;
 
 // Copies n of model M's parameter values, where either side may be memory of M's device.
 template <class M, class T>

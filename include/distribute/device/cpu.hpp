@@ -14,7 +14,7 @@ namespace distribute {
 
 class cpu {
  public:
-  static constexpr device_kind kind = device_kind::cpu;
+  static constexpr bool host_memory = true;  // device_traits
 
   constexpr cpu() noexcept = default;
   constexpr explicit cpu(int index) noexcept : index_{index} {}

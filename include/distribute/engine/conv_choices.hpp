@@ -1,5 +1,5 @@
 #pragma once
-// The kernel choices a CPU engine made by timing (engine_options::cpu_conv_choice): one record per
+// The kernel choices a CPU engine made by timing (compute_options::cpu_conv_choice): one record per
 // convolution pass, shape (whatever the batch) and precision, with the two times and the winner,
 // for logs and benchmarks (engine<cpu>::conv_choices()); and the table that keeps them, one for the
 // process, so that every replica's engine and every later step use the first choice made.

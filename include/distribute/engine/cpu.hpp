@@ -1,13 +1,19 @@
 #pragma once
 // The CPU engine. Convolutions go to oneDNN where the build has it (DISTRIBUTE_USE_DNNL, set by the
 // CMake target when oneDNN is found; float32 only) and to the portable im2col + Eigen GEMM reference
-// otherwise, or when `engine_options::reference` asks for it. Dense matrix products (linear layers)
+// otherwise, or when `compute_options::reference` asks for it. Dense matrix products (linear layers)
 // are Eigen's, on the engine's threads. Element-wise work and per-plane sums run on the engine's
 // threads through OpenMP where the program is built with it, on the calling thread otherwise.
 //
-// Threads: a replica's engine uses its share of the cores (engine_options::threads, or the share its
+// This header is over 600 lines for one class, which stays one: every pass, the choice between
+// Winograd and the direct kernel, the rounding to bfloat16 and the adaptation of the thread count
+// work on the same threads, scratch arena and oneDNN plans of the engine. What needs none of them
+// lives apart: detail/dnnl_conv.hpp, detail/eigen_gemm.hpp, detail/reference_conv.hpp,
+// detail/segmented_sum_plan.hpp and detail/thread_governor.hpp.
+//
+// Threads: a replica's engine uses its share of the cores (compute_options::threads, or the share its
 // strategy gives it), never more: N replica threads with N engines of cores/N threads each fill the
-// machine once. With engine_options::adapt_threads (the default) it runs fewer (down to one) while
+// machine once. With compute_options::adapt_threads (the default) it runs fewer (down to one) while
 // other processes keep the cores busy and goes back up when they are free
 // (detail/thread_governor.hpp): each parallel region of oneDNN, Eigen and the engine's passes gets the
 // count in use, active_threads().
@@ -31,7 +37,7 @@
 #include <distribute/engine/detail/eigen_gemm.hpp>
 #include <distribute/engine/detail/reference_conv.hpp>
 #include <distribute/engine/detail/segmented_sum_plan.hpp>
-#include <distribute/engine/detail/serial.hpp>
+#include <distribute/engine/serial.hpp>
 #include <distribute/engine/detail/thread_governor.hpp>
 #include <distribute/engine/engine.hpp>
 #include <distribute/engine/gemm_geometry.hpp>
@@ -102,7 +108,7 @@ class engine<cpu> {
 
   // `share`: the threads this engine gets when options.threads is 0 (its replica's share of the
   // cores; 0 means every core this process may run on).
-  explicit engine(engine_options options = {}, int share = 0) : options_{options} {
+  explicit engine(compute_options options = {}, int share = 0) : options_{options} {
     const int cores = static_cast<int>(std::max(1u, detail::usable_hardware_threads()));
     threads_ = options.threads > 0 ? options.threads : (share > 0 ? share : cores);
     active_ = threads_;
@@ -118,7 +124,9 @@ class engine<cpu> {
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
-  // The most threads this engine runs (its share, or engine_options::threads).
+  // The device it computes on: the host.
+  cpu device() const noexcept { return {}; }
+  // The most threads this engine runs (its share, or compute_options::threads).
   int threads() const noexcept { return threads_; }
   // The threads its parallel regions get now: threads(), or with adapt_threads fewer while the
   // machine is busy.
@@ -131,7 +139,7 @@ class engine<cpu> {
   // CPU more than a quarter of the time over two windows of a second in a row) and it said so on
   // stderr (once per process, whichever engine saw it first), naming adapt_threads.
   bool saw_crowding() const noexcept { return crowded_; }
-  const engine_options& options() const noexcept { return options_; }
+  const compute_options& options() const noexcept { return options_; }
 
   // Mixed precision (engine.hpp). `tf32` is float32 here (a GPU's rounding of product inputs;
   // nothing to round on a CPU). `bfloat16` on a CPU with bf16 units (AVX512-BF16, AMX-BF16): each
@@ -174,7 +182,7 @@ class engine<cpu> {
 #endif
   }
   // The choices between Winograd and the direct kernel this process made by timing
-  // (engine_options::cpu_conv_choice), with the times, in the order they were made: those of every
+  // (compute_options::cpu_conv_choice), with the times, in the order they were made: those of every
   // engine of the process (one table), or of this engine alone where set_conv_timer was called.
   std::vector<conv_choice_record> conv_choices() const {
     return conv_timer_ ? own_choices_.all() : detail::shared_conv_choices().all();
@@ -324,11 +332,11 @@ class engine<cpu> {
     });
   }
   // out[s] = sum over i in [0, length) of f(s, i), in double and in a fixed order
-  // (detail::fixed_order_sum): the same bits for any thread count.
+  // (fixed_order_sum): the same bits for any thread count.
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
     detail::record_pass(pass_kind::segmented_sum, detail::plan_segmented_sum(segments, length).work_items(), f);
-    over_segments(segments, length, [&](std::int64_t s) { out[s] = distribute::detail::fixed_order_sum(f, s, length); });
+    over_segments(segments, length, [&](std::int64_t s) { out[s] = distribute::fixed_order_sum(f, s, length); });
   }
   // Small results (statistics, loss values) where the host reads them: a copy on the CPU.
   template <class T>
@@ -450,7 +458,7 @@ class engine<cpu> {
       std::fprintf(stderr,
                    "distribute: the CPU engine's %d threads waited %.2f s in all for a CPU in the last %.1f s: other programs are using "
                    "these cores, and every parallel region waits for the thread that shares one (a step can run several "
-                   "times slower). This engine has engine_options::adapt_threads off; on (the default) it runs fewer threads "
+                   "times slower). This engine has compute_options::adapt_threads off; on (the default) it runs fewer threads "
                    "while that lasts, with the same results (docs/nn.md, \"On a busy machine\"). (Said once.)\n",
                    threads_, waited, wall);
   }
@@ -529,7 +537,7 @@ class engine<cpu> {
   // Whether pass `which` of e runs Winograd (in bfloat16: float32 Winograd on its inputs rounded to
   // bfloat16, as oneDNN's bfloat16 kernels read them: the same values) rather than the direct kernel
   // (in bfloat16 oneDNN's bfloat16 one). Only where Winograd applies (conv_winograd, winograd_pays,
-  // and a oneDNN with the kernel); there by engine_options::cpu_conv_choice: `rule` always, `timed`
+  // and a oneDNN with the kernel); there by compute_options::cpu_conv_choice: `rule` always, `timed`
   // (the default) unless the direct kernel took at most two thirds of Winograd's time when the two
   // were timed at the pass's first run, on its own inputs (a and b, as through_dnnl gets them).
   // The choice is kept for the process (conv_choices()), shared by every engine and every batch
@@ -620,7 +628,7 @@ class engine<cpu> {
   // The plans, and the OpenMP thread count, that passes of e (each with or without bias) run on now:
   // those of the count in use where every pass keeps its bits on any count (dnnl_conv's thread_rule)
   // with the kernel the configured count gets too; otherwise the configured count's, on all threads(),
-  // so that no result follows the count in use (engine_options::adapt_threads).
+  // so that no result follows the count in use (compute_options::adapt_threads).
   detail::dnnl_conv& dnnl_now(std::span<const std::pair<detail::dnnl_conv::pass, bool>> passes, const conv_geometry& e, bool h,
                               bool wino) {
     detail::dnnl_conv& now = dnnl(active_);
@@ -654,7 +662,7 @@ class engine<cpu> {
   // The oneDNN plans per thread count (one count unless adapt_threads), made on first use.
   std::vector<std::shared_ptr<void>> dnnl_;
 
-  engine_options options_;
+  compute_options options_;
   compute_precision precision_ = compute_precision::float32;
   int threads_ = 1;
   int active_ = 1;  // the threads in use: threads_ unless adapt_threads found the machine busy

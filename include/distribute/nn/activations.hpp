@@ -2,9 +2,9 @@
 // Element-wise activations: relu, leaky_relu (the PatchGAN discriminator's, slope 0.2) and tanh (the
 // generator's output). Each keeps what its derivative needs: the input for the piecewise-linear ones,
 // the output for tanh (1 - y^2), in its state_type (layer.hpp). The arithmetic is the engine's
-// (nn/detail/kernels.hpp).
+// (nn/detail/activation_kernels.hpp).
 
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/nn/detail/activation_kernels.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <stdexcept>

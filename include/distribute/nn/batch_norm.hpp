@@ -16,8 +16,9 @@
 
 #include <distribute/collective_origin.hpp>
 #include <distribute/comm/local.hpp>
+#include <distribute/detail/element_kernels.hpp>
 #include <distribute/nn/detail/batch_stats.hpp>
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/nn/detail/norm_kernels.hpp>
 #include <distribute/nn/detail/plane_statistics.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
@@ -173,8 +174,8 @@ class basic_batch_norm {
       dgamma[c] = static_cast<T>(sums[uc + c]);
     }
     const auto dg = on_device_of(dy, dgamma), db = on_device_of(dy, dbeta);
-    e.for_each(C, kernels::add_to<T>{gamma_.grad.data(), dg.data()});
-    e.for_each(C, kernels::add_to<T>{beta_.grad.data(), db.data()});
+    e.for_each(C, distribute::detail::kernels::add_to<T>{gamma_.grad.data(), dg.data()});
+    e.for_each(C, distribute::detail::kernels::add_to<T>{beta_.grad.data(), db.data()});
     e.to_host(gamma_.value.data(), uc, gamma.data());
     std::vector<T> coef(3 * uc, T(0));
     if (forward_training_) {

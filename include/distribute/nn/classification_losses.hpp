@@ -17,7 +17,7 @@
 // Each also has an overload without the replica, computed on the calling thread alone. Labels are
 // class indices in [0, K), one per example, in host memory.
 
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/nn/detail/loss_kernels.hpp>
 #include <distribute/nn/losses.hpp>
 
 #include <cstddef>
@@ -103,7 +103,7 @@ loss_result<T, D> softmax_cross_entropy(R& r, const tensor<T, D>& logits, std::s
 template <class T>
 loss_result<T> softmax_cross_entropy(const tensor<T>& logits, std::span<const std::int32_t> labels,
                                      std::int64_t global_batch_size) {
-  detail::serial_engine e;
+  serial_engine e;
   return detail::softmax_cross_entropy(e, logits, labels, global_batch_size);
 }
 
@@ -123,7 +123,7 @@ device_loss_result<T, D> bce_with_logits(R& r, const tensor<T, D>& logits, const
 }
 template <class T>
 loss_result<T> bce_with_logits(const tensor<T>& logits, const tensor<T>& targets, std::int64_t global_batch_size) {
-  detail::serial_engine e;
+  serial_engine e;
   return detail::per_example_loss<detail::kernels::sigmoid_cross_entropy>(e, logits, targets, global_batch_size,
                                                                          "bce_with_logits");
 }
@@ -135,7 +135,7 @@ std::int64_t accuracy(R& r, const tensor<T, D>& logits, std::span<const std::int
 }
 template <class T>
 std::int64_t accuracy(const tensor<T>& logits, std::span<const std::int32_t> labels) {
-  detail::serial_engine e;
+  serial_engine e;
   return detail::accuracy(e, logits, labels);
 }
 

@@ -10,8 +10,8 @@
 // engine's arena.
 
 #include <distribute/engine/conv_geometry.hpp>
-#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/detail/option_check.hpp>
+#include <distribute/nn/detail/padding_kernels.hpp>
 #include <distribute/nn/detail/weight_and_bias.hpp>
 #include <distribute/nn/layer.hpp>
 

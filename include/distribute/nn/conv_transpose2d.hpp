@@ -7,8 +7,8 @@
 // the definition of PyTorch's ConvTranspose2d. Weights are [Cin, Cout, k, k] (PyTorch's order).
 
 #include <distribute/engine/conv_geometry.hpp>
-#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/detail/option_check.hpp>
+#include <distribute/nn/detail/plane_sum_kernels.hpp>
 #include <distribute/nn/detail/weight_and_bias.hpp>
 #include <distribute/nn/layer.hpp>
 

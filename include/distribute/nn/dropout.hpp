@@ -4,13 +4,14 @@
 // input; in evaluation (`set_training(false)`) it is the identity. Backward multiplies dy by the same
 // mask, which forward keeps (its state_type, layer.hpp).
 //
-// The mask is drawn by the engine from a counter-based stream (nn/detail/kernels.hpp): element i of
+// The mask is drawn by the engine from a counter-based stream (nn/detail/dropout_kernels.hpp): element i of
 // a forward pass depends on the layer's seed, the replica's id (replicas drop different elements of
 // their different examples) and the number of training forward passes so far, never on the thread
 // count. That count is the layer's buffer (`for_each_buffer`), so a checkpoint resumes the sequence
 // of masks and `verify_mirrored` sees replicas that stepped differently.
 
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/detail/element_kernels.hpp>
+#include <distribute/nn/detail/dropout_kernels.hpp>
 #include <distribute/nn/detail/random.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
@@ -93,7 +94,7 @@ class dropout {
                                   dy.shape().to_string() + ", expected " + s.in_shape.to_string());
     if (!s.masked) return dy;
     tensor_type dx{dy.shape(), dy.device(), uninitialized};
-    e.for_each(static_cast<std::int64_t>(dy.size()), detail::kernels::multiply<T>{dy.data(), s.mask.data(), dx.data()});
+    e.for_each(static_cast<std::int64_t>(dy.size()), distribute::detail::kernels::multiply<T>{dy.data(), s.mask.data(), dx.data()});
     return dx;
   }
 

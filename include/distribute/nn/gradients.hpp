@@ -17,15 +17,15 @@
 // to those the model holds: zero them at the start of a step. With `all_reduce = false` each replica
 // keeps its own sum (accumulate over several calls, all-reducing on the last).
 //
-// Under the split-independent reference engine (`engine_options{.split_independent = true,
+// Under the split-independent reference engine (`compute_options{.split_independent = true,
 // .reference = true}`) the convolutions', normalisations' and element-wise layers' gradients have the
 // bits of one pass over the whole batch: each example's contribution is added in the batch's order
 // either way. `linear`'s weight gradient is one product over each part, so it agrees to float
 // rounding. Returns this replica's share of the mean loss (the parts' sum).
 
-#include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/comm/gradient_buckets.hpp>
 #include <distribute/nn/layer.hpp>
-#include <distribute/tensor/detail/micro_batches.hpp>
+#include <distribute/tensor/micro_batches.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -57,8 +57,8 @@ double compute_gradients(R& r, M& model, const layer_tensor_t<M>& input, const l
   double total = 0;
   std::int64_t offset = 0;
   auto pass = [&](std::int64_t n) {
-    const auto y = model.forward(r, distribute::detail::batch_slice(input, offset, n));
-    const auto l = std::invoke(loss, r, y, distribute::detail::batch_slice(target, offset, n), global_batch_size);
+    const auto y = model.forward(r, distribute::batch_slice(input, offset, n));
+    const auto l = std::invoke(loss, r, y, distribute::batch_slice(target, offset, n), global_batch_size);
     if (l.grad.shape() != y.shape())
       throw std::invalid_argument("distribute: compute_gradients' loss returned a gradient of shape " +
                                   l.grad.shape().to_string() + " for a prediction of shape " + y.shape().to_string());
@@ -67,7 +67,7 @@ double compute_gradients(R& r, M& model, const layer_tensor_t<M>& input, const l
     else model.backward(r, l.grad);
     offset += n;
   };
-  const auto parts = distribute::detail::micro_batch_sizes(batch(input), options.micro_batches);
+  const auto parts = distribute::micro_batch_sizes(batch(input), options.micro_batches);
   for (std::size_t i = 0; i + 1 < parts.size(); ++i) pass(parts[i]);
   const std::int64_t last = parts.empty() ? 0 : parts.back();
   if constexpr (requires { r.overlap_gradients(options.reduction); }) {

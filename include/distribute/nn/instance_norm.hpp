@@ -3,9 +3,10 @@
 // mean and biased variance, so no statistic crosses examples and nothing crosses replicas. Affine
 // (gamma N(1, 0.02), beta 0) is optional; CycleGAN's reference uses none.
 
-#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/detail/norm_epilogue.hpp>
+#include <distribute/nn/detail/norm_kernels.hpp>
 #include <distribute/nn/detail/plane_statistics.hpp>
+#include <distribute/nn/detail/plane_sum_kernels.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
 

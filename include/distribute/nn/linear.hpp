@@ -5,11 +5,11 @@
 // The three passes are matrix products computed by the replica's engine (`gemm`, engine/engine.hpp):
 // y = x W^T, dx = dy W, and dW += dy^T x, a sum over the examples in an order fixed by the sizes and
 // the engine's thread count; db += the column sums of dy, in double and in example order. With
-// `engine_options::split_independent`, an example's output and input gradient have the same bits
+// `compute_options::split_independent`, an example's output and input gradient have the same bits
 // under any split of the batch. Forward keeps its input, all that backward needs (its state_type).
 
 #include <distribute/engine/gemm_geometry.hpp>
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/nn/detail/dense_kernels.hpp>
 #include <distribute/nn/detail/weight_and_bias.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>

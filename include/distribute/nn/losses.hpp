@@ -11,8 +11,8 @@
 // per-example loss is the mean over that example's elements.
 
 #include <distribute/concepts/device.hpp>
-#include <distribute/engine/detail/serial.hpp>
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/engine/serial.hpp>
+#include <distribute/nn/detail/loss_kernels.hpp>
 #include <distribute/tensor/tensor.hpp>
 
 #include <algorithm>
@@ -50,7 +50,7 @@ struct loss_result {
 
 // Asks a loss to leave its value where it was computed (`nn::mse(r, y, t, batch, nn::value_on_device)`):
 // on a GPU the host then does not wait for the device, and the loss can be captured into a CUDA graph
-// with the rest of a step (nn/graphed_step.cuh). The same bits as the host value.
+// with the rest of a step (cuda/nn/graphed_step.cuh). The same bits as the host value.
 struct value_on_device_t {
   explicit value_on_device_t() = default;
 };
@@ -69,7 +69,7 @@ struct device_loss_result {
 
 namespace detail {
 
-using distribute::detail::serial_engine;  // a loss called without a replica: the calling thread alone
+using distribute::serial_engine;  // a loss called without a replica: the calling thread alone
 
 // Per example e: the mean over its elements of Kernel's value; the gradient written alongside. The
 // value is left on the engine's device: the last step (per-example means, then
@@ -111,7 +111,7 @@ loss_result<T, D> mse(R& r, const tensor<T, D>& pred, const tensor<T, D>& target
 }
 template <class T>
 loss_result<T> mse(const tensor<T>& pred, const tensor<T>& target, std::int64_t global_batch_size) {
-  detail::serial_engine e;
+  serial_engine e;
   return detail::per_example_loss<detail::kernels::squared_error>(e, pred, target, global_batch_size, "mse");
 }
 
@@ -134,7 +134,7 @@ device_loss_result<T, D> l1(R& r, const tensor<T, D>& pred, const tensor<T, D>& 
 }
 template <class T>
 loss_result<T> l1(const tensor<T>& pred, const tensor<T>& target, std::int64_t global_batch_size) {
-  detail::serial_engine e;
+  serial_engine e;
   return detail::per_example_loss<detail::kernels::absolute_error>(e, pred, target, global_batch_size, "l1");
 }
 

@@ -2,10 +2,10 @@
 // A trainable tensor and its gradient, and the enumeration every layer offers: what optimisers and
 // `replica_context::all_reduce_gradients` work through.
 
-#include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/concepts/device.hpp>
+#include <distribute/concepts/gradient_enumerable.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/nn/detail/random.hpp>
-#include <distribute/concepts/device.hpp>
 #include <distribute/tensor/tensor.hpp>
 
 #include <cstddef>

@@ -4,8 +4,8 @@
 // windows moved by `stride`. Output size: Ho = floor((H - kernel) / stride) + 1 (likewise Wo).
 // No parameters; forward keeps only the input's shape (its state_type, layer.hpp). Means are summed in double, in window order.
 
-#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/detail/option_check.hpp>
+#include <distribute/nn/detail/pooling_kernels.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cstdint>

@@ -16,7 +16,7 @@
 // gradient, backward(dy) + dy.
 
 #include <distribute/detail/digest.hpp>
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/detail/element_kernels.hpp>
 #include <distribute/nn/detail/layer_name.hpp>
 #include <distribute/nn/detail/norm_epilogue.hpp>
 #include <distribute/nn/layer.hpp>
@@ -195,7 +195,7 @@ class sequential {
       throw std::invalid_argument("distribute: sequential with plus_input: its output has shape " + y.shape().to_string() +
                                   ", its input " + x.shape().to_string() + "; a residual connection needs the same shape");
     detail::engine_of<device_type>(r).for_each(static_cast<std::int64_t>(y.size()),
-                                               detail::kernels::add_to<scalar_type>{y.data(), x.data()});
+                                               distribute::detail::kernels::add_to<scalar_type>{y.data(), x.data()});
     return y;
   }
   // `states`: the layers' states, or no_forward_state where the layers keep their own. `residual`,

@@ -35,6 +35,7 @@
 // (replica_context::overlap_gradients) to which the models were added before `backward()` starts each
 // bucket as soon as it can.
 
+#include <distribute/detail/element_kernels.hpp>
 #include <distribute/nn/detail/layer_name.hpp>
 #include <distribute/nn/detail/tensor_op_kernels.hpp>
 #include <distribute/nn/layer.hpp>
@@ -341,7 +342,7 @@ class tape {
       throw std::logic_error("distribute: a tape got a gradient of shape " + g.shape().to_string() + " for a tensor of shape " +
                              e.grad.shape().to_string());
     detail::engine_of<device_type>(r_).for_each(static_cast<std::int64_t>(g.size()),
-                                                 detail::kernels::add_to<T>{e.grad.data(), g.data()});
+                                                 distribute::detail::kernels::add_to<T>{e.grad.data(), g.data()});
   }
 
   template <class L>

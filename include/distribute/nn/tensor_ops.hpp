@@ -9,7 +9,7 @@
 //   auto [a, b] = nn::split(r, both, 1);                  // back: [N, 1, H, W] twice
 //   nn::axpy(r, 100.0f, l1.grad, d_fake);                 // d_fake += 100 * l1.grad
 
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/detail/element_kernels.hpp>
 #include <distribute/nn/detail/tensor_op_kernels.hpp>
 #include <distribute/nn/layer.hpp>
 
@@ -88,7 +88,7 @@ tensor<T, D> add(R& r, const tensor<T, D>& a, const tensor<T, D>& b) {
 template <class R, class T, class D>
 tensor<T, D> scale(R& r, const tensor<T, D>& x, T k) {
   tensor<T, D> y{x.shape(), x.device(), uninitialized};
-  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::scale<T>{x.data(), y.data(), k});
+  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), distribute::detail::kernels::scale<T>{x.data(), y.data(), k});
   return y;
 }
 
@@ -97,7 +97,7 @@ template <class R, class T, class D>
 tensor<T, D> mul(R& r, const tensor<T, D>& a, const tensor<T, D>& b) {
   detail::check_same_shapes("mul", a.shape(), b.shape());
   tensor<T, D> y{a.shape(), a.device(), uninitialized};
-  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(a.size()), detail::kernels::multiply<T>{a.data(), b.data(), y.data()});
+  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(a.size()), distribute::detail::kernels::multiply<T>{a.data(), b.data(), y.data()});
   return y;
 }
 

@@ -12,19 +12,19 @@
 // `capturable` (PyTorch's option of that name): the step count and learning rate live with the
 // moments and the bias corrections are computed there, by a one-element kernel of each step
 // (detail/step_scalars.hpp), so that a step can be captured into a CUDA graph and replayed
-// (nn/graphed_step.cuh); `set_lr` then writes the copy where the moments are, and `steps()` reads
+// (cuda/nn/graphed_step.cuh); `set_lr` then writes the copy where the moments are, and `steps()` reads
 // it. The same bits as the default form on the CPU. On a GPU the bias corrections come from CUDA's
 // double `pow`, which may differ from the host's in the last bit of a double (rarely visible once
 // rounded to float). The default form refuses to be captured (graph_capture_error): a graph would
 // replay the bias corrections of the step it captured.
 
-#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/optim/detail/engine_steps.hpp>
 #include <distribute/optim/detail/state_buffers.hpp>
 #include <distribute/optim/detail/state_io.hpp>
 #include <distribute/optim/detail/step_scalars.hpp>
+#include <distribute/optim/detail/update_kernels.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -73,7 +73,7 @@ class adam : public detail::engine_steps<adam<T>, T> {
     T step_size{}, sqrt_bc2{};
     if (o_.capturable) {
       double* s = count_.scalars_on(e);
-      e.for_each(1, nn::detail::kernels::adam_step_scalars{s, o_.beta1, o_.beta2});
+      e.for_each(1, detail::kernels::adam_step_scalars{s, o_.beta1, o_.beta2});
       scalars = s;
     } else {
       detail::refuse_capture(e, "optim::adam");
@@ -89,7 +89,7 @@ class adam : public detail::engine_steps<adam<T>, T> {
       T* v = v_.buffer_for(e, index, p.size());
       ++index;
       e.for_each(static_cast<std::int64_t>(p.size()),
-                 nn::detail::kernels::adam_update<T>{p.data(), g.data(), m, v, b1, b2, wd, step_size, sqrt_bc2, eps, scalars});
+                 detail::kernels::adam_update<T>{p.data(), g.data(), m, v, b1, b2, wd, step_size, sqrt_bc2, eps, scalars});
     });
   }
 

@@ -39,8 +39,8 @@
 
 #include <distribute/config.hpp>
 #include <distribute/detail/digest.hpp>
-#include <distribute/engine/detail/serial.hpp>
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/detail/element_kernels.hpp>
+#include <distribute/engine/serial.hpp>
 #include <distribute/nn/losses.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/optim/detail/state_buffers.hpp>
@@ -171,7 +171,7 @@ class loss_scaler {
   // The same on the calling thread (a host tensor, no replica).
   template <class T>
   void scale_loss_gradient(tensor<T>& grad) const {
-    distribute::detail::serial_engine e;
+    distribute::serial_engine e;
     scale_on(e, grad);
   }
   template <class T>
@@ -201,7 +201,7 @@ class loss_scaler {
   template <class O, nn::parameterized M>
     requires distribute::detail::host_parameters<M> && requires(O& o, M& m) { o.step(m); }
   bool step(O& optimizer, M& model) {
-    distribute::detail::serial_engine e;
+    distribute::serial_engine e;
     const bool found = unscale_and_check(e, model);
     if (!found) optimizer.step(model);
     update(found);
@@ -284,7 +284,7 @@ class loss_scaler {
   template <class E, class T, class D>
   void scale_on(E& e, tensor<T, D>& grad) const {
     e.for_each(static_cast<std::int64_t>(grad.size()),
-               nn::detail::kernels::scale<T>{grad.data(), grad.data(), static_cast<T>(scale_)});
+               distribute::detail::kernels::scale<T>{grad.data(), grad.data(), static_cast<T>(scale_)});
   }
 
   // g *= 1 / scale for every gradient of `model`, then whether any element is an inf or a NaN.
@@ -295,7 +295,7 @@ class loss_scaler {
     std::vector<std::span<T>> grads;
     model.for_each_parameter([&](std::span<T>, std::span<T> g) {
       grads.push_back(g);
-      e.for_each(static_cast<std::int64_t>(g.size()), nn::detail::kernels::scale<T>{g.data(), g.data(), inverse});
+      e.for_each(static_cast<std::int64_t>(g.size()), distribute::detail::kernels::scale<T>{g.data(), g.data(), inverse});
     });
     return detail::count_non_finite(e, grads) > 0;
   }

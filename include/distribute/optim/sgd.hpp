@@ -8,13 +8,13 @@
 // `capturable`: the step count and learning rate live with the velocity, for steps captured into a
 // CUDA graph (as adam's option of that name; the same bits either way).
 
-#include <distribute/nn/detail/kernels.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/optim/detail/engine_steps.hpp>
 #include <distribute/optim/detail/state_buffers.hpp>
 #include <distribute/optim/detail/state_io.hpp>
 #include <distribute/optim/detail/step_scalars.hpp>
+#include <distribute/optim/detail/update_kernels.hpp>
 
 #include <cstdint>
 #include <istream>
@@ -59,7 +59,7 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
     const double* scalars = nullptr;
     if (o_.capturable) {
       double* s = count_.scalars_on(e);
-      e.for_each(1, nn::detail::kernels::count_step{s});
+      e.for_each(1, detail::kernels::count_step{s});
       scalars = s;
     } else {
       detail::refuse_capture(e, "optim::sgd");
@@ -69,7 +69,7 @@ class sgd : public detail::engine_steps<sgd<T>, T> {
     model.for_each_parameter([&](std::span<T> p, std::span<T> g) {
       T* v = velocity_.buffer_for(e, index++, p.size());
       e.for_each(static_cast<std::int64_t>(p.size()),
-                 nn::detail::kernels::sgd_update<T>{p.data(), g.data(), v, lr, mu, wd, scalars});
+                 detail::kernels::sgd_update<T>{p.data(), g.data(), v, lr, mu, wd, scalars});
     });
     if (!o_.capturable) count_.count_on_host();
   }

@@ -6,6 +6,11 @@
 // the pipeline on its own batch, and each stage's gradients are summed over that stage's copies only
 // (a sub-group of the communicator).
 //
+// This header is over 600 lines for one class template, which stays one: the schedule's passes, the
+// messages between stages and the sums over copies all work on the same stages of each replica and
+// the same numbering of stages and copies. Its options and step results are options.hpp, its
+// schedules schedule.hpp.
+//
 //   dist::pipeline model(strategy, {.micro_batches = 8, .schedule = dist::pipeline_schedule::one_f_one_b},
 //                        [](const dist::cpu& d) { return make_encoder(d); },     // stage 0
 //                        [](const dist::cpu& d) { return make_decoder(d); });    // stage 1
@@ -35,14 +40,14 @@
 // is not kept.
 //
 // Semantics: a pipelined step equals one device over the whole batch: bit for bit where the engine
-// is split-independent (`engine_options::split_independent` or the reference engine), else within
+// is split-independent (`compute_options::split_independent` or the reference engine), else within
 // float rounding. A stage that throws ends the step with that exception on the caller; a stage that
 // never sends makes its receiver fail within the communicator's timeout, with a message naming both
 // stages. Layers that communicate within their forward (`sync_batch_norm`) cannot be in a stage: their
 // collectives would span every stage.
 
 #include <distribute/collective_origin.hpp>
-#include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/comm/gradient_buckets.hpp>
 #include <distribute/concepts/communicator.hpp>
 #include <distribute/concepts/strategy.hpp>
 #include <distribute/detail/activity.hpp>
@@ -50,8 +55,9 @@
 #include <distribute/nn/layer.hpp>
 #include <distribute/nn/gradients.hpp>
 #include <distribute/nn/losses.hpp>
-#include <distribute/tensor/detail/micro_batches.hpp>
+#include <distribute/pipeline/options.hpp>
 #include <distribute/pipeline/schedule.hpp>
+#include <distribute/tensor/micro_batches.hpp>
 #include <distribute/tensor/tensor.hpp>
 
 #include <algorithm>
@@ -78,35 +84,6 @@ namespace distribute {
 template <class S>
 concept stashable_stage = requires(S& s) {
   s.restore(s.stash());
-};
-
-struct pipeline_options {
-  // Micro-batches per step; a batch of fewer examples has one per example.
-  int micro_batches = 4;
-  pipeline_schedule schedule = pipeline_schedule::one_f_one_b;
-  // Data-parallel copies of the pipeline: the strategy's replicas are stages x copies.
-  int copies = 1;
-  // How each stage's gradients are combined over its copies.
-  gradient_reduction reduction{};
-};
-
-// What one replica did in one step.
-struct pipeline_step_result {
-  // This replica's share of the mean loss over the global batch: the last stage's; 0 on the others.
-  // The sum over every replica (strategy.reduce(sum, ...)) is the mean over the global batch.
-  double loss = 0;
-  int micro_batches = 0;
-  double step_seconds = 0;     // the whole step on this replica
-  double compute_seconds = 0;  // forward, backward and loss passes
-  // Waiting for activations and gradients from the neighbouring stages. A stage's idle time after
-  // its last pass (while the others drain) is not in it: the bubble is larger than wait / step.
-  double wait_seconds = 0;
-  // The most bytes kept at once for the backward passes of micro-batches in flight: their inputs
-  // (for the forward's re-run), or a stashable stage's stashes (when a stash is a tensor or says its
-  // `bytes()`), and on the last stage the loss gradients. What the schedule decides; the layers' own
-  // state of one forward comes on top.
-  std::size_t peak_kept_bytes = 0;
-  int recomputed = 0;  // forwards run again before their backward (see above)
 };
 
 template <class... Stages>
@@ -202,11 +179,11 @@ class pipeline {
     part& p = part_of(r);
     if (positions_ == 1) {
       std::vector<tensor_type> outs;
-      for (std::int64_t offset = 0; auto n : detail::micro_batch_sizes(batch_of(input), o_.micro_batches)) {
-        outs.push_back(forward_all(r, p, detail::batch_slice(input, offset, n)));
+      for (std::int64_t offset = 0; auto n : micro_batch_sizes(batch_of(input), o_.micro_batches)) {
+        outs.push_back(forward_all(r, p, batch_slice(input, offset, n)));
         offset += n;
       }
-      return detail::concatenate(outs);
+      return concatenate(outs);
     }
     tensor_type out;
     dispatch(stage_of(r.replica_id()), [&](auto index) { out = predict_stage<decltype(index)::value>(r, p, input); });
@@ -431,7 +408,7 @@ class pipeline {
             if (target_offset + n > batch_of(target))
               throw std::invalid_argument("distribute: the last pipeline stage got more examples than its " +
                                           std::to_string(batch_of(target)) + " targets");
-            auto l = loss_of(loss, r, y, detail::batch_slice(target, target_offset, n), global);
+            auto l = loss_of(loss, r, y, batch_slice(target, target_offset, n), global);
             target_offset += n;
             result.loss += static_cast<double>(l.value);
             kept_bytes += l.grad.size() * sizeof(scalar_type);
@@ -495,7 +472,7 @@ class pipeline {
         if constexpr (last) outs.push_back(std::move(y));
         else pass_on<I>(comm, next, j, in.micro_batches, y);
       }
-      return last ? detail::concatenate(outs) : tensor_type{};
+      return last ? concatenate(outs) : tensor_type{};
     }
   }
 
@@ -511,7 +488,7 @@ class pipeline {
   inflow open_inflow(C& comm, int prev, int next, const tensor_type& input, pipeline_step_result& result) {
     inflow in;
     if constexpr (I == 0) {
-      in.sizes = detail::micro_batch_sizes(batch_of(input), o_.micro_batches);
+      in.sizes = micro_batch_sizes(batch_of(input), o_.micro_batches);
       in.micro_batches = static_cast<int>(in.sizes.size());
       if (in.micro_batches == 0) send_header(comm, next, 0, 0, shape{});  // the next stages learn there is none
     } else {
@@ -526,7 +503,7 @@ class pipeline {
     if constexpr (I == 0) {
       const std::int64_t n = in.sizes[static_cast<std::size_t>(j)];
       in.offset += n;
-      return detail::batch_slice(input, in.offset - n, n);
+      return batch_slice(input, in.offset - n, n);
     } else {
       if (j > 0) recv_header(comm, prev, j, in.header, result);
       tensor_type x{shape_of(in.header), device_type{}, uninitialized};
@@ -610,7 +587,7 @@ class pipeline {
   void reduce_over_copies(R& r, part& p) {
     local_stages model{&p};
     if (positions_ == 1) {
-      detail::all_reduce_gradients(r.communicator(), model, o_.reduction);
+      comm::all_reduce_gradients(r.communicator(), model, o_.reduction);
       return;
     }
     using C = std::remove_reference_t<decltype(r.communicator())>;
@@ -620,7 +597,7 @@ class pipeline {
         const collective_label label("pipeline stage copies");
         p.sub_group = r.communicator().split(stage_of(r.replica_id()), copy_of(r.replica_id()));
       }
-      detail::all_reduce_gradients(std::any_cast<sub_type&>(p.sub_group), model, o_.reduction);
+      comm::all_reduce_gradients(std::any_cast<sub_type&>(p.sub_group), model, o_.reduction);
     }
   }
 

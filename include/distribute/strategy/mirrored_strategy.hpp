@@ -4,7 +4,7 @@
 //
 //   mirrored_strategy<> s;                                      one CPU replica per hardware thread
 //   mirrored_strategy<> s{cpu_replicas(4)};                     4 CPU replicas
-//   mirrored_strategy<cuda> s;                                  every visible GPU (mirrored_strategy_cuda.cuh)
+//   mirrored_strategy<cuda> s;                                  every visible GPU (cuda/strategy/mirrored_strategy.cuh)
 //   mirrored_strategy<cuda> s{cuda_replicas(4)};                4 logical replicas sharing cuda:0
 //
 // One template for every device: the device policy (strategy/detail/device_policy.hpp) sets up the
@@ -23,9 +23,10 @@
 #include <distribute/comm/local.hpp>
 #include <distribute/comm/shared_memory.hpp>
 #include <distribute/concepts/device.hpp>
+#include <distribute/concepts/device_policy.hpp>
 #include <distribute/device/cpu.hpp>
 #include <distribute/strategy/detail/device_policy.hpp>
-#include <distribute/engine/detail/engine_slot.hpp>
+#include <distribute/engine/engine_slot.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/strategy/detail/replica_pool.hpp>
@@ -50,8 +51,9 @@ namespace distribute {
 
 template <device D = cpu>
 class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynamic_extent> {
-  static_assert(requires { sizeof(detail::device_policy<D>); },
-                "distribute: mirrored_strategy<cuda> needs #include <distribute/strategy/mirrored_strategy_cuda.cuh>");
+  static_assert(device_policy<detail::device_policy<D>>,
+                "distribute: mirrored_strategy<D> needs the device policy of D, from the strategy header of D's "
+                "backend: for cuda, #include <distribute/cuda/strategy/mirrored_strategy.cuh>");
   using policy = detail::device_policy<D>;
   using group_type = typename policy::replica_group;
 
@@ -60,32 +62,41 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
   using replica_type = replica_context<D, typename group_type::communicator>;
   // The context of `run_on_primary`: the primary device, a group of one.
   using primary_replica_type = replica_context<D, typename policy::solo_communicator>;
-  // What a user may choose of the replicas' communicators (cuda_engine on GPUs; nothing on the CPU).
-  using engine_choice = typename group_type::engine_choice;
+  // What a user may choose of the replicas' communicators (cuda_collective_engine on GPUs; nothing on
+  // the CPU).
+  using collective_engine_choice = typename group_type::collective_engine_choice;
 
   // One replica per hardware thread (CPU), per visible GPU (cuda).
   mirrored_strategy() : mirrored_strategy(group_type::all_devices()) {}
-  explicit mirrored_strategy(std::vector<D> devices, collective_options options = {}, engine_choice engine = {})
+  explicit mirrored_strategy(std::vector<D> devices, collective_options options = {}, collective_engine_choice engine = {})
       : state_{std::make_unique<state>(check_devices(std::move(devices)), options, engine)} {}
 
   int num_replicas_in_sync() const noexcept { return static_cast<int>(state_->replicas.size()); }
   // The replicas' devices (a GPU bound to its replica's stream).
   std::span<const D> devices() const noexcept { return state_->group.devices(); }
   // The engine the strategy chose for the replicas' collectives (never `automatic`).
-  engine_choice engine() const noexcept
-    requires(!std::is_same_v<engine_choice, detail::no_engine_choice>)
+  collective_engine_choice collective_engine() const noexcept
+    requires(!std::is_same_v<collective_engine_choice, detail::no_collective_engine_choice>)
   {
-    return state_->group.engine();
+    return state_->group.collective_engine();
+  }
+  [[deprecated("distribute: mirrored_strategy::engine() is now collective_engine()")]]
+  collective_engine_choice engine() const noexcept
+    requires(!std::is_same_v<collective_engine_choice, detail::no_collective_engine_choice>)
+  {
+    return collective_engine();
   }
 
   const collective_options& options() const noexcept { return state_->group.meeting().options(); }
   // Between steps only.
   void set_options(collective_options options) { state_->group.meeting().set_options(options); }
 
-  // How the replicas' compute engines work (engine/engine.hpp). By default each replica's engine uses
-  // its share of the cores (cores / replicas, at least one). Between steps only: the engines are made
-  // anew, with empty caches.
-  void set_engine_options(const engine_options& options) { state_->set_engine_options(options); }
+  // How the replicas' compute engines work (engine/compute_options.hpp). By default each replica's
+  // engine uses its share of the cores (cores / replicas, at least one). Between steps only: the
+  // engines are made anew, with empty caches.
+  void set_compute_options(const compute_options& options) { state_->set_compute_options(options); }
+  [[deprecated("distribute: set_engine_options is now set_compute_options")]]
+  void set_engine_options(const compute_options& options) { set_compute_options(options); }
 
   // Calls `fn(replica, args...)` on every replica concurrently; per-replica and mirrored arguments
   // are unwrapped to the replica's own element, anything else is shared by reference. Returns
@@ -122,26 +133,26 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
   friend class strategy_base<mirrored_strategy<D>, std::dynamic_extent>;
 
   struct state {
-    state(std::vector<D> devices, collective_options options, engine_choice engine)
+    state(std::vector<D> devices, collective_options options, collective_engine_choice engine)
         : group(std::move(devices), options, engine),
           engines(group.devices().size()),
           clock(group.devices().size()),
           pool(static_cast<int>(group.devices().size())) {
-      set_engine_options({});
+      set_compute_options({});
       const auto& devs = group.devices();
       replicas.reserve(devs.size());
       for (std::size_t r = 0; r < devs.size(); ++r)
         replicas.emplace_back(devs[r], group.endpoint(static_cast<int>(r)), &engines[r], clock.meter(r));
     }
     // Each replica's engine gets its share of the cores; the primary alone (run_on_primary) all of them.
-    void set_engine_options(const engine_options& o) {
-      const int share = detail::core_share(static_cast<int>(engines.size()));
+    void set_compute_options(const compute_options& o) {
+      const int share = core_share(static_cast<int>(engines.size()));
       for (auto& e : engines) e.reset(o, share);
       primary_engine.reset(o, 0);
     }
     group_type group;  // the replicas' devices and their communicator group
-    std::vector<detail::engine_slot> engines;  // one per replica; never resized (replicas point in)
-    detail::engine_slot primary_engine;
+    std::vector<engine_slot<D>> engines;  // one per replica; never resized (replicas point in)
+    engine_slot<D> primary_engine;
     detail::step_clock clock;  // one collective meter per replica (replicas point in)
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};

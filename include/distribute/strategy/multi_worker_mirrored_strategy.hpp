@@ -5,7 +5,7 @@
 //
 //   multi_worker_mirrored_strategy<> s{argc, argv, {.local_replicas = 2}};    CPU replicas, MPI
 //   multi_worker_mirrored_strategy<cuda, comm::nccl> s{argc, argv};            a GPU per worker, NCCL
-//                                           (strategy/multi_worker_mirrored_strategy_cuda.cuh)
+//                                           (cuda/strategy/multi_worker_mirrored_strategy.cuh)
 //
 // One template for every device: the worker group (strategy/detail/worker_group.hpp) is its only
 // device-specific part: how a worker's replicas are made and joined (shared memory in the worker and
@@ -34,6 +34,7 @@
 #include <distribute/comm/local.hpp>
 #include <distribute/comm/mpi.hpp>
 #include <distribute/concepts/device.hpp>
+#include <distribute/concepts/gradient_enumerable.hpp>
 #include <distribute/device/cpu.hpp>
 #include <distribute/errors.hpp>
 #include <distribute/per_replica.hpp>
@@ -78,12 +79,12 @@ template <class D>
 class agreed_steps_dataset;
 }  // namespace data::detail
 
-template <device D = cpu, class Engine = comm::mpi>
-class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_worker_mirrored_strategy<D, Engine>> {
-  static_assert(requires { sizeof(detail::worker_group<D, Engine>); },
+template <device D = cpu, class Comm = comm::mpi>
+class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_worker_mirrored_strategy<D, Comm>> {
+  static_assert(requires { sizeof(detail::worker_group<D, Comm>); },
                 "distribute: multi_worker_mirrored_strategy runs CPU replicas joined by MPI (<cpu, comm::mpi>) or GPUs "
-                "joined by NCCL (<cuda, comm::nccl>, in <distribute/strategy/multi_worker_mirrored_strategy_cuda.cuh>)");
-  using group_type = detail::worker_group<D, Engine>;
+                "joined by NCCL (<cuda, comm::nccl>, in <distribute/cuda/strategy/multi_worker_mirrored_strategy.cuh>)");
+  using group_type = detail::worker_group<D, Comm>;
   using policy = detail::device_policy<D>;
 
  public:
@@ -160,8 +161,10 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   step_timings timings() const noexcept { return state_->clock.totals(); }
 
   // How this worker's replicas' compute engines work (engine/engine.hpp). By default each replica's
-  // engine uses its share of the cores (see state::set_engine_options). Between steps only.
-  void set_engine_options(const engine_options& options) { state_->set_engine_options(options); }
+  // engine uses its share of the cores (see state::set_compute_options). Between steps only.
+  void set_compute_options(const compute_options& options) { state_->set_compute_options(options); }
+  [[deprecated("distribute: set_engine_options is now set_compute_options")]]
+  void set_engine_options(const compute_options& options) { set_compute_options(options); }
 
   // Calls `fn(primary, args...)` once on this worker, on the calling thread, as a group of one on
   // its first device (collectives are no-ops). Every worker runs it; `broadcast` afterwards makes
@@ -388,7 +391,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
           engines(group.devices().size()),
           clock(group.devices().size()),
           pool(static_cast<int>(group.devices().size())) {
-      set_engine_options({});
+      set_compute_options({});
       const auto& devices = group.devices();
       replicas.reserve(devices.size());
       for (std::size_t r = 0; r < devices.size(); ++r)
@@ -396,14 +399,14 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
                               &engines[r], clock.meter(r));
     }
     // Each replica's engine gets its share of the cores (the worker group says how many).
-    void set_engine_options(const engine_options& o) {
+    void set_compute_options(const compute_options& o) {
       const auto [share, primary] = group.core_shares();
       for (auto& e : engines) e.reset(o, share);
       primary_engine.reset(o, primary);
     }
     group_type group;  // this worker's devices and replicas' communicators, and the job around them
-    std::vector<detail::engine_slot> engines;  // one per local replica; never resized (replicas point in)
-    detail::engine_slot primary_engine;
+    std::vector<engine_slot<D>> engines;  // one per local replica; never resized (replicas point in)
+    engine_slot<D> primary_engine;
     detail::step_clock clock;  // one collective meter per local replica (replicas point in)
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};

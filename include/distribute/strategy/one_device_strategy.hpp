@@ -3,13 +3,14 @@
 // no-op of the device's group of one (comm::local on the CPU), and per-replica values live in place
 // (no allocation): a step written for any strategy costs here what it would cost written by hand.
 // One template for every device; the device policy (strategy/detail/device_policy.hpp) makes a GPU
-// current around the step (one_device_strategy_cuda.cuh).
+// current around the step (cuda/strategy/one_device_strategy.cuh).
 
 #include <distribute/comm/local.hpp>
 #include <distribute/concepts/device.hpp>
+#include <distribute/concepts/device_policy.hpp>
 #include <distribute/device/cpu.hpp>
 #include <distribute/strategy/detail/device_policy.hpp>
-#include <distribute/engine/detail/engine_slot.hpp>
+#include <distribute/engine/engine_slot.hpp>
 #include <distribute/per_replica.hpp>
 #include <distribute/replica_context.hpp>
 #include <distribute/step_timings.hpp>
@@ -27,8 +28,9 @@ namespace distribute {
 
 template <device D = cpu>
 class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
-  static_assert(requires { sizeof(detail::device_policy<D>); },
-                "distribute: one_device_strategy<cuda> needs #include <distribute/strategy/one_device_strategy_cuda.cuh>");
+  static_assert(device_policy<detail::device_policy<D>>,
+                "distribute: one_device_strategy<D> needs the device policy of D, from the strategy header of D's "
+                "backend: for cuda, #include <distribute/cuda/strategy/one_device_strategy.cuh>");
   using policy = detail::device_policy<D>;
 
  public:
@@ -43,9 +45,11 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   std::span<const D, 1> devices() const noexcept { return devices_; }
   const D& device() const noexcept { return devices_[0]; }
 
-  // How the replica's compute engine works (engine/engine.hpp); by default it uses every core. Between
-  // steps only: the engine is made anew, with empty caches.
-  void set_engine_options(const engine_options& options) { engine_.reset(options, 0); }
+  // How the replica's compute engine works (engine/compute_options.hpp); by default it uses every
+  // core. Between steps only: the engine is made anew, with empty caches.
+  void set_compute_options(const compute_options& options) { engine_.reset(options, 0); }
+  [[deprecated("distribute: set_engine_options is now set_compute_options")]]
+  void set_engine_options(const compute_options& options) { set_compute_options(options); }
 
   // Calls `fn(replica, args...)` once; per-replica and mirrored arguments are unwrapped to their only
   // element. Returns per_replica<R, 1> (or nothing for a void fn).
@@ -75,7 +79,7 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   std::array<D, 1>& devices_for_factory() noexcept { return devices_; }
 
   std::array<D, 1> devices_;
-  detail::engine_slot engine_{};
+  engine_slot<D> engine_{};
   detail::step_clock clock_{};
 };
 

@@ -6,6 +6,7 @@
 // never waits for the receiver) and the receiver copies it out. Messages are matched by (sender,
 // tag); between one pair, messages with the same tag arrive in the order they were sent.
 
+#include <distribute/collective_origin.hpp>
 #include <distribute/dtype.hpp>
 
 #include <condition_variable>
@@ -30,6 +31,18 @@ struct p2p_call {
 };
 
 inline bool same_payload(const p2p_call& a, const p2p_call& b) noexcept { return a.type == b.type && a.count == b.count; }
+
+// This thread's call of a send to, or a recv from, `peer` of `count` elements of T.
+template <class T>
+p2p_call p2p_call_of(int peer, int tag, std::size_t count) {
+  const collective_origin& o = distribute::detail::current_origin;
+  return {peer, tag, dtype_of<T>, count, o.api, o.step, o.in_step};
+}
+
+// "64 float32, tag 3": what a call carries, for error messages.
+inline std::string payload(const p2p_call& c) {
+  return std::to_string(c.count) + " " + std::string(distribute::to_string(c.type)) + ", tag " + std::to_string(c.tag);
+}
 
 struct p2p_message {
   int src = 0;

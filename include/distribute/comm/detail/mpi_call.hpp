@@ -8,7 +8,7 @@
 // before any data moves, and the communicator stays usable.
 
 #include <distribute/collective_origin.hpp>
-#include <distribute/comm/shared_memory.hpp>  // collective_kind
+#include <distribute/comm/detail/collective_descriptor.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/reduce_op.hpp>
 

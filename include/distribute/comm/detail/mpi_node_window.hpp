@@ -33,8 +33,8 @@
 #include <distribute/comm/detail/copy_bytes.hpp>
 #include <distribute/comm/detail/flat_ranges.hpp>
 #include <distribute/comm/detail/mpi_call.hpp>
-#include <distribute/comm/detail/mpi_runtime.hpp>
 #include <distribute/comm/detail/reduce_kernel.hpp>
+#include <distribute/comm/mpi_runtime.hpp>
 #include <distribute/detail/backoff.hpp>
 #include <distribute/reduce_op.hpp>
 

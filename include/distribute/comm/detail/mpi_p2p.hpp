@@ -10,7 +10,7 @@
 // is reported with both calls named and the sender's message is still taken off the wire.
 
 #include <distribute/collective_origin.hpp>
-#include <distribute/comm/detail/mpi_runtime.hpp>
+#include <distribute/comm/mpi_runtime.hpp>
 #include <distribute/dtype.hpp>
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 #pragma once
 // Which of cuDNN's convolution engines the GPU engine may use, from its options and the call's
-// precision (engine/detail/cudnn_conv.cuh applies it to each graph it builds). A plain header, so
+// precision (cuda/engine/detail/cudnn_conv.cuh applies it to each graph it builds). A plain header, so
 // the choice is tested without cuDNN or a GPU.
 //
 // cuDNN ranks the engines for a graph by its heuristics (mode A, then its fallback list); from that
@@ -37,7 +37,7 @@ struct conv_engine_filter {
 
 // The filter for a convolution computed in `precision` (the call's: a 16-bit precision keeps
 // TF32 and tensor cores allowed, as its engines are tensor-core ones) by an engine with `o`.
-constexpr conv_engine_filter conv_engine_filter_for(compute_precision precision, const engine_options& o) noexcept {
+constexpr conv_engine_filter conv_engine_filter_for(compute_precision precision, const compute_options& o) noexcept {
   conv_engine_filter f;
   f.exclude_tf32 = precision == compute_precision::float32;
   f.exclude_nondeterministic = o.deterministic;

@@ -1,5 +1,5 @@
 #pragma once
-// engine_options::adapt_threads: how many threads a CPU engine runs while other processes compete for
+// compute_options::adapt_threads: how many threads a CPU engine runs while other processes compete for
 // the cores.
 //
 // The signal is the time the engine's own threads spent runnable but waiting for a CPU (the kernel's

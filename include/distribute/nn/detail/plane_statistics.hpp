@@ -5,7 +5,7 @@
 // the device throughout.
 
 #include <distribute/nn/detail/batch_stats.hpp>
-#include <distribute/nn/detail/kernels.hpp>
+#include <distribute/nn/detail/plane_sum_kernels.hpp>
 #include <distribute/tensor/tensor.hpp>
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 // thread, and `opt.step(r, model)` on replica r's engine, with the same bits. The optimiser provides
 // `step_on(engine, model)` (and befriends this base).
 
-#include <distribute/engine/detail/serial.hpp>
+#include <distribute/engine/serial.hpp>
 #include <distribute/errors.hpp>
 #include <distribute/nn/parameter.hpp>
 
@@ -33,7 +33,7 @@ class engine_steps {
   template <nn::parameterized M>
     requires std::is_same_v<typename M::scalar_type, T>
   void step(M& model) {
-    distribute::detail::serial_engine e;
+    distribute::serial_engine e;
     static_cast<Derived&>(*this).step_on(e, model);
   }
   // The same update computed by replica `r`'s engine (on its share of the cores); the same bits.

@@ -18,7 +18,7 @@
 // The device part is a template on the device D, type-erased behind a small virtual base so the
 // optimisers stay one type whatever they step; nothing here names CUDA. `tensor<T, D>` for a device
 // other than the CPU is complete only where that device's tensor header is included (for CUDA,
-// tensor/cuda_tensor.cuh), which is where its engine's steps are instantiated. What a device's tensor
+// cuda/tensor/tensor.cuh), which is where its engine's steps are instantiated. What a device's tensor
 // must offer here: a zero-filled `tensor(shape, D)`, `from_host(shape, span<const T>, D)`, `size()`,
 // `data()` (memory that D's engine's kernels address), `to_vector()` (a host copy, returning once
 // the values are there; it must follow the work queued on the tensor's stream) and
@@ -41,8 +41,8 @@ namespace distribute::optim::detail {
 
 // Whether an engine computes on host memory: one without a device (the serial engine), or a CPU's.
 template <class E>
-concept host_engine = !requires { std::remove_cvref_t<E>::device_type::kind; } ||
-                      (std::remove_cvref_t<E>::device_type::kind == device_kind::cpu);
+concept host_engine = !requires { typename std::remove_cvref_t<E>::device_type; } ||
+                      device_traits<typename std::remove_cvref_t<E>::device_type>::host_memory;
 
 // The state on a device, whatever the device: the part of state_buffers that is not host vectors.
 template <class T>

@@ -1,11 +1,11 @@
 #pragma once
 // The scalars of a capturable optimiser (`adam_options::capturable`, `sgd_options::capturable`): the
 // step count and the learning rate, kept with the optimiser's state instead of on the host, and
-// advanced by a kernel of the step itself. A step captured into a CUDA graph (nn/graphed_step.cuh)
+// advanced by a kernel of the step itself. A step captured into a CUDA graph (cuda/nn/graphed_step.cuh)
 // then counts its replays and reads the learning rate of the moment: a host value would be frozen
 // into the graph as it was at the capture.
 //
-// Four doubles, nn::detail::kernels' layout: {steps taken, learning rate, two values the optimiser
+// Four doubles, update_kernels.hpp's layout: {steps taken, learning rate, two values the optimiser
 // derives per step}. They live where the optimiser's other state does (state_buffers.hpp): host
 // memory when a host engine steps it, the replica's GPU otherwise. `set_lr` and `load` write them in
 // place, so a captured graph sees the new values (`set_lr` in the stream's order, without waiting for

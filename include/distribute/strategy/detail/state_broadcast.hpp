@@ -8,7 +8,7 @@
 //   - a trivially copyable value: its bytes;
 //   - a contiguous sequence of trivially copyable elements: its size, then its elements.
 
-#include <distribute/comm/detail/gradient_buckets.hpp>
+#include <distribute/concepts/gradient_enumerable.hpp>
 #include <distribute/detail/digest.hpp>
 
 #include <cstddef>

@@ -3,8 +3,8 @@
 // results, gathering, scattering, creating and re-synchronising mirrored state. Written once for
 // every strategy; a strategy provides `num_replicas_in_sync()`, `devices()` and `run`.
 
-#include <distribute/comm/detail/gradient_buckets.hpp>
 #include <distribute/concepts/device.hpp>
+#include <distribute/concepts/gradient_enumerable.hpp>
 #include <distribute/detail/digest.hpp>
 #include <distribute/dtype.hpp>
 #include <distribute/errors.hpp>

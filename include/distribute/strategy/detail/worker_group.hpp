@@ -1,10 +1,10 @@
 #pragma once
-// The device policy of multi_worker_mirrored_strategy<D, Engine>: a worker's replicas, their
+// The device policy of multi_worker_mirrored_strategy<D, Comm>: a worker's replicas, their
 // communicators and the job around them. One strategy template serves every device; this is its only
 // device-specific part. CPU replicas joined by MPI are here; GPUs joined by NCCL in
-// strategy/detail/cuda_worker_group.cuh.
+// cuda/strategy/detail/worker_group.cuh.
 //
-// worker_group<D, Engine> has:
+// worker_group<D, Comm> has:
 //   options_type, communicator          the strategy's options; a replica's communicator
 //   strategy_name                       for errors
 //   worker_group(options, argc, argv)   a collective of the workers (argc/argv may be null)
@@ -23,6 +23,7 @@
 
 #include <distribute/comm/hierarchical.hpp>
 #include <distribute/comm/mpi.hpp>
+#include <distribute/comm/mpi_runtime.hpp>
 #include <distribute/device/cpu.hpp>
 #include <distribute/detail/hardware.hpp>
 #include <distribute/strategy/detail/run_loop.hpp>
@@ -50,8 +51,8 @@ struct multi_worker_options {
 
 namespace detail {
 
-template <class D, class Engine>
-class worker_group;  // one specialisation per device and engine
+template <class D, class Comm>
+class worker_group;  // one specialisation per device and communicator
 
 // The step loop's hooks of CPU replicas: nothing around a replica's step; a failed step is reported.
 template <class F>
@@ -111,7 +112,7 @@ class worker_group<cpu, comm::mpi> : public comm::hierarchical_group<comm::mpi> 
  private:
   // MPI initialised with the program's arguments when given (the launcher may pass some).
   static comm::mpi start(const multi_worker_options& options, int* argc, char*** argv) {
-    if (argc) comm::detail::mpi_runtime::instance(argc, argv);
+    if (argc) comm::mpi_runtime::instance(argc, argv);
     return comm::mpi(options.mpi);
   }
 

@@ -16,7 +16,7 @@ namespace distribute::detail {
 template <device D, communicator C>
 class worker_replica_context : public replica_context<D, C> {
  public:
-  worker_replica_context(D device, C comm, int local_index, int worker_index, engine_slot* slot = nullptr,
+  worker_replica_context(D device, C comm, int local_index, int worker_index, engine_slot<D>* slot = nullptr,
                          collective_meter* meter = nullptr)
       : replica_context<D, C>(std::move(device), std::move(comm), slot, meter), local_index_{local_index}, worker_index_{worker_index} {}
 

@@ -1,0 +1,118 @@
+#pragma once
+// Sums over the planes of NCHW tensors and what is made of them: the statistics of the
+// normalisation layers, per-channel gradients, a channel's bias.
+// Functors over raw pointers that any engine runs (nn/detail/kernels.hpp): each is called with an
+// element index i, or a plane (segment) s and an index i within it.
+
+#include <distribute/config.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace distribute::nn::detail::kernels {
+
+using index = std::int64_t;
+
+// v[s] = v[s] / k: plane sums into plane means.
+struct divide_by {
+  double* v;
+  double k;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s) const { v[s] = v[s] / k; }
+};
+// v[s] = 1 / sqrt(v[s] / count + eps): a plane's sum of squared deviations into its inverse standard
+// deviation (biased variance).
+struct inverse_std_of_squares {
+  double* v;
+  double count, eps;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s) const { v[s] = 1.0 / std::sqrt(v[s] / count + eps); }
+};
+// Per channel c: gamma_grad[c] += sum dy xhat, beta_grad[c] += sum dy over the planes of channel c, in
+// plane (example) order, from the plane sums [sum dy | sum dy xhat] of `planes` planes: each example's
+// share added to the gradient itself, so that gradients accumulated over parts of a batch have the
+// bits of the whole.
+template <class T>
+struct add_plane_sums_per_channel {
+  const double* sums;
+  T* gamma_grad;
+  T* beta_grad;
+  index planes, channels;
+  DISTRIBUTE_HOST_DEVICE void operator()(index c) const {
+    T g = gamma_grad[c], b = beta_grad[c];
+    for (index p = c; p < planes; p += channels) {
+      g += static_cast<T>(sums[planes + p]);
+      b += static_cast<T>(sums[p]);
+    }
+    gamma_grad[c] = g;
+    beta_grad[c] = b;
+  }
+};
+// Per channel c: grad[c] += the sum, in double and in example order, of the plane sums of channel c
+// (a bias's gradient from the per-plane sums of dy).
+template <class T>
+struct add_channel_totals {
+  const double* sums;
+  T* grad;
+  index examples, channels;
+  DISTRIBUTE_HOST_DEVICE void operator()(index c) const {
+    double total = 0;
+    for (index n = 0; n < examples; ++n) total += sums[n * channels + c];
+    grad[c] += static_cast<T>(total);
+  }
+};
+// The coefficients of normalized_input_gradient per plane (statistics per plane): gamma * invstd,
+// mean(dy), mean(dy xhat), from the plane sums [sum dy | sum dy xhat] of `planes` planes of `plane`
+// values. `gamma` null: 1.
+template <class T>
+struct plane_gradient_coefficients {
+  const T* gamma;
+  const double* invstd;
+  const double* sums;
+  T* coef;
+  index planes, channels;
+  double plane;
+  DISTRIBUTE_HOST_DEVICE void operator()(index p) const {
+    const double g = gamma ? static_cast<double>(gamma[p % channels]) : 1.0;
+    coef[3 * p] = static_cast<T>(g * invstd[p]);
+    coef[3 * p + 1] = static_cast<T>(sums[p] / plane);
+    coef[3 * p + 2] = static_cast<T>(sums[planes + p] / plane);
+  }
+};
+
+// Plane s of an NCHW tensor of `channels` channels gets bias[s % channels].
+template <class T>
+struct add_channel_bias {
+  T* y;
+  const T* bias;
+  index channels, plane;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const { y[s * plane + i] += bias[s % channels]; }
+};
+// The element itself (segmented sums of a tensor's planes).
+template <class T>
+struct value_of {
+  const T* x;
+  index plane;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const { return static_cast<double>(x[s * plane + i]); }
+};
+// (x - mean[s])^2
+template <class T>
+struct squared_deviation {
+  const T* x;
+  const double* mean;
+  index plane;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    const double d = static_cast<double>(x[s * plane + i]) - mean[s];
+    return d * d;
+  }
+};
+// a * b
+template <class T>
+struct product_of {
+  const T* a;
+  const T* b;
+  index plane;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    return static_cast<double>(a[s * plane + i]) * static_cast<double>(b[s * plane + i]);
+  }
+};
+
+}  // namespace distribute::nn::detail::kernels
