@@ -1,7 +1,11 @@
-// Point-to-point messages and sub-groups of the shared-memory engine, through the mirrored strategy's
-// replica contexts: values, ordering, both hand-off paths, and every way a message can fail.
+// Point-to-point messages and sub-groups of comm::shared_memory, through the replica contexts of
+// mirrored_strategy (2 to 6 replicas): the cases every communicator with messages shares
+// (tests/comm/p2p_cases.hpp; comm::local, one_device_strategy's, has none), and here what the
+// strategy adds: a receiver waiting first getting the message in place, timeouts, replicas that
+// finished the step or threw, and the messages of a failed step dropped.
 
 #include "test_support.hpp"
+#include "../comm/replica_groups.hpp"
 
 #include <boost/test/unit_test.hpp>
 
@@ -12,22 +16,23 @@
 #include <thread>
 #include <vector>
 
+namespace distribute::test {
+
+using p2p_groups = communicator_cases::type_list<local_groups, shared_memory_groups<2, 3, 4, 6>>;
+
+}  // namespace distribute::test
+
+#include "../comm/p2p_cases.hpp"
+
 namespace dist = distribute;
 using namespace std::chrono_literals;
+using distribute::test::communicator_cases::contains;
 
 namespace {
 
 dist::mirrored_strategy<> strategy_of(int n, std::chrono::milliseconds timeout = std::chrono::minutes(1)) {
   return dist::mirrored_strategy<>(dist::cpu_replicas(n), dist::collective_options{.timeout = timeout});
 }
-
-std::vector<float> pattern(int from, std::size_t n) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(from * 1000003 + static_cast<int>(i % 100000)) * 0.5f;
-  return v;
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Runs `step` expecting `Error`; returns its message.
 template <class Error, class S, class F>
@@ -44,31 +49,6 @@ std::string failure_of(S& s, F&& step) {
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(p2p)
-
-BOOST_AUTO_TEST_CASE(a_ring_exchange_delivers_every_size_in_both_orders) {
-  for (int n : {2, 3, 4}) {
-    auto s = strategy_of(n);
-    for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
-      for (bool send_first : {true, false}) {
-        auto got = s.run([&](auto& r) {
-          const int me = r.replica_id(), next = (me + 1) % n, prev = (me + n - 1) % n;
-          std::vector<float> in(size);
-          const auto out = pattern(me, size);
-          // Half the replicas receive first: their senders find them waiting (the one-copy path).
-          if (send_first || me % 2 == 0) {
-            r.send(out, next, 7);
-            r.recv(in, prev, 7);
-          } else {
-            r.recv(in, prev, 7);
-            r.send(out, next, 7);
-          }
-          return in == pattern(prev, size);
-        });
-        for (int r = 0; r < n; ++r) BOOST_TEST(got[static_cast<std::size_t>(r)], "replicas " << n << ", size " << size);
-      }
-    }
-  }
-}
 
 BOOST_AUTO_TEST_CASE(a_receiver_waiting_first_gets_the_message_in_place) {
   auto s = strategy_of(2);
@@ -89,57 +69,6 @@ BOOST_AUTO_TEST_CASE(a_receiver_waiting_first_gets_the_message_in_place) {
   BOOST_TEST(got[1]);
 }
 
-BOOST_AUTO_TEST_CASE(messages_keep_their_order_per_tag_and_match_by_tag) {
-  auto s = strategy_of(2);
-  auto got = s.run([&](auto& r) {
-    if (r.replica_id() == 0) {
-      for (int i = 0; i < 4; ++i) r.send(std::vector<int>{i}, 1, 1);
-      r.send(std::vector<int>{100}, 1, 2);
-      r.send(std::vector<int>{200}, 1, 3);
-      return std::vector<int>{};
-    }
-    std::vector<int> order, one(1);
-    r.recv(one, 0, 3);  // the last sent, taken first
-    order.push_back(one[0]);
-    r.recv(one, 0, 2);
-    order.push_back(one[0]);
-    for (int i = 0; i < 4; ++i) {
-      r.recv(one, 0, 1);
-      order.push_back(one[0]);
-    }
-    return order;
-  });
-  BOOST_TEST(got[1] == (std::vector<int>{200, 100, 0, 1, 2, 3}), boost::test_tools::per_element());
-}
-
-BOOST_AUTO_TEST_CASE(a_length_mismatch_names_both_ends) {
-  auto s = strategy_of(2);
-  const auto msg = failure_of<dist::collective_mismatch>(s, [](auto& r) {
-    std::vector<float> v(r.replica_id() == 0 ? 5 : 4);
-    if (r.replica_id() == 0) r.send(v, 1, 3);
-    else r.recv(v, 0, 3);
-  });
-  BOOST_TEST(contains(msg, "replica 1's recv of 4 float32, tag 3 from replica 0"), msg);
-  BOOST_TEST(contains(msg, "met replica 0's send of 5 float32, tag 3, to replica 1"), msg);
-  // The strategy is usable again.
-  BOOST_TEST(s.run([](auto& r) { return r.replica_id(); })[1] == 1);
-}
-
-BOOST_AUTO_TEST_CASE(a_type_mismatch_names_both_ends_even_when_the_receiver_waits_first) {
-  auto s = strategy_of(2);
-  const auto msg = failure_of<dist::collective_mismatch>(s, [](auto& r) {
-    if (r.replica_id() == 0) {
-      std::this_thread::sleep_for(20ms);
-      r.send(std::vector<int>(4), 1, 0);
-    } else {
-      std::vector<float> v(4);
-      r.recv(v, 0, 0);
-    }
-  });
-  BOOST_TEST(contains(msg, "recv of 4 float32, tag 0 from replica 0"), msg);
-  BOOST_TEST(contains(msg, "send of 4 int32, tag 0, to replica 1"), msg);
-}
-
 BOOST_AUTO_TEST_CASE(a_sender_that_never_sends_times_out_naming_both_replicas) {
   auto s = strategy_of(3, 300ms);
   const auto started = std::chrono::steady_clock::now();
@@ -154,7 +83,10 @@ BOOST_AUTO_TEST_CASE(a_sender_that_never_sends_times_out_naming_both_replicas) {
   });
   BOOST_TEST((std::chrono::steady_clock::now() - started < 10s));
   BOOST_TEST(contains(msg, "replica 2 timed out after 300 ms"), msg);
-  BOOST_TEST(contains(msg, "waiting for a message from replica 1 (recv of 8 float32, tag 5 from replica 1 from pipeline test in step 0)"), msg);
+  BOOST_TEST(contains(msg,
+                      "waiting for a message from replica 1 (recv of 8 float32, tag 5 from replica 1 from pipeline "
+                      "test in step 0)"),
+             msg);
   BOOST_TEST(contains(msg, "that replica 1 never sent"), msg);
 }
 
@@ -199,25 +131,6 @@ BOOST_AUTO_TEST_CASE(a_replica_that_throws_releases_a_waiting_receiver_with_its_
   BOOST_TEST(msg == "stage 0 broke");
 }
 
-BOOST_AUTO_TEST_CASE(bad_ranks_and_tags_are_rejected) {
-  auto s = strategy_of(2);
-  for (int peer : {-1, 2}) {
-    const auto msg = failure_of<std::invalid_argument>(s, [&](auto& r) {
-      if (r.replica_id() == 0) r.send(std::vector<float>(1), peer, 0);
-    });
-    BOOST_TEST(contains(msg, "names rank " + std::to_string(peer)), msg);
-  }
-  const auto self = failure_of<std::invalid_argument>(s, [&](auto& r) {
-    std::vector<float> v(1);
-    if (r.replica_id() == 1) r.recv(v, 1, 0);
-  });
-  BOOST_TEST(contains(self, "it must be another rank"), self);
-  const auto tag = failure_of<std::invalid_argument>(s, [&](auto& r) {
-    if (r.replica_id() == 0) r.send(std::vector<float>(1), 1, -3);
-  });
-  BOOST_TEST(contains(tag, "tag >= 0, got -3"), tag);
-}
-
 BOOST_AUTO_TEST_CASE(messages_left_over_from_a_failed_step_are_dropped) {
   auto s = strategy_of(2, 60s);
   failure_of<std::runtime_error>(s, [](auto& r) {
@@ -238,39 +151,6 @@ BOOST_AUTO_TEST_CASE(messages_left_over_from_a_failed_step_are_dropped) {
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(split)
-
-// 6 replicas as a 2 x 3 mesh: rows by color, columns by another split; collectives and messages
-// inside each sub-group.
-BOOST_AUTO_TEST_CASE(sub_groups_run_their_own_collectives_and_messages) {
-  auto s = strategy_of(6);
-  struct out {
-    int row_rank, row_size, col_rank, col_size;
-    float row_sum, col_sum, from_neighbour;
-  };
-  auto got = s.run([](auto& r) {
-    const int id = r.replica_id();
-    auto row = r.communicator().split(id / 3, -id);  // keys reverse the order inside a row
-    auto col = r.communicator().split(id % 3, id);
-    float a = static_cast<float>(id), b = static_cast<float>(id);
-    row.all_reduce(dist::reduce_op::sum, std::span<float>(&a, 1));
-    col.all_reduce(dist::reduce_op::sum, std::span<float>(&b, 1));
-    float got_value = -1;
-    if (col.rank() == 0) col.send(std::span<const float>(&b, 1), 1, 0);
-    else col.recv(std::span<float>(&got_value, 1), 0, 0);
-    r.barrier();  // the parent group still works
-    return out{row.rank(), row.size(), col.rank(), col.size(), a, b, got_value};
-  });
-  for (int id = 0; id < 6; ++id) {
-    const auto& o = got[static_cast<std::size_t>(id)];
-    BOOST_TEST(o.row_size == 3);
-    BOOST_TEST(o.row_rank == 2 - id % 3);
-    BOOST_TEST(o.col_size == 2);
-    BOOST_TEST(o.col_rank == id / 3);
-    BOOST_TEST(o.row_sum == (id < 3 ? 3.0f : 12.0f));
-    BOOST_TEST(o.col_sum == static_cast<float>(2 * (id % 3) + 3));
-    if (id >= 3) BOOST_TEST(o.from_neighbour == o.col_sum);
-  }
-}
 
 BOOST_AUTO_TEST_CASE(failures_in_a_sub_group_name_replicas_by_their_outer_ids) {
   auto s = strategy_of(4, 300ms);

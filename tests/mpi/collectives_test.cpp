@@ -1,10 +1,14 @@
-// The MPI communicator between the processes of the job: every collective, op and element type,
-// sizes that do not divide among the workers, bit-identical results on every worker, and the
-// fingerprint check that names the workers that disagree. All-reduce is checked on both of its
-// paths: the shared-memory window (the tests' workers share a machine), with its default chunk and
-// with chunks of 4 KiB so that every size crosses chunk boundaries, and the ring of messages.
+// The MPI communicator between the processes of the job. Every collective, op and element type, on
+// both of all-reduce's paths (the shared-memory window, as the tests' workers share a machine, with
+// its default chunk and with chunks of 4 KiB so that every size crosses chunk boundaries; and the
+// ring of messages), through the cases every communicator shares (tests/comm/collective_cases.hpp).
+// Here besides what is MPI's own: which path is taken and how workers that differ agree on one,
+// all-gather with a count per worker, other arithmetic types and bfloat16, bits that do not depend
+// on the chunk, when fingerprints are checked, and a mismatch named through shared memory without
+// them.
 
 #include "mpi_test_support.hpp"
+#include "../comm/mpi_groups.hpp"
 
 #include <boost/test/unit_test.hpp>
 
@@ -13,11 +17,14 @@
 #include <numeric>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace dist = distribute;
 using dist::reduce_op;
+using dist::test::path_name;
 
 namespace {
 
@@ -47,10 +54,6 @@ dist::comm::mpi& small_chunks() {
 // Made in the same order on every worker (making one is a collective).
 std::vector<dist::comm::mpi*> all_reduce_paths() { return {&world(), &ring(), &small_chunks()}; }
 
-std::string path_name(const dist::comm::mpi& c) {
-  return c.uses_shared_memory() ? "shared memory, chunk " + std::to_string(c.options().shared_memory_chunk) : "ring";
-}
-
 // Whether every process of the job runs on this machine.
 bool one_machine() {
   MPI_Comm node = MPI_COMM_NULL;
@@ -62,13 +65,28 @@ bool one_machine() {
   return node_size == size;
 }
 
-const std::size_t sizes[] = {0, 1, 2, 3, 7, 1000, 100003};
-
 bool message_has(const std::exception& e, const std::string& part) {
   return std::string(e.what()).find(part) != std::string::npos;
 }
 
 }  // namespace
+
+namespace distribute::test {
+
+// Each of all-reduce's paths.
+struct mpi_paths : mpi_groups {
+  template <class F>
+  static void for_each(F&& f) {
+    for (auto* c : all_reduce_paths()) {
+      mpi_group g{*c};
+      f(g);
+    }
+  }
+};
+
+using collective_groups = communicator_cases::type_list<mpi_paths>;
+
+}  // namespace distribute::test
 
 BOOST_AUTO_TEST_SUITE(collectives)
 
@@ -92,76 +110,11 @@ BOOST_AUTO_TEST_CASE(workers_on_one_machine_all_reduce_through_shared_memory) {
   BOOST_TEST(!ring().uses_shared_memory(), "shared_memory = false keeps the ring");
 }
 
-BOOST_AUTO_TEST_CASE_TEMPLATE(all_reduce_gives_every_op, T, dist::test::element_types) {
-  for (auto* path : all_reduce_paths()) {
-  auto& c = *path;
-  for (const auto op : dist::test::all_ops) {
-    for (const std::size_t n : sizes) {
-      std::vector<T> buf(n);
-      for (std::size_t i = 0; i < n; ++i) buf[i] = dist::test::value_for<T>(c.rank(), i, op);
-      c.all_reduce(op, std::span<T>(buf));
-      std::size_t wrong = 0;
-      for (std::size_t i = 0; i < n; ++i) wrong += buf[i] != dist::test::expected_for<T>(c.size(), i, op);
-      BOOST_TEST(wrong == 0u, dist::to_string(op) << " of " << n << " " << dist::dtype_of<T> << ", " << path_name(c));
-    }
-  }
-  }
-}
-
-BOOST_AUTO_TEST_CASE_TEMPLATE(several_buffers_are_one_collective, T, dist::test::element_types) {
-  for (auto* path : all_reduce_paths()) {
-  auto& c = *path;
-  // Long enough for several pieces per ring block, and ring blocks that span several buffers.
-  const std::vector<std::size_t> lengths{5, 0, 1000, 3, 70001, 140003};
-  for (const auto op : dist::test::all_ops) {
-    std::vector<std::vector<T>> bufs;
-    std::size_t offset = 0;
-    for (auto n : lengths) {
-      bufs.emplace_back(n);
-      for (std::size_t i = 0; i < n; ++i) bufs.back()[i] = dist::test::value_for<T>(c.rank(), offset + i, op);
-      offset += n;
-    }
-    std::vector<std::span<T>> spans(bufs.begin(), bufs.end());
-    c.all_reduce(op, std::span<const std::span<T>>(spans));
-    offset = 0;
-    std::size_t wrong = 0;
-    for (const auto& b : bufs) {
-      for (std::size_t i = 0; i < b.size(); ++i) wrong += b[i] != dist::test::expected_for<T>(c.size(), offset + i, op);
-      offset += b.size();
-    }
-    BOOST_TEST(wrong == 0u, dist::to_string(op) << ", " << path_name(c));
-  }
-  }
-}
-
-BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_scatter_gives_each_worker_its_block, T, dist::test::element_types) {
-  auto& c = world();
-  for (const auto op : dist::test::all_ops) {
-    for (const std::size_t m : {std::size_t{0}, std::size_t{1}, std::size_t{33}}) {
-      std::vector<T> in(m * static_cast<std::size_t>(c.size())), out(m);
-      for (std::size_t i = 0; i < in.size(); ++i) in[i] = dist::test::value_for<T>(c.rank(), i, op);
-      c.reduce_scatter(op, std::span<const T>(in), std::span<T>(out));
-      std::size_t wrong = 0;
-      for (std::size_t i = 0; i < m; ++i)
-        wrong += out[i] != dist::test::expected_for<T>(c.size(), static_cast<std::size_t>(c.rank()) * m + i, op);
-      BOOST_TEST(wrong == 0u, dist::to_string(op) << ", blocks of " << m);
-    }
-  }
-}
-
-BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_and_broadcast, T, dist::test::element_types) {
+// Blocks of different sizes: worker w gives w + 1 elements. A buffer that cannot hold them all is
+// refused.
+BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_with_a_count_per_worker, T, dist::test::element_types) {
   auto& c = world();
   const auto k = static_cast<std::size_t>(c.size()), me = static_cast<std::size_t>(c.rank());
-  for (const std::size_t m : {std::size_t{0}, std::size_t{1}, std::size_t{1001}}) {
-    std::vector<T> in(m), out(m * k);
-    for (std::size_t i = 0; i < m; ++i) in[i] = static_cast<T>(me * 1000 + i % 1000);
-    c.all_gather(std::span<const T>(in), std::span<T>(out));
-    std::size_t wrong = 0;
-    for (std::size_t w = 0; w < k; ++w)
-      for (std::size_t i = 0; i < m; ++i) wrong += out[w * m + i] != static_cast<T>(w * 1000 + i % 1000);
-    BOOST_TEST(wrong == 0u, "all_gather of " << m);
-  }
-  // Blocks of different sizes: worker w gives w + 1 elements.
   std::vector<std::size_t> counts(k);
   std::iota(counts.begin(), counts.end(), std::size_t{1});
   std::vector<T> mine(me + 1, static_cast<T>(me)), all(k * (k + 1) / 2);
@@ -172,14 +125,6 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_and_broadcast, T, dist::test::element_t
   BOOST_CHECK_THROW(c.all_gather(std::span<const T>(mine), std::span<T>(all.data(), all.size() - 1),
                                  std::span<const std::size_t>(counts)),
                     std::invalid_argument);
-
-  for (int root = 0; root < c.size(); ++root) {
-    std::vector<T> buf(517, static_cast<T>(c.rank() == root ? 40 + root : -1));
-    c.broadcast(std::span<T>(buf), root);
-    BOOST_TEST(std::count(buf.begin(), buf.end(), static_cast<T>(40 + root)) == 517, "broadcast from " << root);
-  }
-  std::vector<T> buf(3);
-  BOOST_CHECK_THROW(c.broadcast(std::span<T>(buf), c.size()), std::invalid_argument);
 }
 
 BOOST_AUTO_TEST_CASE(barriers_and_other_arithmetic_types) {
@@ -197,7 +142,9 @@ BOOST_AUTO_TEST_CASE(bfloat16_is_reduced_with_a_rounding_per_addition_on_every_p
   for (auto* path : all_reduce_paths()) {
     auto& c = *path;
     const std::size_t n = 70001;
-    auto value = [](int rank, std::size_t i) { return std::ldexp(std::sin(0.37 * static_cast<double>(i) + rank), static_cast<int>(i % 23) - 15); };
+    auto value = [](int rank, std::size_t i) {
+      return std::ldexp(std::sin(0.37 * static_cast<double>(i) + rank), static_cast<int>(i % 23) - 15);
+    };
     std::vector<dist::bfloat16> buf(n);
     for (std::size_t i = 0; i < n; ++i) buf[i] = dist::bfloat16(value(c.rank(), i));
     c.all_reduce(reduce_op::sum, std::span<dist::bfloat16>(buf));
@@ -208,8 +155,7 @@ BOOST_AUTO_TEST_CASE(bfloat16_is_reduced_with_a_rounding_per_addition_on_every_p
         exact += static_cast<double>(dist::bfloat16(value(w, i)));
         magnitude += std::abs(value(w, i));
       }
-      if (c.size() == 2)
-        wrong += buf[i].bits() != (dist::bfloat16(value(0, i)) + dist::bfloat16(value(1, i))).bits();
+      if (c.size() == 2) wrong += buf[i].bits() != (dist::bfloat16(value(0, i)) + dist::bfloat16(value(1, i))).bits();
       far += std::abs(static_cast<double>(buf[i]) - exact) > c.size() * 0x1p-8 * magnitude;
     }
     BOOST_TEST(wrong == 0u, path_name(c));
@@ -218,26 +164,6 @@ BOOST_AUTO_TEST_CASE(bfloat16_is_reduced_with_a_rounding_per_addition_on_every_p
     std::vector<std::uint64_t> digests(static_cast<std::size_t>(c.size()));
     c.all_gather(std::span<const std::uint64_t>(&digest, 1), std::span<std::uint64_t>(digests));
     for (auto x : digests) BOOST_TEST(x == digests[0], "every worker holds the same bits, " << path_name(c));
-  }
-}
-
-BOOST_AUTO_TEST_CASE(floats_are_bit_identical_on_every_worker_and_every_run) {
-  for (auto* path : all_reduce_paths()) {
-  auto& c = *path;
-  std::mt19937 gen(static_cast<unsigned>(c.rank()) * 7919u + 1u);
-  std::uniform_real_distribution<float> d(-100.0f, 100.0f);
-  std::vector<float> original(50001);
-  for (auto& x : original) x = d(gen);
-  for (const auto op : {reduce_op::sum, reduce_op::mean}) {
-    std::vector<float> first = original, second = original;
-    c.all_reduce(op, std::span<float>(first));
-    c.all_reduce(op, std::span<float>(second));
-    BOOST_TEST((first == second), "the same inputs give the same bits");
-    const std::uint64_t digest = dist::detail::fnv1a(first.data(), first.size() * sizeof(float));
-    std::vector<std::uint64_t> digests(static_cast<std::size_t>(c.size()));
-    c.all_gather(std::span<const std::uint64_t>(&digest, 1), std::span<std::uint64_t>(digests));
-    for (auto x : digests) BOOST_TEST(x == digests[0], "every worker holds the same bits, " << path_name(c));
-  }
   }
 }
 
@@ -263,35 +189,8 @@ BOOST_AUTO_TEST_CASE(fingerprints_are_checked_by_default_in_debug_builds) {
 #else
   BOOST_TEST(dist::comm::mpi_options{}.check_fingerprints);
 #endif
-}
-
-BOOST_AUTO_TEST_CASE(workers_that_disagree_are_named_and_the_communicator_goes_on) {
-  auto& c = world();
-  BOOST_TEST_REQUIRE(c.options().check_fingerprints);
-  // Worker 1 has one element more.
-  std::vector<float> buf(c.rank() == 1 ? 11 : 10, 1.0f);
-  BOOST_CHECK_EXCEPTION(c.all_reduce(reduce_op::sum, std::span<float>(buf)), dist::collective_mismatch,
-                        [&](const dist::collective_mismatch& e) {
-                          BOOST_TEST_MESSAGE(e.what());
-                          return message_has(e, "worker 1 called all_reduce(sum) of 11 float32") &&
-                                 message_has(e, c.size() == 2 ? "worker 0 called all_reduce(sum) of 10 float32"
-                                                              : "workers 0, 2 called all_reduce(sum) of 10 float32");
-                        });
-  // Worker 0 takes the max where the others sum.
-  std::vector<double> same(4, 1.0);
-  BOOST_CHECK_EXCEPTION(c.all_reduce(c.rank() == 0 ? reduce_op::max : reduce_op::sum, std::span<double>(same)),
-                        dist::collective_mismatch,
-                        [](const dist::collective_mismatch& e) { return message_has(e, "all_reduce(max) of 4 float64"); });
-  // Worker 0 waits at a barrier where the others gather.
-  std::vector<int> in(1), out(static_cast<std::size_t>(c.size()));
-  BOOST_CHECK_EXCEPTION(
-      c.rank() == 0 ? c.barrier() : c.all_gather(std::span<const int>(in), std::span<int>(out)), dist::collective_mismatch,
-      [](const dist::collective_mismatch& e) { return message_has(e, "called barrier") && message_has(e, "called all_gather"); });
-  // Nothing moved, so the communicator is still in step.
-  BOOST_TEST(!c.failed());
-  std::vector<int> ok(3, 1);
-  c.all_reduce(reduce_op::sum, std::span<int>(ok));
-  BOOST_TEST(ok[2] == c.size());
+  // The tests' communicators check them in every build: the cases of disagreeing calls need it.
+  for (auto* c : all_reduce_paths()) BOOST_TEST(c->options().check_fingerprints, path_name(*c));
 }
 
 BOOST_AUTO_TEST_CASE(through_shared_memory_a_mismatch_is_named_even_without_fingerprints) {
@@ -310,8 +209,9 @@ BOOST_AUTO_TEST_CASE(through_shared_memory_a_mismatch_is_named_even_without_fing
                         });
   std::vector<std::int64_t> same(3, 2);
   BOOST_CHECK_EXCEPTION(c.all_reduce(c.rank() == 0 ? reduce_op::prod : reduce_op::sum, std::span<std::int64_t>(same)),
-                        dist::collective_mismatch,
-                        [](const dist::collective_mismatch& e) { return message_has(e, "worker 0 called all_reduce(prod) of 3 int64"); });
+                        dist::collective_mismatch, [](const dist::collective_mismatch& e) {
+                          return message_has(e, "worker 0 called all_reduce(prod) of 3 int64");
+                        });
   // Nothing moved, and the workers are still in step.
   BOOST_TEST(!c.failed());
   std::vector<float> ok(20000, 1.0f);
@@ -334,18 +234,13 @@ BOOST_AUTO_TEST_CASE(workers_that_differ_on_shared_memory_agree_on_one_way) {
     for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = dist::test::value_for<float>(rank, i, reduce_op::sum);
     c->all_reduce(reduce_op::sum, std::span<float>(buf));
     std::size_t wrong = 0;
-    for (std::size_t i = 0; i < buf.size(); ++i) wrong += buf[i] != dist::test::expected_for<float>(c->size(), i, reduce_op::sum);
+    for (std::size_t i = 0; i < buf.size(); ++i)
+      wrong += buf[i] != dist::test::expected_for<float>(c->size(), i, reduce_op::sum);
     BOOST_TEST(wrong == 0u, path_name(*c));
   }
 }
 
-BOOST_AUTO_TEST_CASE(wrong_sizes_are_refused_before_any_message) {
-  auto& c = world();
-  std::vector<float> in(3), out(3 * static_cast<std::size_t>(c.size()) + 1);
-  BOOST_CHECK_THROW(c.all_gather(std::span<const float>(in), std::span<float>(out)), std::invalid_argument);
-  BOOST_CHECK_THROW(c.reduce_scatter(reduce_op::sum, std::span<const float>(out), std::span<float>(in)), std::invalid_argument);
-  BOOST_TEST(!c.failed());
-  c.barrier();
-}
-
 BOOST_AUTO_TEST_SUITE_END()
+
+// The cases every communicator shares, after the job's own checks above.
+#include "../comm/collective_cases.hpp"
