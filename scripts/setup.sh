@@ -55,6 +55,7 @@ test_packages=(
   libbenchmark-dev       # Google Benchmark (listed from the start; no target links it at present)
   nlohmann-json3-dev     # nlohmann's JSON: safetensors files (nn::save_safetensors), the interop tests
   python3-venv           # the virtual environments below (TensorBoard's reader, the interop tests)
+  clang-format-19        # the test style.clang_format: every source in the style of .clang-format
 )
 # Where a CUDA toolkit is installed, clang 19 (Debian 12) reads the GPU code as a second compiler
 # (the ctest gpu_syntax.clang; skipped without it). Not needed, and not installed, elsewhere.
@@ -84,7 +85,7 @@ install_packages() {
   check_packages "demo: ${demo_packages[*]} (Debian, about 130 MB to download): the compiler, and the libraries and data set the example builds and trains on" \
     "${demo_packages[@]}"
   if [[ $purpose == test ]]; then
-    check_packages "test: ${test_packages[*]} (Debian, about 60 MB to download): Boost.Test, Open MPI, JSON for safetensors, and the Python environments below" \
+    check_packages "test: ${test_packages[*]} (Debian, about 65 MB to download): Boost.Test, Open MPI, JSON for safetensors, the Python environments below, and clang-format 19 for the style test" \
       "${test_packages[@]}"
     if have_cuda; then
       check_packages "test: ${gpu_test_packages[*]} (Debian, about 55 MB to download; where CUDA is installed): the second compiler, with which the test gpu_syntax.clang reads the GPU code" \
