@@ -84,14 +84,15 @@ struct options {
 };
 
 void print_usage(std::FILE* to) {
-  std::fprintf(to,
-               "usage: bench_allreduce [--replicas 2,4] [--max-bytes 256M] [--quick] [--no-mpi]\n"
-               "  --replicas LIST   replica counts to measure (default 2,4)\n"
-               "  --max-bytes SIZE  largest buffer per replica, K/M/G suffixes are KiB/MiB/GiB (default 256M);\n"
-               "                    sizes are the powers of 4 from 4 KiB up to it\n"
-               "  --quick           shorter repetitions, fewer of them, and at most 64 MiB unless --max-bytes says\n"
-               "  --no-mpi          skip the MPI_Allreduce peer\n"
-               "  --workers W       also measure multi_worker_mirrored_strategy with W processes (bench_allreduce_mpi)\n");
+  std::fprintf(
+      to,
+      "usage: bench_allreduce [--replicas 2,4] [--max-bytes 256M] [--quick] [--no-mpi]\n"
+      "  --replicas LIST   replica counts to measure (default 2,4)\n"
+      "  --max-bytes SIZE  largest buffer per replica, K/M/G suffixes are KiB/MiB/GiB (default 256M);\n"
+      "                    sizes are the powers of 4 from 4 KiB up to it\n"
+      "  --quick           shorter repetitions, fewer of them, and at most 64 MiB unless --max-bytes says\n"
+      "  --no-mpi          skip the MPI_Allreduce peer\n"
+      "  --workers W       also measure multi_worker_mirrored_strategy with W processes (bench_allreduce_mpi)\n");
 }
 
 // A whole decimal number at the start of `text`; `rest` is what follows it.
@@ -144,8 +145,7 @@ options parse_options(int argc, char** argv) {
       std::string_view rest;
       opts.workers = static_cast<int>(parse_number(value(), rest));
       if (opts.workers < 1 || !rest.empty()) throw std::invalid_argument("--workers needs a count of at least 1");
-    }
-    else if (arg == "--help" || arg == "-h") {
+    } else if (arg == "--help" || arg == "-h") {
       print_usage(stdout);
       std::exit(0);
     } else {
@@ -237,8 +237,7 @@ double time_ours(dist::mirrored_strategy<dist::cpu>& strategy, std::size_t bytes
 // the same page offset: heap blocks allocated one after the other sit 16 bytes apart modulo 4 KiB,
 // where `rep movsb` (glibc's memcpy from about 2 KiB up) runs over 10x slower on AMD Zen 3.
 struct page_buffer {
-  explicit page_buffer(std::size_t bytes, std::byte fill)
-      : data{new (std::align_val_t{4096}) std::byte[bytes]} {
+  explicit page_buffer(std::size_t bytes, std::byte fill) : data{new(std::align_val_t{4096}) std::byte[bytes]} {
     std::memset(data.get(), static_cast<int>(fill), bytes);
   }
   struct deleter {
@@ -347,7 +346,8 @@ std::map<std::size_t, double> time_mpi(int n, const std::vector<std::size_t>& si
   const int status = pclose(pipe);
   const int exit_code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (exit_code != 0 || seconds.size() != sizes.size())
-    std::fprintf(stderr, "note: the MPI peer failed (exit code %d, %zu of %zu sizes): %s; missing MPI figures are null\n",
+    std::fprintf(stderr,
+                 "note: the MPI peer failed (exit code %d, %zu of %zu sizes): %s; missing MPI figures are null\n",
                  exit_code, seconds.size(), sizes.size(), command.c_str());
   return seconds;
 }
@@ -358,7 +358,8 @@ bool run_multi_worker(int workers, const std::string& mode_args, const timing_po
   std::string command = shell_quote(mpiexec_path);
   if (*mpiexec_preflags != '\0') command += std::string(" ") + mpiexec_preflags;
   command += " -np " + std::to_string(workers) + " " + shell_quote(mpi_helper_path) + " " + mode_args +
-             " --min-seconds " + std::to_string(policy.min_seconds) + " --repetitions " + std::to_string(policy.repetitions);
+             " --min-seconds " + std::to_string(policy.min_seconds) + " --repetitions " +
+             std::to_string(policy.repetitions);
   std::printf("\n$ %s\n", command.c_str());
   std::fflush(stdout);
   std::FILE* pipe = popen(command.c_str(), "r");
@@ -428,9 +429,11 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency(), bench::cpu_model().c_str(), bench::load_average().c_str());
   std::printf("# compiler: %s; timing: median of %d repetitions of >= %.0f ms each\n", bench::compiler(),
               opts.timing.repetitions, opts.timing.min_seconds * 1e3);
-  if (opts.mpi) std::printf("# peer: MPI_Allreduce under %s %s -np N %s\n", mpiexec_path, mpiexec_preflags, mpi_helper_path);
-  std::printf("# algbw = bytes per replica / time, GB = 1e9 bytes; bound = one copy per replica, all at once,\n"
-              "# the faster of memcpy and a streaming copy\n\n");
+  if (opts.mpi)
+    std::printf("# peer: MPI_Allreduce under %s %s -np N %s\n", mpiexec_path, mpiexec_preflags, mpi_helper_path);
+  std::printf(
+      "# algbw = bytes per replica / time, GB = 1e9 bytes; bound = one copy per replica, all at once,\n"
+      "# the faster of memcpy and a streaming copy\n\n");
   std::printf("%8s  %8s  %9s  %10s  %11s  %8s  %8s\n", "replicas", "size", "ours GB/s", "bound GB/s", "ours/bound",
               "MPI GB/s", "ours/MPI");
   std::fflush(stdout);

@@ -110,7 +110,8 @@ double seconds_per_op(const options& o, const std::function<void(long)>& run) {
   for (int r = 0; r < o.repetitions; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     run(iters);
-    reps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(iters));
+    reps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                   static_cast<double>(iters));
   }
   return bench::median(reps);
 }
@@ -120,16 +121,18 @@ double seconds_per_op(const options& o, const std::function<void(long)>& run) {
 template <class S>
 void check_sum(S& s, dist::mirrored<dist::tensor<float, dist::cuda>>& bufs, const char* what) {
   const int n = s.num_replicas_in_sync();
-  auto ok = s.run([](auto& r, dist::tensor<float, dist::cuda>& t) {
-    t.copy_from_host(std::vector<float>(t.size(), static_cast<float>(r.replica_id() + 1)));
-    r.all_reduce(dist::reduce_op::sum, t.values());
-    const auto v = t.to_vector();
-    const float want = static_cast<float>(r.num_replicas() * (r.num_replicas() + 1) / 2);
-    int good = 1;  // not bool: per_replica<bool> would be a std::vector<bool>
-    for (float x : v) good = good && x == want;
-    t.fill_zero();
-    return good;
-  }, bufs);
+  auto ok = s.run(
+      [](auto& r, dist::tensor<float, dist::cuda>& t) {
+        t.copy_from_host(std::vector<float>(t.size(), static_cast<float>(r.replica_id() + 1)));
+        r.all_reduce(dist::reduce_op::sum, t.values());
+        const auto v = t.to_vector();
+        const float want = static_cast<float>(r.num_replicas() * (r.num_replicas() + 1) / 2);
+        int good = 1;  // not bool: per_replica<bool> would be a std::vector<bool>
+        for (float x : v) good = good && x == want;
+        t.fill_zero();
+        return good;
+      },
+      bufs);
   for (int r = 0; r < n; ++r)
     if (!ok[static_cast<std::size_t>(r)])
       throw std::runtime_error(std::string(what) + ": wrong all-reduce result on replica " + std::to_string(r));
@@ -151,7 +154,10 @@ int main(int argc, char** argv) {
   try {
     o = parse_options(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_allreduce_gpu: %s\nusage: bench_allreduce_gpu [--replicas 2,4] [--max-bytes 256M] [--quick] [--device 0]\n", e.what());
+    std::fprintf(stderr,
+                 "bench_allreduce_gpu: %s\nusage: bench_allreduce_gpu [--replicas 2,4] [--max-bytes 256M] [--quick] "
+                 "[--device 0]\n",
+                 e.what());
     return 2;
   }
   int visible = 0;
@@ -172,8 +178,9 @@ int main(int argc, char** argv) {
     int nccl_version = 0;
     check_nccl(ncclGetVersion(&nccl_version), "ncclGetVersion");
     std::printf("# bench_allreduce_gpu  %s\n", bench::utc_now().c_str());
-    std::printf("# device: cuda:%d %s (%d SMs); NCCL %d; host: %s; load average before the run: %s\n", o.device, gpu.c_str(),
-                prop.multiProcessorCount, nccl_version, bench::cpu_model().c_str(), bench::load_average().c_str());
+    std::printf("# device: cuda:%d %s (%d SMs); NCCL %d; host: %s; load average before the run: %s\n", o.device,
+                gpu.c_str(), prop.multiProcessorCount, nccl_version, bench::cpu_model().c_str(),
+                bench::load_average().c_str());
     std::printf("# timing: median of %d repetitions of >= %.0f ms each; algbw in GB/s (1e9 bytes)\n", o.repetitions,
                 o.min_seconds * 1e3);
 
@@ -190,29 +197,38 @@ int main(int argc, char** argv) {
     }
     dist::mirrored_strategy<dist::cuda> ours{{dist::cuda{o.device}}, {}, dist::cuda_collective_engine::nccl};
 
-    std::printf("\n# NCCL, one rank: time per call (one rank in place moves no data: this is per-call overhead, not bandwidth)\n");
+    std::printf(
+        "\n# NCCL, one rank: time per call (one rank in place moves no data: this is per-call overhead, not "
+        "bandwidth)\n");
     std::printf("%8s  %10s  %10s  %12s\n", "bytes", "ours us", "raw us", "overhead us");
     for (const std::size_t bytes : sizes) {
       const std::size_t n = bytes / sizeof(float);
-      dist::tensor<float, dist::cuda> raw_buf(dist::shape{static_cast<std::int64_t>(n)}, dist::cuda{o.device}.on(raw_stream.get()));
+      dist::tensor<float, dist::cuda> raw_buf(dist::shape{static_cast<std::int64_t>(n)},
+                                              dist::cuda{o.device}.on(raw_stream.get()));
       const double raw_s = seconds_per_op(o, [&](long iters) {
         for (long i = 0; i < iters; ++i) {
-          check_nccl(ncclAllReduce(raw_buf.data(), raw_buf.data(), n, ncclFloat32, ncclSum, raw, raw_stream.get()), "ncclAllReduce");
+          check_nccl(ncclAllReduce(raw_buf.data(), raw_buf.data(), n, ncclFloat32, ncclSum, raw, raw_stream.get()),
+                     "ncclAllReduce");
           dist::detail::cuda_check(cudaStreamSynchronize(raw_stream.get()), "cudaStreamSynchronize");
         }
       });
-      auto bufs = ours.mirror([&](auto& d) { return dist::tensor<float, dist::cuda>(dist::shape{static_cast<std::int64_t>(n)}, d); });
+      auto bufs = ours.mirror(
+          [&](auto& d) { return dist::tensor<float, dist::cuda>(dist::shape{static_cast<std::int64_t>(n)}, d); });
       check_sum(ours, bufs, "nccl");
       const double ours_s = seconds_per_op(o, [&](long iters) {
-        ours.run([&](auto& r, dist::tensor<float, dist::cuda>& t) {
-          for (long i = 0; i < iters; ++i) r.all_reduce(dist::reduce_op::sum, t.values());
-        }, bufs);
+        ours.run(
+            [&](auto& r, dist::tensor<float, dist::cuda>& t) {
+              for (long i = 0; i < iters; ++i) r.all_reduce(dist::reduce_op::sum, t.values());
+            },
+            bufs);
       });
       const double a = ours_s * 1e6, b = raw_s * 1e6;
       std::printf("%8s  %10.2f  %10.2f  %12.2f\n", human(bytes).c_str(), a, b, a - b);
-      std::printf("{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"nccl\",\"replicas\":1,"
-                  "\"measures\":\"per_call_overhead\",\"bytes\":%zu,\"ours_us\":%.3f,\"raw_nccl_us\":%.3f,\"overhead_us\":%.3f}\n",
-                  gpu.c_str(), bytes, a, b, a - b);
+      std::printf(
+          "{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"nccl\",\"replicas\":1,"
+          "\"measures\":\"per_call_overhead\",\"bytes\":%zu,\"ours_us\":%.3f,\"raw_nccl_us\":%.3f,\"overhead_us\":%.3f}"
+          "\n",
+          gpu.c_str(), bytes, a, b, a - b);
       std::fflush(stdout);
     }
     check_nccl(ncclCommDestroy(raw), "ncclCommDestroy");
@@ -221,8 +237,10 @@ int main(int argc, char** argv) {
     if (gpus < 2) {
       std::printf("\n# NCCL bandwidth needs two or more GPUs; %d visible: not measured\n", gpus);
     } else {
-      std::printf("\n# NCCL across %d GPUs: ours vs raw ncclAllReduce (busbw = algbw * 2(n-1)/n, as nccl-tests)\n", gpus);
-      std::printf("%8s  %10s  %10s  %10s  %10s  %8s\n", "bytes", "ours alg", "ours bus", "raw alg", "raw bus", "ours/raw");
+      std::printf("\n# NCCL across %d GPUs: ours vs raw ncclAllReduce (busbw = algbw * 2(n-1)/n, as nccl-tests)\n",
+                  gpus);
+      std::printf("%8s  %10s  %10s  %10s  %10s  %8s\n", "bytes", "ours alg", "ours bus", "raw alg", "raw bus",
+                  "ours/raw");
       std::vector<int> ordinals(static_cast<std::size_t>(gpus));
       for (int g = 0; g < gpus; ++g) ordinals[static_cast<std::size_t>(g)] = g;
       std::vector<ncclComm_t> comms(static_cast<std::size_t>(gpus));
@@ -235,36 +253,45 @@ int main(int argc, char** argv) {
         const std::size_t n = bytes / sizeof(float);
         std::vector<dist::tensor<float, dist::cuda>> raw_bufs;
         for (int g = 0; g < gpus; ++g)
-          raw_bufs.emplace_back(dist::shape{static_cast<std::int64_t>(n)}, dist::cuda{g}.on(streams[static_cast<std::size_t>(g)].get()));
+          raw_bufs.emplace_back(dist::shape{static_cast<std::int64_t>(n)},
+                                dist::cuda{g}.on(streams[static_cast<std::size_t>(g)].get()));
         const double raw_s = seconds_per_op(o, [&](long iters) {
           for (long i = 0; i < iters; ++i) {
             check_nccl(ncclGroupStart(), "ncclGroupStart");
             for (int g = 0; g < gpus; ++g) {
               const auto k = static_cast<std::size_t>(g);
-              check_nccl(ncclAllReduce(raw_bufs[k].data(), raw_bufs[k].data(), n, ncclFloat32, ncclSum, comms[k], streams[k].get()),
+              check_nccl(ncclAllReduce(raw_bufs[k].data(), raw_bufs[k].data(), n, ncclFloat32, ncclSum, comms[k],
+                                       streams[k].get()),
                          "ncclAllReduce");
             }
             check_nccl(ncclGroupEnd(), "ncclGroupEnd");
             for (int g = 0; g < gpus; ++g) {
               const dist::detail::device_guard on(g);
-              dist::detail::cuda_check(cudaStreamSynchronize(streams[static_cast<std::size_t>(g)].get()), "cudaStreamSynchronize", g);
+              dist::detail::cuda_check(cudaStreamSynchronize(streams[static_cast<std::size_t>(g)].get()),
+                                       "cudaStreamSynchronize", g);
             }
           }
         });
         raw_bufs.clear();
-        auto bufs = all.mirror([&](auto& d) { return dist::tensor<float, dist::cuda>(dist::shape{static_cast<std::int64_t>(n)}, d); });
+        auto bufs = all.mirror(
+            [&](auto& d) { return dist::tensor<float, dist::cuda>(dist::shape{static_cast<std::int64_t>(n)}, d); });
         check_sum(all, bufs, "nccl across GPUs");
         const double ours_s = seconds_per_op(o, [&](long iters) {
-          all.run([&](auto& r, dist::tensor<float, dist::cuda>& t) {
-            for (long i = 0; i < iters; ++i) r.all_reduce(dist::reduce_op::sum, t.values());
-          }, bufs);
+          all.run(
+              [&](auto& r, dist::tensor<float, dist::cuda>& t) {
+                for (long i = 0; i < iters; ++i) r.all_reduce(dist::reduce_op::sum, t.values());
+              },
+              bufs);
         });
         const double a = gbs(bytes, ours_s), b = gbs(bytes, raw_s);
-        std::printf("%8s  %10.2f  %10.2f  %10.2f  %10.2f  %7.3fx\n", human(bytes).c_str(), a, a * bus, b, b * bus, a / b);
-        std::printf("{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"nccl\",\"replicas\":%d,"
-                    "\"measures\":\"bandwidth\",\"bytes\":%zu,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,\"raw_nccl_algbw_gbs\":%.4f,"
-                    "\"raw_nccl_busbw_gbs\":%.4f,\"ratio\":%.4f}\n",
-                    gpu.c_str(), gpus, bytes, a, a * bus, b, b * bus, a / b);
+        std::printf("%8s  %10.2f  %10.2f  %10.2f  %10.2f  %7.3fx\n", human(bytes).c_str(), a, a * bus, b, b * bus,
+                    a / b);
+        std::printf(
+            "{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"nccl\",\"replicas\":%d,"
+            "\"measures\":\"bandwidth\",\"bytes\":%zu,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,\"raw_nccl_algbw_gbs\":%."
+            "4f,"
+            "\"raw_nccl_busbw_gbs\":%.4f,\"ratio\":%.4f}\n",
+            gpu.c_str(), gpus, bytes, a, a * bus, b, b * bus, a / b);
         std::fflush(stdout);
       }
       for (auto c : comms) check_nccl(ncclCommDestroy(c), "ncclCommDestroy");
@@ -276,26 +303,33 @@ int main(int argc, char** argv) {
       dist::mirrored_strategy<dist::cuda> peer{dist::cuda_replicas(replicas, o.device)};
       for (const std::size_t bytes : sizes) {
         const std::size_t n = bytes / sizeof(float);
-        dist::tensor<float, dist::cuda> src(dist::shape{static_cast<std::int64_t>(n)}, dist::cuda{o.device}.on(raw_stream.get()));
-        dist::tensor<float, dist::cuda> dst(dist::shape{static_cast<std::int64_t>(n)}, dist::cuda{o.device}.on(raw_stream.get()));
+        dist::tensor<float, dist::cuda> src(dist::shape{static_cast<std::int64_t>(n)},
+                                            dist::cuda{o.device}.on(raw_stream.get()));
+        dist::tensor<float, dist::cuda> dst(dist::shape{static_cast<std::int64_t>(n)},
+                                            dist::cuda{o.device}.on(raw_stream.get()));
         const double copy_s = seconds_per_op(o, [&](long iters) {
           for (long i = 0; i < iters; ++i)
-            dist::detail::cuda_check(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, raw_stream.get()),
-                                     "cudaMemcpyAsync");
+            dist::detail::cuda_check(
+                cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, raw_stream.get()),
+                "cudaMemcpyAsync");
           dist::detail::cuda_check(cudaStreamSynchronize(raw_stream.get()), "cudaStreamSynchronize");
         });
-        auto bufs = peer.mirror([&](auto& d) { return dist::tensor<float, dist::cuda>(dist::shape{static_cast<std::int64_t>(n)}, d); });
+        auto bufs = peer.mirror(
+            [&](auto& d) { return dist::tensor<float, dist::cuda>(dist::shape{static_cast<std::int64_t>(n)}, d); });
         check_sum(peer, bufs, "cuda_peer");
         const double ours_s = seconds_per_op(o, [&](long iters) {
-          peer.run([&](auto& r, dist::tensor<float, dist::cuda>& t) {
-            for (long i = 0; i < iters; ++i) r.all_reduce(dist::reduce_op::sum, t.values());
-          }, bufs);
+          peer.run(
+              [&](auto& r, dist::tensor<float, dist::cuda>& t) {
+                for (long i = 0; i < iters; ++i) r.all_reduce(dist::reduce_op::sum, t.values());
+              },
+              bufs);
         });
         const double a = gbs(bytes, ours_s), bound = gbs(bytes, copy_s) / replicas;
         std::printf("%8d  %8s  %10.2f  %10.2f  %8.1f%%\n", replicas, human(bytes).c_str(), a, bound, 100 * a / bound);
-        std::printf("{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"cuda_peer\",\"replicas\":%d,"
-                    "\"measures\":\"bandwidth\",\"bytes\":%zu,\"algbw_gbs\":%.4f,\"bound_algbw_gbs\":%.4f}\n",
-                    gpu.c_str(), replicas, bytes, a, bound);
+        std::printf(
+            "{\"bench\":\"allreduce\",\"device\":\"cuda\",\"gpu\":\"%s\",\"engine\":\"cuda_peer\",\"replicas\":%d,"
+            "\"measures\":\"bandwidth\",\"bytes\":%zu,\"algbw_gbs\":%.4f,\"bound_algbw_gbs\":%.4f}\n",
+            gpu.c_str(), replicas, bytes, a, bound);
         std::fflush(stdout);
       }
     }

@@ -66,8 +66,8 @@ struct options {
   bool mpi_window = true;          // --overlap, --gradients: workers of one machine share memory (off: messages)
   std::vector<std::size_t> sizes;  // bytes per process (or replica)
   std::vector<int> replicas{1, 2};
-  double min_seconds = 0.05;       // each timed repetition runs at least this long
-  int repetitions = 5;             // timed repetitions; the median is reported
+  double min_seconds = 0.05;  // each timed repetition runs at least this long
+  int repetitions = 5;        // timed repetitions; the median is reported
 };
 
 std::vector<std::size_t> parse_sizes(std::string_view list) {
@@ -91,9 +91,18 @@ options parse_options(int argc, char** argv) {
   options opts;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg == "--multi-worker") { opts.what = mode::multi_worker; continue; }
-    if (arg == "--gradients") { opts.what = mode::gradients; continue; }
-    if (arg == "--overlap") { opts.what = mode::overlap; continue; }
+    if (arg == "--multi-worker") {
+      opts.what = mode::multi_worker;
+      continue;
+    }
+    if (arg == "--gradients") {
+      opts.what = mode::gradients;
+      continue;
+    }
+    if (arg == "--overlap") {
+      opts.what = mode::overlap;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument("missing value after " + std::string(arg));
     const char* value = argv[++i];
     if (arg == "--sizes") opts.sizes = parse_sizes(value);
@@ -106,8 +115,7 @@ options parse_options(int argc, char** argv) {
       if (std::string_view(value) != "on" && std::string_view(value) != "off")
         throw std::invalid_argument("--mpi-window: on or off, got " + std::string(value));
       opts.mpi_window = std::string_view(value) == "on";
-    }
-    else throw std::invalid_argument("unknown argument " + std::string(arg));
+    } else throw std::invalid_argument("unknown argument " + std::string(arg));
   }
   if (opts.set != "cyclegan" && opts.set != "discriminators")
     throw std::invalid_argument("--set: cyclegan or discriminators, got " + opts.set);
@@ -190,9 +198,10 @@ void print_header(const char* what, int workers, const options& opts) {
   std::printf("# bench_allreduce_mpi %s  %s\n", what, bench::utc_now().c_str());
   std::printf("# machine: %u hardware threads, %s; load average before the run: %s\n",
               std::thread::hardware_concurrency(), bench::cpu_model().c_str(), bench::load_average().c_str());
-  std::printf("# %d workers (MPI processes); compiler: %s; timing: median of %d alternating rounds, each the median of\n"
-              "# %d repetitions of >= %.0f ms\n",
-              workers, bench::compiler(), rounds, opts.repetitions, opts.min_seconds * 1e3);
+  std::printf(
+      "# %d workers (MPI processes); compiler: %s; timing: median of %d alternating rounds, each the median of\n"
+      "# %d repetitions of >= %.0f ms\n",
+      workers, bench::compiler(), rounds, opts.repetitions, opts.min_seconds * 1e3);
 }
 
 void multi_worker(int rank, int workers, const options& opts) {
@@ -204,7 +213,8 @@ void multi_worker(int rank, int workers, const options& opts) {
   std::vector<row> rows;
   if (rank == 0) {
     print_header("--multi-worker", workers, opts);
-    std::printf("# algbw = bytes per replica / time, GB = 1e9 bytes; MPI = MPI_Allreduce of the same bytes per process\n\n");
+    std::printf(
+        "# algbw = bytes per replica / time, GB = 1e9 bytes; MPI = MPI_Allreduce of the same bytes per process\n\n");
     std::printf("%8s  %9s  %10s  %9s  %9s  %8s\n", "workers", "replicas", "size", "ours GB/s", "MPI GB/s", "ours/MPI");
     std::fflush(stdout);
   }
@@ -224,8 +234,8 @@ void multi_worker(int rank, int workers, const options& opts) {
       const double mpi = bench::median(mpi_rounds), ours = bench::median(ours_rounds);
       if (rank == 0) {
         const row x{replicas, bytes, gbs(bytes, ours), gbs(bytes, mpi)};
-        std::printf("%8d  %9d  %10s  %9.3f  %9.3f  %7.2fx\n", workers, replicas, human_bytes(bytes).c_str(), x.ours, x.mpi,
-                    x.ours / x.mpi);
+        std::printf("%8d  %9d  %10s  %9.3f  %9.3f  %7.2fx\n", workers, replicas, human_bytes(bytes).c_str(), x.ours,
+                    x.mpi, x.ours / x.mpi);
         std::fflush(stdout);
         rows.push_back(x);
       }
@@ -234,9 +244,10 @@ void multi_worker(int rank, int workers, const options& opts) {
   if (rank != 0) return;
   std::printf("\n");
   for (const auto& x : rows)
-    std::printf("{\"bench\":\"allreduce_multi_worker\",\"workers\":%d,\"replicas_per_worker\":%d,\"bytes\":%zu,"
-                "\"algbw_gbs\":%.4f,\"mpi_algbw_gbs\":%.4f}\n",
-                workers, x.replicas, x.bytes, x.ours, x.mpi);
+    std::printf(
+        "{\"bench\":\"allreduce_multi_worker\",\"workers\":%d,\"replicas_per_worker\":%d,\"bytes\":%zu,"
+        "\"algbw_gbs\":%.4f,\"mpi_algbw_gbs\":%.4f}\n",
+        workers, x.replicas, x.bytes, x.ours, x.mpi);
 }
 
 // The parameter tensors of CycleGAN (two ResNet-9 generators for 256x256 images, two 70x70
@@ -296,10 +307,11 @@ void gradients(int rank, int workers, const options& opts) {
   std::vector<row> rows;
   if (rank == 0) {
     print_header("--gradients", workers, opts);
-    std::printf("# fused = all_reduce_gradients, 25 MiB buckets; per tensor = one collective per tensor (ours with\n"
-                "# bucket_bytes 0, and MPI_Allreduce); pass = every process reading and writing its whole set once,\n"
-                "# in place, all at once: the least any all-reduce of it must do, so MPI/pass bounds what fusing\n"
-                "# can gain; bf16 = the fused buckets travelling as bfloat16 (gradient_compression::bfloat16)\n");
+    std::printf(
+        "# fused = all_reduce_gradients, 25 MiB buckets; per tensor = one collective per tensor (ours with\n"
+        "# bucket_bytes 0, and MPI_Allreduce); pass = every process reading and writing its whole set once,\n"
+        "# in place, all at once: the least any all-reduce of it must do, so MPI/pass bounds what fusing\n"
+        "# can gain; bf16 = the fused buckets travelling as bfloat16 (gradient_compression::bfloat16)\n");
     std::printf("# between the workers: %s\n",
                 opts.mpi_window ? "the shared-memory window of workers on one machine" : "the ring of MPI messages");
     for (const auto& set : sets) {
@@ -308,8 +320,9 @@ void gradients(int rank, int workers, const options& opts) {
       std::printf("# set %s: %zu tensors, %zu floats (%.1f MiB)\n", set.name, set.tensors.size(), floats,
                   static_cast<double>(floats * sizeof(float)) / (1 << 20));
     }
-    std::printf("\n%8s  %8s  %9s  %8s  %9s  %8s  %14s  %13s  %8s  %11s  %10s  %11s\n", "set", "workers", "replicas", "buckets",
-                "fused ms", "bf16 ms", "ours/tensor ms", "MPI/tensor ms", "pass ms", "MPI / fused", "MPI / pass", "fused / bf16");
+    std::printf("\n%8s  %8s  %9s  %8s  %9s  %8s  %14s  %13s  %8s  %11s  %10s  %11s\n", "set", "workers", "replicas",
+                "buckets", "fused ms", "bf16 ms", "ours/tensor ms", "MPI/tensor ms", "pass ms", "MPI / fused",
+                "MPI / pass", "fused / bf16");
     std::fflush(stdout);
   }
   auto time_mpi = [&](auto&& body) {
@@ -330,7 +343,8 @@ void gradients(int rank, int workers, const options& opts) {
     for (auto n : tensors) raw.emplace_back(n, 0.0f);
     auto time_mpi_per_tensor = [&] {
       return time_mpi([&] {
-        for (auto& g : raw) MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        for (auto& g : raw)
+          MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       });
     };
     auto time_pass = [&] {
@@ -349,7 +363,8 @@ void gradients(int rank, int workers, const options& opts) {
         return m;
       });
       std::size_t buckets = 0;
-      auto time_with = [&](std::size_t bucket_bytes, dist::gradient_compression compression = dist::gradient_compression::none) {
+      auto time_with = [&](std::size_t bucket_bytes,
+                           dist::gradient_compression compression = dist::gradient_compression::none) {
         return time_strategy(s, opts, [&](auto& r) {
           auto& m = models[static_cast<std::size_t>(r.replica_id() - s.first_replica_id())];
           return [&r, &m, &buckets, bucket_bytes, compression] {
@@ -368,11 +383,20 @@ void gradients(int rank, int workers, const options& opts) {
         bf16_rounds.push_back(time_with(fused_cap, dist::gradient_compression::bfloat16));
       }
       if (rank == 0) {
-        const row x{set.name, tensors.size(), floats, replicas, bench::median(fused_rounds), bench::median(ours_rounds),
-                    bench::median(mpi_rounds), bench::median(pass_rounds), bench::median(bf16_rounds), buckets};
-        std::printf("%8s  %8d  %9d  %8zu  %9.3f  %8.3f  %14.3f  %13.3f  %8.3f  %10.2fx  %9.2fx  %10.2fx\n", x.set, workers, replicas,
-                    buckets, x.fused * 1e3, x.bf16 * 1e3, x.ours_per_tensor * 1e3, x.mpi_per_tensor * 1e3, x.pass * 1e3,
-                    x.mpi_per_tensor / x.fused, x.mpi_per_tensor / x.pass, x.fused / x.bf16);
+        const row x{set.name,
+                    tensors.size(),
+                    floats,
+                    replicas,
+                    bench::median(fused_rounds),
+                    bench::median(ours_rounds),
+                    bench::median(mpi_rounds),
+                    bench::median(pass_rounds),
+                    bench::median(bf16_rounds),
+                    buckets};
+        std::printf("%8s  %8d  %9d  %8zu  %9.3f  %8.3f  %14.3f  %13.3f  %8.3f  %10.2fx  %9.2fx  %10.2fx\n", x.set,
+                    workers, replicas, buckets, x.fused * 1e3, x.bf16 * 1e3, x.ours_per_tensor * 1e3,
+                    x.mpi_per_tensor * 1e3, x.pass * 1e3, x.mpi_per_tensor / x.fused, x.mpi_per_tensor / x.pass,
+                    x.fused / x.bf16);
         std::fflush(stdout);
         rows.push_back(x);
       }
@@ -381,11 +405,12 @@ void gradients(int rank, int workers, const options& opts) {
   if (rank != 0) return;
   std::printf("\n");
   for (const auto& x : rows)
-    std::printf("{\"bench\":\"gradient_allreduce\",\"set\":\"%s\",\"workers\":%d,\"replicas_per_worker\":%d,\"tensors\":%zu,"
-                "\"floats\":%zu,\"buckets\":%zu,\"fused_seconds\":%.6f,\"ours_per_tensor_seconds\":%.6f,"
-                "\"mpi_per_tensor_seconds\":%.6f,\"pass_seconds\":%.6f,\"bfloat16_fused_seconds\":%.6f,\"mpi_window\":%s}\n",
-                x.set, workers, x.replicas, x.tensors, x.floats, x.buckets, x.fused, x.ours_per_tensor, x.mpi_per_tensor, x.pass,
-                x.bf16, opts.mpi_window ? "true" : "false");
+    std::printf(
+        "{\"bench\":\"gradient_allreduce\",\"set\":\"%s\",\"workers\":%d,\"replicas_per_worker\":%d,\"tensors\":%zu,"
+        "\"floats\":%zu,\"buckets\":%zu,\"fused_seconds\":%.6f,\"ours_per_tensor_seconds\":%.6f,"
+        "\"mpi_per_tensor_seconds\":%.6f,\"pass_seconds\":%.6f,\"bfloat16_fused_seconds\":%.6f,\"mpi_window\":%s}\n",
+        x.set, workers, x.replicas, x.tensors, x.floats, x.buckets, x.fused, x.ours_per_tensor, x.mpi_per_tensor,
+        x.pass, x.bf16, opts.mpi_window ? "true" : "false");
 }
 
 // The two discriminators of cyclegan_tensors() alone (what the example mirrors): 10 tensors, 5.5 M floats.
@@ -435,18 +460,22 @@ void overlap(int rank, int workers, const options& opts) {
   // Rounds per tensor, in proportion to its size (at least one).
   std::vector<std::int64_t> rounds_of;
   for (auto n : tensors)
-    rounds_of.push_back(std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(total_rounds) *
-                                                                            static_cast<double>(n) / static_cast<double>(floats))));
+    rounds_of.push_back(
+        std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(total_rounds) * static_cast<double>(n) /
+                                                            static_cast<double>(floats))));
   if (rank == 0) {
     print_header("--overlap", workers, opts);
-    std::printf("# set %s: %zu tensors, %zu floats (%.1f MiB); compute %.0f ms per backward (calibrated on rank 0);\n"
-                "# our all-reduce between workers: %s\n",
-                opts.set.c_str(), tensors.size(), floats, static_cast<double>(floats * sizeof(float)) / (1 << 20), opts.compute_ms,
-                opts.mpi_window ? "the shared-memory window of workers on one machine" : "the ring of MPI messages");
-    std::printf("# ours = the library's bucketed all-reduce on its communication thread (25 MiB buckets); MPI = one\n"
-                "# MPI_Iallreduce per tensor, progressed by MPI_Testall after each layer; ms per step, median round\n\n");
-    std::printf("%5s  %10s  %12s  %11s  %14s  %9s  %7s\n", "way", "compute ms", "all-reduce ms", "blocking ms", "overlapped ms",
-                "waited ms", "hidden");
+    std::printf(
+        "# set %s: %zu tensors, %zu floats (%.1f MiB); compute %.0f ms per backward (calibrated on rank 0);\n"
+        "# our all-reduce between workers: %s\n",
+        opts.set.c_str(), tensors.size(), floats, static_cast<double>(floats * sizeof(float)) / (1 << 20),
+        opts.compute_ms,
+        opts.mpi_window ? "the shared-memory window of workers on one machine" : "the ring of MPI messages");
+    std::printf(
+        "# ours = the library's bucketed all-reduce on its communication thread (25 MiB buckets); MPI = one\n"
+        "# MPI_Iallreduce per tensor, progressed by MPI_Testall after each layer; ms per step, median round\n\n");
+    std::printf("%5s  %10s  %12s  %11s  %14s  %9s  %7s\n", "way", "compute ms", "all-reduce ms", "blocking ms",
+                "overlapped ms", "waited ms", "hidden");
     std::fflush(stdout);
   }
   dist::comm::mpi_options mpi_opts;
@@ -500,7 +529,8 @@ void overlap(int rank, int workers, const options& opts) {
   };
   std::vector<MPI_Request> requests(tensors.size(), MPI_REQUEST_NULL);
   auto start = [&](std::size_t i) {
-    MPI_Iallreduce(MPI_IN_PLACE, raw[i].data(), static_cast<int>(raw[i].size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &requests[i]);
+    MPI_Iallreduce(MPI_IN_PLACE, raw[i].data(), static_cast<int>(raw[i].size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                   &requests[i]);
   };
   auto time_mpi = [&](figure f) {
     return time_in_group(
@@ -553,11 +583,12 @@ void overlap(int rank, int workers, const options& opts) {
     std::printf("%5s  %10.1f  %12.1f  %11.1f  %14.1f  %9.1f  %6.0f%%\n", w.name, m[compute] * 1e3, m[reduce] * 1e3,
                 m[blocking] * 1e3, m[overlapped] * 1e3, m[4] * 1e3, hidden * 100);
     char line[512];
-    std::snprintf(line, sizeof line,
-                  "{\"bench\":\"allreduce_overlap\",\"way\":\"%s\",\"set\":\"%s\",\"workers\":%d,\"compute_seconds\":%.6f,"
-                  "\"allreduce_seconds\":%.6f,\"blocking_seconds\":%.6f,\"overlapped_seconds\":%.6f,"
-                  "\"waited_seconds\":%.6f,\"hidden\":%.4f}\n",
-                  w.name, opts.set.c_str(), workers, m[compute], m[reduce], m[blocking], m[overlapped], m[4], hidden);
+    std::snprintf(
+        line, sizeof line,
+        "{\"bench\":\"allreduce_overlap\",\"way\":\"%s\",\"set\":\"%s\",\"workers\":%d,\"compute_seconds\":%.6f,"
+        "\"allreduce_seconds\":%.6f,\"blocking_seconds\":%.6f,\"overlapped_seconds\":%.6f,"
+        "\"waited_seconds\":%.6f,\"hidden\":%.4f}\n",
+        w.name, opts.set.c_str(), workers, m[compute], m[reduce], m[blocking], m[overlapped], m[4], hidden);
     json += line;
   }
   std::printf("\n%s", json.c_str());

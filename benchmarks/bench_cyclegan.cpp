@@ -14,8 +14,9 @@ int main(int argc, char** argv) {
 #if defined(DISTRIBUTE_BENCH_CUDA)
       return run_on_cuda(o);
 #else
-      usage("--device cuda: this build of bench_cyclegan has no CUDA side (configure with CUDA and "
-            "-DDISTRIBUTE_BENCH_CYCLEGAN_CUDA=ON; benchmarks/peer/run_peer.sh --gpu does)");
+      usage(
+          "--device cuda: this build of bench_cyclegan has no CUDA side (configure with CUDA and "
+          "-DDISTRIBUTE_BENCH_CYCLEGAN_CUDA=ON; benchmarks/peer/run_peer.sh --gpu does)");
 #endif
     }
     const dist::compute_options engine = engine_options_for(o);

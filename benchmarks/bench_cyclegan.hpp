@@ -97,23 +97,25 @@ struct options {
   std::string strategy = "one_device";
   std::string device = "cpu";  // cpu or cuda (where the build has CUDA)
   bool tf32 = false;           // cuda: TF32 tensor-core convolutions and products
-  std::string precision = "float32";  // float32, bf16 or fp16 (cuda) convolutions and products (compute_options::precision)
+  std::string precision =
+      "float32";  // float32, bf16 or fp16 (cuda) convolutions and products (compute_options::precision)
   int replicas = 2;
   int size = 28, channels = 1, filters = 16, blocks = 3, d_layers = 2, batch = 8;
   int steps = 5, warmup = 1;
   std::uint64_t seed = 1;
   std::string check_dir;
-  bool params_only = false;  // print the parameter counts as JSON and exit
-  std::string overlap = "on";  // on, off or both (alternating, --rounds times)
-  bool graphs = false;         // cuda: each network's passes replayed as CUDA graphs (nn::graphed)
-  bool autotune = false;       // cuda: cuDNN's engines timed per convolution (compute_options::conv_autotune)
+  bool params_only = false;       // print the parameter counts as JSON and exit
+  std::string overlap = "on";     // on, off or both (alternating, --rounds times)
+  bool graphs = false;            // cuda: each network's passes replayed as CUDA graphs (nn::graphed)
+  bool autotune = false;          // cuda: cuDNN's engines timed per convolution (compute_options::conv_autotune)
   bool nondeterministic = false;  // cuda: any cuDNN engine (compute_options::deterministic = false)
-  bool mpi_window = true;      // multi_worker: all-reduce through a shared-memory window on one machine (off: the ring of messages used between machines)
+  bool mpi_window =
+      true;  // multi_worker: all-reduce through a shared-memory window on one machine (off: the ring of messages used between machines)
   int rounds = 3;
-  int threads = 0;             // compute_options::threads (0: the replica's share of the cores)
-  bool adapt_threads = true;   // compute_options::adapt_threads (--adapt-threads on|off)
-  bool winograd = true;        // compute_options::conv_winograd
-  int background_load = 0;     // busy child processes while the steps run
+  int threads = 0;            // compute_options::threads (0: the replica's share of the cores)
+  bool adapt_threads = true;  // compute_options::adapt_threads (--adapt-threads on|off)
+  bool winograd = true;       // compute_options::conv_winograd
+  int background_load = 0;    // busy child processes while the steps run
 };
 
 // The engine options of --threads, --adapt-threads, --winograd, --tf32, --precision, --autotune and --nondeterministic.
@@ -131,10 +133,14 @@ inline dist::compute_options engine_options_for(const options& o) {
 
 [[noreturn]] inline void usage(const char* why) {
   std::fprintf(stderr,
-               "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device cpu|cuda] [--tf32] "
-               "[--replicas N] [--size S]\n       [--channels C] [--filters F] [--blocks B] [--d-layers L] [--batch GLOBAL] [--steps N] "
-               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision float32|bf16|fp16] [--graphs on|off] [--autotune] [--nondeterministic]\n"
-               "       [--threads N] [--adapt-threads on|off] [--winograd on|off] [--background-load N] [--seed S] [--check-dir DIR] [--params-only]\n",
+               "bench_cyclegan: %s\nusage: bench_cyclegan [--strategy one_device|mirrored|multi_worker] [--device "
+               "cpu|cuda] [--tf32] "
+               "[--replicas N] [--size S]\n       [--channels C] [--filters F] [--blocks B] [--d-layers L] [--batch "
+               "GLOBAL] [--steps N] "
+               "[--warmup N]\n       [--overlap on|off|both] [--rounds N] [--mpi-window on|off] [--precision "
+               "float32|bf16|fp16] [--graphs on|off] [--autotune] [--nondeterministic]\n"
+               "       [--threads N] [--adapt-threads on|off] [--winograd on|off] [--background-load N] [--seed S] "
+               "[--check-dir DIR] [--params-only]\n",
                why);
   std::exit(2);
 }
@@ -187,14 +193,17 @@ inline options parse(int argc, char** argv) {
   if (o.overlap != "on" && o.overlap != "off" && o.overlap != "both") usage("--overlap must be on, off or both");
   if (o.rounds < 1) usage("--rounds must be positive");
   if (o.device != "cpu" && o.device != "cuda") usage("--device must be cpu or cuda");
-  if (o.precision != "float32" && o.precision != "bf16" && o.precision != "fp16") usage("--precision must be float32, bf16 or fp16");
-  if (o.precision == "fp16" && o.device != "cuda") usage("--precision fp16 needs --device cuda (the CPU engine computes in float32 or bf16)");
+  if (o.precision != "float32" && o.precision != "bf16" && o.precision != "fp16")
+    usage("--precision must be float32, bf16 or fp16");
+  if (o.precision == "fp16" && o.device != "cuda")
+    usage("--precision fp16 needs --device cuda (the CPU engine computes in float32 or bf16)");
   if (o.graphs && o.device != "cuda") usage("--graphs on needs --device cuda");
   if (o.strategy == "one_device") o.replicas = 1;
   if (o.threads < 0) usage("--threads must be 0 (the replica's share) or positive");
   if (o.background_load < 0) usage("--background-load must be 0 or positive");
   if (o.replicas < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0) usage("replicas, batch and steps must be positive");
-  if (o.strategy != "multi_worker" && o.batch % o.replicas != 0) usage("--batch (global) must be a multiple of --replicas");
+  if (o.strategy != "multi_worker" && o.batch % o.replicas != 0)
+    usage("--batch (global) must be a multiple of --replicas");
   if (!o.check_dir.empty()) o.steps = 1, o.warmup = 0;
   return o;
 }
@@ -241,8 +250,7 @@ class background_load {
   void stop() noexcept {
     for (const pid_t pid : children_) kill(pid, SIGKILL);
     for (const pid_t pid : children_)
-      while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
+      while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {}
     children_.clear();
   }
   std::vector<pid_t> children_;
@@ -267,9 +275,9 @@ void append_parameters(M& model, std::vector<float>& values, std::vector<float>&
 
 // What the run reports of the device: its name and, on a GPU, the peak of device memory in use.
 struct device_report {
-  std::string name;                          // empty: the CPU (its model is printed)
-  std::function<void()> reset_peak;          // before the timed steps
-  std::function<double()> peak_mib;          // after them; < 0: not measured
+  std::string name;                  // empty: the CPU (its model is printed)
+  std::function<void()> reset_peak;  // before the timed steps
+  std::function<double()> peak_mib;  // after them; < 0: not measured
 };
 
 inline void write_floats(const std::string& path, const std::vector<float>& v) {
@@ -306,13 +314,19 @@ int compare_overlap(S& s, Trainer& tr, const options& o, std::int64_t g_params, 
   auto [a, b] = random_batches(o);
   const bool chief = s.is_chief();
   if (chief) {
-    std::printf("bench_cyclegan --overlap both: %s x%d (%d worker(s)%s), %dx%dx%d, %d filters, %d blocks, %d d-layers, global batch %d\n",
-                o.strategy.c_str(), s.num_replicas_in_sync(), s.num_workers(),
-                o.strategy != "multi_worker" ? "" : o.mpi_window ? ", MPI shared-memory window" : ", MPI ring of messages", o.size,
-                o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
-    std::printf("  parameters: G %lld, D %lld (each of two); %s, %d cores in this process's affinity, load %s, background load %d\n",
-                static_cast<long long>(g_params), static_cast<long long>(d_params), bench::cpu_model().c_str(), affinity_cores(),
-                bench::load_average().c_str(), o.background_load);
+    std::printf(
+        "bench_cyclegan --overlap both: %s x%d (%d worker(s)%s), %dx%dx%d, %d filters, %d blocks, %d d-layers, global "
+        "batch %d\n",
+        o.strategy.c_str(), s.num_replicas_in_sync(), s.num_workers(),
+        o.strategy != "multi_worker" ? ""
+        : o.mpi_window               ? ", MPI shared-memory window"
+                                     : ", MPI ring of messages",
+        o.size, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
+    std::printf(
+        "  parameters: G %lld, D %lld (each of two); %s, %d cores in this process's affinity, load %s, background load "
+        "%d\n",
+        static_cast<long long>(g_params), static_cast<long long>(d_params), bench::cpu_model().c_str(),
+        affinity_cores(), bench::load_average().c_str(), o.background_load);
     std::fflush(stdout);
   }
   for (int i = 0; i < o.warmup; ++i) {
@@ -339,19 +353,24 @@ int compare_overlap(S& s, Trainer& tr, const options& o, std::int64_t g_params, 
   // within the run's noise.
   const double share = off > 0 ? comm_off / off : 0, hidden = comm_off > 0 ? 1 - comm_on / comm_off : 0;
   if (chief) {
-    std::printf("  overlap off: %.4f s/step, communication %.4f s/step (%.1f%% of the step)\n", off, comm_off, 100 * share);
+    std::printf("  overlap off: %.4f s/step, communication %.4f s/step (%.1f%% of the step)\n", off, comm_off,
+                100 * share);
     std::printf("  overlap on:  %.4f s/step, communication waited for %.4f s/step\n", on, comm_on);
-    std::printf("  overlap hid %.1f%% of the blocking step's communication; step time on/off = %.3f, a difference of %.1f%% of the\n"
-                "  blocking communication (medians of %d steps each, %d rounds)\n",
-                100 * hidden, off > 0 ? on / off : 0, comm_off > 0 ? 100 * (off - on) / comm_off : 0.0, o.steps * o.rounds, o.rounds);
     std::printf(
-        "{\"bench\":\"cyclegan_overlap\",\"strategy\":\"%s\",\"mpi_window\":%s,\"workers\":%d,\"replicas\":%d,\"size\":%d,\"filters\":%d,"
+        "  overlap hid %.1f%% of the blocking step's communication; step time on/off = %.3f, a difference of %.1f%% of "
+        "the\n"
+        "  blocking communication (medians of %d steps each, %d rounds)\n",
+        100 * hidden, off > 0 ? on / off : 0, comm_off > 0 ? 100 * (off - on) / comm_off : 0.0, o.steps * o.rounds,
+        o.rounds);
+    std::printf(
+        "{\"bench\":\"cyclegan_overlap\",\"strategy\":\"%s\",\"mpi_window\":%s,\"workers\":%d,\"replicas\":%d,\"size\":"
+        "%d,\"filters\":%d,"
         "\"blocks\":%d,\"global_batch\":%d,\"steps\":%d,\"rounds\":%d,\"s_per_step_off\":%.6f,\"s_per_step_on\":%.6f,"
         "\"comm_off\":%.6f,\"comm_on\":%.6f,\"comm_share_off\":%.4f,\"hidden\":%.4f,\"cores\":%d,\"load\":\"%s\","
         "\"background_load\":%d,\"cpu\":\"%s\",\"time\":\"%s\"}\n",
-        o.strategy.c_str(), o.mpi_window ? "true" : "false", s.num_workers(), s.num_replicas_in_sync(), o.size, o.filters, o.blocks, o.batch, o.steps, o.rounds, off,
-        on, comm_off, comm_on, share, hidden, affinity_cores(), bench::load_average().c_str(), o.background_load, bench::cpu_model().c_str(),
-        bench::utc_now().c_str());
+        o.strategy.c_str(), o.mpi_window ? "true" : "false", s.num_workers(), s.num_replicas_in_sync(), o.size,
+        o.filters, o.blocks, o.batch, o.steps, o.rounds, off, on, comm_off, comm_on, share, hidden, affinity_cores(),
+        bench::load_average().c_str(), o.background_load, bench::cpu_model().c_str(), bench::utc_now().c_str());
   }
   return 0;
 }
@@ -398,15 +417,18 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   }
 
   say("bench_cyclegan: %s x%d, %dx%dx%d, %d filters, %d blocks, %d d-layers, global batch %d\n", o.strategy.c_str(),
-              s.num_replicas_in_sync(), o.size, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
-  say("  parameters: G %lld, D %lld (each of two)\n", static_cast<long long>(g_params), static_cast<long long>(d_params));
+      s.num_replicas_in_sync(), o.size, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
+  say("  parameters: G %lld, D %lld (each of two)\n", static_cast<long long>(g_params),
+      static_cast<long long>(d_params));
   if (dev.name.empty())
-    say("  %s, %d cores in this process's affinity, %s, load %s, background load %d busy process(es)\n", bench::cpu_model().c_str(),
-        affinity_cores(), o.precision.c_str(), bench::load_average().c_str(), busy.size());
+    say("  %s, %d cores in this process's affinity, %s, load %s, background load %d busy process(es)\n",
+        bench::cpu_model().c_str(), affinity_cores(), o.precision.c_str(), bench::load_average().c_str(), busy.size());
   else
     say("  %s, %s (host: %s), load %s, background load %d busy process(es)\n", dev.name.c_str(),
-        o.precision != "float32" ? o.precision.c_str() : o.tf32 ? "TF32" : "float32", bench::cpu_model().c_str(),
-        bench::load_average().c_str(), busy.size());
+        o.precision != "float32" ? o.precision.c_str()
+        : o.tf32                 ? "TF32"
+                                 : "float32",
+        bench::cpu_model().c_str(), bench::load_average().c_str(), busy.size());
   std::fflush(stdout);
 
   cyclegan::step_losses first{};
@@ -429,8 +451,7 @@ int run(S& s, const options& o, const device_report& dev = {}) {
     if constexpr (requires { r.engine().active_threads(); }) {
       const int t = r.engine().active_threads();
       int seen = in_use.load();
-      while ((seen == 0 || t < seen) && !in_use.compare_exchange_weak(seen, t)) {
-      }
+      while ((seen == 0 || t < seen) && !in_use.compare_exchange_weak(seen, t)) {}
     }
   });
   const double per_step = bench::median(times);
@@ -440,13 +461,14 @@ int run(S& s, const options& o, const device_report& dev = {}) {
   const double rss = peak_rss_mib();
   const double device_mib = dev.peak_mib ? dev.peak_mib() : -1.0;
 
-  say("  step-1 losses: D_A %.6f, D_B %.6f, GAN_AB %.6f, GAN_BA %.6f, cycle %.6f, identity %.6f\n", first.d_a, first.d_b,
-              first.gan_ab, first.gan_ba, first.cycle, first.identity);
+  say("  step-1 losses: D_A %.6f, D_B %.6f, GAN_AB %.6f, GAN_BA %.6f, cycle %.6f, identity %.6f\n", first.d_a,
+      first.d_b, first.gan_ab, first.gan_ba, first.cycle, first.identity);
   say("  %.4f s/step (median of %d, mean %.4f; %d warm-up), %.4g images/s, peak RSS %.1f MiB", per_step, o.steps, mean,
-              o.warmup, images, rss);
+      o.warmup, images, rss);
   if (device_mib >= 0) say(", peak device memory %.1f MiB", device_mib);
   say("\n");
-  if (in_use.load() > 0) say("  engine threads in use at the end: %d%s\n", in_use.load(), o.adapt_threads ? "" : " (--adapt-threads off)");
+  if (in_use.load() > 0)
+    say("  engine threads in use at the end: %d%s\n", in_use.load(), o.adapt_threads ? "" : " (--adapt-threads off)");
   // What watching for preemption adds to a step without a signal (preemption_watch::stop_requested:
   // a flag read in one process, one all-reduce of one integer across workers), beside the step.
   {
@@ -471,20 +493,26 @@ int run(S& s, const options& o, const device_report& dev = {}) {
     write_floats(o.check_dir + "/after.bin", values);
     std::ofstream js(o.check_dir + "/ours.json");
     js.precision(10);
-    js << "{\"d_a\":" << first.d_a << ",\"d_b\":" << first.d_b << ",\"gan_ab\":" << first.gan_ab << ",\"gan_ba\":" << first.gan_ba
-       << ",\"cycle\":" << first.cycle << ",\"identity\":" << first.identity << "}\n";
+    js << "{\"d_a\":" << first.d_a << ",\"d_b\":" << first.d_b << ",\"gan_ab\":" << first.gan_ab
+       << ",\"gan_ba\":" << first.gan_ba << ",\"cycle\":" << first.cycle << ",\"identity\":" << first.identity << "}\n";
   }
 
-  say(
-      "{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"precision\":\"%s\",\"graphs\":%s,\"autotune\":%s,\"deterministic\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,\"channels\":%d,\"filters\":%d,"
-      "\"blocks\":%d,\"d_layers\":%d,\"global_batch\":%d,\"steps\":%d,\"warmup\":%d,\"g_params\":%lld,\"d_params\":%lld,"
-      "\"s_per_step\":%.6f,\"s_per_step_mean\":%.6f,\"images_per_s\":%.4f,\"peak_rss_mib\":%.1f,\"cores\":%d,\"load\":\"%s\","
-      "\"threads\":%d,\"adapt_threads\":%s,\"threads_in_use\":%d,\"background_load\":%d,\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
-      dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", o.precision.c_str(), o.graphs ? "true" : "false", o.autotune ? "true" : "false", o.nondeterministic ? "false" : "true", device_mib, o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.steps, o.warmup,
-      static_cast<long long>(g_params), static_cast<long long>(d_params), per_step, mean, images, rss, affinity_cores(),
-      bench::load_average().c_str(), o.threads, o.adapt_threads ? "true" : "false", in_use.load(), busy.size(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
+  say("{\"bench\":\"cyclegan\",\"side\":\"ours\",\"device\":\"%s\",\"tf32\":%s,\"precision\":\"%s\",\"graphs\":%s,"
+      "\"autotune\":%s,\"deterministic\":%s,\"peak_device_mib\":%.1f,\"strategy\":\"%s\",\"replicas\":%d,\"size\":%d,"
+      "\"channels\":%d,\"filters\":%d,"
+      "\"blocks\":%d,\"d_layers\":%d,\"global_batch\":%d,\"steps\":%d,\"warmup\":%d,\"g_params\":%lld,\"d_params\":%"
+      "lld,"
+      "\"s_per_step\":%.6f,\"s_per_step_mean\":%.6f,\"images_per_s\":%.4f,\"peak_rss_mib\":%.1f,\"cores\":%d,\"load\":"
+      "\"%s\","
+      "\"threads\":%d,\"adapt_threads\":%s,\"threads_in_use\":%d,\"background_load\":%d,\"cpu\":\"%s\",\"compiler\":\"%"
+      "s\",\"time\":\"%s\"}\n",
+      dev.name.empty() ? "cpu" : dev.name.c_str(), o.tf32 ? "true" : "false", o.precision.c_str(),
+      o.graphs ? "true" : "false", o.autotune ? "true" : "false", o.nondeterministic ? "false" : "true", device_mib,
+      o.strategy.c_str(), s.num_replicas_in_sync(), o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch,
+      o.steps, o.warmup, static_cast<long long>(g_params), static_cast<long long>(d_params), per_step, mean, images,
+      rss, affinity_cores(), bench::load_average().c_str(), o.threads, o.adapt_threads ? "true" : "false",
+      in_use.load(), busy.size(), bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
   return 0;
 }
 
 }  // namespace bench_cyclegan
-

@@ -68,8 +68,10 @@ int main(int argc, char** argv) {
     }
   }
   std::error_code ec;
-  if (!std::filesystem::exists(dir / "train-images-idx3-ubyte.gz", ec) && !std::filesystem::exists(dir / "train-images-idx3-ubyte", ec)) {
-    std::printf("bench_input: skipped: Fashion-MNIST is not in %s (apt-get install dataset-fashion-mnist)\n", dir.string().c_str());
+  if (!std::filesystem::exists(dir / "train-images-idx3-ubyte.gz", ec) &&
+      !std::filesystem::exists(dir / "train-images-idx3-ubyte", ec)) {
+    std::printf("bench_input: skipped: Fashion-MNIST is not in %s (apt-get install dataset-fashion-mnist)\n",
+                dir.string().c_str());
     return 0;
   }
 
@@ -77,8 +79,8 @@ int main(int argc, char** argv) {
   std::printf("# bench_input  %s\n", bench::utc_now().c_str());
   std::printf("# machine: %u usable hardware threads, %s; load average before the run: %s\n",
               std::thread::hardware_concurrency(), bench::cpu_model().c_str(), load.c_str());
-  std::printf("# compiler: %s; examples/s, median of %d epochs; %d replicas, global batch %zu\n", bench::compiler(), reps,
-              replicas, global_batch);
+  std::printf("# compiler: %s; examples/s, median of %d epochs; %d replicas, global batch %zu\n", bench::compiler(),
+              reps, replicas, global_batch);
 
   // Raw read: both train files, decompressed and parsed.
   const auto images_file = data::detail::idx_file(dir, "train-images-idx3-ubyte");
@@ -114,12 +116,14 @@ int main(int argc, char** argv) {
       const std::size_t n = std::min(global_batch, order.size() - start);
       std::size_t offset = start;
       for (int k = 0; k < replicas; ++k) {
-        const std::size_t m = n / static_cast<std::size_t>(replicas) + (static_cast<std::size_t>(k) < n % static_cast<std::size_t>(replicas) ? 1 : 0);
+        const std::size_t m = n / static_cast<std::size_t>(replicas) +
+                              (static_cast<std::size_t>(k) < n % static_cast<std::size_t>(replicas) ? 1 : 0);
         std::vector<float> images(m * row);
         std::vector<std::int32_t> labels(m);
         for (std::size_t j = 0; j < m; ++j) {
           const std::uint8_t* src = pixels.data() + order[offset + j] * row;
-          for (std::size_t p = 0; p < row; ++p) images[j * row + p] = static_cast<float>(src[p]) * (2.0f / 255.0f) - 1.0f;
+          for (std::size_t p = 0; p < row; ++p)
+            images[j * row + p] = static_cast<float>(src[p]) * (2.0f / 255.0f) - 1.0f;
           labels[j] = all_labels[order[offset + j]];
         }
         offset += m;
@@ -151,9 +155,12 @@ int main(int argc, char** argv) {
   std::printf("%-34s %14.0f\n", "copy pass over loaded examples", copy);
   std::printf("%-34s %14.0f\n", "bound: the same work by hand", bound);
   std::printf("%-34s %14.0f   (%.2fx bound)\n", "pipeline, 1 prefetch thread", one, one / bound);
-  std::printf("%-34s %14.0f   (%.2fx bound, %.2fx 1 thread)\n", "pipeline, 2 prefetch threads", two, two / bound, two / one);
-  std::printf("\n{\"bench\":\"input\",\"replicas\":%d,\"global_batch\":%zu,\"raw_idx_read\":%.0f,\"copy_pass\":%.0f,\"bound\":%.0f,"
-              "\"pipeline_1_thread\":%.0f,\"pipeline_2_threads\":%.0f,\"load_average\":\"%s\"}\n",
-              replicas, global_batch, raw, copy, bound, one, two, load.c_str());
+  std::printf("%-34s %14.0f   (%.2fx bound, %.2fx 1 thread)\n", "pipeline, 2 prefetch threads", two, two / bound,
+              two / one);
+  std::printf(
+      "\n{\"bench\":\"input\",\"replicas\":%d,\"global_batch\":%zu,\"raw_idx_read\":%.0f,\"copy_pass\":%.0f,\"bound\":%"
+      ".0f,"
+      "\"pipeline_1_thread\":%.0f,\"pipeline_2_threads\":%.0f,\"load_average\":\"%s\"}\n",
+      replicas, global_batch, raw, copy, bound, one, two, load.c_str());
   return sink == 42 ? 1 : 0;  // keeps the work observable
 }

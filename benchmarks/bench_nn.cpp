@@ -55,7 +55,8 @@ double seconds_per_call(F&& fn) {
   for (int r = 0; r < repetitions; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (std::int64_t i = 0; i < iters; ++i) fn();
-    reps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(iters));
+    reps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                   static_cast<double>(iters));
   }
   return bench::median(reps);
 }
@@ -149,12 +150,24 @@ conv_result time_conv(const conv_case& c) {
     return conv_result{fwd_flops / fwd / 1e9, train_flops / train / 1e9, train_flops / ref_train / 1e9, train_flops};
   };
   if (c.transposed) {
-    nn::conv_transpose2d<float> up{{.in_channels = c.in_c, .out_channels = c.out_c, .kernel = c.kernel, .stride = c.stride,
-                                    .padding = c.padding, .output_padding = c.stride - 1, .bias = false}, 1};
+    nn::conv_transpose2d<float> up{{.in_channels = c.in_c,
+                                    .out_channels = c.out_c,
+                                    .kernel = c.kernel,
+                                    .stride = c.stride,
+                                    .padding = c.padding,
+                                    .output_padding = c.stride - 1,
+                                    .bias = false},
+                                   1};
     return measure(up);
   }
-  nn::conv2d<float> conv{{.in_channels = c.in_c, .out_channels = c.out_c, .kernel = c.kernel, .stride = c.stride,
-                          .padding = c.padding, .pad_mode = c.mode, .bias = false}, 1};
+  nn::conv2d<float> conv{{.in_channels = c.in_c,
+                          .out_channels = c.out_c,
+                          .kernel = c.kernel,
+                          .stride = c.stride,
+                          .padding = c.padding,
+                          .pad_mode = c.mode,
+                          .bias = false},
+                         1};
   return measure(conv);
 }
 
@@ -201,7 +214,8 @@ std::vector<std::size_t> cyclegan_generator() {
 
 // Seconds per all_reduce_gradients call with `n` replicas, timed inside one step so that only the
 // collectives are measured.
-double time_all_reduce(int n, const std::vector<std::size_t>& sizes, std::size_t bucket_bytes, std::size_t& collectives) {
+double time_all_reduce(int n, const std::vector<std::size_t>& sizes, std::size_t bucket_bytes,
+                       std::size_t& collectives) {
   dist::mirrored_strategy<> s{dist::cpu_replicas(n)};
   auto models = s.mirror([&](auto&) { return gradient_set(sizes); });
   double seconds = 0;
@@ -224,7 +238,8 @@ double time_all_reduce(int n, const std::vector<std::size_t>& sizes, std::size_t
         for (int rep = 0; rep < repetitions; ++rep) {
           const auto t0 = std::chrono::steady_clock::now();
           for (std::int64_t i = 0; i < iters; ++i) r.all_reduce_gradients(m, how);
-          reps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(iters));
+          reps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                         static_cast<double>(iters));
         }
         if (r.replica_id() == 0) {
           seconds = bench::median(reps);
@@ -253,9 +268,9 @@ int main(int argc, char** argv) {
   std::printf("# bench_nn  %s\n# machine: %u usable hardware threads, %s; load average before the run: %s\n",
               bench::utc_now().c_str(), dist::detail::usable_hardware_threads(), bench::cpu_model().c_str(),
               bench::load_average().c_str());
-  std::printf("# compiler: %s; Eigen %d.%d.%d (the reference), SIMD: %s; median of %d repetitions of >= %.0f ms\n\n", bench::compiler(),
-              EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, Eigen::SimdInstructionSetsInUse(),
-              repetitions, min_seconds * 1e3);
+  std::printf("# compiler: %s; Eigen %d.%d.%d (the reference), SIMD: %s; median of %d repetitions of >= %.0f ms\n\n",
+              bench::compiler(), EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION,
+              Eigen::SimdInstructionSetsInUse(), repetitions, min_seconds * 1e3);
 
   const double peak = peak_gflops();
   std::printf("single-core peak, %s: %.1f GFLOP/s\n\n", peak_kind(), peak);
@@ -266,8 +281,9 @@ int main(int argc, char** argv) {
   // The clock of a VM core moves (up to 2x between runs here), so each case is compared with the peak
   // measured just before it, not only with the one at the start.
   std::printf("CPU engine: %s (one thread below)\n", dist::engine<dist::cpu>{{.threads = 1}}.name().c_str());
-  std::printf("convolution (batch x shape)           fwd GFLOP/s  fwd+bwd GFLOP/s  reference fwd+bwd  peak just before"
-              "  fwd+bwd / peak  ours / reference\n");
+  std::printf(
+      "convolution (batch x shape)           fwd GFLOP/s  fwd+bwd GFLOP/s  reference fwd+bwd  peak just before"
+      "  fwd+bwd / peak  ours / reference\n");
   std::vector<std::string> json;
   // The paper generator's convolutions as a whole: its FLOPs over the time they take at these rates.
   double paper_flops = 0, paper_seconds = 0, paper_peak = 0, paper_cases = 0;
@@ -295,8 +311,9 @@ int main(int argc, char** argv) {
     const double rate = paper_flops / paper_seconds / 1e9, peak_mean = paper_peak / paper_cases;
     std::printf("paper generator's convolutions, fwd+bwd, weighted by their FLOPs: %.1f GFLOP/s = %.0f%% of the peak\n",
                 rate, 100.0 * rate / peak_mean);
-    std::printf("{\"bench\":\"nn_conv_paper_generator\",\"train_gflops\":%.2f,\"peak_gflops\":%.2f,\"share_of_peak\":%.3f}\n",
-                rate, peak_mean, rate / peak_mean);
+    std::printf(
+        "{\"bench\":\"nn_conv_paper_generator\",\"train_gflops\":%.2f,\"peak_gflops\":%.2f,\"share_of_peak\":%.3f}\n",
+        rate, peak_mean, rate / peak_mean);
   }
   std::printf("\n");
   for (const auto& j : json) std::printf("%s\n", j.c_str());
@@ -308,20 +325,23 @@ int main(int argc, char** argv) {
   };
   const param_set sets[] = {{"cyclegan-generator", cyclegan_generator()},
                             {"small-tensors", std::vector<std::size_t>(160, 256)}};
-  std::printf("\ngradient all-reduce (sum)     replicas  tensors    floats  fused ms (coll.)  per-tensor ms (coll.)  per-tensor/fused\n");
+  std::printf(
+      "\ngradient all-reduce (sum)     replicas  tensors    floats  fused ms (coll.)  per-tensor ms (coll.)  "
+      "per-tensor/fused\n");
   for (const auto& ps : sets) {
     const gradient_set probe(ps.sizes);
     for (int n : replica_counts) {
       std::size_t fused_c = 0, per_c = 0;
       const double fused = time_all_reduce(n, ps.sizes, std::size_t{25} << 20, fused_c);
       const double per = time_all_reduce(n, ps.sizes, 0, per_c);
-      std::printf("%-28s  %8d  %7zu  %8zu  %9.3f (%4zu)  %14.3f (%4zu)  %15.2fx\n", ps.name, n, ps.sizes.size(), probe.floats(),
-                  fused * 1e3, fused_c, per * 1e3, per_c, per / fused);
+      std::printf("%-28s  %8d  %7zu  %8zu  %9.3f (%4zu)  %14.3f (%4zu)  %15.2fx\n", ps.name, n, ps.sizes.size(),
+                  probe.floats(), fused * 1e3, fused_c, per * 1e3, per_c, per / fused);
       char line[320];
-      std::snprintf(line, sizeof line,
-                    "{\"bench\":\"nn_gradient_allreduce\",\"set\":\"%s\",\"replicas\":%d,\"tensors\":%zu,\"floats\":%zu,"
-                    "\"fused_ms\":%.4f,\"fused_collectives\":%zu,\"per_tensor_ms\":%.4f,\"per_tensor_collectives\":%zu}",
-                    ps.name, n, ps.sizes.size(), probe.floats(), fused * 1e3, fused_c, per * 1e3, per_c);
+      std::snprintf(
+          line, sizeof line,
+          "{\"bench\":\"nn_gradient_allreduce\",\"set\":\"%s\",\"replicas\":%d,\"tensors\":%zu,\"floats\":%zu,"
+          "\"fused_ms\":%.4f,\"fused_collectives\":%zu,\"per_tensor_ms\":%.4f,\"per_tensor_collectives\":%zu}",
+          ps.name, n, ps.sizes.size(), probe.floats(), fused * 1e3, fused_c, per * 1e3, per_c);
       json.emplace_back(line);
     }
   }

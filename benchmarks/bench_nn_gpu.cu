@@ -132,11 +132,13 @@ double sgemm_tflops(const dist::cuda& device, bool tf32, int n) {
     ~destroy() { (void)cublasDestroy(h); }
   } destroy_h{h};
   check_cublas(cublasSetStream(h, device.stream()), "cublasSetStream", ordinal);
-  check_cublas(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH), "cublasSetMathMode", ordinal);
+  check_cublas(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH), "cublasSetMathMode",
+               ordinal);
   const float alpha = 1.0f, beta = 0.0f;
   const double s = seconds_per_call(device, [&] {
-    check_cublas(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.data(), n, b.data(), n, &beta, c.data(), n),
-                 "cublasSgemm", ordinal);
+    check_cublas(
+        cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.data(), n, b.data(), n, &beta, c.data(), n),
+        "cublasSgemm", ordinal);
   });
   return 2.0 * static_cast<double>(n) * n * n / s / 1e12;
 }
@@ -146,7 +148,9 @@ struct bounds {
   double of(bool t) const { return t ? tf32 : float32; }
 };
 
-bounds measure_bounds(const dist::cuda& device) { return {sgemm_tflops(device, false, gemm_side), sgemm_tflops(device, true, gemm_side)}; }
+bounds measure_bounds(const dist::cuda& device) {
+  return {sgemm_tflops(device, false, gemm_side), sgemm_tflops(device, true, gemm_side)};
+}
 
 const char* precision_name(bool tf32) { return tf32 ? "tf32" : "float32"; }
 
@@ -192,15 +196,26 @@ conv_timing time_conv(dist::one_device_strategy<dist::cuda>& s, const bench::con
   s.run([&](dist::replica auto& r) {
     const auto x = dist::tensor<float, dist::cuda>::from_host(in, std::span<const float>(values), r.device());
     if (c.transposed) {
-      nn::conv_transpose2d<float, dist::cuda> up{{.in_channels = c.in_c, .out_channels = c.out_c, .kernel = c.kernel,
-                                                  .stride = c.stride, .padding = c.padding,
-                                                  .output_padding = c.stride - 1, .bias = false},
-                                                 1, r.device()};
+      nn::conv_transpose2d<float, dist::cuda> up{{.in_channels = c.in_c,
+                                                  .out_channels = c.out_c,
+                                                  .kernel = c.kernel,
+                                                  .stride = c.stride,
+                                                  .padding = c.padding,
+                                                  .output_padding = c.stride - 1,
+                                                  .bias = false},
+                                                 1,
+                                                 r.device()};
       t = time_layer(r, up, c, x);
     } else {
-      nn::conv2d<float, dist::cuda> conv{{.in_channels = c.in_c, .out_channels = c.out_c, .kernel = c.kernel, .stride = c.stride,
-                                          .padding = c.padding, .pad_mode = c.mode, .bias = false},
-                                         1, r.device()};
+      nn::conv2d<float, dist::cuda> conv{{.in_channels = c.in_c,
+                                          .out_channels = c.out_c,
+                                          .kernel = c.kernel,
+                                          .stride = c.stride,
+                                          .padding = c.padding,
+                                          .pad_mode = c.mode,
+                                          .bias = false},
+                                         1,
+                                         r.device()};
       t = time_layer(r, conv, c, x);
     }
     r.device().synchronize();
@@ -209,7 +224,8 @@ conv_timing time_conv(dist::one_device_strategy<dist::cuda>& s, const bench::con
 }
 
 std::string version_triple(int v, int major_unit, int minor_unit) {
-  return std::to_string(v / major_unit) + "." + std::to_string(v % major_unit / minor_unit) + "." + std::to_string(v % minor_unit);
+  return std::to_string(v / major_unit) + "." + std::to_string(v % major_unit / minor_unit) + "." +
+         std::to_string(v % minor_unit);
 }
 
 int run(int ordinal) {
@@ -227,17 +243,20 @@ int run(int ordinal) {
 #else
   const std::string cudnn = "no cuDNN in this build";
 #endif
-  std::printf("# bench_nn_gpu  %s\n# device: cuda:%d %s (compute capability %d.%d, %d SMs, %.0f GiB); host: %s; load average "
-              "before the run: %s\n",
-              bench::utc_now().c_str(), ordinal, gpu.c_str(), prop.major, prop.minor, prop.multiProcessorCount,
-              static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), bench::cpu_model().c_str(),
-              bench::load_average().c_str());
-  std::printf("# driver %s, runtime %s, cuBLAS %d.%d.%d, %s; median of %d repetitions of >= %.0f ms, CUDA events on the "
-              "replica's stream\n",
-              version_triple(driver, 1000, 10).c_str(), version_triple(runtime, 1000, 10).c_str(), blas_major, blas_minor,
-              blas_patch, cudnn.c_str(), repetitions, min_seconds * 1e3);
+  std::printf(
+      "# bench_nn_gpu  %s\n# device: cuda:%d %s (compute capability %d.%d, %d SMs, %.0f GiB); host: %s; load average "
+      "before the run: %s\n",
+      bench::utc_now().c_str(), ordinal, gpu.c_str(), prop.major, prop.minor, prop.multiProcessorCount,
+      static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), bench::cpu_model().c_str(),
+      bench::load_average().c_str());
+  std::printf(
+      "# driver %s, runtime %s, cuBLAS %d.%d.%d, %s; median of %d repetitions of >= %.0f ms, CUDA events on the "
+      "replica's stream\n",
+      version_triple(driver, 1000, 10).c_str(), version_triple(runtime, 1000, 10).c_str(), blas_major, blas_minor,
+      blas_patch, cudnn.c_str(), repetitions, min_seconds * 1e3);
   if (const char* o = std::getenv("NVIDIA_TF32_OVERRIDE"))
-    std::printf("# NVIDIA_TF32_OVERRIDE=%s is set: it overrides the TF32 choice of cuBLAS and cuDNN in this process\n", o);
+    std::printf("# NVIDIA_TF32_OVERRIDE=%s is set: it overrides the TF32 choice of cuBLAS and cuDNN in this process\n",
+                o);
   std::printf("\n");
 
   const dist::detail::device_guard current(ordinal);
@@ -245,17 +264,20 @@ int run(int ordinal) {
   const dist::cuda device = dist::cuda{ordinal}.on(stream.get());
 
   const bounds bound = measure_bounds(device);
-  std::printf("bound: cuBLAS SGEMM %dx%dx%d: float32 (pedantic) %.2f TFLOP/s, TF32 tensor cores %.2f TFLOP/s\n\n", gemm_side,
-              gemm_side, gemm_side, bound.float32, bound.tf32);
+  std::printf("bound: cuBLAS SGEMM %dx%dx%d: float32 (pedantic) %.2f TFLOP/s, TF32 tensor cores %.2f TFLOP/s\n\n",
+              gemm_side, gemm_side, gemm_side, bound.float32, bound.tf32);
   for (const bool tf32 : {false, true})
-    std::printf("{\"bench\":\"nn_gpu_bound\",\"gpu\":\"%s\",\"when\":\"start\",\"kind\":\"cublasSgemm %d^3\",\"precision\":\"%s\","
-                "\"tflops\":%.3f}\n",
-                json_escaped(gpu).c_str(), gemm_side, precision_name(tf32), bound.of(tf32));
+    std::printf(
+        "{\"bench\":\"nn_gpu_bound\",\"gpu\":\"%s\",\"when\":\"start\",\"kind\":\"cublasSgemm "
+        "%d^3\",\"precision\":\"%s\","
+        "\"tflops\":%.3f}\n",
+        json_escaped(gpu).c_str(), gemm_side, precision_name(tf32), bound.of(tf32));
   std::printf("\n");
 
   if constexpr (!dist::engine<dist::cuda>::has_cudnn) {
-    std::fprintf(stderr, "bench_nn_gpu: this build has no cuDNN, so the GPU engine has no convolutions to time; only the "
-                         "bound was measured\n");
+    std::fprintf(stderr,
+                 "bench_nn_gpu: this build has no cuDNN, so the GPU engine has no convolutions to time; only the "
+                 "bound was measured\n");
     return 1;
   }
 
@@ -266,38 +288,42 @@ int run(int ordinal) {
   std::string engine_name;
   f32.run([&](dist::replica auto& r) { engine_name = r.engine().name(); });
   std::printf("GPU engine: %s (and the same with TF32)\n", engine_name.c_str());
-  std::printf("%-39s  %-9s  %8s  %11s  %10s  %15s  %13s  %11s  %15s\n", "convolution (batch x shape)", "precision", "fwd ms",
-              "fwd TFLOP/s", "fwd+bwd ms", "fwd+bwd TFLOP/s", "bound TFLOP/s", "fwd / bound", "fwd+bwd / bound");
+  std::printf("%-39s  %-9s  %8s  %11s  %10s  %15s  %13s  %11s  %15s\n", "convolution (batch x shape)", "precision",
+              "fwd ms", "fwd TFLOP/s", "fwd+bwd ms", "fwd+bwd TFLOP/s", "bound TFLOP/s", "fwd / bound",
+              "fwd+bwd / bound");
   std::vector<std::string> json;
   // The paper generator's convolutions as a whole, per precision: their FLOPs over their time.
   double paper_flops[2] = {0, 0}, paper_seconds[2] = {0, 0};
   for (const auto& c : bench::cyclegan_conv_cases) {
     for (const bool tf32 : {false, true}) {
       const auto t = time_conv(tf32 ? t32 : f32, c);
-      const double fwd_tflops = c.forward_flops() / t.forward_s / 1e12, train_tflops = c.train_flops() / t.train_s / 1e12;
+      const double fwd_tflops = c.forward_flops() / t.forward_s / 1e12,
+                   train_tflops = c.train_flops() / t.train_s / 1e12;
       const double b = bound.of(tf32);
       std::printf("%2lld x %-34s  %-9s  %8.4f  %11.3f  %10.4f  %15.3f  %13.2f  %10.1f%%  %14.1f%%\n",
-                  static_cast<long long>(c.batch), c.name, precision_name(tf32), t.forward_s * 1e3, fwd_tflops, t.train_s * 1e3,
-                  train_tflops, b, 100.0 * fwd_tflops / b, 100.0 * train_tflops / b);
+                  static_cast<long long>(c.batch), c.name, precision_name(tf32), t.forward_s * 1e3, fwd_tflops,
+                  t.train_s * 1e3, train_tflops, b, 100.0 * fwd_tflops / b, 100.0 * train_tflops / b);
       if (c.in_paper_generator > 0) {
         paper_flops[tf32] += c.in_paper_generator * c.train_flops();
         paper_seconds[tf32] += c.in_paper_generator * t.train_s;
       }
       char line[600];
       std::snprintf(line, sizeof line,
-                    "{\"bench\":\"nn_gpu\",\"gpu\":\"%s\",\"case\":\"%s\",\"batch\":%lld,\"precision\":\"%s\",\"forward_ms\":%.5f,"
+                    "{\"bench\":\"nn_gpu\",\"gpu\":\"%s\",\"case\":\"%s\",\"batch\":%lld,\"precision\":\"%s\","
+                    "\"forward_ms\":%.5f,"
                     "\"forward_tflops\":%.4f,\"train_ms\":%.5f,\"train_tflops\":%.4f,\"bound_tflops\":%.3f,"
                     "\"forward_share_of_bound\":%.5f,\"train_share_of_bound\":%.5f}",
-                    json_escaped(gpu).c_str(), c.name, static_cast<long long>(c.batch), precision_name(tf32), t.forward_s * 1e3,
-                    fwd_tflops, t.train_s * 1e3, train_tflops, b, fwd_tflops / b, train_tflops / b);
+                    json_escaped(gpu).c_str(), c.name, static_cast<long long>(c.batch), precision_name(tf32),
+                    t.forward_s * 1e3, fwd_tflops, t.train_s * 1e3, train_tflops, b, fwd_tflops / b, train_tflops / b);
       json.emplace_back(line);
     }
   }
   for (const bool tf32 : {false, true}) {
     if (paper_seconds[tf32] <= 0) continue;
     const double rate = paper_flops[tf32] / paper_seconds[tf32] / 1e12, b = bound.of(tf32);
-    std::printf("paper generator's convolutions, fwd+bwd, %s, weighted by their FLOPs: %.3f TFLOP/s = %.1f%% of the bound\n",
-                precision_name(tf32), rate, 100.0 * rate / b);
+    std::printf(
+        "paper generator's convolutions, fwd+bwd, %s, weighted by their FLOPs: %.3f TFLOP/s = %.1f%% of the bound\n",
+        precision_name(tf32), rate, 100.0 * rate / b);
     char line[400];
     std::snprintf(line, sizeof line,
                   "{\"bench\":\"nn_gpu_paper_generator\",\"gpu\":\"%s\",\"precision\":\"%s\",\"train_tflops\":%.4f,"
@@ -308,12 +334,14 @@ int run(int ordinal) {
 
   // The bound once more: a GPU that clocked down (heat, power) during the run shows here.
   const bounds end = measure_bounds(device);
-  std::printf("\nbound at the end of the run: float32 %.2f TFLOP/s, TF32 %.2f TFLOP/s (%+.1f%%, %+.1f%% from the start)\n\n",
-              end.float32, end.tf32, 100.0 * (end.float32 / bound.float32 - 1.0), 100.0 * (end.tf32 / bound.tf32 - 1.0));
+  std::printf(
+      "\nbound at the end of the run: float32 %.2f TFLOP/s, TF32 %.2f TFLOP/s (%+.1f%%, %+.1f%% from the start)\n\n",
+      end.float32, end.tf32, 100.0 * (end.float32 / bound.float32 - 1.0), 100.0 * (end.tf32 / bound.tf32 - 1.0));
   for (const bool tf32 : {false, true}) {
     char line[300];
     std::snprintf(line, sizeof line,
-                  "{\"bench\":\"nn_gpu_bound\",\"gpu\":\"%s\",\"when\":\"end\",\"kind\":\"cublasSgemm %d^3\",\"precision\":\"%s\","
+                  "{\"bench\":\"nn_gpu_bound\",\"gpu\":\"%s\",\"when\":\"end\",\"kind\":\"cublasSgemm "
+                  "%d^3\",\"precision\":\"%s\","
                   "\"tflops\":%.3f}",
                   json_escaped(gpu).c_str(), gemm_side, precision_name(tf32), end.of(tf32));
     json.emplace_back(line);

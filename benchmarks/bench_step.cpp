@@ -42,7 +42,8 @@ double micros_per_call(F&& f) {
   for (int r = 0; r < 5; ++r) {
     const auto t0 = clock_type::now();
     for (long i = 0; i < iters; ++i) f();
-    reps.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / static_cast<double>(iters));
+    reps.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() /
+                   static_cast<double>(iters));
   }
   return bench::median(reps);
 }
@@ -66,8 +67,7 @@ double handoff_bound(int n) {
   const double us = micros_per_call([&] {
     pending.store(n - 1, std::memory_order_relaxed);
     generation.fetch_add(1, std::memory_order_release);
-    while (pending.load(std::memory_order_acquire) != 0) {
-    }
+    while (pending.load(std::memory_order_acquire) != 0) {}
   });
   stop.store(true);
   for (auto& t : threads) t.join();
@@ -99,8 +99,7 @@ int main(int argc, char** argv) {
   std::printf("# bench_step  %s\n# machine: %u usable hardware threads, %s; load average before the run: %s\n",
               bench::utc_now().c_str(), dist::detail::usable_hardware_threads(), bench::cpu_model().c_str(),
               bench::load_average().c_str());
-  std::printf("# compiler: %s; microseconds per empty step, median of 5 repetitions of >= 50 ms\n",
-              bench::compiler());
+  std::printf("# compiler: %s; microseconds per empty step, median of 5 repetitions of >= 50 ms\n", bench::compiler());
   {
     dist::one_device_strategy<> one;
     volatile int sink = 0;
@@ -113,12 +112,12 @@ int main(int argc, char** argv) {
   for (int n : replica_counts) {
     dist::mirrored_strategy<> s{dist::cpu_replicas(n)};
     const double ours = micros_per_call([&] { s.run([](auto&) {}); });
-    const double bound = n > 1 && static_cast<unsigned>(n) <= dist::detail::usable_hardware_threads() ? handoff_bound(n) : 0.0;
+    const double bound =
+        n > 1 && static_cast<unsigned>(n) <= dist::detail::usable_hardware_threads() ? handoff_bound(n) : 0.0;
     const double peer = thread_per_call(n);
     if (bound > 0)
       std::printf("%8d  %11.2f  %8.2f  %18.2f  %9.1fx  %8.1fx\n", n, ours, bound, peer, ours / bound, peer / ours);
-    else
-      std::printf("%8d  %11.2f  %8s  %18.2f  %10s  %8.1fx\n", n, ours, "n/a", peer, "n/a", peer / ours);
+    else std::printf("%8d  %11.2f  %8s  %18.2f  %10s  %8.1fx\n", n, ours, "n/a", peer, "n/a", peer / ours);
     char line[256];
     std::snprintf(line, sizeof line,
                   "{\"bench\":\"step\",\"strategy\":\"mirrored\",\"replicas\":%d,\"ours_us\":%.4f,\"bound_us\":%s,"
@@ -126,8 +125,9 @@ int main(int argc, char** argv) {
                   n, ours, bound > 0 ? std::to_string(bound).c_str() : "null", peer);
     json.emplace_back(line);
   }
-  std::printf("(bound: n/a for one replica, which hands nothing off, and where replicas outnumber hardware\n"
-              " threads, since spinning threads would starve each other)\n\n");
+  std::printf(
+      "(bound: n/a for one replica, which hands nothing off, and where replicas outnumber hardware\n"
+      " threads, since spinning threads would starve each other)\n\n");
   for (const auto& j : json) std::printf("%s\n", j.c_str());
   return EXIT_SUCCESS;
 }

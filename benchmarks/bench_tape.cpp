@@ -87,7 +87,8 @@ struct options {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(why == "help" ? stdout : stderr,
                "%s%sbench_tape [--size 28] [--channels 1] [--filters 16] [--blocks 3] [--d-layers 2] [--batch 8]\n"
-               "           [--rounds 10] [--steps 3] [--warmup 1] [--check-steps 2] [--threads 0] [--check-only] [--profile hand|tape] [--paper] [--seed 1]\n",
+               "           [--rounds 10] [--steps 3] [--warmup 1] [--check-steps 2] [--threads 0] [--check-only] "
+               "[--profile hand|tape] [--paper] [--seed 1]\n",
                why == "help" ? "" : why.c_str(), why == "help" ? "" : "\n");
   std::exit(why == "help" ? 0 : 2);
 }
@@ -121,8 +122,7 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage("missing value after --profile");
       o.profile = argv[++i];
       if (o.profile != "hand" && o.profile != "tape") usage("--profile must be hand or tape");
-    }
-    else if (a == "--paper") {
+    } else if (a == "--paper") {
       o.paper = true;
       o.size = 256, o.channels = 3, o.filters = 64, o.blocks = 9, o.d_layers = 3, o.batch = 1;
       o.rounds = 3, o.steps = 1, o.check_steps = 1, o.warmup = 0;  // the check step warms both up
@@ -157,7 +157,8 @@ int compare_networks(Hand& hand, Taped& taped, std::int64_t step) {
     h.for_each_parameter([&](std::span<float> v, std::span<float> g) { hs.emplace_back(v, g); });
     t.for_each_parameter([&](std::span<float> v, std::span<float> g) { ts.emplace_back(v, g); });
     if (hs.size() != ts.size()) {
-      std::printf("  step %lld: %s has %zu parameters by hand, %zu taped\n", static_cast<long long>(step), name, hs.size(), ts.size());
+      std::printf("  step %lld: %s has %zu parameters by hand, %zu taped\n", static_cast<long long>(step), name,
+                  hs.size(), ts.size());
       ++bad;
       return;
     }
@@ -168,8 +169,8 @@ int compare_networks(Hand& hand, Taped& taped, std::int64_t step) {
         for (std::size_t i = 0; i < x.size(); ++i) {
           if (std::bit_cast<std::uint32_t>(x[i]) != std::bit_cast<std::uint32_t>(y[i])) {
             std::printf("  step %lld: %s parameter %zu's %s differs at element %zu of %zu: %.9g by hand, %.9g taped\n",
-                        static_cast<long long>(step), name, k, which ? "gradient" : "value", i, x.size(), static_cast<double>(x[i]),
-                        static_cast<double>(y[i]));
+                        static_cast<long long>(step), name, k, which ? "gradient" : "value", i, x.size(),
+                        static_cast<double>(x[i]), static_cast<double>(y[i]));
             ++bad;
             break;
           }
@@ -190,7 +191,8 @@ int compare_losses(const cyclegan::step_losses& h, const cyclegan::step_losses& 
   int bad = 0;
   for (std::size_t i = 0; i < hv.size(); ++i)
     if (std::bit_cast<std::uint64_t>(hv[i]) != std::bit_cast<std::uint64_t>(tv[i])) {
-      std::printf("  step %lld: loss %s is %.17g by hand, %.17g taped\n", static_cast<long long>(step), names[i], hv[i], tv[i]);
+      std::printf("  step %lld: loss %s is %.17g by hand, %.17g taped\n", static_cast<long long>(step), names[i], hv[i],
+                  tv[i]);
       ++bad;
     }
   return bad;
@@ -229,10 +231,12 @@ int run(const options& o) {
   cyclegan::trainer<S> hand(s, t, o.channels, o.size, o.size);
   cyclegan::trainer<S, cyclegan::wiring::tape> taped(s, t, o.channels, o.size, o.size);
 
-  std::printf("bench_tape: the CycleGAN step wired by hand and on nn::tape, one_device (CPU), %dx%dx%d, %d filters, %d blocks, "
-              "%d d-layers, batch %d\n",
-              o.size, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
-  std::printf("  parameters: G %lld, D %lld (each of two)\n", static_cast<long long>(cyclegan::parameter_count(hand.g_ab().primary())),
+  std::printf(
+      "bench_tape: the CycleGAN step wired by hand and on nn::tape, one_device (CPU), %dx%dx%d, %d filters, %d blocks, "
+      "%d d-layers, batch %d\n",
+      o.size, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch);
+  std::printf("  parameters: G %lld, D %lld (each of two)\n",
+              static_cast<long long>(cyclegan::parameter_count(hand.g_ab().primary())),
               static_cast<long long>(cyclegan::parameter_count(hand.d_a().primary())));
   std::printf("  %s, %d engine thread(s), %s, load %s\n", bench::cpu_model().c_str(), threads, bench::compiler(),
               bench::load_average().c_str());
@@ -250,16 +254,18 @@ int run(const options& o) {
     const auto lt = taped.step(a, b);
     const int bad = compare_losses(lh, lt, step) + compare_networks(hand, taped, step);
     if (bad > 0) {
-      std::printf("FAILED: the taped step differs from the hand-wired one in %d loss(es) or tensor(s) after step %lld\n", bad,
-                  static_cast<long long>(step));
+      std::printf(
+          "FAILED: the taped step differs from the hand-wired one in %d loss(es) or tensor(s) after step %lld\n", bad,
+          static_cast<long long>(step));
       return 1;
     }
     if (i == 0)
-      std::printf("  step 1 losses (both): D_A %.6f, D_B %.6f, GAN_AB %.6f, GAN_BA %.6f, cycle %.6f, identity %.6f\n", lh.d_a, lh.d_b,
-                  lh.gan_ab, lh.gan_ba, lh.cycle, lh.identity);
+      std::printf("  step 1 losses (both): D_A %.6f, D_B %.6f, GAN_AB %.6f, GAN_BA %.6f, cycle %.6f, identity %.6f\n",
+                  lh.d_a, lh.d_b, lh.gan_ab, lh.gan_ba, lh.cycle, lh.identity);
   }
-  std::printf("  check: %d step(s), every loss, parameter gradient and parameter of the four networks equal bit for bit\n",
-              o.check_steps);
+  std::printf(
+      "  check: %d step(s), every loss, parameter gradient and parameter of the four networks equal bit for bit\n",
+      o.check_steps);
   std::fflush(stdout);
   if (o.check_only) return 0;
 
@@ -274,8 +280,9 @@ int run(const options& o) {
     std::printf("  --profile %s: %d steps, %.4f s/step (CPU %.4f s)\n", o.profile.c_str(), o.rounds * o.steps,
                 dt.wall / (o.rounds * o.steps), dt.cpu / (o.rounds * o.steps));
     if (reset && before_kib > 0)
-      std::printf("  --profile %s: peak RSS over these steps %.1f MiB (resident before them: %.1f MiB)\n", o.profile.c_str(),
-                  static_cast<double>(status_kib("VmHWM:")) / 1024, static_cast<double>(before_kib) / 1024);
+      std::printf("  --profile %s: peak RSS over these steps %.1f MiB (resident before them: %.1f MiB)\n",
+                  o.profile.c_str(), static_cast<double>(status_kib("VmHWM:")) / 1024,
+                  static_cast<double>(before_kib) / 1024);
     return 0;
   }
   for (int i = 0; i < o.warmup; ++i) {
@@ -300,9 +307,11 @@ int run(const options& o) {
     else time(taped, tape_wall, tape_cpu, tt), time(hand, hand_wall, hand_cpu, th);
     wall_ratios.push_back(tt.wall / th.wall);
     cpu_ratios.push_back(tt.cpu / th.cpu);
-    std::printf("  round %d: hand %.4f s/step (CPU %.4f s), tape %.4f s/step (CPU %.4f s), tape / hand %.4f (CPU %.4f), load %s\n",
-                round + 1, th.wall / o.steps, th.cpu / o.steps, tt.wall / o.steps, tt.cpu / o.steps, tt.wall / th.wall, tt.cpu / th.cpu,
-                bench::load_average().c_str());
+    std::printf(
+        "  round %d: hand %.4f s/step (CPU %.4f s), tape %.4f s/step (CPU %.4f s), tape / hand %.4f (CPU %.4f), load "
+        "%s\n",
+        round + 1, th.wall / o.steps, th.cpu / o.steps, tt.wall / o.steps, tt.cpu / o.steps, tt.wall / th.wall,
+        tt.cpu / th.cpu, bench::load_average().c_str());
     std::fflush(stdout);
   }
   const std::string load_after = bench::load_average();
@@ -310,26 +319,34 @@ int run(const options& o) {
     double hand, tape, ratio, round_median, round_min, round_max;
   };
   auto summarise = [](const std::vector<double>& h, const std::vector<double>& t, const std::vector<double>& r) {
-    return summary{bench::median(h), bench::median(t), bench::median(t) / bench::median(h), bench::median(r),
-                   *std::min_element(r.begin(), r.end()), *std::max_element(r.begin(), r.end())};
+    return summary{bench::median(h),
+                   bench::median(t),
+                   bench::median(t) / bench::median(h),
+                   bench::median(r),
+                   *std::min_element(r.begin(), r.end()),
+                   *std::max_element(r.begin(), r.end())};
   };
   const summary wall = summarise(hand_wall, tape_wall, wall_ratios), cpu = summarise(hand_cpu, tape_cpu, cpu_ratios);
   std::printf("  %d engine thread(s); medians of %d steps each (%d rounds of %d); load %s before, %s after\n", threads,
               o.rounds * o.steps, o.rounds, o.steps, load_before.c_str(), load_after.c_str());
   for (const auto& [name, m] : {std::pair{"wall", wall}, std::pair{"CPU ", cpu}})
-    std::printf("  %s: hand %.4f s/step, tape %.4f s/step, tape / hand %.4f of the medians; per round median %.4f, min %.4f, max %.4f\n",
-                name, m.hand, m.tape, m.ratio, m.round_median, m.round_min, m.round_max);
+    std::printf(
+        "  %s: hand %.4f s/step, tape %.4f s/step, tape / hand %.4f of the medians; per round median %.4f, min %.4f, "
+        "max %.4f\n",
+        name, m.hand, m.tape, m.ratio, m.round_median, m.round_min, m.round_max);
   std::printf(
-      "{\"bench\":\"tape\",\"model\":\"cyclegan\",\"strategy\":\"one_device\",\"device\":\"cpu\",\"threads\":%d,\"size\":%d,"
+      "{\"bench\":\"tape\",\"model\":\"cyclegan\",\"strategy\":\"one_device\",\"device\":\"cpu\",\"threads\":%d,"
+      "\"size\":%d,"
       "\"channels\":%d,\"filters\":%d,\"blocks\":%d,\"d_layers\":%d,\"batch\":%d,\"rounds\":%d,\"steps_per_round\":%d,"
       "\"check_steps\":%d,\"bit_identical\":true,\"hand_s_per_step\":%.6f,\"tape_s_per_step\":%.6f,\"ratio\":%.4f,"
       "\"ratio_round_median\":%.4f,\"ratio_round_min\":%.4f,\"ratio_round_max\":%.4f,\"hand_cpu_s_per_step\":%.6f,"
       "\"tape_cpu_s_per_step\":%.6f,\"cpu_ratio\":%.4f,\"cpu_ratio_round_median\":%.4f,\"cpu_ratio_round_min\":%.4f,"
-      "\"cpu_ratio_round_max\":%.4f,\"load_before\":\"%s\",\"load_after\":\"%s\",\"cpu\":\"%s\",\"compiler\":\"%s\",\"time\":\"%s\"}\n",
-      threads, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.rounds, o.steps, o.check_steps, wall.hand,
-      wall.tape, wall.ratio, wall.round_median, wall.round_min, wall.round_max, cpu.hand, cpu.tape, cpu.ratio, cpu.round_median,
-      cpu.round_min, cpu.round_max, load_before.c_str(), load_after.c_str(), bench::cpu_model().c_str(), bench::compiler(),
-      bench::utc_now().c_str());
+      "\"cpu_ratio_round_max\":%.4f,\"load_before\":\"%s\",\"load_after\":\"%s\",\"cpu\":\"%s\",\"compiler\":\"%s\","
+      "\"time\":\"%s\"}\n",
+      threads, o.size, o.channels, o.filters, o.blocks, o.d_layers, o.batch, o.rounds, o.steps, o.check_steps,
+      wall.hand, wall.tape, wall.ratio, wall.round_median, wall.round_min, wall.round_max, cpu.hand, cpu.tape,
+      cpu.ratio, cpu.round_median, cpu.round_min, cpu.round_max, load_before.c_str(), load_after.c_str(),
+      bench::cpu_model().c_str(), bench::compiler(), bench::utc_now().c_str());
   return 0;
 }
 

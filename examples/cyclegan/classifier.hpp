@@ -31,15 +31,20 @@ auto make_classifier(std::uint64_t seed, const classifier_shape& sh = {}, const 
   using avg_pool2d = nn::avg_pool2d<float, D>;
   using linear = nn::linear<float, D>;
   return nn::sequential{
-      conv2d{{.in_channels = 1, .out_channels = sh.conv1, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 1), device},
+      conv2d{
+          {.in_channels = 1, .out_channels = sh.conv1, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 1), device},
       batch_norm{{.channels = sh.conv1}, sub(seed, 2), device},
       relu{},
       avg_pool2d{{.kernel = 2}},
-      conv2d{{.in_channels = sh.conv1, .out_channels = sh.conv2, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 3), device},
+      conv2d{{.in_channels = sh.conv1, .out_channels = sh.conv2, .kernel = 3, .padding = 1, .bias = false},
+             sub(seed, 3),
+             device},
       batch_norm{{.channels = sh.conv2}, sub(seed, 4), device},
       relu{},
       avg_pool2d{{.kernel = 2}},
-      conv2d{{.in_channels = sh.conv2, .out_channels = sh.conv3, .kernel = 3, .padding = 1, .bias = false}, sub(seed, 8), device},
+      conv2d{{.in_channels = sh.conv2, .out_channels = sh.conv3, .kernel = 3, .padding = 1, .bias = false},
+             sub(seed, 8),
+             device},
       batch_norm{{.channels = sh.conv3}, sub(seed, 9), device},
       relu{},
       nn::flatten<float, D>{},

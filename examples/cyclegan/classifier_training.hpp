@@ -46,7 +46,8 @@ struct classifier_settings {
 
 inline const char* classifier_usage =
     "usage: fmnist_classifier [--out FILE] [--epochs N] [--batch N] [--replicas N] [--lr X] [--decay-fraction X]\n"
-    "                         [--seed N] [--train-limit N] [--fmnist-dir DIR] [--eval-each-epoch] [--export DIR] [--quiet]\n"
+    "                         [--seed N] [--train-limit N] [--fmnist-dir DIR] [--eval-each-epoch] [--export DIR] "
+    "[--quiet]\n"
     "  --epochs N          passes over the 60,000 training images (5)\n"
     "  --batch N           examples per replica and step (32)\n"
     "  --lr X              Adam's learning rate at the start (0.003)\n"
@@ -83,7 +84,7 @@ inline double classifier_lr(const classifier_options& o, std::int64_t step, std:
 
 // What one epoch of training gave.
 struct classifier_epoch {
-  int epoch = 0;  // from 1
+  int epoch = 0;                               // from 1
   double loss = 0, accuracy = 0, seconds = 0;  // mean training loss and accuracy (dropout on)
 };
 
@@ -105,30 +106,34 @@ classifier train_classifier(S& s, const std::vector<example>& train, const class
     std::int64_t step = 0;
     for (auto& batch : inputs) {  // each loop is the next epoch
       const double lr = classifier_lr(o, done++, steps * o.epochs);
-      auto results = s.run([lr](auto& r, data::batch<std::uint8_t>& local, classifier& c, optim::adam<float>& a) {
-        c.zero_grad();
-        std::vector<double> t{0.0, 0.0};  // this replica's share of the loss, its correct predictions
-        if (!local.empty()) {
-          const tensor logits = c.forward(r, data::to_tensor(local, data::pixels::symmetric));
-          const auto l = nn::softmax_cross_entropy(r, logits, local.labels, static_cast<std::int64_t>(local.global_size));
-          c.backward(r, l.grad, nn::no_input_gradient);
-          t = {static_cast<double>(l.value), static_cast<double>(nn::accuracy(r, logits, local.labels))};
-        }
-        r.all_reduce_gradients(c);
-        a.set_lr(lr);
-        a.step(r, c);
-        return t;
-      }, batch, net, opt);
+      auto results = s.run(
+          [lr](auto& r, data::batch<std::uint8_t>& local, classifier& c, optim::adam<float>& a) {
+            c.zero_grad();
+            std::vector<double> t{0.0, 0.0};  // this replica's share of the loss, its correct predictions
+            if (!local.empty()) {
+              const tensor logits = c.forward(r, data::to_tensor(local, data::pixels::symmetric));
+              const auto l =
+                  nn::softmax_cross_entropy(r, logits, local.labels, static_cast<std::int64_t>(local.global_size));
+              c.backward(r, l.grad, nn::no_input_gradient);
+              t = {static_cast<double>(l.value), static_cast<double>(nn::accuracy(r, logits, local.labels))};
+            }
+            r.all_reduce_gradients(c);
+            a.set_lr(lr);
+            a.step(r, c);
+            return t;
+          },
+          batch, net, opt);
       const std::vector<double> t = s.reduce(distribute::reduce_op::sum, results);
       loss_sum += t[0], hits += t[1];
       if (!o.quiet && ++step % 200 == 0)
-        std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f\n", epoch + 1, o.epochs, static_cast<long long>(step),
-                     static_cast<long long>(steps), loss_sum / static_cast<double>(step));
+        std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f\n", epoch + 1, o.epochs,
+                     static_cast<long long>(step), static_cast<long long>(steps), loss_sum / static_cast<double>(step));
     }
-    classifier_epoch e{.epoch = epoch + 1,
-                       .loss = loss_sum / static_cast<double>(std::max<std::int64_t>(1, steps)),
-                       .accuracy = hits / static_cast<double>(std::max<std::int64_t>(1, steps) * static_cast<std::int64_t>(global)),
-                       .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+    classifier_epoch e{
+        .epoch = epoch + 1,
+        .loss = loss_sum / static_cast<double>(std::max<std::int64_t>(1, steps)),
+        .accuracy = hits / static_cast<double>(std::max<std::int64_t>(1, steps) * static_cast<std::int64_t>(global)),
+        .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
     if (on_epoch) {
       classifier copy = net.primary();
       on_epoch(e, copy);
@@ -158,7 +163,8 @@ inline accuracy score_classifier(classifier& c, const std::vector<example>& test
   }
   accuracy a;
   a.overall = test.empty() ? 0 : static_cast<double>(total_hits) / static_cast<double>(test.size());
-  for (std::size_t k = 0; k < classes; ++k) a.per_class[k] = counts[k] ? static_cast<double>(hits[k]) / static_cast<double>(counts[k]) : 0;
+  for (std::size_t k = 0; k < classes; ++k)
+    a.per_class[k] = counts[k] ? static_cast<double>(hits[k]) / static_cast<double>(counts[k]) : 0;
   return a;
 }
 

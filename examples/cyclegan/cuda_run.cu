@@ -24,7 +24,8 @@ namespace cyclegan {
 // given: one replica per visible GPU.
 inline std::vector<distribute::cuda> replica_devices(int replicas) {
   const int gpus = distribute::cuda_device_count();
-  if (gpus == 0) throw std::runtime_error("--device cuda: no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+  if (gpus == 0)
+    throw std::runtime_error("--device cuda: no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)");
   std::vector<distribute::cuda> devices;
   for (int r = 0; r < (replicas > 0 ? replicas : gpus); ++r) devices.emplace_back(r % gpus);
   return devices;
@@ -46,9 +47,11 @@ summary run_cuda(const settings& st) {
   if (st.strategy == "multi_worker") {
 #if DISTRIBUTE_HAS_MPI && DISTRIBUTE_HAS_NCCL
     if (st.replicas > 1)
-      throw std::invalid_argument("--replicas " + std::to_string(st.replicas) + ": under multi_worker --device cuda each worker "
+      throw std::invalid_argument("--replicas " + std::to_string(st.replicas) +
+                                  ": under multi_worker --device cuda each worker "
                                   "drives one GPU (its node-local rank's); start one worker per GPU");
-    distribute::multi_worker_mirrored_strategy<distribute::cuda, distribute::comm::nccl> s{distribute::multi_worker_cuda_options{}};
+    distribute::multi_worker_mirrored_strategy<distribute::cuda, distribute::comm::nccl> s{
+        distribute::multi_worker_cuda_options{}};
     try {
       return run_with(s, st);
     } catch (const distribute::collective_error& e) {
@@ -56,7 +59,8 @@ summary run_cuda(const settings& st) {
       throw;
     }
 #else
-    throw std::invalid_argument("--strategy multi_worker --device cuda: this build of cyclegan_train has no MPI or no NCCL");
+    throw std::invalid_argument(
+        "--strategy multi_worker --device cuda: this build of cyclegan_train has no MPI or no NCCL");
 #endif
   }
   throw std::invalid_argument("--strategy must be one_device, mirrored or multi_worker, not '" + st.strategy + "'");

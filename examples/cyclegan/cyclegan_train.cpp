@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
     }
     const auto sum = cyclegan::run(st);
     if (sum.preempted) return st.preempted_exit_code;
-    if (!st.evaluate && !st.quiet && sum.chief) std::printf("pictures and loss curves: %s\n", st.out_dir.string().c_str());
+    if (!st.evaluate && !st.quiet && sum.chief)
+      std::printf("pictures and loss curves: %s\n", st.out_dir.string().c_str());
     return sum.finite ? 0 : 2;
   } catch (const cyclegan::job_failed&) {
     return 1;  // the worker that saw the failure printed it; the job is being aborted

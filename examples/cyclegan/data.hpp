@@ -56,14 +56,17 @@ inline domains load_folders(const std::filesystem::path& dir, int channels, int 
   d.height = d.width = size;
   d.name_a = "A";
   d.name_b = "B";
-  const auto ds = data::image_folder(dir, {.channels = channels, .resize = data::image_size{static_cast<std::size_t>(size), static_cast<std::size_t>(size)}});
+  const auto ds = data::image_folder(
+      dir, {.channels = channels,
+            .resize = data::image_size{static_cast<std::size_t>(size), static_cast<std::size_t>(size)}});
   const auto& names = ds.class_names();
   auto index = [&](const std::string& n) {
     const auto it = std::find(names.begin(), names.end(), n);
     return it == names.end() ? -1 : static_cast<std::int32_t>(it - names.begin());
   };
   const std::int32_t ta = index("trainA"), tb = index("trainB"), sa = index("testA"), sb = index("testB");
-  if (ta < 0 || tb < 0) throw std::invalid_argument("--data-dir " + dir.string() + " needs the sub-folders trainA and trainB");
+  if (ta < 0 || tb < 0)
+    throw std::invalid_argument("--data-dir " + dir.string() + " needs the sub-folders trainA and trainB");
   for (auto&& e : ds.epoch(0)) {
     const auto label = e.label;
     if (label == ta) d.a.push_back(std::move(e));
@@ -71,7 +74,8 @@ inline domains load_folders(const std::filesystem::path& dir, int channels, int 
     else if (label == sa) d.test_a.push_back(std::move(e));
     else if (label == sb) d.test_b.push_back(std::move(e));
   }
-  if (d.a.empty() || d.b.empty()) throw std::invalid_argument("--data-dir " + dir.string() + ": trainA or trainB holds no images");
+  if (d.a.empty() || d.b.empty())
+    throw std::invalid_argument("--data-dir " + dir.string() + ": trainA or trainB holds no images");
   if (d.test_a.empty()) d.test_a = d.a;
   if (d.test_b.empty()) d.test_b = d.b;
   return d;

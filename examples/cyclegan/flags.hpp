@@ -39,11 +39,13 @@ inline std::string number(double x) {
 
 // "a finite number above 0 and at most 1"
 inline std::string real_range(double lo, double hi, bool lo_open) {
-  return "a finite number " + std::string(lo_open ? "above " : "from ") + number(lo) + (lo_open ? " and at most " : " to ") + number(hi);
+  return "a finite number " + std::string(lo_open ? "above " : "from ") + number(lo) +
+         (lo_open ? " and at most " : " to ") + number(hi);
 }
 
 [[noreturn]] inline void out_of_range(std::string_view flag, std::string_view value, const std::string& accepted) {
-  throw std::invalid_argument(std::string(flag) + ": " + std::string(value) + " is out of range (accepted: " + accepted + ")");
+  throw std::invalid_argument(std::string(flag) + ": " + std::string(value) +
+                              " is out of range (accepted: " + accepted + ")");
 }
 
 // The value of `flag` as a T in [lo, hi].
@@ -58,8 +60,8 @@ T parse_integer(std::string_view flag, std::string_view text, T lo, T hi) {
                                                 digits.find_first_not_of("0123456789", 1) == std::string_view::npos))
     out_of_range(flag, text, integer_range(lo, hi));
   if (err != std::errc{} || !whole || (!digits.empty() && digits.front() == '+'))
-    throw std::invalid_argument(std::string(flag) + ": '" + std::string(text) + "' is not an integer (accepted: " +
-                                integer_range(lo, hi) + ")");
+    throw std::invalid_argument(std::string(flag) + ": '" + std::string(text) +
+                                "' is not an integer (accepted: " + integer_range(lo, hi) + ")");
   if (value < lo || value > hi) out_of_range(flag, text, integer_range(lo, hi));
   return value;
 }
@@ -70,10 +72,12 @@ inline double parse_real(std::string_view flag, std::string_view text, double lo
   if (!digits.empty() && digits.front() == '+') digits.remove_prefix(1);
   double value = 0;
   const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-  if ((err != std::errc{} && err != std::errc::result_out_of_range) || digits.empty() || end != digits.data() + digits.size())
-    throw std::invalid_argument(std::string(flag) + ": '" + std::string(text) + "' is not a number (accepted: " +
-                                real_range(lo, hi, lo_open) + ")");
-  if (err == std::errc::result_out_of_range || !std::isfinite(value) || value < lo || value > hi || (lo_open && value == lo))
+  if ((err != std::errc{} && err != std::errc::result_out_of_range) || digits.empty() ||
+      end != digits.data() + digits.size())
+    throw std::invalid_argument(std::string(flag) + ": '" + std::string(text) +
+                                "' is not a number (accepted: " + real_range(lo, hi, lo_open) + ")");
+  if (err == std::errc::result_out_of_range || !std::isfinite(value) || value < lo || value > hi ||
+      (lo_open && value == lo))
     out_of_range(flag, text, real_range(lo, hi, lo_open));
   return value;
 }
@@ -82,7 +86,9 @@ class parser {
  public:
   template <std::integral T>
   parser& integer(std::string name, T& target, T lo, T hi) {
-    return add(std::move(name), [&target, lo, hi](std::string_view flag, std::string_view v) { target = parse_integer(flag, v, lo, hi); });
+    return add(std::move(name), [&target, lo, hi](std::string_view flag, std::string_view v) {
+      target = parse_integer(flag, v, lo, hi);
+    });
   }
   parser& real(std::string name, double& target, double lo, double hi, bool lo_open = false) {
     return add(std::move(name), [&target, lo, hi, lo_open](std::string_view flag, std::string_view v) {
@@ -103,13 +109,14 @@ class parser {
   }
   // One of `choices`; `set` turns the accepted word into the setting.
   parser& choice(std::string name, std::vector<std::string> choices, std::function<void(const std::string&)> set) {
-    return add(std::move(name), [choices = std::move(choices), set = std::move(set)](std::string_view flag, std::string_view v) {
-      for (const auto& c : choices)
-        if (c == v) return set(c);
-      std::string list;
-      for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-      throw std::invalid_argument(std::string(flag) + ": '" + std::string(v) + "' is not one of " + list);
-    });
+    return add(std::move(name),
+               [choices = std::move(choices), set = std::move(set)](std::string_view flag, std::string_view v) {
+                 for (const auto& c : choices)
+                   if (c == v) return set(c);
+                 std::string list;
+                 for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+                 throw std::invalid_argument(std::string(flag) + ": '" + std::string(v) + "' is not one of " + list);
+               });
   }
   parser& toggle(std::string name, bool& target) {
     toggles_[std::move(name)] = &target;

@@ -36,7 +36,8 @@ class image_pool {
       if ((rng_() >> 63) == 1) {
         const std::size_t k = static_cast<std::size_t>(rng_() % capacity_);
         auto old = stored_.begin() + static_cast<std::ptrdiff_t>(k * image_size_);
-        std::copy(old, old + static_cast<std::ptrdiff_t>(image_size_), out.begin() + static_cast<std::ptrdiff_t>(i * image_size_));
+        std::copy(old, old + static_cast<std::ptrdiff_t>(image_size_),
+                  out.begin() + static_cast<std::ptrdiff_t>(i * image_size_));
         std::copy(img.begin(), img.end(), old);
       }
     }

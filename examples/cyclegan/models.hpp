@@ -95,8 +95,8 @@ class repeated {
   template <class R>
   tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
     if (s.size() != blocks_.size())
-      throw nn::forward_state_error("repeated::backward got a state of " + std::to_string(s.size()) + " blocks, it has " +
-                                    std::to_string(blocks_.size()));
+      throw nn::forward_state_error("repeated::backward got a state of " + std::to_string(s.size()) +
+                                    " blocks, it has " + std::to_string(blocks_.size()));
     if (blocks_.empty()) return dy;
     tensor_type d = blocks_.back().backward(r, s.back(), dy);
     r.gradients_ready(blocks_.back());
@@ -173,23 +173,29 @@ class norm_layer {
     return std::visit([&](auto& n) { return n.backward(r, dy); }, v_);
   }
   // The state of the norm it is (std::variant in the same order).
-  using state_type = std::variant<typename nn::instance_norm<float, D>::state_type, typename nn::batch_norm<float, D>::state_type,
-                                  typename nn::sync_batch_norm<float, D>::state_type>;
+  using state_type =
+      std::variant<typename nn::instance_norm<float, D>::state_type, typename nn::batch_norm<float, D>::state_type,
+                   typename nn::sync_batch_norm<float, D>::state_type>;
   template <class R>
   tensor_type forward(R& r, const tensor_type& x, state_type& s) {
-    return std::visit([&](auto& n) {
-      using S = typename std::remove_reference_t<decltype(n)>::state_type;
-      if (!std::holds_alternative<S>(s)) s.template emplace<S>();
-      return n.forward(r, x, std::get<S>(s));
-    }, v_);
+    return std::visit(
+        [&](auto& n) {
+          using S = typename std::remove_reference_t<decltype(n)>::state_type;
+          if (!std::holds_alternative<S>(s)) s.template emplace<S>();
+          return n.forward(r, x, std::get<S>(s));
+        },
+        v_);
   }
   template <class R>
   tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
-    return std::visit([&](auto& n) {
-      using S = typename std::remove_reference_t<decltype(n)>::state_type;
-      if (!std::holds_alternative<S>(s)) throw nn::forward_state_error("norm_layer::backward got another norm's state");
-      return n.backward(r, std::get<S>(s), dy);
-    }, v_);
+    return std::visit(
+        [&](auto& n) {
+          using S = typename std::remove_reference_t<decltype(n)>::state_type;
+          if (!std::holds_alternative<S>(s))
+            throw nn::forward_state_error("norm_layer::backward got another norm's state");
+          return n.backward(r, std::get<S>(s), dy);
+        },
+        v_);
   }
   template <class F>
   void for_each_parameter(F&& f) {
@@ -197,9 +203,11 @@ class norm_layer {
   }
   template <class F>
   void for_each_buffer(F&& f) {
-    std::visit([&](auto& n) {
-      if constexpr (requires { n.for_each_buffer(f); }) n.for_each_buffer(f);
-    }, v_);
+    std::visit(
+        [&](auto& n) {
+          if constexpr (requires { n.for_each_buffer(f); }) n.for_each_buffer(f);
+        },
+        v_);
   }
   void zero_grad() {
     std::visit([](auto& n) { n.zero_grad(); }, v_);
@@ -254,26 +262,45 @@ class residual {
 
   // The skip connection: the body's plus_input, added in its last norm's output pass.
   template <class R>
-  tensor_type forward(R& r, const tensor_type& x) { return body_.forward(r, x, nn::plus_input); }
+  tensor_type forward(R& r, const tensor_type& x) {
+    return body_.forward(r, x, nn::plus_input);
+  }
   template <class R>
-  tensor_type backward(R& r, const tensor_type& dy) { return body_.backward(r, dy, nn::plus_input); }
+  tensor_type backward(R& r, const tensor_type& dy) {
+    return body_.backward(r, dy, nn::plus_input);
+  }
   using state_type = typename body_type::state_type;
   template <class R>
-  tensor_type forward(R& r, const tensor_type& x, state_type& s) { return body_.forward(r, x, s, nn::plus_input); }
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    return body_.forward(r, x, s, nn::plus_input);
+  }
   template <class R>
-  tensor_type backward(R& r, state_type& s, const tensor_type& dy) { return body_.backward(r, s, dy, nn::plus_input); }
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    return body_.backward(r, s, dy, nn::plus_input);
+  }
   template <class F>
-  void for_each_parameter(F&& f) { body_.for_each_parameter(f); }
+  void for_each_parameter(F&& f) {
+    body_.for_each_parameter(f);
+  }
   void zero_grad() { body_.zero_grad(); }
   void set_training(bool on) { body_.set_training(on); }
   template <class S>
-  void name_state(S& s) { s.child("body", body_); }  // the port's Residual.body
+  void name_state(S& s) {
+    s.child("body", body_);
+  }  // the port's Residual.body
   template <class G>
-  typename G::value to_onnx(G& g, const typename G::value& x) { return g.add(x, g.layer(body_, x, "body")); }
+  typename G::value to_onnx(G& g, const typename G::value& x) {
+    return g.add(x, g.layer(body_, x, "body"));
+  }
 
  private:
   static nn::conv2d_options conv(std::int64_t c) {
-    return {.in_channels = c, .out_channels = c, .kernel = 3, .stride = 1, .padding = 1, .pad_mode = nn::padding_mode::reflect,
+    return {.in_channels = c,
+            .out_channels = c,
+            .kernel = 3,
+            .stride = 1,
+            .padding = 1,
+            .pad_mode = nn::padding_mode::reflect,
             .bias = false};
   }
   body_type body_;
@@ -295,20 +322,62 @@ auto make_generator(const generator_options& o, std::uint64_t seed, const D& dev
   const std::int64_t f = o.filters, c = o.channels;
   std::vector<residual<D>> blocks;
   for (int i = 0; i < o.blocks; ++i) blocks.emplace_back(4 * f, sub(seed, 100 + static_cast<std::uint64_t>(i)), device);
-  auto in = [&](std::int64_t ch, std::uint64_t i) { return nn::instance_norm<float, D>{{.channels = ch}, sub(seed, i), device}; };
+  auto in = [&](std::int64_t ch, std::uint64_t i) {
+    return nn::instance_norm<float, D>{{.channels = ch}, sub(seed, i), device};
+  };
   return nn::sequential{
-      conv2d{{.in_channels = c, .out_channels = f, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect, .bias = false}, sub(seed, 1), device},
-      in(f, 2), relu{},
-      conv2d{{.in_channels = f, .out_channels = 2 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 3), device},
-      in(2 * f, 4), relu{},
-      conv2d{{.in_channels = 2 * f, .out_channels = 4 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 5), device},
-      in(4 * f, 6), relu{},
+      conv2d{{.in_channels = c,
+              .out_channels = f,
+              .kernel = 7,
+              .stride = 1,
+              .padding = 3,
+              .pad_mode = padding_mode::reflect,
+              .bias = false},
+             sub(seed, 1),
+             device},
+      in(f, 2),
+      relu{},
+      conv2d{{.in_channels = f, .out_channels = 2 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false},
+             sub(seed, 3),
+             device},
+      in(2 * f, 4),
+      relu{},
+      conv2d{{.in_channels = 2 * f, .out_channels = 4 * f, .kernel = 3, .stride = 2, .padding = 1, .bias = false},
+             sub(seed, 5),
+             device},
+      in(4 * f, 6),
+      relu{},
       repeated<residual<D>>{std::move(blocks)},
-      conv_transpose2d{{.in_channels = 4 * f, .out_channels = 2 * f, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 7), device},
-      in(2 * f, 8), relu{},
-      conv_transpose2d{{.in_channels = 2 * f, .out_channels = f, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 9), device},
-      in(f, 10), relu{},
-      conv2d{{.in_channels = f, .out_channels = c, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect}, sub(seed, 11), device},
+      conv_transpose2d{{.in_channels = 4 * f,
+                        .out_channels = 2 * f,
+                        .kernel = 3,
+                        .stride = 2,
+                        .padding = 1,
+                        .output_padding = 1,
+                        .bias = false},
+                       sub(seed, 7),
+                       device},
+      in(2 * f, 8),
+      relu{},
+      conv_transpose2d{{.in_channels = 2 * f,
+                        .out_channels = f,
+                        .kernel = 3,
+                        .stride = 2,
+                        .padding = 1,
+                        .output_padding = 1,
+                        .bias = false},
+                       sub(seed, 9),
+                       device},
+      in(f, 10),
+      relu{},
+      conv2d{{.in_channels = f,
+              .out_channels = c,
+              .kernel = 7,
+              .stride = 1,
+              .padding = 3,
+              .pad_mode = padding_mode::reflect},
+             sub(seed, 11),
+             device},
       nn::tanh<float, D>{}};
 }
 template <class D = dist::cpu>
@@ -330,14 +399,21 @@ class patch_stage {
   using device_type = D;
   using tensor_type = dist::tensor<float, D>;
 
-  patch_stage(std::int64_t in, std::int64_t out, std::int64_t stride, norm_kind norm, std::uint64_t seed, const D& device = {})
-      : conv_{{.in_channels = in, .out_channels = out, .kernel = 4, .stride = stride, .padding = 1, .bias = false}, sub(seed, 0), device},
+  patch_stage(std::int64_t in, std::int64_t out, std::int64_t stride, norm_kind norm, std::uint64_t seed,
+              const D& device = {})
+      : conv_{{.in_channels = in, .out_channels = out, .kernel = 4, .stride = stride, .padding = 1, .bias = false},
+              sub(seed, 0),
+              device},
         norm_{norm, out, sub(seed, 1), device} {}
 
   template <class R>
-  tensor_type forward(R& r, const tensor_type& x) { return act_.forward(r, norm_.forward(r, conv_.forward(r, x))); }
+  tensor_type forward(R& r, const tensor_type& x) {
+    return act_.forward(r, norm_.forward(r, conv_.forward(r, x)));
+  }
   template <class R>
-  tensor_type backward(R& r, const tensor_type& dy) { return conv_.backward(r, norm_.backward(r, act_.backward(r, dy))); }
+  tensor_type backward(R& r, const tensor_type& dy) {
+    return conv_.backward(r, norm_.backward(r, act_.backward(r, dy)));
+  }
   struct state_type {
     typename nn::conv2d<float, D>::state_type conv;
     typename norm_layer<D>::state_type norm;
@@ -357,7 +433,9 @@ class patch_stage {
     norm_.for_each_parameter(f);
   }
   template <class F>
-  void for_each_buffer(F&& f) { norm_.for_each_buffer(f); }
+  void for_each_buffer(F&& f) {
+    norm_.for_each_buffer(f);
+  }
   void zero_grad() {
     conv_.zero_grad();
     norm_.zero_grad();
@@ -397,10 +475,13 @@ auto make_discriminator(const discriminator_options& o, std::uint64_t seed, cons
   const std::int64_t last = o.filters * (std::int64_t{1} << std::min(o.layers, 3));
   stages.emplace_back(ch, last, 1, o.norm, sub(seed, 9), device);
   return nn::sequential{
-      nn::conv2d<float, D>{{.in_channels = o.channels, .out_channels = o.filters, .kernel = 4, .stride = 2, .padding = 1}, sub(seed, 1), device},
-      nn::leaky_relu<float, D>{0.2f},
-      repeated<patch_stage<D>>{std::move(stages)},
-      nn::conv2d<float, D>{{.in_channels = last, .out_channels = 1, .kernel = 4, .stride = 1, .padding = 1}, sub(seed, 2), device}};
+      nn::conv2d<float, D>{
+          {.in_channels = o.channels, .out_channels = o.filters, .kernel = 4, .stride = 2, .padding = 1},
+          sub(seed, 1),
+          device},
+      nn::leaky_relu<float, D>{0.2f}, repeated<patch_stage<D>>{std::move(stages)},
+      nn::conv2d<float, D>{
+          {.in_channels = last, .out_channels = 1, .kernel = 4, .stride = 1, .padding = 1}, sub(seed, 2), device}};
 }
 template <class D = dist::cpu>
 using discriminator_on = decltype(make_discriminator<D>(discriminator_options{}, 0));

@@ -50,11 +50,13 @@ struct image {
   // Text through stb_easy_font, which emits axis-aligned quads (4 vertices of x, y, z, colour).
   void text(int x, int y, const std::string& s, std::array<std::uint8_t, 3> c) {
     std::vector<char> buf(s.size() * 1024 + 1024);  // stb_easy_font stops silently when the buffer is full
-    const int quads = stb_easy_font_print(0, 0, const_cast<char*>(s.c_str()), nullptr, buf.data(), static_cast<int>(buf.size()));
+    const int quads =
+        stb_easy_font_print(0, 0, const_cast<char*>(s.c_str()), nullptr, buf.data(), static_cast<int>(buf.size()));
     const float* v = reinterpret_cast<const float*>(buf.data());
     for (int q = 0; q < quads; ++q) {
       const float* p = v + q * 16;  // 4 vertices x (x, y, z, rgba as float-sized bytes)
-      fill_rect(x + static_cast<int>(p[0]), y + static_cast<int>(p[1]), x + static_cast<int>(p[8]), y + static_cast<int>(p[9]), c);
+      fill_rect(x + static_cast<int>(p[0]), y + static_cast<int>(p[1]), x + static_cast<int>(p[8]),
+                y + static_cast<int>(p[9]), c);
     }
   }
 
@@ -75,18 +77,22 @@ struct image {
 // Pastes one image of values in [-1, 1] (planar: channel, row, column; 1 or 3 channels) at (x, y),
 // each pixel as a `zoom` x `zoom` block.
 inline void paste(image& canvas, std::span<const float> values, int channels, int h, int w, int x, int y, int zoom) {
-  auto level = [](float v) { return static_cast<std::uint8_t>(std::clamp(std::lround((v + 1.0f) * 127.5f), 0l, 255l)); };
+  auto level = [](float v) {
+    return static_cast<std::uint8_t>(std::clamp(std::lround((v + 1.0f) * 127.5f), 0l, 255l));
+  };
   for (int row = 0; row < h; ++row)
     for (int col = 0; col < w; ++col) {
       std::array<std::uint8_t, 3> c{};
-      for (int k = 0; k < 3; ++k) c[static_cast<std::size_t>(k)] = level(values[static_cast<std::size_t>((std::min(k, channels - 1) * h + row) * w + col)]);
+      for (int k = 0; k < 3; ++k)
+        c[static_cast<std::size_t>(k)] =
+            level(values[static_cast<std::size_t>((std::min(k, channels - 1) * h + row) * w + col)]);
       canvas.fill_rect(x + col * zoom, y + row * zoom, x + (col + 1) * zoom, y + (row + 1) * zoom, c);
     }
 }
 
 // A grid of `columns` images per row; `tiles` holds rows x columns images, row by row.
-inline image make_grid(const std::vector<std::span<const float>>& tiles, int columns, int channels, int h, int w, int zoom = 2,
-                       int gap = 2) {
+inline image make_grid(const std::vector<std::span<const float>>& tiles, int columns, int channels, int h, int w,
+                       int zoom = 2, int gap = 2) {
   const int rows = static_cast<int>(tiles.size()) / columns;
   image canvas(columns * (w * zoom + gap) + gap, rows * (h * zoom + gap) + gap, 40);
   for (int i = 0; i < static_cast<int>(tiles.size()); ++i)
@@ -117,7 +123,8 @@ inline image stack_vertically(const std::vector<image>& parts) {
 }
 
 // Loss curves against the step, each smoothed by a moving average over about 1% of the run.
-inline image plot_curves(const std::vector<curve>& curves, const std::string& title, int width = 800, int height = 450) {
+inline image plot_curves(const std::vector<curve>& curves, const std::string& title, int width = 800,
+                         int height = 450) {
   image img(width, height, 255);
   const int left = 70, right = 150, top = 30, bottom = 40;
   const int pw = width - left - right, ph = height - top - bottom;
@@ -160,7 +167,9 @@ inline image plot_curves(const std::vector<curve>& curves, const std::string& ti
   for (std::size_t c = 0; c < curves.size(); ++c) {
     const auto& s = smooth[c];
     for (std::size_t i = 1; i < s.size(); ++i) {
-      auto px = [&](std::size_t j) { return left + pw * static_cast<double>(j) / static_cast<double>(std::max<std::size_t>(1, n - 1)); };
+      auto px = [&](std::size_t j) {
+        return left + pw * static_cast<double>(j) / static_cast<double>(std::max<std::size_t>(1, n - 1));
+      };
       auto py = [&](std::size_t j) { return top + ph - ph * (std::clamp(s[j], lo, hi) - lo) / (hi - lo); };
       img.line(px(i - 1), py(i - 1), px(i), py(i), curves[c].colour);
     }

@@ -27,14 +27,14 @@ namespace cyclegan {
 
 struct settings {
   std::string strategy = "mirrored";
-  std::string device = "cpu";     // cpu or cuda
+  std::string device = "cpu";  // cpu or cuda
   // What convolutions and matrix products compute in (compute_options::precision): float32, or
   // bfloat16 (GPUs; CPUs with bf16 units). float16 would need loss scaling, which the trainer has not.
   distribute::compute_precision precision = distribute::compute_precision::float32;
   // CPU replicas of more than one thread: fewer threads while other programs keep the cores busy
   // (compute_options::adapt_threads, on by default; the results have the same bits either way).
   bool adapt_threads = true;
-  int replicas = 0;               // of the process (under multi_worker, each worker's); 0: the device's default
+  int replicas = 0;  // of the process (under multi_worker, each worker's); 0: the device's default
   train_options train{};
   int epochs = 1;
   std::int64_t steps = 0;         // 0: epochs x steps per epoch
@@ -42,18 +42,18 @@ struct settings {
   std::filesystem::path fmnist_dir = std::string(distribute::data::fashion_mnist_default_dir);
   std::filesystem::path data_dir;  // trainA/trainB folders instead of Fashion-MNIST
   int channels = 1, image_size = 28;
-  std::size_t train_limit = 0;     // use at most this many training images per domain (tests)
+  std::size_t train_limit = 0;  // use at most this many training images per domain (tests)
   std::filesystem::path out_dir = "cyclegan_out";
   std::int64_t sample_every = 200;
-  int samples = 6;                 // rows of the picture grid
+  int samples = 6;  // rows of the picture grid
   std::filesystem::path checkpoint_dir;
   std::int64_t checkpoint_every = 500;
   bool resume = false;
-  int preempted_exit_code = 0;     // what the program exits with after a signal stopped it (a checkpoint written)
+  int preempted_exit_code = 0;       // what the program exits with after a signal stopped it (a checkpoint written)
   std::filesystem::path classifier;  // fmnist_classifier's checkpoint: scores at the end / --evaluate
   bool evaluate = false;
-  std::size_t eval_limit = 0;      // score at most this many test images per direction (0: all)
-  std::int64_t verify_every = 0;   // check that mirrored copies are identical every N steps
+  std::size_t eval_limit = 0;     // score at most this many test images per direction (0: all)
+  std::int64_t verify_every = 0;  // check that mirrored copies are identical every N steps
   bool quiet = false;
   std::filesystem::path tensorboard_dir;  // a TensorBoard event file of the run (empty: none)
   std::filesystem::path export_dir;       // the generators as .safetensors and .onnx at the end (empty: none)
@@ -64,7 +64,7 @@ struct settings {
 // it or allocates for it.
 namespace ranges {
 inline constexpr int max_replicas = 256;
-inline constexpr int max_batch = 4096;                   // per replica
+inline constexpr int max_batch = 4096;  // per replica
 inline constexpr int max_epochs = 1'000'000;
 inline constexpr std::int64_t max_steps = 1'000'000'000'000;
 inline constexpr std::int64_t max_filters = 1024;
@@ -151,7 +151,8 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
   p.choice("--strategy", {"one_device", "mirrored", "multi_worker"}, [&](const std::string& v) { st.strategy = v; })
       .choice("--device", {"cpu", "cuda"}, [&](const std::string& v) { st.device = v; })
       .integer("--replicas", st.replicas, 1, max_replicas)
-      .choice("--placement", {"full", "discriminator_only", "conditional"}, [&](const std::string& v) { t.place = parse_placement(v); })
+      .choice("--placement", {"full", "discriminator_only", "conditional"},
+              [&](const std::string& v) { t.place = parse_placement(v); })
       .integer("--mirror-threshold", t.mirror_threshold, std::size_t{0}, max_count)
       .integer("--filters", t.gen.filters, std::int64_t{1}, max_filters)
       .integer("--blocks", t.gen.blocks, 0, max_blocks)
@@ -172,11 +173,13 @@ inline bool parse_arguments(settings& st, int argc, const char* const* argv) {
       .choice("--overlap", {"on", "off"}, [&](const std::string& v) { t.overlap = v == "on"; })
       .choice("--precision", {"float32", "bf16"},
               [&](const std::string& v) {
-                st.precision = v == "bf16" ? distribute::compute_precision::bfloat16 : distribute::compute_precision::float32;
+                st.precision =
+                    v == "bf16" ? distribute::compute_precision::bfloat16 : distribute::compute_precision::float32;
               })
       .choice("--gradient-compression", {"none", "bfloat16"},
               [&](const std::string& v) {
-                t.compression = v == "bfloat16" ? dist::gradient_compression::bfloat16 : dist::gradient_compression::none;
+                t.compression =
+                    v == "bfloat16" ? dist::gradient_compression::bfloat16 : dist::gradient_compression::none;
               })
       .choice("--graphs", {"on", "off"}, [&](const std::string& v) { t.graphs = v == "on"; })
       .choice("--adapt-threads", {"on", "off"}, [&](const std::string& v) { st.adapt_threads = v == "on"; })
@@ -223,8 +226,10 @@ inline void validate(const settings& st) {
   const auto& t = st.train;
   if (st.strategy != "one_device" && st.strategy != "mirrored" && st.strategy != "multi_worker")
     throw std::invalid_argument("--strategy must be one_device, mirrored or multi_worker, not '" + st.strategy + "'");
-  if (st.device != "cpu" && st.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda, not '" + st.device + "'");
-  if (t.graphs && st.device != "cuda") throw std::invalid_argument("--graphs on needs --device cuda (CUDA graphs replay GPU work)");
+  if (st.device != "cpu" && st.device != "cuda")
+    throw std::invalid_argument("--device must be cpu or cuda, not '" + st.device + "'");
+  if (t.graphs && st.device != "cuda")
+    throw std::invalid_argument("--graphs on needs --device cuda (CUDA graphs replay GPU work)");
   if (st.precision == distribute::compute_precision::float16)
     throw std::invalid_argument("--precision float16 needs loss scaling, which this trainer has not; use bf16");
   check("--replicas", st.replicas, 0, max_replicas);  // 0: the default
@@ -263,25 +268,26 @@ inline void check_image_shape(int height, int width, int d_layers, const std::st
       throw std::invalid_argument(source + ": images of " + std::to_string(height) + "x" + std::to_string(width) +
                                   " pixels do not fit the networks (accepted: sides that are multiples of 4 from " +
                                   std::to_string(std::max(ranges::min_image_size, 3 << d_layers)) + " to " +
-                                  std::to_string(ranges::max_image_size) + " with --d-layers " + std::to_string(d_layers) + ")");
+                                  std::to_string(ranges::max_image_size) + " with --d-layers " +
+                                  std::to_string(d_layers) + ")");
   }
 }
 
 struct summary {
-  std::int64_t steps = 0;          // the step count reached
-  std::int64_t steps_run = 0;      // steps run by this call
-  double seconds = 0;              // training time of this call (steps only)
-  double images_per_s = 0;         // global-batch images per second over this call
-  distribute::step_timings time{}; // where the training loop's time went (compute, collectives, input, checkpoints)
+  std::int64_t steps = 0;           // the step count reached
+  std::int64_t steps_run = 0;       // steps run by this call
+  double seconds = 0;               // training time of this call (steps only)
+  double images_per_s = 0;          // global-batch images per second over this call
+  distribute::step_timings time{};  // where the training loop's time went (compute, collectives, input, checkpoints)
   step_losses last{};
-  bool finite = true;              // every loss of every step was finite
+  bool finite = true;  // every loss of every step was finite
   std::optional<scores> quality;
   std::vector<std::filesystem::path> pictures;
   std::optional<std::filesystem::path> checkpoint;
-  std::optional<std::string> preempted;  // a signal stopped the run after a checkpoint: which, after which step
-  bool chief = true;               // this process printed and wrote the files (worker 0)
+  std::optional<std::string> preempted;         // a signal stopped the run after a checkpoint: which, after which step
+  bool chief = true;                            // this process printed and wrote the files (worker 0)
   std::vector<std::filesystem::path> exported;  // --export's files
-  distribute::compute_options engine{};          // the engine options the run set on its strategy
+  distribute::compute_options engine{};         // the engine options the run set on its strategy
 };
 
 // A multi-worker job failed: every worker that saw the failure has printed it (one line) and the job
@@ -299,20 +305,21 @@ inline std::string elsewhere(const std::array<double, classes>& where, std::int3
   std::string s;
   for (const auto& [share, k] : v) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%s%s %.1f%%", s.empty() ? "" : ", ", std::string(distribute::data::fashion_mnist_classes[k]).c_str(),
-                  100 * share);
+    std::snprintf(buf, sizeof buf, "%s%s %.1f%%", s.empty() ? "" : ", ",
+                  std::string(distribute::data::fashion_mnist_classes[k]).c_str(), 100 * share);
     s += buf;
   }
   return s.empty() ? "none" : s;
 }
 
 inline void print_scores(const scores& q, const domains& d) {
-  std::printf("evaluation on %lld + %lld test images:\n", static_cast<long long>(q.count_a), static_cast<long long>(q.count_b));
-  std::printf("  %s -> %s: %.1f%% classified as %s (untranslated: %.1f%%), cycle L1 %.4f; elsewhere: %s\n", d.name_a.c_str(),
-              d.name_b.c_str(), 100 * q.a_to_b, d.name_b.c_str(), 100 * q.baseline_a, q.cycle_l1_a,
+  std::printf("evaluation on %lld + %lld test images:\n", static_cast<long long>(q.count_a),
+              static_cast<long long>(q.count_b));
+  std::printf("  %s -> %s: %.1f%% classified as %s (untranslated: %.1f%%), cycle L1 %.4f; elsewhere: %s\n",
+              d.name_a.c_str(), d.name_b.c_str(), 100 * q.a_to_b, d.name_b.c_str(), 100 * q.baseline_a, q.cycle_l1_a,
               elsewhere(q.classes_ab, ankle_boot).c_str());
-  std::printf("  %s -> %s: %.1f%% classified as %s (untranslated: %.1f%%), cycle L1 %.4f; elsewhere: %s\n", d.name_b.c_str(),
-              d.name_a.c_str(), 100 * q.b_to_a, d.name_a.c_str(), 100 * q.baseline_b, q.cycle_l1_b,
+  std::printf("  %s -> %s: %.1f%% classified as %s (untranslated: %.1f%%), cycle L1 %.4f; elsewhere: %s\n",
+              d.name_b.c_str(), d.name_a.c_str(), 100 * q.b_to_a, d.name_a.c_str(), 100 * q.baseline_b, q.cycle_l1_b,
               elsewhere(q.classes_ba, sneaker).c_str());
 }
 
@@ -329,8 +336,10 @@ summary run_with(S& strategy, settings st) {
   if (!sum.chief) st.quiet = true;
   // Before any data is read: an engine that cannot compute in this precision says why here.
   sum.engine = {.adapt_threads = st.adapt_threads, .precision = st.precision};
-  if (st.precision != distribute::compute_precision::float32 || !st.adapt_threads) strategy.set_compute_options(sum.engine);
-  domains d = st.data_dir.empty() ? load_fashion_mnist(st.fmnist_dir) : load_folders(st.data_dir, st.channels, st.image_size);
+  if (st.precision != distribute::compute_precision::float32 || !st.adapt_threads)
+    strategy.set_compute_options(sum.engine);
+  domains d =
+      st.data_dir.empty() ? load_fashion_mnist(st.fmnist_dir) : load_folders(st.data_dir, st.channels, st.image_size);
   if (st.train_limit) {
     d.a.resize(std::min(d.a.size(), st.train_limit));
     d.b.resize(std::min(d.b.size(), st.train_limit));
@@ -339,15 +348,18 @@ summary run_with(S& strategy, settings st) {
     d.test_a.resize(std::min(d.test_a.size(), st.eval_limit));
     d.test_b.resize(std::min(d.test_b.size(), st.eval_limit));
   }
-  check_image_shape(d.height, d.width, st.train.disc.layers,
-                    st.data_dir.empty() ? "--fmnist-dir " + st.fmnist_dir.string() : "--image-size " + std::to_string(st.image_size));
+  check_image_shape(
+      d.height, d.width, st.train.disc.layers,
+      st.data_dir.empty() ? "--fmnist-dir " + st.fmnist_dir.string() : "--image-size " + std::to_string(st.image_size));
   st.train.gen.channels = st.train.disc.channels = d.channels;
   check_export_available(st.export_dir);
   if (!st.classifier.empty() && !st.data_dir.empty())
-    throw std::invalid_argument("--classifier scores Fashion-MNIST sneakers and ankle boots; it cannot score --data-dir images");
+    throw std::invalid_argument(
+        "--classifier scores Fashion-MNIST sneakers and ankle boots; it cannot score --data-dir images");
   const std::int64_t global = static_cast<std::int64_t>(st.train.batch) * strategy.num_replicas_in_sync();
   const std::int64_t per_epoch = static_cast<std::int64_t>(std::min(d.a.size(), d.b.size())) / global;
-  if (per_epoch < 1) throw std::invalid_argument("the global batch of " + std::to_string(global) + " is larger than the data");
+  if (per_epoch < 1)
+    throw std::invalid_argument("the global batch of " + std::to_string(global) + " is larger than the data");
   st.train.total_steps = st.steps ? st.steps : per_epoch * st.epochs;
   const int epochs = static_cast<int>((st.train.total_steps + per_epoch - 1) / per_epoch);
   trainer<S> tr(strategy, st.train, d.channels, d.height, d.width);
@@ -365,7 +377,8 @@ summary run_with(S& strategy, settings st) {
     std::vector<distribute::checkpoint::directory::skipped_file> skipped;
     auto found = ckdir->load_latest_with_path(&skipped);
     if (sum.chief)
-      for (const auto& s : skipped) std::fprintf(stderr, "cyclegan_train: skipped a checkpoint that does not load: %s\n", s.reason.c_str());
+      for (const auto& s : skipped)
+        std::fprintf(stderr, "cyclegan_train: skipped a checkpoint that does not load: %s\n", s.reason.c_str());
     if (found) {
       if (const auto step = found->second.template get<std::int64_t>("step"); step < 0)
         throw distribute::checkpoint::checkpoint_error("distribute: " + found->first.string() + ": the saved step " +
@@ -384,7 +397,8 @@ summary run_with(S& strategy, settings st) {
     if (auto found = latest()) {
       tr.load(found->second);
       if (!st.quiet)
-        std::printf("resumed from %s at step %lld\n", found->first.string().c_str(), static_cast<long long>(tr.steps_done()));
+        std::printf("resumed from %s at step %lld\n", found->first.string().c_str(),
+                    static_cast<long long>(tr.steps_done()));
     } else if (!st.quiet) {
       std::printf("no checkpoint in %s: starting from step 0\n", st.checkpoint_dir.string().c_str());
     }
@@ -394,19 +408,23 @@ summary run_with(S& strategy, settings st) {
   if (strategy.num_workers() > 1) {
     const std::int64_t mine = st.evaluate ? sum.steps : tr.steps_done();
     const auto at = strategy.values_from_function([&](int) { return mine; });
-    const auto lo = strategy.reduce(distribute::reduce_op::min, at), hi = strategy.reduce(distribute::reduce_op::max, at);
+    const auto lo = strategy.reduce(distribute::reduce_op::min, at),
+               hi = strategy.reduce(distribute::reduce_op::max, at);
     if (lo != hi)
       throw std::runtime_error("the workers found different checkpoints in " + st.checkpoint_dir.string() + " (steps " +
-                               std::to_string(lo) + " to " + std::to_string(hi) + "); under multi_worker --checkpoint-dir must "
+                               std::to_string(lo) + " to " + std::to_string(hi) +
+                               "); under multi_worker --checkpoint-dir must "
                                "be on a filesystem every worker sees");
   }
 
-  const int samples = static_cast<int>(std::min<std::size_t>({static_cast<std::size_t>(st.samples), d.test_a.size(), d.test_b.size()}));
+  const int samples =
+      static_cast<int>(std::min<std::size_t>({static_cast<std::size_t>(st.samples), d.test_a.size(), d.test_b.size()}));
   const tensor sample_a = stack(d.test_a, 0, static_cast<std::size_t>(samples), d.channels);
   const tensor sample_b = stack(d.test_b, 0, static_cast<std::size_t>(samples), d.channels);
   // The TensorBoard event file: the chief's alone (every worker computes the same values).
-  distribute::summary::writer board = sum.chief && !st.tensorboard_dir.empty() ? distribute::summary::writer(st.tensorboard_dir)
-                                                                               : distribute::summary::writer::disabled();
+  distribute::summary::writer board = sum.chief && !st.tensorboard_dir.empty()
+                                          ? distribute::summary::writer(st.tensorboard_dir)
+                                          : distribute::summary::writer::disabled();
   std::int64_t board_grid_step = -1;  // the step of the last grid written to it
   auto write_grid = [&](const fs::path& file, std::int64_t step) {
     if (!sum.chief) return;
@@ -426,29 +444,34 @@ summary run_with(S& strategy, settings st) {
   if (!st.evaluate) {
     if (sum.chief) fs::create_directories(st.out_dir);
     const fs::path csv = st.out_dir / "losses.csv";
-    std::vector<csv_row> rows = tr.steps_done() > 0 && sum.chief ? read_csv(csv, tr.steps_done()) : std::vector<csv_row>{};
+    std::vector<csv_row> rows =
+        tr.steps_done() > 0 && sum.chief ? read_csv(csv, tr.steps_done()) : std::vector<csv_row>{};
     if (sum.chief && tr.steps_done() > 0 && !continuous(rows, tr.steps_done()))
       std::fprintf(stderr, "cyclegan_train: %s does not hold every step up to %lld; its rows are kept as they are\n",
                    csv.string().c_str(), static_cast<long long>(tr.steps_done()));
     const std::int64_t stop = st.stop_at_step ? std::min(st.stop_at_step, st.train.total_steps) : st.train.total_steps;
     if (!st.quiet)
-      std::printf("training %s -> %s on %d %s replica(s) (%s), placement %s, global batch %lld, %lld steps (%lld per epoch)\n",
-                  d.name_a.c_str(), d.name_b.c_str(), strategy.num_replicas_in_sync(), st.strategy.c_str(), device_word(st),
-                  name_of(st.train.place), static_cast<long long>(global), static_cast<long long>(st.train.total_steps),
-                  static_cast<long long>(per_epoch));
+      std::printf(
+          "training %s -> %s on %d %s replica(s) (%s), placement %s, global batch %lld, %lld steps (%lld per epoch)\n",
+          d.name_a.c_str(), d.name_b.c_str(), strategy.num_replicas_in_sync(), st.strategy.c_str(), device_word(st),
+          name_of(st.train.place), static_cast<long long>(global), static_cast<long long>(st.train.total_steps),
+          static_cast<long long>(per_epoch));
     if (!st.quiet && st.precision != distribute::compute_precision::float32)
       std::printf("convolutions and products in %s\n", std::string(distribute::to_string(st.precision)).c_str());
     if (!st.quiet && st.train.compression != dist::gradient_compression::none)
       std::printf("gradients all-reduced as %s\n", std::string(dist::to_string(st.train.compression)).c_str());
     if (!st.quiet)
-      std::printf("generators: %lld parameters each (filters %lld, %d residual blocks); discriminators: %lld (filters %lld, %d layers, %s norm)\n",
-                  static_cast<long long>(parameter_count(tr.g_ab().primary())), static_cast<long long>(st.train.gen.filters),
-                  st.train.gen.blocks, static_cast<long long>(parameter_count(tr.d_a().primary())),
-                  static_cast<long long>(st.train.disc.filters), st.train.disc.layers, name_of(st.train.disc.norm));
+      std::printf(
+          "generators: %lld parameters each (filters %lld, %d residual blocks); discriminators: %lld (filters %lld, %d "
+          "layers, %s norm)\n",
+          static_cast<long long>(parameter_count(tr.g_ab().primary())), static_cast<long long>(st.train.gen.filters),
+          st.train.gen.blocks, static_cast<long long>(parameter_count(tr.d_a().primary())),
+          static_cast<long long>(st.train.disc.filters), st.train.disc.layers, name_of(st.train.disc.norm));
     std::fflush(stdout);  // before the progress bar on stderr
     // What ran, beside the curves (TensorBoard's Text tab).
-    std::string run_line = d.name_a + " -> " + d.name_b + " on " + std::to_string(strategy.num_replicas_in_sync()) + " " + st.strategy +
-                           " replica(s) (" + device_word(st) + "), placement " + name_of(st.train.place) + ", global batch " + std::to_string(global) + ", " +
+    std::string run_line = d.name_a + " -> " + d.name_b + " on " + std::to_string(strategy.num_replicas_in_sync()) +
+                           " " + st.strategy + " replica(s) (" + device_word(st) + "), placement " +
+                           name_of(st.train.place) + ", global batch " + std::to_string(global) + ", " +
                            std::to_string(st.train.total_steps) + " steps";
     if (tr.steps_done() > 0) run_line += ", resumed at step " + std::to_string(tr.steps_done());
     board.text("run", run_line, tr.steps_done());
@@ -495,16 +518,25 @@ summary run_with(S& strategy, settings st) {
         ++sum.steps_run;
         window_images = 0.9 * window_images + static_cast<double>(global);
         window_seconds = 0.9 * window_seconds + dt;
-        for (double v : {l.d_a, l.d_b, l.gan_ab, l.gan_ba, l.cycle, l.identity}) sum.finite = sum.finite && std::isfinite(v);
+        for (double v : {l.d_a, l.d_b, l.gan_ab, l.gan_ba, l.cycle, l.identity})
+          sum.finite = sum.finite && std::isfinite(v);
         sum.last = l;
         const std::int64_t s = tr.steps_done();
         rows.push_back({s, static_cast<int>(epoch), lr, l, window_images / window_seconds});
         // The CSV's columns, as curves.
         for (const auto& [tag, v] : std::initializer_list<std::pair<const char*, double>>{
-                 {"loss/d_a", l.d_a}, {"loss/d_b", l.d_b}, {"loss/gan_ab", l.gan_ab}, {"loss/gan_ba", l.gan_ba}, {"loss/cycle", l.cycle},
-                 {"loss/identity", l.identity}, {"train/lr", lr}, {"train/images_per_s", window_images / window_seconds},
-                 {"time/compute_ms", 1e3 * part.compute}, {"time/collective_ms", 1e3 * part.collective},
-                 {"time/input_wait_ms", 1e3 * part.input_wait}, {"time/checkpoint_ms", 1e3 * part.checkpoint},
+                 {"loss/d_a", l.d_a},
+                 {"loss/d_b", l.d_b},
+                 {"loss/gan_ab", l.gan_ab},
+                 {"loss/gan_ba", l.gan_ba},
+                 {"loss/cycle", l.cycle},
+                 {"loss/identity", l.identity},
+                 {"train/lr", lr},
+                 {"train/images_per_s", window_images / window_seconds},
+                 {"time/compute_ms", 1e3 * part.compute},
+                 {"time/collective_ms", 1e3 * part.collective},
+                 {"time/input_wait_ms", 1e3 * part.input_wait},
+                 {"time/checkpoint_ms", 1e3 * part.checkpoint},
                  {"time/other_ms", 1e3 * part.other()}})
           board.scalar(tag, v, s);
         bar.update(s, static_cast<int>(epoch), epochs, window_images / window_seconds, l, window_time);
@@ -518,7 +550,8 @@ summary run_with(S& strategy, settings st) {
         if (preemption && preemption->stop_requested()) {
           board.flush();
           save_checkpoint();
-          sum.preempted = (preemption->signal() ? distribute::signal_name(preemption->signal()) : std::string("a signal to another worker")) +
+          sum.preempted = (preemption->signal() ? distribute::signal_name(preemption->signal())
+                                                : std::string("a signal to another worker")) +
                           " after step " + std::to_string(s);
           break;
         }
@@ -534,7 +567,8 @@ summary run_with(S& strategy, settings st) {
       // Stopped on purpose: the checkpoint is written; the rest (final pictures, scores) waits for the
       // run that continues from it.
       if (!st.quiet && sum.chief)
-        std::printf("stopped by %s: checkpoint %s; run again with --resume to continue from it\n", sum.preempted->c_str(),
+        std::printf("stopped by %s: checkpoint %s; run again with --resume to continue from it\n",
+                    sum.preempted->c_str(),
                     sum.checkpoint ? sum.checkpoint->string().c_str() : st.checkpoint_dir.string().c_str());
       sum.steps = tr.steps_done();
       sum.time = strategy.timings() - loop_start;
@@ -550,11 +584,15 @@ summary run_with(S& strategy, settings st) {
     }
     sum.images_per_s = sum.seconds > 0 ? static_cast<double>(sum.steps_run * global) / sum.seconds : 0;
     if (!st.quiet)
-      std::printf("done: step %lld, %lld steps in %s (%.1f images/s), last losses D %.3f/%.3f G %.3f/%.3f cycle %.3f identity %.3f\n",
-                  static_cast<long long>(tr.steps_done()), static_cast<long long>(sum.steps_run), clock_string(sum.seconds).c_str(),
-                  sum.images_per_s, sum.last.d_a, sum.last.d_b, sum.last.gan_ab, sum.last.gan_ba, sum.last.cycle, sum.last.identity);
+      std::printf(
+          "done: step %lld, %lld steps in %s (%.1f images/s), last losses D %.3f/%.3f G %.3f/%.3f cycle %.3f identity "
+          "%.3f\n",
+          static_cast<long long>(tr.steps_done()), static_cast<long long>(sum.steps_run),
+          clock_string(sum.seconds).c_str(), sum.images_per_s, sum.last.d_a, sum.last.d_b, sum.last.gan_ab,
+          sum.last.gan_ba, sum.last.cycle, sum.last.identity);
     if (!st.quiet && sum.steps_run > 0) std::printf("time: %s\n", time_breakdown(sum.time).c_str());
-    if (const auto graphs = tr.graph_status(); !st.quiet && !graphs.empty() && sum.chief) std::printf("CUDA graphs: %s\n", graphs.c_str());
+    if (const auto graphs = tr.graph_status(); !st.quiet && !graphs.empty() && sum.chief)
+      std::printf("CUDA graphs: %s\n", graphs.c_str());
   } else {
     if (sum.chief) fs::create_directories(st.out_dir);
     write_grid(st.out_dir / "samples_evaluate.png", sum.steps);
@@ -575,12 +613,16 @@ summary run_with(S& strategy, settings st) {
       ar.get_model("classifier", c);
       return c;
     });
-    const tensor ta = stack(d.test_a, 0, d.test_a.size(), d.channels), tb = stack(d.test_b, 0, d.test_b.size(), d.channels);
+    const tensor ta = stack(d.test_a, 0, d.test_a.size(), d.channels),
+                 tb = stack(d.test_b, 0, d.test_b.size(), d.channels);
     sum.quality = evaluate(strategy, tr.g_ab(), tr.g_ba(), clf, ta, tb, sneaker, ankle_boot);
     if (!st.quiet) print_scores(*sum.quality, d);
     const auto& q = *sum.quality;
-    for (const auto& [tag, v] : std::initializer_list<std::pair<const char*, double>>{
-             {"quality/a_to_b", q.a_to_b}, {"quality/b_to_a", q.b_to_a}, {"quality/cycle_l1_a", q.cycle_l1_a}, {"quality/cycle_l1_b", q.cycle_l1_b}})
+    for (const auto& [tag, v] :
+         std::initializer_list<std::pair<const char*, double>>{{"quality/a_to_b", q.a_to_b},
+                                                               {"quality/b_to_a", q.b_to_a},
+                                                               {"quality/cycle_l1_a", q.cycle_l1_a},
+                                                               {"quality/cycle_l1_b", q.cycle_l1_b}})
       board.scalar(tag, v, sum.steps);
   } else if (st.evaluate) {
     throw std::invalid_argument("--evaluate needs --classifier (train one with fmnist_classifier)");
@@ -597,8 +639,9 @@ inline summary run(const settings& st) {
   validate(st);
   if (st.device == "cuda") {
     if (!run_on_cuda)
-      throw std::invalid_argument("--device cuda: this executable has no CUDA side (cyclegan_train has one where the build found "
-                                  "nvcc and the CUDA toolkit; cyclegan_train_cpu never has)");
+      throw std::invalid_argument(
+          "--device cuda: this executable has no CUDA side (cyclegan_train has one where the build found "
+          "nvcc and the CUDA toolkit; cyclegan_train_cpu never has)");
     return run_on_cuda(st);
   }
   if (st.strategy == "one_device") {
@@ -611,7 +654,8 @@ inline summary run(const settings& st) {
   }
   if (st.strategy == "multi_worker") {
 #if __has_include(<mpi.h>)
-    distribute::multi_worker_mirrored_strategy<distribute::cpu, distribute::mpi> s{{.local_replicas = cpu_replicas(st)}};
+    distribute::multi_worker_mirrored_strategy<distribute::cpu, distribute::mpi> s{
+        {.local_replicas = cpu_replicas(st)}};
     try {
       return run_with(s, st);
     } catch (const distribute::collective_error& e) {
@@ -619,7 +663,8 @@ inline summary run(const settings& st) {
       throw;
     }
 #else
-    throw std::invalid_argument("--strategy multi_worker: this build of cyclegan_train has no MPI (configure with MPI found)");
+    throw std::invalid_argument(
+        "--strategy multi_worker: this build of cyclegan_train has no MPI (configure with MPI found)");
 #endif
   }
   throw std::invalid_argument("--strategy must be one_device, mirrored or multi_worker, not '" + st.strategy + "'");

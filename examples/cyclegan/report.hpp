@@ -44,8 +44,8 @@ inline std::vector<csv_row> read_csv(const std::filesystem::path& file, std::int
     csv_row r;
     char c[9] = {};
     std::istringstream ls(line);
-    ls >> r.step >> c[0] >> r.epoch >> c[1] >> r.lr >> c[2] >> r.l.d_a >> c[3] >> r.l.d_b >> c[4] >> r.l.gan_ab >> c[5] >> r.l.gan_ba >>
-        c[6] >> r.l.cycle >> c[7] >> r.l.identity >> c[8] >> r.images_per_s;
+    ls >> r.step >> c[0] >> r.epoch >> c[1] >> r.lr >> c[2] >> r.l.d_a >> c[3] >> r.l.d_b >> c[4] >> r.l.gan_ab >>
+        c[5] >> r.l.gan_ba >> c[6] >> r.l.cycle >> c[7] >> r.l.identity >> c[8] >> r.images_per_s;
     const bool commas = std::all_of(std::begin(c), std::end(c), [](char k) { return k == ','; });
     if (!ls || !commas || !(ls >> std::ws).eof()) continue;
     if (r.step <= last_step && (rows.empty() || r.step > rows.back().step)) rows.push_back(r);
@@ -67,8 +67,8 @@ inline void write_csv(const std::filesystem::path& file, const std::vector<csv_r
   std::string out = std::string(csv_header) + '\n';
   for (const auto& r : rows) {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%lld,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.4g\n", static_cast<long long>(r.step), r.epoch, r.lr,
-                  r.l.d_a, r.l.d_b, r.l.gan_ab, r.l.gan_ba, r.l.cycle, r.l.identity, r.images_per_s);
+    std::snprintf(buf, sizeof buf, "%lld,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.4g\n", static_cast<long long>(r.step),
+                  r.epoch, r.lr, r.l.d_a, r.l.d_b, r.l.gan_ab, r.l.gan_ba, r.l.cycle, r.l.identity, r.images_per_s);
     out += buf;
   }
   distribute::checkpoint::write_atomically(file, out);
@@ -78,7 +78,9 @@ inline void write_csv(const std::filesystem::path& file, const std::vector<csv_r
 // losses, which would be flat lines on the same scale.
 inline image plot_losses(const std::vector<csv_row>& rows) {
   std::vector<curve> recon{{"cycle", {}, {148, 103, 189}}, {"identity", {}, {140, 86, 75}}};
-  std::vector<curve> gan{{"D_A", {}, {31, 119, 180}}, {"D_B", {}, {255, 127, 14}}, {"G_AB gan", {}, {44, 160, 44}},
+  std::vector<curve> gan{{"D_A", {}, {31, 119, 180}},
+                         {"D_B", {}, {255, 127, 14}},
+                         {"G_AB gan", {}, {44, 160, 44}},
                          {"G_BA gan", {}, {214, 39, 40}}};
   for (const auto& r : rows) {
     recon[0].values.push_back(r.l.cycle);
@@ -88,8 +90,9 @@ inline image plot_losses(const std::vector<csv_row>& rows) {
     gan[2].values.push_back(r.l.gan_ab);
     gan[3].values.push_back(r.l.gan_ba);
   }
-  return stack_vertically({plot_curves(recon, "CycleGAN: weighted cycle and identity losses (moving average)", 800, 300),
-                           plot_curves(gan, "LSGAN losses of the discriminators and generators (moving average)", 800, 300)});
+  return stack_vertically(
+      {plot_curves(recon, "CycleGAN: weighted cycle and identity losses (moving average)", 800, 300),
+       plot_curves(gan, "LSGAN losses of the discriminators and generators (moving average)", 800, 300)});
 }
 
 inline std::string clock_string(double seconds) {
@@ -108,9 +111,10 @@ inline distribute::step_timings decayed(const distribute::step_timings& t, doubl
 // "compute 81.2%, collectives 12.0%, input wait 0.4%, checkpoints 1.1%, other 5.3% of 2:01".
 inline std::string time_breakdown(const distribute::step_timings& t) {
   char buf[200];
-  std::snprintf(buf, sizeof buf, "compute %.1f%%, collectives %.1f%%, input wait %.1f%%, checkpoints %.1f%%, other %.1f%% of %s",
-                100 * t.share(t.compute), 100 * t.share(t.collective), 100 * t.share(t.input_wait), 100 * t.share(t.checkpoint),
-                100 * t.share(t.other()), clock_string(t.wall).c_str());
+  std::snprintf(buf, sizeof buf,
+                "compute %.1f%%, collectives %.1f%%, input wait %.1f%%, checkpoints %.1f%%, other %.1f%% of %s",
+                100 * t.share(t.compute), 100 * t.share(t.collective), 100 * t.share(t.input_wait),
+                100 * t.share(t.checkpoint), 100 * t.share(t.other()), clock_string(t.wall).c_str());
   return buf;
 }
 
@@ -119,7 +123,8 @@ class progress_bar {
   progress_bar(std::int64_t total, std::int64_t first, bool quiet)
       : total_{total}, first_{first}, quiet_{quiet}, tty_{isatty(2) == 1}, start_{std::chrono::steady_clock::now()} {}
 
-  void update(std::int64_t step, int epoch, int epochs, double images_per_s, const step_losses& l, const distribute::step_timings& t) {
+  void update(std::int64_t step, int epoch, int epochs, double images_per_s, const step_losses& l,
+              const distribute::step_timings& t) {
     if (quiet_) return;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     const double per_step = elapsed / static_cast<double>(std::max<std::int64_t>(1, step - first_));
@@ -129,10 +134,11 @@ class progress_bar {
     std::snprintf(line, sizeof line,
                   "epoch %d/%d step %lld/%lld [%s%s] %.1f img/s  D %.3f/%.3f  G %.3f/%.3f  cyc %.3f  idt %.3f  "
                   "time: compute %.0f%% comm %.0f%% input %.0f%% ckpt %.0f%%  ETA %s",
-                  epoch + 1, epochs, static_cast<long long>(step), static_cast<long long>(total_), std::string(static_cast<std::size_t>(done), '#').c_str(),
-                  std::string(static_cast<std::size_t>(width - done), '.').c_str(), images_per_s, l.d_a, l.d_b, l.gan_ab, l.gan_ba,
-                  l.cycle, l.identity, 100 * t.share(t.compute), 100 * t.share(t.collective), 100 * t.share(t.input_wait),
-                  100 * t.share(t.checkpoint), clock_string(eta).c_str());
+                  epoch + 1, epochs, static_cast<long long>(step), static_cast<long long>(total_),
+                  std::string(static_cast<std::size_t>(done), '#').c_str(),
+                  std::string(static_cast<std::size_t>(width - done), '.').c_str(), images_per_s, l.d_a, l.d_b,
+                  l.gan_ab, l.gan_ba, l.cycle, l.identity, 100 * t.share(t.compute), 100 * t.share(t.collective),
+                  100 * t.share(t.input_wait), 100 * t.share(t.checkpoint), clock_string(eta).c_str());
     if (tty_) {
       std::fprintf(stderr, "\r%s\033[K", line);
       if (step == total_) std::fprintf(stderr, "\n");

@@ -67,14 +67,14 @@ inline const char* name_of(placement p) {
 struct train_options {
   generator_options gen{};
   discriminator_options disc{};
-  int batch = 4;                  // per replica; the global batch is batch x replicas
+  int batch = 4;  // per replica; the global batch is batch x replicas
   double lr = 2e-4, beta1 = 0.5, beta2 = 0.999;
   double lambda_cycle = 10.0;
-  double lambda_identity = 0.5;   // times lambda_cycle: the reference's identity weight 5
+  double lambda_identity = 0.5;  // times lambda_cycle: the reference's identity weight 5
   std::size_t pool_size = 50;
-  std::int64_t total_steps = 1;   // the schedule's length
-  double decay_fraction = 0.5;    // the learning rate decays linearly to 0 over this last part
-  bool scale_lr = false;          // lr x replicas (Goyal et al.), reached by a linear warm-up
+  std::int64_t total_steps = 1;  // the schedule's length
+  double decay_fraction = 0.5;   // the learning rate decays linearly to 0 over this last part
+  bool scale_lr = false;         // lr x replicas (Goyal et al.), reached by a linear warm-up
   std::int64_t warmup_steps = 0;
   placement place = placement::full;
   std::size_t mirror_threshold = 16;  // conditional: mirror when the global batch is at least this
@@ -100,22 +100,25 @@ struct network_holder {
 
 // Losses of one step: each the mean over the global batch.
 struct step_losses {
-  double d_a = 0, d_b = 0;      // LSGAN discriminator losses (0.5 (real + fake))
-  double gan_ab = 0, gan_ba = 0;  // generators' adversarial losses
+  double d_a = 0, d_b = 0;         // LSGAN discriminator losses (0.5 (real + fake))
+  double gan_ab = 0, gan_ba = 0;   // generators' adversarial losses
   double cycle = 0, identity = 0;  // weighted, both directions
   step_losses& operator+=(const step_losses& o) {
     d_a += o.d_a, d_b += o.d_b, gan_ab += o.gan_ab, gan_ba += o.gan_ba, cycle += o.cycle, identity += o.identity;
     return *this;
   }
   std::vector<double> values() const { return {d_a, d_b, gan_ab, gan_ba, cycle, identity}; }
-  static step_losses from(const std::vector<double>& v) { return {v.at(0), v.at(1), v.at(2), v.at(3), v.at(4), v.at(5)}; }
+  static step_losses from(const std::vector<double>& v) {
+    return {v.at(0), v.at(1), v.at(2), v.at(3), v.at(4), v.at(5)};
+  }
   double generator_total() const { return gan_ab + gan_ba + cycle + identity; }
 };
 
 // k t and t += u, computed by the replica's engine.
 template <class R, class T>
 T scaled(R& r, T t, double k) {
-  r.engine().for_each(static_cast<std::int64_t>(t.size()), dist::detail::kernels::scale<float>{t.data(), t.data(), static_cast<float>(k)});
+  r.engine().for_each(static_cast<std::int64_t>(t.size()),
+                      dist::detail::kernels::scale<float>{t.data(), t.data(), static_cast<float>(k)});
   return t;
 }
 template <class R, class T>
@@ -163,8 +166,10 @@ class trainer {
         width_{width},
         g_ab_{s.mirror([&](auto& d) { return hold_generator(make_generator(o.gen, o.seed * 16 + 1, d), o.graphs); })},
         g_ba_{s.mirror([&](auto& d) { return hold_generator(make_generator(o.gen, o.seed * 16 + 2, d), o.graphs); })},
-        d_a_{s.mirror([&](auto& d) { return hold_discriminator(make_discriminator(o.disc, o.seed * 16 + 3, d), o.graphs); })},
-        d_b_{s.mirror([&](auto& d) { return hold_discriminator(make_discriminator(o.disc, o.seed * 16 + 4, d), o.graphs); })},
+        d_a_{s.mirror(
+            [&](auto& d) { return hold_discriminator(make_discriminator(o.disc, o.seed * 16 + 3, d), o.graphs); })},
+        d_b_{s.mirror(
+            [&](auto& d) { return hold_discriminator(make_discriminator(o.disc, o.seed * 16 + 4, d), o.graphs); })},
         og_ab_{s.mirror([&](auto&) { return make_adam(); })},
         og_ba_{s.mirror([&](auto&) { return make_adam(); })},
         od_a_{s.mirror([&](auto&) { return make_adam(); })},
@@ -172,7 +177,8 @@ class trainer {
         pool_a_{o.pool_size, image_size(), o.seed * 16 + 5},
         pool_b_{o.pool_size, image_size(), o.seed * 16 + 6} {
     if (o.batch < 1) throw std::invalid_argument("--batch must be at least 1");
-    if (o.graphs && std::is_same_v<device_type, dist::cpu>) throw std::invalid_argument("--graphs on needs --device cuda");
+    if (o.graphs && std::is_same_v<device_type, dist::cpu>)
+      throw std::invalid_argument("--graphs on needs --device cuda");
   }
 
   // Where CUDA graphs stand (--graphs on): per network, how many forward graphs it captured (one per
@@ -187,7 +193,7 @@ class trainer {
                (!net.eager_reason().empty() ? "eager (" + net.eager_reason() + ")"
                 : net.captures() == 0       ? std::string("not captured yet")
                                             : "graphs (" + std::to_string(net.captures()) + " forward capture" +
-                                                  (net.captures() == 1 ? ")" : "s)"));
+                                            (net.captures() == 1 ? ")" : "s)"));
       };
       one("G_AB", g_ab_.primary());
       one("G_BA", g_ba_.primary());
@@ -211,8 +217,10 @@ class trainer {
   double learning_rate(std::int64_t t) const {
     const double k = o_.scale_lr ? s_.num_replicas_in_sync() : 1.0;
     double lr = o_.lr * k;
-    if (t < o_.warmup_steps) lr = o_.lr * (1.0 + (k - 1.0) * static_cast<double>(t + 1) / static_cast<double>(o_.warmup_steps));
-    const auto constant = static_cast<std::int64_t>(std::llround(static_cast<double>(o_.total_steps) * (1.0 - o_.decay_fraction)));
+    if (t < o_.warmup_steps)
+      lr = o_.lr * (1.0 + (k - 1.0) * static_cast<double>(t + 1) / static_cast<double>(o_.warmup_steps));
+    const auto constant =
+        static_cast<std::int64_t>(std::llround(static_cast<double>(o_.total_steps) * (1.0 - o_.decay_fraction)));
     const std::int64_t decay = o_.total_steps - constant;
     if (t >= constant && decay > 0) lr *= 1.0 - static_cast<double>(t - constant) / static_cast<double>(decay + 1);
     return lr;
@@ -221,40 +229,46 @@ class trainer {
   // One training step on a GLOBAL batch of A and B images (NCHW).
   step_losses step(const tensor& a, const tensor& b) {
     if (a.shape() != b.shape() || a.shape()[0] != global_batch())
-      throw std::invalid_argument("step: A and B must be global batches of " + std::to_string(global_batch()) + " images");
+      throw std::invalid_argument("step: A and B must be global batches of " + std::to_string(global_batch()) +
+                                  " images");
     const double lr = learning_rate(step_);
     for (auto* m : {&og_ab_, &og_ba_, &od_a_, &od_b_})
       for (auto& opt : *m) opt.set_lr(lr);
     step_losses out;
-    const bool mirror = o_.place == placement::full ||
-                        (o_.place == placement::conditional && static_cast<std::size_t>(global_batch()) >= o_.mirror_threshold);
+    const bool mirror =
+        o_.place == placement::full ||
+        (o_.place == placement::conditional && static_cast<std::size_t>(global_batch()) >= o_.mirror_threshold);
     const std::int64_t n = global_batch();
     // Each replica takes its share of the images as host tensors and puts them on its device.
     auto g_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, generator_type& gab, generator_type& gba,
                           discriminator_type& da, discriminator_type& db, adam& oab, adam& oba) {
-      if constexpr (W == wiring::tape) return taped_generator_step(r, on_replica(r, ra), on_replica(r, rb), gab, gba, da, db, oab, oba, n);
+      if constexpr (W == wiring::tape)
+        return taped_generator_step(r, on_replica(r, ra), on_replica(r, rb), gab, gba, da, db, oab, oba, n);
       else return generator_step(r, on_replica(r, ra), on_replica(r, rb), gab, gba, da, db, oab, oba, n);
     };
-    auto d_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, const tensor& fa, const tensor& fb, discriminator_type& da,
-                          discriminator_type& db, adam& oa, adam& ob) {
+    auto d_fn = [this, n](auto& r, const tensor& ra, const tensor& rb, const tensor& fa, const tensor& fb,
+                          discriminator_type& da, discriminator_type& db, adam& oa, adam& ob) {
       if constexpr (W == wiring::tape)
-        return taped_discriminator_step(r, on_replica(r, ra), on_replica(r, rb), on_replica(r, fa), on_replica(r, fb), da, db, oa, ob, n);
-      else return discriminator_step(r, on_replica(r, ra), on_replica(r, rb), on_replica(r, fa), on_replica(r, fb), da, db, oa, ob, n);
+        return taped_discriminator_step(r, on_replica(r, ra), on_replica(r, rb), on_replica(r, fa), on_replica(r, fb),
+                                        da, db, oa, ob, n);
+      else
+        return discriminator_step(r, on_replica(r, ra), on_replica(r, rb), on_replica(r, fa), on_replica(r, fb), da, db,
+                                  oa, ob, n);
     };
     std::vector<float> fakes_a, fakes_b;
     if (mirror) {
       // Every block on every replica, over the replicas' shares.
       auto pa = scatter(a), pb = scatter(b);
-      auto g = distribute::run_block(s_, distribute::make_block(distribute::every_replica, g_fn), pa, pb, g_ab_, g_ba_, d_a_, d_b_,
-                                     og_ab_, og_ba_);
+      auto g = distribute::run_block(s_, distribute::make_block(distribute::every_replica, g_fn), pa, pb, g_ab_, g_ba_,
+                                     d_a_, d_b_, og_ab_, og_ba_);
       // Every replica's losses and fakes, of every worker, in replica order.
       out += sum_over_replicas(g, [](const result& p) { return p.losses; });
       fakes_a = s_.gather(each_replica(g, [](const result& p) { return host_values(p.fake_a); }));
       fakes_b = s_.gather(each_replica(g, [](const result& p) { return host_values(p.fake_b); }));
     } else {
       // The generators once, on the primary, over the global batch; then every copy takes its update.
-      auto g = distribute::run_block(s_, distribute::make_block(distribute::primary_only, g_fn), a, b, g_ab_, g_ba_, d_a_, d_b_,
-                                     og_ab_, og_ba_);
+      auto g = distribute::run_block(s_, distribute::make_block(distribute::primary_only, g_fn), a, b, g_ab_, g_ba_,
+                                     d_a_, d_b_, og_ab_, og_ba_);
       distribute::resync(s_, g_ab_, g_ba_, og_ab_, og_ba_);
       out += g.losses;
       fakes_a = host_values(g.fake_a);
@@ -264,14 +278,14 @@ class trainer {
     const tensor pooled_a{a.shape(), pool_a_.query(fakes_a)};
     const tensor pooled_b{b.shape(), pool_b_.query(fakes_b)};
     if (o_.place == placement::conditional && !mirror) {
-      auto d = distribute::run_block(s_, distribute::make_block(distribute::primary_only, d_fn), a, b, pooled_a, pooled_b, d_a_, d_b_,
-                                     od_a_, od_b_);
+      auto d = distribute::run_block(s_, distribute::make_block(distribute::primary_only, d_fn), a, b, pooled_a,
+                                     pooled_b, d_a_, d_b_, od_a_, od_b_);
       distribute::resync(s_, d_a_, d_b_, od_a_, od_b_);
       out += d;
     } else {
       auto pa = scatter(a), pb = scatter(b), pfa = scatter(pooled_a), pfb = scatter(pooled_b);
-      auto d = distribute::run_block(s_, distribute::make_block(distribute::every_replica, d_fn), pa, pb, pfa, pfb, d_a_, d_b_, od_a_,
-                                     od_b_);
+      auto d = distribute::run_block(s_, distribute::make_block(distribute::every_replica, d_fn), pa, pb, pfa, pfb,
+                                     d_a_, d_b_, od_a_, od_b_);
       out += sum_over_replicas(d, [](const step_losses& p) { return p; });
     }
     if (o_.disc.norm == norm_kind::batch) share_running_statistics();
@@ -284,13 +298,15 @@ class trainer {
     tensor fake_b, rec_a, fake_a, rec_b;
   };
   translations translate_samples(const tensor& a, const tensor& b) {
-    return s_.run_on_primary([](auto& r, generator_type& gab, generator_type& gba, const tensor& ha, const tensor& hb) {
-      const auto& x = on_replica(r, ha);
-      const auto& y = on_replica(r, hb);
-      const device_tensor fake_b = gab.forward(r, x), rec_a = gba.forward(r, fake_b);
-      const device_tensor fake_a = gba.forward(r, y), rec_b = gab.forward(r, fake_a);
-      return translations{on_host(fake_b), on_host(rec_a), on_host(fake_a), on_host(rec_b)};
-    }, g_ab_, g_ba_, a, b);
+    return s_.run_on_primary(
+        [](auto& r, generator_type& gab, generator_type& gba, const tensor& ha, const tensor& hb) {
+          const auto& x = on_replica(r, ha);
+          const auto& y = on_replica(r, hb);
+          const device_tensor fake_b = gab.forward(r, x), rec_a = gba.forward(r, fake_b);
+          const device_tensor fake_a = gba.forward(r, y), rec_b = gab.forward(r, fake_a);
+          return translations{on_host(fake_b), on_host(rec_a), on_host(fake_a), on_host(rec_b)};
+        },
+        g_ab_, g_ba_, a, b);
   }
 
   // Everything a resumed run needs to continue exactly: the four networks, the four optimiser
@@ -316,8 +332,9 @@ class trainer {
 
   void load(const ckpt::archive& ar) {
     if (const auto gb = ar.get<std::int64_t>("global_batch"); gb != global_batch())
-      throw std::invalid_argument("the checkpoint was trained with a global batch of " + std::to_string(gb) + ", this run has " +
-                                  std::to_string(global_batch()) + " (--batch x --replicas): the data position would not match");
+      throw std::invalid_argument("the checkpoint was trained with a global batch of " + std::to_string(gb) +
+                                  ", this run has " + std::to_string(global_batch()) +
+                                  " (--batch x --replicas): the data position would not match");
     if (const auto seed = ar.get<std::uint64_t>("seed"); seed != o_.seed)
       throw std::invalid_argument("the checkpoint was trained with --seed " + std::to_string(seed) + ", this run has " +
                                   std::to_string(o_.seed));
@@ -384,7 +401,8 @@ class trainer {
   // The losses of every replica of every worker, summed in replica order.
   template <class Parts, class F>
   step_losses sum_over_replicas(const Parts& parts, F&& losses_of) const {
-    return step_losses::from(s_.reduce(distribute::reduce_op::sum, each_replica(parts, [&](const auto& p) { return losses_of(p).values(); })));
+    return step_losses::from(s_.reduce(distribute::reduce_op::sum,
+                                       each_replica(parts, [&](const auto& p) { return losses_of(p).values(); })));
   }
 
   // Plain batch norm's running statistics come from each replica's own share, so the copies of the
@@ -393,17 +411,20 @@ class trainer {
   // verify_mirrored checks, and no result changes (training mode normalises with the batch's
   // statistics; the checkpoint holds the primary's).
   void share_running_statistics() {
-    s_.run([](auto& r, discriminator_type& da, discriminator_type& db) {
-      std::vector<double> all;
-      for (auto* d : {&da, &db}) d->for_each_buffer([&](std::span<double> b) { all.insert(all.end(), b.begin(), b.end()); });
-      r.broadcast(std::span<double>(all), 0);
-      std::size_t at = 0;
-      for (auto* d : {&da, &db})
-        d->for_each_buffer([&](std::span<double> b) {
-          std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at), b.size(), b.begin());
-          at += b.size();
-        });
-    }, d_a_, d_b_);
+    s_.run(
+        [](auto& r, discriminator_type& da, discriminator_type& db) {
+          std::vector<double> all;
+          for (auto* d : {&da, &db})
+            d->for_each_buffer([&](std::span<double> b) { all.insert(all.end(), b.begin(), b.end()); });
+          r.broadcast(std::span<double>(all), 0);
+          std::size_t at = 0;
+          for (auto* d : {&da, &db})
+            d->for_each_buffer([&](std::span<double> b) {
+              std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at), b.size(), b.begin());
+              at += b.size();
+            });
+        },
+        d_a_, d_b_);
   }
 
   // The replicas' shares of a global batch, as NCHW tensors.
@@ -441,7 +462,8 @@ class trainer {
     // With overlap, the second path holds both generators' last backward: each network joins the
     // overlap just before it, and its buckets go while the rest of the step computes.
     auto sync = r.overlap_gradients(reduction());
-    auto path = [&](const device_tensor& real, generator_type& g, generator_type& back, discriminator_type& d, bool last) {
+    auto path = [&](const device_tensor& real, generator_type& g, generator_type& back, discriminator_type& d,
+                    bool last) {
       device_tensor fake = g.forward(r, real);
       const auto& cyc = cycle.emplace_back(nn::l1(r, back.forward(r, fake), real, n, nn::value_on_device));
       if (last && o_.overlap) sync.add(back);
@@ -467,9 +489,9 @@ class trainer {
 
   // The discriminators' half: LSGAN, 0.5 (mse(D(real), 1) + mse(D(fake), 0)).
   template <class R>
-  step_losses discriminator_step(R& r, const device_tensor& real_a, const device_tensor& real_b, const device_tensor& fake_a,
-                                 const device_tensor& fake_b, discriminator_type& da, discriminator_type& db, adam& oa, adam& ob,
-                                 std::int64_t n) {
+  step_losses discriminator_step(R& r, const device_tensor& real_a, const device_tensor& real_b,
+                                 const device_tensor& fake_a, const device_tensor& fake_b, discriminator_type& da,
+                                 discriminator_type& db, adam& oa, adam& ob, std::int64_t n) {
     step_losses out;
     // With overlap, D_A's buckets go while D_B computes and D_B's while its own backward finishes;
     // both updates wait for the end (neither network reads the other).
@@ -532,8 +554,9 @@ class trainer {
   // (cycle and adversarial) are one addition either way, so the gradients and the update are
   // generator_step's, bit for bit.
   template <class R>
-  result taped_generator_step(R& r, const device_tensor& a, const device_tensor& b, generator_type& gab, generator_type& gba,
-                              discriminator_type& da, discriminator_type& db, adam& oab, adam& oba, std::int64_t n) {
+  result taped_generator_step(R& r, const device_tensor& a, const device_tensor& b, generator_type& gab,
+                              generator_type& gba, discriminator_type& da, discriminator_type& db, adam& oab, adam& oba,
+                              std::int64_t n) {
     result out;
     gab.zero_grad();
     gba.zero_grad();
@@ -541,7 +564,9 @@ class trainer {
     const auto l1_to = [&r, n](const device_tensor& target) {
       return [&r, &target, n](const device_tensor& y) { return nn::l1(r, y, target, n, nn::value_on_device); };
     };
-    const auto real_score = [&r, n](const device_tensor& s) { return nn::mse(r, s, filled_like(s, 1.0f), n, nn::value_on_device); };
+    const auto real_score = [&r, n](const device_tensor& s) {
+      return nn::mse(r, s, filled_like(s, 1.0f), n, nn::value_on_device);
+    };
     nn::tape<R> t{r};
     const auto real_a = t.constant(a), real_b = t.constant(b);  // data: no input gradient
     const auto fake_a = t(gba, real_b);
@@ -572,14 +597,16 @@ class trainer {
   // bit. The forwards run in the other order, which only plain batch norm's running statistics
   // (their momentum updates) would see.
   template <class R>
-  step_losses taped_discriminator_step(R& r, const device_tensor& real_a, const device_tensor& real_b, const device_tensor& fake_a,
-                                       const device_tensor& fake_b, discriminator_type& da, discriminator_type& db, adam& oa, adam& ob,
-                                       std::int64_t n) {
+  step_losses taped_discriminator_step(R& r, const device_tensor& real_a, const device_tensor& real_b,
+                                       const device_tensor& fake_a, const device_tensor& fake_b, discriminator_type& da,
+                                       discriminator_type& db, adam& oa, adam& ob, std::int64_t n) {
     step_losses out;
     da.zero_grad();
     db.zero_grad();
     const auto score_of = [&r, n](float target) {
-      return [&r, n, target](const device_tensor& s) { return nn::mse(r, s, filled_like(s, target), n, nn::value_on_device); };
+      return [&r, n, target](const device_tensor& s) {
+        return nn::mse(r, s, filled_like(s, target), n, nn::value_on_device);
+      };
     };
     nn::tape<R> t{r};
     const device_loss fake_b_loss = t.loss(t(db, t.constant(fake_b)), score_of(0.0f), 0.5f);
@@ -605,7 +632,7 @@ class trainer {
 // Translation quality, scored by the frozen classifier on TEST images: the share of A->B
 // translations it places in B's class (and B->A in A's), the untranslated baseline, and the cycle L1.
 struct scores {
-  double a_to_b = 0, b_to_a = 0;        // target-class rates
+  double a_to_b = 0, b_to_a = 0;          // target-class rates
   double baseline_a = 0, baseline_b = 0;  // rate of the untranslated images in the other class
   double cycle_l1_a = 0, cycle_l1_b = 0;  // mean |G_ba(G_ab(a)) - a| per pixel, in [-1, 1] units
   std::int64_t count_a = 0, count_b = 0;
@@ -617,8 +644,8 @@ scores evaluate(S& s, Generators& g_ab, Generators& g_ba, Classifiers& clf, cons
                 std::int32_t class_a, std::int32_t class_b) {
   scores out;
   const std::int64_t image = test_a.size() / static_cast<std::size_t>(std::max<std::int64_t>(1, test_a.shape()[0]));
-  auto direction = [&](const tensor& x, auto& forward, auto& backward, std::int32_t target, double& rate,
-                       double& base, double& l1, std::array<double, classes>& where) {
+  auto direction = [&](const tensor& x, auto& forward, auto& backward, std::int32_t target, double& rate, double& base,
+                       double& l1, std::array<double, classes>& where) {
     const std::int64_t total = x.shape()[0], chunk = 100;
     std::int64_t hits = 0, base_hits = 0;
     double l1_sum = 0;
@@ -628,22 +655,24 @@ scores evaluate(S& s, Generators& g_ab, Generators& g_ba, Classifiers& clf, cons
       auto shares = s.scatter(part, static_cast<std::size_t>(image));
       // Each replica's tally: {hits, untranslated hits, L1 sum, count per class ...}, summed over
       // every replica of every worker by the strategy.
-      auto results = s.run([&](auto& r, std::vector<float>& v, auto& g, auto& back, auto& c) {
-        std::vector<double> t(3 + classes, 0.0);
-        const auto k = static_cast<std::int64_t>(v.size()) / image;
-        if (k == 0) return t;
-        const tensor host_in{dist::shape::nchw(k, x.shape()[1], x.shape()[2], x.shape()[3]), v};
-        const auto& in = on_replica(r, host_in);
-        const auto fake = g.forward(r, in);
-        const tensor rec = on_host(back.forward(r, fake));
-        for (auto p : predict(r, c, fake)) {
-          t[0] += p == target;
-          ++t[3 + static_cast<std::size_t>(p)];
-        }
-        for (auto p : predict(r, c, in)) t[1] += p == target;
-        for (std::size_t i = 0; i < host_in.size(); ++i) t[2] += std::abs(static_cast<double>(rec[i]) - host_in[i]);
-        return t;
-      }, shares, forward, backward, clf);
+      auto results = s.run(
+          [&](auto& r, std::vector<float>& v, auto& g, auto& back, auto& c) {
+            std::vector<double> t(3 + classes, 0.0);
+            const auto k = static_cast<std::int64_t>(v.size()) / image;
+            if (k == 0) return t;
+            const tensor host_in{dist::shape::nchw(k, x.shape()[1], x.shape()[2], x.shape()[3]), v};
+            const auto& in = on_replica(r, host_in);
+            const auto fake = g.forward(r, in);
+            const tensor rec = on_host(back.forward(r, fake));
+            for (auto p : predict(r, c, fake)) {
+              t[0] += p == target;
+              ++t[3 + static_cast<std::size_t>(p)];
+            }
+            for (auto p : predict(r, c, in)) t[1] += p == target;
+            for (std::size_t i = 0; i < host_in.size(); ++i) t[2] += std::abs(static_cast<double>(rec[i]) - host_in[i]);
+            return t;
+          },
+          shares, forward, backward, clf);
       const std::vector<double> t = s.reduce(dist::reduce_op::sum, results);
       hits += static_cast<std::int64_t>(t[0]), base_hits += static_cast<std::int64_t>(t[1]), l1_sum += t[2];
       for (std::size_t k = 0; k < classes; ++k) where[k] += t[3 + k] / static_cast<double>(total);

@@ -54,7 +54,8 @@ struct flags {
   std::fprintf(stderr,
                "pipeline_generator: %s\n"
                "usage: pipeline_generator [--steps N] [--batch N] [--micro-batches N] [--schedule gpipe|1f1b]\n"
-               "                          [--size N] [--filters N] [--blocks N] [--modes one_device,data,pipeline,hybrid] [--exact]\n",
+               "                          [--size N] [--filters N] [--blocks N] [--modes "
+               "one_device,data,pipeline,hybrid] [--exact]\n",
                why.c_str());
   std::exit(2);
 }
@@ -63,7 +64,8 @@ long long number(const char* name, const char* text, long long lo, long long hi)
   char* end = nullptr;
   const long long v = std::strtoll(text, &end, 10);
   if (!*text || *end || v < lo || v > hi)
-    usage(std::string(name) + " needs a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got '" + text + "'");
+    usage(std::string(name) + " needs a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) +
+          ", got '" + text + "'");
   return v;
 }
 
@@ -112,12 +114,24 @@ auto make_encoder(const flags& f, std::uint64_t seed) {
   for (int i = 0; i < f.blocks / 2; ++i) blocks.emplace_back(4 * k, sub(seed, 100 + static_cast<std::uint64_t>(i)));
   auto in = [&](std::int64_t ch, std::uint64_t i) { return nn::instance_norm<float>{{.channels = ch}, sub(seed, i)}; };
   return nn::sequential{
-      conv2d{{.in_channels = 1, .out_channels = k, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = nn::padding_mode::reflect, .bias = false}, sub(seed, 1)},
-      in(k, 2), nn::relu<float>{},
-      conv2d{{.in_channels = k, .out_channels = 2 * k, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 3)},
-      in(2 * k, 4), nn::relu<float>{},
-      conv2d{{.in_channels = 2 * k, .out_channels = 4 * k, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, sub(seed, 5)},
-      in(4 * k, 6), nn::relu<float>{},
+      conv2d{{.in_channels = 1,
+              .out_channels = k,
+              .kernel = 7,
+              .stride = 1,
+              .padding = 3,
+              .pad_mode = nn::padding_mode::reflect,
+              .bias = false},
+             sub(seed, 1)},
+      in(k, 2),
+      nn::relu<float>{},
+      conv2d{{.in_channels = k, .out_channels = 2 * k, .kernel = 3, .stride = 2, .padding = 1, .bias = false},
+             sub(seed, 3)},
+      in(2 * k, 4),
+      nn::relu<float>{},
+      conv2d{{.in_channels = 2 * k, .out_channels = 4 * k, .kernel = 3, .stride = 2, .padding = 1, .bias = false},
+             sub(seed, 5)},
+      in(4 * k, 6),
+      nn::relu<float>{},
       cyclegan::repeated<residual<>>{std::move(blocks)}};
 }
 auto make_decoder(const flags& f, std::uint64_t seed) {
@@ -125,16 +139,38 @@ auto make_decoder(const flags& f, std::uint64_t seed) {
   using conv_transpose2d = nn::conv_transpose2d<float>;
   const std::int64_t k = f.filters;
   std::vector<residual<>> blocks;
-  for (int i = f.blocks / 2; i < f.blocks; ++i) blocks.emplace_back(4 * k, sub(seed, 100 + static_cast<std::uint64_t>(i)));
+  for (int i = f.blocks / 2; i < f.blocks; ++i)
+    blocks.emplace_back(4 * k, sub(seed, 100 + static_cast<std::uint64_t>(i)));
   auto in = [&](std::int64_t ch, std::uint64_t i) { return nn::instance_norm<float>{{.channels = ch}, sub(seed, i)}; };
-  return nn::sequential{
-      cyclegan::repeated<residual<>>{std::move(blocks)},
-      conv_transpose2d{{.in_channels = 4 * k, .out_channels = 2 * k, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 7)},
-      in(2 * k, 8), nn::relu<float>{},
-      conv_transpose2d{{.in_channels = 2 * k, .out_channels = k, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = false}, sub(seed, 9)},
-      in(k, 10), nn::relu<float>{},
-      conv2d{{.in_channels = k, .out_channels = 1, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = nn::padding_mode::reflect}, sub(seed, 11)},
-      nn::tanh<float>{}};
+  return nn::sequential{cyclegan::repeated<residual<>>{std::move(blocks)},
+                        conv_transpose2d{{.in_channels = 4 * k,
+                                          .out_channels = 2 * k,
+                                          .kernel = 3,
+                                          .stride = 2,
+                                          .padding = 1,
+                                          .output_padding = 1,
+                                          .bias = false},
+                                         sub(seed, 7)},
+                        in(2 * k, 8),
+                        nn::relu<float>{},
+                        conv_transpose2d{{.in_channels = 2 * k,
+                                          .out_channels = k,
+                                          .kernel = 3,
+                                          .stride = 2,
+                                          .padding = 1,
+                                          .output_padding = 1,
+                                          .bias = false},
+                                         sub(seed, 9)},
+                        in(k, 10),
+                        nn::relu<float>{},
+                        conv2d{{.in_channels = k,
+                                .out_channels = 1,
+                                .kernel = 7,
+                                .stride = 1,
+                                .padding = 3,
+                                .pad_mode = nn::padding_mode::reflect},
+                               sub(seed, 11)},
+                        nn::tanh<float>{}};
 }
 
 // Step t's batch: clean images of soft blobs in [-1, 1] (targets) and the same with noise (inputs).
@@ -176,7 +212,7 @@ struct run {
   std::string mode;
   std::vector<double> losses;
   double seconds = 0;
-  double wait_share = 0;  // the pipeline's: time waiting for the neighbouring stage / step time
+  double wait_share = 0;          // the pipeline's: time waiting for the neighbouring stage / step time
   std::vector<float> parameters;  // copy 0's, stage by stage
 };
 
@@ -185,9 +221,9 @@ template <class S>
 run train(S& strategy, const flags& f, const std::string& mode, int copies, int micro_batches) {
   strategy.set_compute_options(engine_of(f));
   const std::uint64_t seed = 7;
-  dist::pipeline model(strategy, {.micro_batches = micro_batches, .schedule = f.schedule, .copies = copies},
-                       [&](const dist::cpu&) { return make_encoder(f, seed); },
-                       [&](const dist::cpu&) { return make_decoder(f, seed); });
+  dist::pipeline model(
+      strategy, {.micro_batches = micro_batches, .schedule = f.schedule, .copies = copies},
+      [&](const dist::cpu&) { return make_encoder(f, seed); }, [&](const dist::cpu&) { return make_decoder(f, seed); });
   auto opts = strategy.values_from_function([](int) { return dist::optim::adam<>({.lr = 2e-3, .beta1 = 0.5}); });
   run out{mode, {}, 0, 0, {}};
   double waited = 0, stepped = 0;
@@ -216,7 +252,8 @@ run train(S& strategy, const flags& f, const std::string& mode, int copies, int 
   out.wait_share = stepped > 0 ? waited / stepped : 0;
   auto params = strategy.run([&](auto& r) {
     std::vector<float> v;
-    model.local(r).for_each_parameter([&](std::span<float> p, std::span<float>) { v.insert(v.end(), p.begin(), p.end()); });
+    model.local(r).for_each_parameter(
+        [&](std::span<float> p, std::span<float>) { v.insert(v.end(), p.begin(), p.end()); });
     return v;
   });
   for (int k = 0; k < model.positions(); ++k) {
@@ -230,9 +267,10 @@ run train(S& strategy, const flags& f, const std::string& mode, int copies, int 
 
 int main(int argc, char** argv) try {
   const flags f = parse(argc, argv);
-  std::printf("the CycleGAN generator (filters %lld, %d residual blocks) on %lldx%lld denoising, batch %lld, %d steps\n",
-              static_cast<long long>(f.filters), f.blocks, static_cast<long long>(f.size), static_cast<long long>(f.size),
-              static_cast<long long>(f.batch), f.steps);
+  std::printf(
+      "the CycleGAN generator (filters %lld, %d residual blocks) on %lldx%lld denoising, batch %lld, %d steps\n",
+      static_cast<long long>(f.filters), f.blocks, static_cast<long long>(f.size), static_cast<long long>(f.size),
+      static_cast<long long>(f.batch), f.steps);
   std::printf("pipeline: 2 stages, %d micro-batches, %s schedule%s\n\n", f.micro_batches, dist::to_string(f.schedule),
               f.exact ? "; reference engine, one thread per replica (--exact)" : "");
   std::vector<run> runs;
@@ -273,17 +311,19 @@ int main(int argc, char** argv) try {
                                   std::max(1e-2, std::abs(static_cast<double>(one->parameters[i]))));
     const bool same_bits = r.parameters == one->parameters;
     if (r.parameters.size() != one->parameters.size() || (pipelined ? !same_bits : worst > 1e-4)) {
-      std::printf("MISMATCH: %s's parameters differ from one device's (largest relative difference %.3g)\n", r.mode.c_str(), worst);
+      std::printf("MISMATCH: %s's parameters differ from one device's (largest relative difference %.3g)\n",
+                  r.mode.c_str(), worst);
       ok = false;
     }
     for (std::size_t t = 0; t < r.losses.size(); ++t)
       if (std::abs(r.losses[t] - one->losses[t]) > 1e-5 * std::abs(one->losses[t])) {
-        std::printf("MISMATCH: %s step %zu loss %.9g, one device %.9g\n", r.mode.c_str(), t, r.losses[t], one->losses[t]);
+        std::printf("MISMATCH: %s step %zu loss %.9g, one device %.9g\n", r.mode.c_str(), t, r.losses[t],
+                    one->losses[t]);
         ok = false;
       }
   }
   std::printf("\n%s\n", ok ? "the pipeline matches one device bit for bit; data parallel and hybrid to float rounding"
-                            : "the modes disagree");
+                           : "the modes disagree");
   return ok ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "pipeline_generator: %s\n", e.what());

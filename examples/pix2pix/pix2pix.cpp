@@ -54,8 +54,12 @@ struct generator {
       : e1{{.in_channels = 1, .out_channels = c, .kernel = 3, .stride = 1, .padding = 1}, seed, device},
         e2{{.in_channels = c, .out_channels = 2 * c, .kernel = 4, .stride = 2, .padding = 1}, seed + 1, device},
         e3{{.in_channels = 2 * c, .out_channels = 4 * c, .kernel = 4, .stride = 2, .padding = 1}, seed + 2, device},
-        d3{{.in_channels = 4 * c, .out_channels = 2 * c, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0}, seed + 3, device},
-        d2{{.in_channels = 4 * c, .out_channels = c, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0}, seed + 4, device},
+        d3{{.in_channels = 4 * c, .out_channels = 2 * c, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0},
+           seed + 3,
+           device},
+        d2{{.in_channels = 4 * c, .out_channels = c, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0},
+           seed + 4,
+           device},
         out{{.in_channels = 2 * c + 1, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, seed + 5, device} {
     // He's initialisation, N(0, 2 / fan-in), instead of the layers' DCGAN N(0, 0.02): with no
     // normalisation in the generator, that keeps the activations' scale through the layers and
@@ -118,11 +122,14 @@ auto make_discriminator(const D& device, std::uint64_t seed, std::int64_t c = 32
   return nn::sequential{
       nn::conv2d<float, D>{{.in_channels = 2, .out_channels = c, .kernel = 4, .stride = 2, .padding = 1}, seed, device},
       nn::leaky_relu<float, D>{0.2f},
-      nn::conv2d<float, D>{{.in_channels = c, .out_channels = 2 * c, .kernel = 4, .stride = 2, .padding = 1, .bias = false},
-                           seed + 1, device},
+      nn::conv2d<float, D>{
+          {.in_channels = c, .out_channels = 2 * c, .kernel = 4, .stride = 2, .padding = 1, .bias = false},
+          seed + 1,
+          device},
       nn::sync_batch_norm<float, D>{{.channels = 2 * c}, seed + 2, device},
       nn::leaky_relu<float, D>{0.2f},
-      nn::conv2d<float, D>{{.in_channels = 2 * c, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, seed + 3, device}};
+      nn::conv2d<float, D>{
+          {.in_channels = 2 * c, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, seed + 3, device}};
 }
 
 // --- the data ----------------------------------------------------------------------------------------
@@ -147,7 +154,8 @@ pairs corrupt(std::span<const std::uint8_t> images, const std::vector<std::size_
       n[i] = std::clamp(c[i] + noise(rng), -1.0f, 1.0f);
     }
     const int h = size(rng), w = size(rng);
-    const int top = std::uniform_int_distribution<int>(0, side - h)(rng), left = std::uniform_int_distribution<int>(0, side - w)(rng);
+    const int top = std::uniform_int_distribution<int>(0, side - h)(rng),
+              left = std::uniform_int_distribution<int>(0, side - w)(rng);
     const float g = grey(rng);
     for (int y = top; y < top + h; ++y)
       for (int x = left; x < left + w; ++x) n[y * side + x] = g;
@@ -194,7 +202,9 @@ int train(S& strategy, const options& o) {
   std::uniform_int_distribution<std::size_t> pick(0, train_set.size() - 1);
   const auto start = std::chrono::steady_clock::now();
   double before = 0;  // training seconds of the runs this one continues
-  auto elapsed = [&] { return before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto elapsed = [&] {
+    return before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   int step = 0;
   // With --checkpoint-dir: the run continues from the latest checkpoint there, and SIGTERM, SIGINT
   // (Ctrl-C) or SIGUSR1 stop it after the step they land in, with a checkpoint of it. What a restart
@@ -230,7 +240,8 @@ int train(S& strategy, const options& o) {
         });
   if (preemption && preemption->resumed()) {
     step = static_cast<int>(preemption->first_step());
-    std::printf("resumed from %s at step %d (%.1f s trained)\n", preemption->restored_from()->string().c_str(), step, before);
+    std::printf("resumed from %s at step %d (%.1f s trained)\n", preemption->restored_from()->string().c_str(), step,
+                before);
   }
   for (; step < o.steps && elapsed() < 60 * o.minutes; ++step) {
     std::vector<std::size_t> which(static_cast<std::size_t>(global));
@@ -243,8 +254,8 @@ int train(S& strategy, const options& o) {
     const auto noisy = strategy.scatter(batch.noisy, pixels);
     const auto clean = strategy.scatter(batch.clean, pixels);
     auto losses = strategy.run(
-        [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, generator<device>& g, auto& d,
-            dist::optim::adam<float>& og, dist::optim::adam<float>& od) {
+        [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, generator<device>& g,
+            auto& d, dist::optim::adam<float>& og, dist::optim::adam<float>& od) {
           using tensor = dist::tensor<float, device>;
           const auto n = static_cast<std::int64_t>(xl.size()) / pixels;
           const tensor x = tensor::from_host(shape::nchw(n, 1, side, side), std::span<const float>(xl), r.device());
@@ -258,12 +269,14 @@ int train(S& strategy, const options& o) {
           const auto fake = t(g, cond);
           // G: 100 x L1 to the clean image, and fooling D (whose parameters this leaves untouched).
           const auto l1 = t.loss(fake, [&](const tensor& v) { return nn::l1(r, v, y, global); }, o.l1_weight);
-          const auto fooled = t.loss(t(d, t.concat(cond, fake), nn::frozen), [&](const tensor& s) { return nn::mse(r, s, ones, global); });
+          const auto fooled = t.loss(t(d, t.concat(cond, fake), nn::frozen),
+                                     [&](const tensor& s) { return nn::mse(r, s, ones, global); });
           // D: the generated image (detached: D's loss does not train G) scores 0, the clean one 1.
-          const auto on_fake = t.loss(t(d, t.concat(cond, t.stop_gradient(fake))),
-                                      [&](const tensor& s) { return nn::mse(r, s, zeros, global); }, 0.5f);
-          const auto on_real = t.loss(t(d, t.concat(cond, t.constant(y))), [&](const tensor& s) { return nn::mse(r, s, ones, global); },
-                                      0.5f);
+          const auto on_fake = t.loss(
+              t(d, t.concat(cond, t.stop_gradient(fake))),
+              [&](const tensor& s) { return nn::mse(r, s, zeros, global); }, 0.5f);
+          const auto on_real = t.loss(
+              t(d, t.concat(cond, t.constant(y))), [&](const tensor& s) { return nn::mse(r, s, ones, global); }, 0.5f);
           t.backward();
           r.all_reduce_gradients(g);
           r.all_reduce_gradients(d);
@@ -285,7 +298,8 @@ int train(S& strategy, const options& o) {
       std::fflush(stdout);
     }
     if (preemption && preemption->after_step(step)) {
-      std::printf("stopped by %s; run again with the same --checkpoint-dir to continue\n", preemption->describe().c_str());
+      std::printf("stopped by %s; run again with the same --checkpoint-dir to continue\n",
+                  preemption->describe().c_str());
       return preemption->exit_code();
     }
   }
@@ -307,18 +321,22 @@ int train(S& strategy, const options& o) {
         [&](auto& r, generator<device>& g) {
           using tensor = dist::tensor<float, device>;
           nn::tape t{r};
-          const auto y = g(t, t.constant(tensor::from_host(shape::nchw(static_cast<std::int64_t>(count), 1, side, side), part, r.device())));
+          const auto y = g(t, t.constant(tensor::from_host(shape::nchw(static_cast<std::int64_t>(count), 1, side, side),
+                                                           part, r.device())));
           std::vector<float> host(y.value().size());
-          if constexpr (requires { y.value().copy_to_host(std::span<float>(host)); }) y.value().copy_to_host(std::span<float>(host));
+          if constexpr (requires { y.value().copy_to_host(std::span<float>(host)); })
+            y.value().copy_to_host(std::span<float>(host));
           else std::copy(y.value().begin(), y.value().end(), host.begin());
           denoised.insert(denoised.end(), host.begin(), host.end());
         },
         gens);
   }
-  const double l1_denoised = mean_abs_difference(denoised, test.clean), l1_noisy = mean_abs_difference(test.noisy, test.clean);
+  const double l1_denoised = mean_abs_difference(denoised, test.clean),
+               l1_noisy = mean_abs_difference(test.noisy, test.clean);
   std::printf("%d steps of %lld images on %d replica(s) in %.1f s\n", step, static_cast<long long>(global),
               strategy.num_replicas_in_sync(), train_seconds);
-  std::printf("test L1 (%zu images, pixels in [-1, 1]): denoised %.4f, noisy input %.4f\n", which.size(), l1_denoised, l1_noisy);
+  std::printf("test L1 (%zu images, pixels in [-1, 1]): denoised %.4f, noisy input %.4f\n", which.size(), l1_denoised,
+              l1_noisy);
   return l1_denoised < l1_noisy ? 0 : 1;
 }
 
@@ -344,15 +362,18 @@ int main(int argc, char** argv) {
       else if (flag == "--data") o.data_dir = value();
       else if (flag == "--checkpoint-dir") o.checkpoint_dir = value();
       else {
-        std::puts("usage: pix2pix [--steps N] [--minutes M] [--batch B] [--channels C] [--lr LR] [--d-lr LR] [--l1-weight W] "
-                  "[--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR]");
+        std::puts(
+            "usage: pix2pix [--steps N] [--minutes M] [--batch B] [--channels C] [--lr LR] [--d-lr LR] [--l1-weight W] "
+            "[--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR]");
         return flag == "--help" ? 0 : 1;
       }
     }
     const auto images = std::filesystem::path(o.data_dir) / "train-images-idx3-ubyte.gz";
-    if (!std::filesystem::exists(images) && !std::filesystem::exists(std::filesystem::path(o.data_dir) / "train-images-idx3-ubyte")) {
-      std::printf("pix2pix: no Fashion-MNIST in %s (Debian: apt install dataset-fashion-mnist; or --data DIR); skipped\n",
-                  o.data_dir.c_str());
+    if (!std::filesystem::exists(images) &&
+        !std::filesystem::exists(std::filesystem::path(o.data_dir) / "train-images-idx3-ubyte")) {
+      std::printf(
+          "pix2pix: no Fashion-MNIST in %s (Debian: apt install dataset-fashion-mnist; or --data DIR); skipped\n",
+          o.data_dir.c_str());
       return 77;
     }
     if (o.one_device) {

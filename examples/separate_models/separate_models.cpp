@@ -63,8 +63,8 @@ int main(int argc, char** argv) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     for (auto& j : jobs) {
       if (j.error) std::rethrow_exception(j.error);
-      std::printf("model on %s: lr %.0e, %zu images x %d epoch(s), test accuracy %.1f%%, %.1f s\n", j.device.name().c_str(), j.lr,
-                  train.size(), base.epochs, 100 * j.accuracy, j.seconds);
+      std::printf("model on %s: lr %.0e, %zu images x %d epoch(s), test accuracy %.1f%%, %.1f s\n",
+                  j.device.name().c_str(), j.lr, train.size(), base.epochs, 100 * j.accuracy, j.seconds);
     }
     std::printf("both models trained concurrently in %.1f s of wall time\n", wall);
     return 0;

@@ -40,7 +40,9 @@ class bfloat16 {
   friend constexpr bfloat16 operator-(bfloat16 a, bfloat16 b) noexcept { return bfloat16(float(a) - float(b)); }
   friend constexpr bfloat16 operator*(bfloat16 a, bfloat16 b) noexcept { return bfloat16(float(a) * float(b)); }
   friend constexpr bfloat16 operator/(bfloat16 a, bfloat16 b) noexcept { return bfloat16(float(a) / float(b)); }
-  friend constexpr bfloat16 operator-(bfloat16 a) noexcept { return from_bits(static_cast<std::uint16_t>(a.bits_ ^ 0x8000u)); }
+  friend constexpr bfloat16 operator-(bfloat16 a) noexcept {
+    return from_bits(static_cast<std::uint16_t>(a.bits_ ^ 0x8000u));
+  }
   // IEEE comparisons: NaN is unordered, -0 == +0.
   friend constexpr bool operator==(bfloat16 a, bfloat16 b) noexcept { return float(a) == float(b); }
   friend constexpr bool operator<(bfloat16 a, bfloat16 b) noexcept { return float(a) < float(b); }
@@ -65,6 +67,9 @@ class bfloat16 {
 
 static_assert(sizeof(bfloat16) == 2);
 
-template <> struct dtype_traits<bfloat16> { static constexpr dtype value = dtype::bfloat16; };
+template <>
+struct dtype_traits<bfloat16> {
+  static constexpr dtype value = dtype::bfloat16;
+};
 
 }  // namespace distribute

@@ -29,9 +29,7 @@ struct collective_origin {
 namespace detail {
 inline thread_local collective_origin current_origin{};
 
-inline bool same_api(const char* a, const char* b) noexcept {
-  return std::strcmp(a ? a : "", b ? b : "") == 0;
-}
+inline bool same_api(const char* a, const char* b) noexcept { return std::strcmp(a ? a : "", b ? b : "") == 0; }
 
 // What follows a collective's description: " from strategy.reduce after step 3", " from
 // all_reduce_gradients in step 4", " in step 4", or "" when nothing is known.
@@ -62,7 +60,9 @@ class step_scope {
 // (a string literal).
 class collective_label {
  public:
-  explicit collective_label(const char* api) noexcept : saved_{detail::current_origin.api} { detail::current_origin.api = api; }
+  explicit collective_label(const char* api) noexcept : saved_{detail::current_origin.api} {
+    detail::current_origin.api = api;
+  }
   ~collective_label() { detail::current_origin.api = saved_; }
   collective_label(const collective_label&) = delete;
   collective_label& operator=(const collective_label&) = delete;

@@ -12,12 +12,12 @@
 
 #include <distribute/data/from_memory.hpp>
 #if __has_include(<zlib.h>)
-#include <distribute/data/idx.hpp>
-#include <distribute/data/fashion_mnist.hpp>
+#  include <distribute/data/idx.hpp>
+#  include <distribute/data/fashion_mnist.hpp>
 #endif
 #if __has_include(<zlib.h>) && __has_include(<stb/stb_image.h>)
-#include <distribute/data/image.hpp>
-#include <distribute/data/image_folder.hpp>
+#  include <distribute/data/image.hpp>
+#  include <distribute/data/image_folder.hpp>
 #endif
 
 #include <distribute/data/distribute.hpp>

@@ -31,15 +31,25 @@ inline std::ostream& operator<<(std::ostream& os, dtype v) { return os << to_str
 template <class T>
 struct dtype_traits {};
 
-template <> struct dtype_traits<float> { static constexpr dtype value = dtype::float32; };
-template <> struct dtype_traits<double> { static constexpr dtype value = dtype::float64; };
+template <>
+struct dtype_traits<float> {
+  static constexpr dtype value = dtype::float32;
+};
+template <>
+struct dtype_traits<double> {
+  static constexpr dtype value = dtype::float64;
+};
 // Signed integers by width, so that `long` and `long long` (one of which is std::int64_t) both work.
 template <class T>
   requires(std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) == 4)
-struct dtype_traits<T> { static constexpr dtype value = dtype::int32; };
+struct dtype_traits<T> {
+  static constexpr dtype value = dtype::int32;
+};
 template <class T>
   requires(std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) == 8)
-struct dtype_traits<T> { static constexpr dtype value = dtype::int64; };
+struct dtype_traits<T> {
+  static constexpr dtype value = dtype::int64;
+};
 
 template <class T>
 concept element = requires {

@@ -74,7 +74,9 @@ namespace detail {
 inline std::atomic<int> preemption_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only store to a lock-free atomic");
 
-extern "C" inline void distribute_on_preemption_signal(int sig) { preemption_signal.store(sig, std::memory_order_relaxed); }
+extern "C" inline void distribute_on_preemption_signal(int sig) {
+  preemption_signal.store(sig, std::memory_order_relaxed);
+}
 
 // While it lives, `signals` set preemption_signal; the actions they had before come back after.
 class preemption_signals {
@@ -88,8 +90,8 @@ class preemption_signals {
       struct sigaction before{};
       if (::sigaction(s, &on, &before) != 0) {
         restore();
-        throw std::invalid_argument("distribute: preemption_checkpoint cannot watch signal " + std::to_string(s) + ": " +
-                                    std::strerror(errno));
+        throw std::invalid_argument("distribute: preemption_checkpoint cannot watch signal " + std::to_string(s) +
+                                    ": " + std::strerror(errno));
       }
       saved_.emplace_back(s, before);
     }
@@ -125,7 +127,8 @@ inline std::string signal_name(int sig) {
 template <class S>
 class preemption_watch {
  public:
-  explicit preemption_watch(S& strategy, const std::vector<int>& signals = preemption_options{}.signals) : s_{strategy} {
+  explicit preemption_watch(S& strategy, const std::vector<int>& signals = preemption_options{}.signals)
+      : s_{strategy} {
     detail::preemption_signal.store(0, std::memory_order_relaxed);
     signals_.emplace(signals);
   }
@@ -165,8 +168,10 @@ class preemption_checkpoint {
   preemption_checkpoint(S& strategy, std::filesystem::path dir, save_function save, restore_function restore,
                         preemption_options options = {})
       : s_{strategy}, dir_{std::move(dir), options.keep}, save_{std::move(save)}, options_{std::move(options)} {
-    if (!save_ || !restore) throw std::invalid_argument("distribute: preemption_checkpoint needs a save and a restore function");
-    if (options_.save_every < 0) throw std::invalid_argument("distribute: preemption_options::save_every must not be negative");
+    if (!save_ || !restore)
+      throw std::invalid_argument("distribute: preemption_checkpoint needs a save and a restore function");
+    if (options_.save_every < 0)
+      throw std::invalid_argument("distribute: preemption_options::save_every must not be negative");
     watch_.emplace(s_, options_.signals);
     if (s_.is_chief()) dir_.remove_stale_temporaries();
     restore_latest(restore);
@@ -216,8 +221,9 @@ class preemption_checkpoint {
     }
     // Every worker learns whether it was written (one more all-reduce across processes).
     if (!agreed(!failure.empty())) return;
-    throw checkpoint::checkpoint_error("distribute: the checkpoint of step " + std::to_string(step) + " in " + dir_.path().string() +
-                                       " was not written" + (failure.empty() ? " (see the chief's error)" : ": " + failure));
+    throw checkpoint::checkpoint_error("distribute: the checkpoint of step " + std::to_string(step) + " in " +
+                                       dir_.path().string() + " was not written" +
+                                       (failure.empty() ? " (see the chief's error)" : ": " + failure));
   }
 
   // Whether the loop stopped for a signal, which (0 where it reached another worker only), and after
@@ -232,7 +238,8 @@ class preemption_checkpoint {
   // "SIGTERM after step 412: checkpoint runs/ckpt/ckpt-0000000412.dck", for the program's last line.
   std::string describe() const {
     if (!preempted_) return "not preempted";
-    return (signal_ ? signal_name(signal_) : std::string("a signal to another worker")) + " after step " + std::to_string(stopped_at_) + ": checkpoint " +
+    return (signal_ ? signal_name(signal_) : std::string("a signal to another worker")) + " after step " +
+           std::to_string(stopped_at_) + ": checkpoint " +
            (last_saved_ ? last_saved_->string() : dir_.path().string() + " (written by the chief)");
   }
 
@@ -258,16 +265,19 @@ class preemption_checkpoint {
     if (s_.num_workers() > 1) {
       if (agreed(!failure.empty())) {
         if (!failure.empty()) throw checkpoint::checkpoint_error(failure);
-        throw checkpoint::checkpoint_error("distribute: the chief could not read the checkpoints in " + dir_.path().string() +
-                                           " (see its error)");
+        throw checkpoint::checkpoint_error("distribute: the chief could not read the checkpoints in " +
+                                           dir_.path().string() + " (see its error)");
       }
       broadcast_bytes(bytes);
     }
     if (bytes.empty()) return;
-    const auto a = checkpoint::parse(std::as_bytes(std::span<const std::uint8_t>(bytes)),
-                                     restored_from_ ? restored_from_->string() : dir_.path().string() + " (the chief's)");
+    const auto a =
+        checkpoint::parse(std::as_bytes(std::span<const std::uint8_t>(bytes)),
+                          restored_from_ ? restored_from_->string() : dir_.path().string() + " (the chief's)");
     const auto step = a.template get<std::int64_t>("preemption/step");
-    if (step < 0) throw checkpoint::checkpoint_error("distribute: the checkpoint in " + dir_.path().string() + " has a negative step");
+    if (step < 0)
+      throw checkpoint::checkpoint_error("distribute: the checkpoint in " + dir_.path().string() +
+                                         " has a negative step");
     restore(a);
     first_step_ = step + 1;
   }
@@ -280,8 +290,9 @@ class preemption_checkpoint {
       bytes.resize(static_cast<std::size_t>(size));
       if (size > 0) s_.communicator().broadcast(std::span<std::uint8_t>(bytes), 0);
     } else {
-      throw std::logic_error("distribute: preemption_checkpoint: a strategy of several workers needs communicator() to send "
-                             "the chief's checkpoint to the others");
+      throw std::logic_error(
+          "distribute: preemption_checkpoint: a strategy of several workers needs communicator() to send "
+          "the chief's checkpoint to the others");
     }
   }
 

@@ -34,13 +34,13 @@ class local;
 
 // A contiguous buffer of collective elements: std::vector<float>, std::span<double>, std::array, ...
 template <class B>
-concept element_buffer = std::ranges::contiguous_range<B> && std::ranges::sized_range<B> &&
-                         element<std::ranges::range_value_t<B>>;
+concept element_buffer =
+    std::ranges::contiguous_range<B> && std::ranges::sized_range<B> && element<std::ranges::range_value_t<B>>;
 
 // A list of buffers, for fusing many tensors into one collective: std::vector<std::span<float>>, ...
 template <class L>
-concept element_buffer_list = std::ranges::contiguous_range<L> && std::ranges::sized_range<L> &&
-                              element_buffer<std::ranges::range_value_t<L>>;
+concept element_buffer_list =
+    std::ranges::contiguous_range<L> && std::ranges::sized_range<L> && element_buffer<std::ranges::range_value_t<L>>;
 
 namespace detail {
 template <class B>
@@ -106,13 +106,21 @@ class replica_context {
 
   // This replica's element of a per-replica or mirrored value.
   template <class T, std::size_t E>
-  T& local(per_replica<T, E>& v) const { return v[index()]; }
+  T& local(per_replica<T, E>& v) const {
+    return v[index()];
+  }
   template <class T, std::size_t E>
-  const T& local(const per_replica<T, E>& v) const { return v[index()]; }
+  const T& local(const per_replica<T, E>& v) const {
+    return v[index()];
+  }
   template <class T, std::size_t E>
-  T& local(mirrored<T, E>& v) const { return v[index()]; }
+  T& local(mirrored<T, E>& v) const {
+    return v[index()];
+  }
   template <class T, std::size_t E>
-  const T& local(const mirrored<T, E>& v) const { return v[index()]; }
+  const T& local(const mirrored<T, E>& v) const {
+    return v[index()];
+  }
 
   // In place, across replicas. Several buffers of one element type are fused into one collective.
   template <element_buffer B, element_buffer... More>
@@ -147,7 +155,9 @@ class replica_context {
   template <element_buffer In, element_buffer Out>
   void all_gather(const In& in, Out&& out) {
     using T = std::remove_const_t<detail::buffer_element_t<In>>;
-    communicate("all_gather", [&] { comm_.all_gather(std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out)); });
+    communicate("all_gather", [&] {
+      comm_.all_gather(std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out));
+    });
   }
   // One value per replica in, all of them out, in replica order.
   template <element T>
@@ -161,7 +171,9 @@ class replica_context {
   template <element_buffer In, element_buffer Out>
   void reduce_scatter(reduce_op op, const In& in, Out&& out) {
     using T = std::remove_const_t<detail::buffer_element_t<In>>;
-    communicate("reduce_scatter", [&] { comm_.reduce_scatter(op, std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out)); });
+    communicate("reduce_scatter", [&] {
+      comm_.reduce_scatter(op, std::span<const T>(std::ranges::data(in), std::ranges::size(in)), detail::as_span(out));
+    });
   }
 
   // Every replica's `buf` becomes `root`'s.
@@ -186,7 +198,8 @@ class replica_context {
     requires point_to_point_communicator<C>
   void send(const B& buf, int dst, int tag) {
     using T = std::remove_const_t<detail::buffer_element_t<const B>>;
-    communicate("send", [&] { comm_.send(std::span<const T>(std::ranges::data(buf), std::ranges::size(buf)), dst, tag); });
+    communicate("send",
+                [&] { comm_.send(std::span<const T>(std::ranges::data(buf), std::ranges::size(buf)), dst, tag); });
   }
   template <element_buffer B>
     requires point_to_point_communicator<C>
@@ -257,11 +270,13 @@ class replica_context {
     const detail::collective_stopwatch timed{collective_meter()};
     if constexpr (measured) {
       if (capturing_ == graph_capture::passes)
-        throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " + what +
+        throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " +
+                                  what +
                                   " while its passes were being captured into a CUDA graph; a collective waits for its "
                                   "partners, which a graph being captured cannot do");
       if (capturing_ == graph_capture::step && !collectives_capturable())
-        throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " + what +
+        throw graph_capture_error(std::string("distribute: replica ") + std::to_string(replica_id()) + " called " +
+                                  what +
                                   " while its step was being captured into a CUDA graph, and the collectives of its "
                                   "communicator cannot be captured (NCCL's can: one GPU per replica)");
       if (overlap_) {

@@ -41,12 +41,20 @@ struct step_timings {
   double share(double part) const noexcept { return wall > 0 ? part / wall : 0.0; }
 
   friend step_timings operator-(const step_timings& a, const step_timings& b) noexcept {
-    return {a.wall - b.wall, a.compute - b.compute, a.collective - b.collective, a.input_wait - b.input_wait,
-            a.checkpoint - b.checkpoint, a.runs - b.runs};
+    return {a.wall - b.wall,
+            a.compute - b.compute,
+            a.collective - b.collective,
+            a.input_wait - b.input_wait,
+            a.checkpoint - b.checkpoint,
+            a.runs - b.runs};
   }
   friend step_timings operator+(const step_timings& a, const step_timings& b) noexcept {
-    return {a.wall + b.wall, a.compute + b.compute, a.collective + b.collective, a.input_wait + b.input_wait,
-            a.checkpoint + b.checkpoint, a.runs + b.runs};
+    return {a.wall + b.wall,
+            a.compute + b.compute,
+            a.collective + b.collective,
+            a.input_wait + b.input_wait,
+            a.checkpoint + b.checkpoint,
+            a.runs + b.runs};
   }
 };
 

@@ -19,14 +19,15 @@ int main() {
   std::vector<std::int32_t> labels(global_batch);
   for (int i = 0; i < global_batch; ++i) {
     labels[i] = i % 2;
-    for (int p = 0; p < side * side; ++p) pixels[i * side * side + p] = (p % side < side / 2) == (i % 2 == 0) ? 1.0f : 0.0f;
+    for (int p = 0; p < side * side; ++p)
+      pixels[i * side * side + p] = (p % side < side / 2) == (i % 2 == 0) ? 1.0f : 0.0f;
   }
   const auto xs = strategy.scatter(pixels, side * side);
   const auto ys = strategy.scatter(labels);
   auto nets = strategy.mirror([](auto&) {
-    return nn::sequential{nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 1},
-                          nn::relu<float>{}, nn::flatten<float>{},
-                          nn::linear<float>{{.in_features = 4 * 4 * 4, .out_features = 2}, 2}};
+    return nn::sequential{
+        nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 1},
+        nn::relu<float>{}, nn::flatten<float>{}, nn::linear<float>{{.in_features = 4 * 4 * 4, .out_features = 2}, 2}};
   });
   using net_type = std::decay_t<decltype(nets[0])>;
   auto opts = strategy.mirror([](auto&) { return optim::adam<float>{{.lr = 1e-2}}; });

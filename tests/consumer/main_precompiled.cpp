@@ -50,7 +50,8 @@ int main() {
           for (int di = -1; di <= 1; ++di)
             for (int dj = -1; dj <= 1; ++dj)
               if (i + di >= 0 && i + di < 5 && j + dj >= 0 && j + dj < 5)
-                want += static_cast<double>(plane[static_cast<std::size_t>((i + di) * 5 + j + dj)]) * k[c * 9 + (di + 1) * 3 + dj + 1];
+                want += static_cast<double>(plane[static_cast<std::size_t>((i + di) * 5 + j + dj)]) *
+                        k[c * 9 + (di + 1) * 3 + dj + 1];
           near("conv2d", out.data()[(c * 5 + i) * 5 + j], want);
         }
   });

@@ -37,11 +37,14 @@ struct tiny_model {
     f(std::span<float>(b), std::span<float>(b_grad));
   }
   template <class F>
-  void for_each_buffer(F&& f) { f(std::span<double>(running)); }
+  void for_each_buffer(F&& f) {
+    f(std::span<double>(running));
+  }
 };
 
 tiny_model make_model(std::size_t nw, std::size_t nb, float start) {
-  tiny_model m{std::vector<float>(nw), std::vector<float>(nw), std::vector<float>(nb), std::vector<float>(nb), {0.5, 1.5}};
+  tiny_model m{
+      std::vector<float>(nw), std::vector<float>(nw), std::vector<float>(nb), std::vector<float>(nb), {0.5, 1.5}};
   for (std::size_t i = 0; i < nw; ++i) m.w[i] = start + static_cast<float>(i) * 0.25f;
   for (std::size_t i = 0; i < nb; ++i) m.b[i] = -start - static_cast<float>(i);
   return m;
@@ -51,7 +54,9 @@ struct double_model {
   using scalar_type = double;
   std::vector<double> w = std::vector<double>(5), g = std::vector<double>(5);
   template <class F>
-  void for_each_parameter(F&& f) { f(std::span<double>(w), std::span<double>(g)); }
+  void for_each_parameter(F&& f) {
+    f(std::span<double>(w), std::span<double>(g));
+  }
 };
 
 // An object with its own save/load, as the optimisers have.
@@ -67,7 +72,8 @@ struct temp_dir {
   fs::path path;
   temp_dir() {
     static int n = 0;
-    path = fs::temp_directory_path() / ("distribute-ckpt-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    path =
+        fs::temp_directory_path() / ("distribute-ckpt-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -302,7 +308,8 @@ BOOST_AUTO_TEST_CASE(corrupt_checkpoints_never_displace_new_ones) {
   temp_dir dir;
   ckpt::directory d{dir.path, 2};
   // Every checkpoint corrupt, at higher steps than the run restarted from 0 will write.
-  for (std::int64_t step : {100, 200, 300}) write_file(dir.path / ckpt::directory::file_name(step), {'D', 'C', 'K', 'x'});
+  for (std::int64_t step : {100, 200, 300})
+    write_file(dir.path / ckpt::directory::file_name(step), {'D', 'C', 'K', 'x'});
   std::vector<ckpt::directory::skipped_file> skipped;
   BOOST_CHECK_THROW(d.load_latest_with_path(&skipped), ckpt::no_loadable_checkpoint);
   BOOST_TEST(skipped.size() == 3u);

@@ -38,7 +38,8 @@ std::uint16_t reference_rounding(float x) {
   // Past the largest finite value the next candidate is 2^128 in magnitude (IEEE: rounding as if the
   // exponent were unbounded, then infinity).
   const float next = float_of(std::uint32_t{high} << 16);
-  const double next_value = std::isinf(next) ? std::copysign(0x1p128, static_cast<double>(x)) : static_cast<double>(next);
+  const double next_value =
+      std::isinf(next) ? std::copysign(0x1p128, static_cast<double>(x)) : static_cast<double>(next);
   const double above = std::abs(next_value - static_cast<double>(x));
   if (below < above) return low;
   if (above < below) return high;
@@ -108,18 +109,18 @@ BOOST_AUTO_TEST_SUITE(bfloat16_type)
 BOOST_AUTO_TEST_CASE(rounds_to_nearest_ties_to_even) {
   // Around 1 a bfloat16 step is 2^-7: half a step is a tie, broken toward the even last bit.
   BOOST_TEST(bfloat16(1.0f).bits() == 0x3f80);
-  BOOST_TEST(bfloat16(1.0f + 0x1p-8f).bits() == 0x3f80);                    // tie, 0x3f80 is even
-  BOOST_TEST(bfloat16(1.0f + 0x1p-7f + 0x1p-8f).bits() == 0x3f82);          // tie, 0x3f81 is odd: up
-  BOOST_TEST(bfloat16(1.0f + 0x1p-8f + 0x1p-20f).bits() == 0x3f81);         // just over half: up
-  BOOST_TEST(bfloat16(1.0f + 0x1p-8f - 0x1p-20f).bits() == 0x3f80);         // just under half: down
-  BOOST_TEST(bfloat16(-1.0f - 0x1p-8f - 0x1p-20f).bits() == 0xbf81);        // the same by magnitude below zero
+  BOOST_TEST(bfloat16(1.0f + 0x1p-8f).bits() == 0x3f80);              // tie, 0x3f80 is even
+  BOOST_TEST(bfloat16(1.0f + 0x1p-7f + 0x1p-8f).bits() == 0x3f82);    // tie, 0x3f81 is odd: up
+  BOOST_TEST(bfloat16(1.0f + 0x1p-8f + 0x1p-20f).bits() == 0x3f81);   // just over half: up
+  BOOST_TEST(bfloat16(1.0f + 0x1p-8f - 0x1p-20f).bits() == 0x3f80);   // just under half: down
+  BOOST_TEST(bfloat16(-1.0f - 0x1p-8f - 0x1p-20f).bits() == 0xbf81);  // the same by magnitude below zero
   // Infinities, signed zeros, overflow, NaN, subnormals.
   BOOST_TEST(bfloat16(std::numeric_limits<float>::infinity()).bits() == 0x7f80);
   BOOST_TEST(bfloat16(-std::numeric_limits<float>::infinity()).bits() == 0xff80);
   BOOST_TEST(bfloat16(0.0f).bits() == 0x0000);
   BOOST_TEST(bfloat16(-0.0f).bits() == 0x8000);
   BOOST_TEST(bfloat16(std::numeric_limits<float>::max()).bits() == 0x7f80);  // past bfloat16's largest: infinity
-  BOOST_TEST(bfloat16(float_of(0x7f7f7fffu)).bits() == 0x7f7f);             // under half a step below it: kept
+  BOOST_TEST(bfloat16(float_of(0x7f7f7fffu)).bits() == 0x7f7f);              // under half a step below it: kept
   BOOST_TEST(bfloat16(std::numeric_limits<float>::quiet_NaN()).bits() == 0x7fff);
   BOOST_TEST(bfloat16(float_of(0xff800001u)).bits() == 0x7fff);  // a negative signalling NaN: the one NaN
   BOOST_TEST(bfloat16(float_of(0x7fffffffu)).bits() == 0x7fff);  // would carry into the sign without the check
@@ -151,8 +152,8 @@ BOOST_AUTO_TEST_CASE(matches_an_independent_reference_on_random_floats) {
 
 BOOST_AUTO_TEST_CASE(arithmetic_rounds_after_each_operation) {
   const bfloat16 one(1.0f), tiny(0x1p-8f);
-  BOOST_TEST((one + tiny).bits() == one.bits());                   // 1 + 2^-8 is a tie: stays at 1
-  BOOST_TEST(((one + tiny) + tiny).bits() == one.bits());          // and stays, one rounding per addition
+  BOOST_TEST((one + tiny).bits() == one.bits());           // 1 + 2^-8 is a tie: stays at 1
+  BOOST_TEST(((one + tiny) + tiny).bits() == one.bits());  // and stays, one rounding per addition
   BOOST_TEST((one + (tiny + tiny)).bits() == bfloat16(1.0f + 0x1p-7f).bits());
   BOOST_TEST(static_cast<float>(bfloat16(6.0f) / bfloat16(3)) == 2.0f);
   BOOST_TEST((bfloat16(-0.0f) == bfloat16(0.0f)));
@@ -198,7 +199,9 @@ BOOST_AUTO_TEST_CASE(gradients_travel_as_bfloat16_and_every_replica_gets_the_sam
           inputs.push_back(gradients_for(r, total));
         }
         auto models = s.mirror([](auto&) { return toy_model{toy_sizes}; });
-        const dist::gradient_reduction how{.op = op, .bucket_bytes = cap, .first_bucket_bytes = 100,
+        const dist::gradient_reduction how{.op = op,
+                                           .bucket_bytes = cap,
+                                           .first_bucket_bytes = 100,
                                            .compression = dist::gradient_compression::bfloat16};
         s.run(
             [&](dist::replica auto& r, toy_model& m) {
@@ -216,8 +219,9 @@ BOOST_AUTO_TEST_CASE(gradients_travel_as_bfloat16_and_every_replica_gets_the_sam
         const auto expected = expected_bfloat16_sum(inputs, op);
         for (int r = 0; r < replicas; ++r) {
           const auto got = models[static_cast<std::size_t>(r)].flat_gradients();
-          BOOST_TEST_REQUIRE(dist::test::bit_equal(got, expected),
-                             replicas << " replicas, " << dist::to_string(op) << ", bucket cap " << cap << ", replica " << r);
+          BOOST_TEST_REQUIRE(dist::test::bit_equal(got, expected), replicas << " replicas, " << dist::to_string(op)
+                                                                            << ", bucket cap " << cap << ", replica "
+                                                                            << r);
         }
         BOOST_TEST(!dist::test::bit_equal(expected, exact));
         // Within bfloat16's precision of the exact result: a rounding of each input and of each
@@ -245,7 +249,8 @@ BOOST_AUTO_TEST_CASE(the_narrowing_buffer_kept_per_thread_is_bounded_by_the_buck
     dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
     auto models = s.mirror([](auto&) { return toy_model{toy_sizes}; });
     // (Default caps: one bucket of every gradient.)
-    const dist::gradient_reduction how{.bucket_bytes = cap, .first_bucket_bytes = cap > 1200 ? std::size_t{1} << 20 : 100,
+    const dist::gradient_reduction how{.bucket_bytes = cap,
+                                       .first_bucket_bytes = cap > 1200 ? std::size_t{1} << 20 : 100,
                                        .compression = dist::gradient_compression::bfloat16};
     const auto kept = s.run(
         [&](dist::replica auto& r, toy_model& m) {
@@ -306,10 +311,12 @@ BOOST_AUTO_TEST_CASE(what_cannot_be_compressed_is_refused_before_any_collective)
   for (int pass = 0; pass < 2; ++pass) {
     auto run = [&](auto& strategy) {
       refused(strategy, [] { return toy_double_model{}; }, {.compression = bf16}, "this model's are float64");
-      refused(strategy, [] { return toy_model{toy_sizes}; }, {.op = dist::reduce_op::max, .compression = bf16},
-              "by sum or mean, not max");
-      refused(strategy, [] { return toy_model{toy_sizes}; },
-              {.compression = static_cast<dist::gradient_compression>(7)}, "is not a gradient_compression");
+      refused(
+          strategy, [] { return toy_model{toy_sizes}; }, {.op = dist::reduce_op::max, .compression = bf16},
+          "by sum or mean, not max");
+      refused(
+          strategy, [] { return toy_model{toy_sizes}; }, {.compression = static_cast<dist::gradient_compression>(7)},
+          "is not a gradient_compression");
     };
     if (pass == 0) run(s);
     else run(one);  // refused alike where nothing would travel

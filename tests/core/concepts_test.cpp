@@ -36,7 +36,8 @@ static_assert(!std::is_same_v<dist::per_replica<int>, dist::mirrored<int>>);
 static_assert(sizeof(dist::per_replica<float, 1>) == sizeof(float));
 static_assert(std::is_empty_v<dist::comm::local>);
 // The one-device replica is its device and a pointer to its compute engine: the communicator adds nothing.
-static_assert(sizeof(dist::one_device_strategy<dist::cpu>::replica_type) <= sizeof(dist::cpu) + sizeof(void*) + alignof(void*));
+static_assert(sizeof(dist::one_device_strategy<dist::cpu>::replica_type) <=
+              sizeof(dist::cpu) + sizeof(void*) + alignof(void*));
 static_assert(dist::one_device_strategy<>::num_replicas_in_sync() == 1);
 
 // A step written once against the concept compiles under every strategy.

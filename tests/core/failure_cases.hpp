@@ -113,14 +113,14 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(waiting_replicas_see_why_they_were_released, M, fa
   auto s = M::make(3);
   std::vector<std::string> messages(3);
   BOOST_CHECK_THROW(s.run([&](auto& r) {
-                      try {
-                        if (r.replica_id() == 1) throw replica_failure(1);
-                        r.barrier();
-                      } catch (const dist::collective_aborted& e) {
-                        messages[static_cast<std::size_t>(r.replica_id())] = e.what();
-                        throw;
-                      }
-                    }),
+    try {
+      if (r.replica_id() == 1) throw replica_failure(1);
+      r.barrier();
+    } catch (const dist::collective_aborted& e) {
+      messages[static_cast<std::size_t>(r.replica_id())] = e.what();
+      throw;
+    }
+  }),
                     replica_failure);
   for (int id : {0, 2}) {
     const auto& m = messages[static_cast<std::size_t>(id)];
@@ -181,18 +181,18 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_late_replica_entering_after_a_timeout_fails_at_o
   auto s = M::make(2, {.timeout = 200ms});
   std::string late_message;
   BOOST_CHECK_THROW(s.run([&](auto& r) {
-                      if (r.replica_id() == 1) {
-                        std::this_thread::sleep_for(600ms);
-                        try {
-                          r.barrier();
-                        } catch (const dist::collective_aborted& e) {
-                          late_message = e.what();
-                          throw;
-                        }
-                        return;
-                      }
-                      r.barrier();
-                    }),
+    if (r.replica_id() == 1) {
+      std::this_thread::sleep_for(600ms);
+      try {
+        r.barrier();
+      } catch (const dist::collective_aborted& e) {
+        late_message = e.what();
+        throw;
+      }
+      return;
+    }
+    r.barrier();
+  }),
                     dist::collective_timeout);
   BOOST_TEST(contains(late_message, "timed out"), late_message);
   check_usable(s);
@@ -264,9 +264,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_bad_argument_on_one_replica_releases_the_others,
   if (!enough_replicas<M>(3)) return;
   auto s = M::make(3);
   BOOST_CHECK_THROW(s.run([](auto& r) {
-                      std::vector<float> in(2), out(r.replica_id() == 2 ? 5 : 6);
-                      r.all_gather(in, out);
-                    }),
+    std::vector<float> in(2), out(r.replica_id() == 2 ? 5 : 6);
+    r.all_gather(in, out);
+  }),
                     std::invalid_argument);
   check_usable(s);
 }
@@ -292,16 +292,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(repeated_failures_do_not_leak_state, M, failure_ma
   for (int i = 0; i < 100; ++i) {
     const int culprit = i % 4;
     BOOST_CHECK_THROW(s.run([&](auto& r) {
-                        for (int k = 0; k < 3; ++k) {
-                          if (r.replica_id() == culprit && k == i % 3) throw replica_failure(culprit);
-                          r.all_reduce(dist::reduce_op::sum, 1);
-                        }
-                      }),
+      for (int k = 0; k < 3; ++k) {
+        if (r.replica_id() == culprit && k == i % 3) throw replica_failure(culprit);
+        r.all_reduce(dist::reduce_op::sum, 1);
+      }
+    }),
                       replica_failure);
     auto sums = s.run([](auto& r) { return r.all_reduce(dist::reduce_op::sum, r.replica_id()); });
     for (int v : sums) BOOST_TEST_REQUIRE(v == 6);
   }
 }
-
 
 BOOST_AUTO_TEST_SUITE_END()

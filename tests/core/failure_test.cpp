@@ -15,7 +15,9 @@ namespace distribute::test {
 
 // CPU replicas, threads of this process.
 struct cpu_mirrored {
-  static mirrored_strategy<> make(int replicas, collective_options o = {}) { return mirrored_strategy<>{cpu_replicas(replicas), o}; }
+  static mirrored_strategy<> make(int replicas, collective_options o = {}) {
+    return mirrored_strategy<>{cpu_replicas(replicas), o};
+  }
   static int max_replicas() noexcept { return INT_MAX; }
   static one_device_strategy<> one_device() { return {}; }
 };

@@ -36,9 +36,13 @@ struct model_with_buffer {
   std::vector<float> w = std::vector<float>(3, 0.5f), g = std::vector<float>(3, 0.0f);
   std::vector<double> running = std::vector<double>(2, 1.0);
   template <class F>
-  void for_each_parameter(F&& f) { f(std::span<float>(w), std::span<float>(g)); }
+  void for_each_parameter(F&& f) {
+    f(std::span<float>(w), std::span<float>(g));
+  }
   template <class F>
-  void for_each_buffer(F&& f) { f(std::span<double>(running)); }
+  void for_each_buffer(F&& f) {
+    f(std::span<double>(running));
+  }
 };
 
 // A least-squares model trained by gradient descent, written once against the concepts: the mean
@@ -48,21 +52,26 @@ std::vector<double> train_linear(S& s, int steps) {
   const int features = 3, batch = 12;
   std::vector<double> x(static_cast<std::size_t>(batch * features)), y(static_cast<std::size_t>(batch));
   for (int i = 0; i < batch; ++i) {
-    for (int f = 0; f < features; ++f) x[static_cast<std::size_t>(i * features + f)] = std::sin(1.0 + i * 0.7 + f * 1.3);
-    y[static_cast<std::size_t>(i)] = 2.0 * x[static_cast<std::size_t>(i * features)] - x[static_cast<std::size_t>(i * features + 2)] + 0.5;
+    for (int f = 0; f < features; ++f)
+      x[static_cast<std::size_t>(i * features + f)] = std::sin(1.0 + i * 0.7 + f * 1.3);
+    y[static_cast<std::size_t>(i)] =
+        2.0 * x[static_cast<std::size_t>(i * features)] - x[static_cast<std::size_t>(i * features + 2)] + 0.5;
   }
   auto xs = s.scatter(x, features);
   auto ys = s.scatter(y);
   auto w = s.mirror([&](auto&) { return std::vector<double>(features + 1, 0.0); });
   for (int step = 0; step < steps; ++step) {
     s.run(
-        [&](dist::replica auto& r, const std::vector<double>& xl, const std::vector<double>& yl, std::vector<double>& wl) {
+        [&](dist::replica auto& r, const std::vector<double>& xl, const std::vector<double>& yl,
+            std::vector<double>& wl) {
           std::vector<double> grad(features + 1, 0.0);
           for (std::size_t i = 0; i < yl.size(); ++i) {
             double pred = wl[features];
-            for (int f = 0; f < features; ++f) pred += wl[static_cast<std::size_t>(f)] * xl[i * features + static_cast<std::size_t>(f)];
+            for (int f = 0; f < features; ++f)
+              pred += wl[static_cast<std::size_t>(f)] * xl[i * features + static_cast<std::size_t>(f)];
             const double err = (pred - yl[i]) * 2.0 / batch;
-            for (int f = 0; f < features; ++f) grad[static_cast<std::size_t>(f)] += err * xl[i * features + static_cast<std::size_t>(f)];
+            for (int f = 0; f < features; ++f)
+              grad[static_cast<std::size_t>(f)] += err * xl[i * features + static_cast<std::size_t>(f)];
             grad[features] += err;
           }
           r.all_reduce(dist::reduce_op::sum, grad);
@@ -271,7 +280,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(verify_mirrored_covers_a_models_buffers, M, strate
       const std::string what = e.what();
       BOOST_TEST(what.find("on replica(s) " + differ + ";") != std::string::npos, what);
       BOOST_TEST(what.find("buffers (such as batch norm's running statistics) differ on replica(s) " + differ) !=
-                     std::string::npos, what);
+                     std::string::npos,
+                 what);
       BOOST_TEST(what.find("parameters differ") == std::string::npos, what);
     }
     // A parameter as well, on the last replica only.
@@ -280,8 +290,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(verify_mirrored_covers_a_models_buffers, M, strate
       s.verify_mirrored(models);
       BOOST_FAIL("verify_mirrored missed diverged parameters");
     } catch (const dist::mirrored_divergence& e) {
-      BOOST_TEST(std::string(e.what()).find("parameters differ on replica(s) " + std::to_string(M::replicas - 1) + ";") !=
-                     std::string::npos, e.what());
+      BOOST_TEST(std::string(e.what()).find("parameters differ on replica(s) " + std::to_string(M::replicas - 1) +
+                                            ";") != std::string::npos,
+                 e.what());
     }
   }
   // broadcast copies the primary's buffers with its parameters.

@@ -27,7 +27,8 @@ std::vector<T> values_for(int rank, std::size_t n, reduce_op op, std::uint32_t s
   std::vector<T> v(n);
   for (auto& x : v) {
     if constexpr (std::is_floating_point_v<T>) {
-      std::uniform_real_distribution<T> d(op == reduce_op::prod ? T(0.5) : T(-100), op == reduce_op::prod ? T(1.5) : T(100));
+      std::uniform_real_distribution<T> d(op == reduce_op::prod ? T(0.5) : T(-100),
+                                          op == reduce_op::prod ? T(1.5) : T(100));
       x = d(gen);
     } else {
       std::uniform_int_distribution<int> d(op == reduce_op::prod ? -2 : -1000, op == reduce_op::prod ? 2 : 1000);

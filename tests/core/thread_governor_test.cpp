@@ -82,14 +82,12 @@ BOOST_AUTO_TEST_CASE(a_quiet_try_keeps_the_thread_and_the_wait_starts_again) {
   g.decide(window, 0.05);
   g.decide(window, 0.05);
   BOOST_TEST(g.threads() == 1);
-  while (g.decide(window, 0.0) == 1) {
-  }
+  while (g.decide(window, 0.0) == 1) {}
   BOOST_TEST(g.threads() == 2);
   BOOST_TEST(g.decide(window, 0.0) == 2);  // the try was quiet: kept
   BOOST_TEST(!g.trying());
   BOOST_TEST(g.next_try_after() == s.first_probe_s);
-  while (g.decide(window, 0.0) == 2) {
-  }
+  while (g.decide(window, 0.0) == 2) {}
   BOOST_TEST(g.threads() == 3);
   g.decide(window, 0.0);
   for (int i = 0; i < 100; ++i) BOOST_TEST(g.decide(window, 0.0) == 3);  // at the most: no more tries
@@ -98,8 +96,7 @@ BOOST_AUTO_TEST_CASE(a_quiet_try_keeps_the_thread_and_the_wait_starts_again) {
 BOOST_AUTO_TEST_CASE(a_crowded_window_outside_a_try_restarts_the_wait) {
   thread_governor g{2};
   g.decide(window, 0.05);  // 1
-  while (g.decide(window, 0.0) == 1) {
-  }
+  while (g.decide(window, 0.0) == 1) {}
   g.decide(window, 0.05);  // the try failed: the next waits 2 s
   BOOST_TEST(g.next_try_after() == 2 * g.config().first_probe_s);
   // Crowding at one thread (more busy processes than cores) delays the next try.

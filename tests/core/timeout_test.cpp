@@ -45,8 +45,7 @@ class busy_loops {
     const unsigned n = std::max(std::thread::hardware_concurrency(), dist::detail::usable_hardware_threads()) + 1;
     for (unsigned i = 0; i < n; ++i)
       threads_.emplace_back([this] {
-        while (!stop_.load(std::memory_order_relaxed)) {
-        }
+        while (!stop_.load(std::memory_order_relaxed)) {}
       });
   }
   busy_loops(const busy_loops&) = delete;
@@ -63,11 +62,11 @@ class busy_loops {
 
 // What the replicas that were on time saw in one step.
 struct step_outcome {
-  double worst_ms = 0;           // the longest any of them waited before its collective failed
-  double timed_out_ms = 0;       // how long the one that reported the timeout waited
-  std::string timeout_message;   // what it said
-  int completed = 0;             // collectives that did not fail (none should)
-  int other_errors = 0;          // failures other than collective_timeout / collective_aborted
+  double worst_ms = 0;          // the longest any of them waited before its collective failed
+  double timed_out_ms = 0;      // how long the one that reported the timeout waited
+  std::string timeout_message;  // what it said
+  int completed = 0;            // collectives that did not fail (none should)
+  int other_errors = 0;         // failures other than collective_timeout / collective_aborted
   bool step_threw_timeout = false;
 };
 
@@ -127,8 +126,7 @@ step_outcome late_replica_step(dist::mirrored_strategy<>& s, std::chrono::millis
     });
   } catch (const dist::collective_timeout&) {
     out.step_threw_timeout = true;
-  } catch (...) {
-  }
+  } catch (...) {}
   for (int q = 0; q + 1 < n; ++q) {
     const auto i = static_cast<std::size_t>(q);
     out.worst_ms = std::max(out.worst_ms, waited[i]);
@@ -153,12 +151,12 @@ double check_timeouts_under_load(int replicas, std::chrono::milliseconds timeout
       const step_outcome o = late_replica_step(s, timeout);
       worst.push_back(o.worst_ms);
       BOOST_TEST(o.step_threw_timeout, "step " << step << " did not fail with collective_timeout");
-      BOOST_TEST(o.completed == 0, "step " << step << ": " << o.completed
-                                           << " replicas completed the collective although one was late");
+      BOOST_TEST(o.completed == 0,
+                 "step " << step << ": " << o.completed << " replicas completed the collective although one was late");
       BOOST_TEST(o.other_errors == 0, "step " << step);
       BOOST_TEST(o.timed_out_ms >= limit, "step " << step << ": timed out after " << o.timed_out_ms << " ms");
-      BOOST_TEST(o.worst_ms <= allowed_ratio * limit, "step " << step << ": a replica waited " << o.worst_ms
-                                                                << " ms under a " << limit << " ms timeout");
+      BOOST_TEST(o.worst_ms <= allowed_ratio * limit,
+                 "step " << step << ": a replica waited " << o.worst_ms << " ms under a " << limit << " ms timeout");
       const auto at = o.timeout_message.find(said);
       BOOST_TEST(at != std::string::npos, o.timeout_message);
       if (at != std::string::npos) {
@@ -184,14 +182,10 @@ double check_timeouts_under_load(int replicas, std::chrono::milliseconds timeout
 BOOST_AUTO_TEST_SUITE(timeout_under_load)
 
 // More replicas than cores as well: they yield and sleep rather than spin.
-BOOST_AUTO_TEST_CASE(a_late_replica_is_reported_within_twice_the_timeout) {
-  check_timeouts_under_load(4, 100ms, 50);
-}
+BOOST_AUTO_TEST_CASE(a_late_replica_is_reported_within_twice_the_timeout) { check_timeouts_under_load(4, 100ms, 50); }
 
 // A hundred and more replicas released by one failure must not queue for a lock, or for their turns.
 // Releasing them takes the loaded cores some milliseconds of work: the timeout leaves room for it.
-BOOST_AUTO_TEST_CASE(many_replicas_honour_their_timeout) {
-  check_timeouts_under_load(128, 100ms, 10);
-}
+BOOST_AUTO_TEST_CASE(many_replicas_honour_their_timeout) { check_timeouts_under_load(128, 100ms, 10); }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -30,7 +30,8 @@ void check_parts(const dist::step_timings& t) {
   BOOST_TEST(t.input_wait >= 0.0);
   BOOST_TEST(t.checkpoint >= 0.0);
   BOOST_TEST(t.compute + t.collective + t.input_wait + t.checkpoint <= t.wall + 1e-3);
-  BOOST_TEST(t.other() == t.wall - t.compute - t.collective - t.input_wait - t.checkpoint, boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(t.other() == t.wall - t.compute - t.collective - t.input_wait - t.checkpoint,
+             boost::test_tools::tolerance(1e-9));
 }
 
 }  // namespace
@@ -94,12 +95,12 @@ BOOST_AUTO_TEST_CASE(mirrored_counts_point_to_point_and_failed_steps) {
 
   before = s.timings();
   BOOST_CHECK_THROW(s.run([](auto& r) {
-                      if (r.replica_id() == 0) {
-                        sleep_for(30ms);
-                        throw std::runtime_error("replica 0 fails");
-                      }
-                      r.barrier();  // aborted when replica 0 fails
-                    }),
+    if (r.replica_id() == 0) {
+      sleep_for(30ms);
+      throw std::runtime_error("replica 0 fails");
+    }
+    r.barrier();  // aborted when replica 0 fails
+  }),
                     std::runtime_error);
   t = s.timings() - before;
   BOOST_TEST(t.runs == 1);

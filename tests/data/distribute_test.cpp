@@ -49,7 +49,7 @@ std::vector<std::size_t> indices_of(const data::batch<float>& b) {
   std::vector<std::size_t> v;
   for (std::size_t i = 0; i < b.size(); ++i) {
     v.push_back(static_cast<std::size_t>(b[i][0]));
-    BOOST_TEST(b[i][1] == b[i][0] + 0.5f);                              // rows stay whole
+    BOOST_TEST(b[i][1] == b[i][0] + 0.5f);                                // rows stay whole
     BOOST_TEST(b.labels[i] == static_cast<std::int32_t>(v.back() % 10));  // labels stay with their rows
   }
   return v;
@@ -160,8 +160,9 @@ BOOST_AUTO_TEST_CASE(data_sharding_covers_each_example_once) {
         std::multiset<std::size_t> seen;
         std::vector<std::size_t> steps(workers, 0);
         for (std::size_t w = 0; w < workers; ++w) {
-          auto inputs = strategy.distribute(indexed_examples(examples).shuffle(64, 11).batch(global),
-                                            {.policy = data::shard_policy::data, .num_workers = workers, .worker_index = w});
+          auto inputs =
+              strategy.distribute(indexed_examples(examples).shuffle(64, 11).batch(global),
+                                  {.policy = data::shard_policy::data, .num_workers = workers, .worker_index = w});
           for (auto& per : inputs) {
             ++steps[w];
             for (auto& part : per)
@@ -196,12 +197,14 @@ BOOST_AUTO_TEST_CASE(file_policy_needs_files) {
   dist::one_device_strategy<> strategy;
   // In-memory data has no files: file sharding is an error, automatic falls back to data.
   auto ds = indexed_examples(10).batch(2);
-  BOOST_CHECK_EXCEPTION(strategy.distribute(ds, {.policy = data::shard_policy::file, .num_workers = 2, .worker_index = 0}),
-                        std::invalid_argument, [](const std::invalid_argument& e) {
-                          return std::string(e.what()).find("cannot be sharded by file") != std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      strategy.distribute(ds, {.policy = data::shard_policy::file, .num_workers = 2, .worker_index = 0}),
+      std::invalid_argument, [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("cannot be sharded by file") != std::string::npos;
+      });
   std::size_t n = 0;
-  for (auto& per : strategy.distribute(ds, {.policy = data::shard_policy::automatic, .num_workers = 2, .worker_index = 1}))
+  for (auto& per :
+       strategy.distribute(ds, {.policy = data::shard_policy::automatic, .num_workers = 2, .worker_index = 1}))
     n += per[0].size();
   BOOST_TEST(n == 5u);
   // Bad worker options.
@@ -240,19 +243,20 @@ BOOST_AUTO_TEST_CASE(distribute_from_function_gives_consecutive_batches_to_repli
   BOOST_TEST(steps[0] == (std::vector<std::size_t>{1, 3, 5}));
   BOOST_TEST(steps[3] == (std::vector<std::size_t>{19, 21, 999}));  // the missing replica gets an empty batch
   // A global batch that does not divide among the replicas is a clear error.
-  BOOST_CHECK_EXCEPTION(
-      strategy.distribute_from_function([](const data::input_context& ctx) {
-        return indexed_examples(4).batch(ctx.per_replica_batch_size(8));
-      }),
-      std::invalid_argument, [](const std::invalid_argument& e) {
-        return std::string(e.what()).find("global batch size 8 does not divide among 3 replicas") != std::string::npos;
-      });
+  BOOST_CHECK_EXCEPTION(strategy.distribute_from_function([](const data::input_context& ctx) {
+    return indexed_examples(4).batch(ctx.per_replica_batch_size(8));
+  }),
+                        std::invalid_argument, [](const std::invalid_argument& e) {
+                          return std::string(e.what()).find("global batch size 8 does not divide among 3 replicas") !=
+                                 std::string::npos;
+                        });
 }
 
 BOOST_AUTO_TEST_CASE(one_device_keeps_per_replica_in_place) {
   dist::one_device_strategy<> strategy;
   auto inputs = strategy.distribute(data::range(5).batch(2));
-  static_assert(std::is_same_v<std::ranges::range_value_t<decltype(inputs)>, dist::per_replica<std::vector<std::int64_t>, 1>>);
+  static_assert(
+      std::is_same_v<std::ranges::range_value_t<decltype(inputs)>, dist::per_replica<std::vector<std::int64_t>, 1>>);
   std::vector<std::int64_t> all;
   for (auto& per : inputs) all.insert(all.end(), per[0].begin(), per[0].end());
   BOOST_TEST(all == (std::vector<std::int64_t>{0, 1, 2, 3, 4}));

@@ -29,7 +29,8 @@ struct temp_dir {
   fs::path path;
   temp_dir() {
     static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("distribute_limits_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path = fs::temp_directory_path() /
+           ("distribute_limits_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -136,9 +137,11 @@ BOOST_AUTO_TEST_CASE(gzip_is_refused_once_it_inflates_past_the_limit) {
   }
   expect_refused([&] { data::read_image_file(tmp.path / "bomb.png", 0, small); }, (tmp.path / "bomb.png").string(),
                  {"inflates to more than the limit of 1 MiB"});
-  expect_refused([&] { data::decode_image(bomb, "in-memory.png", 0, small); }, "in-memory.png", {"inflates to more than"});
+  expect_refused([&] { data::decode_image(bomb, "in-memory.png", 0, small); }, "in-memory.png",
+                 {"inflates to more than"});
   // Under the limit, the same stream is an IDX file with bytes after its data: refused by the header.
-  expect_refused([&] { data::read_idx(tmp.path / "bomb.gz"); }, (tmp.path / "bomb.gz").string(), {"bytes after the 7840 bytes"});
+  expect_refused([&] { data::read_idx(tmp.path / "bomb.gz"); }, (tmp.path / "bomb.gz").string(),
+                 {"bytes after the 7840 bytes"});
 }
 
 BOOST_AUTO_TEST_CASE(idx_headers_are_checked_before_the_data_is_read) {
@@ -155,9 +158,10 @@ BOOST_AUTO_TEST_CASE(idx_headers_are_checked_before_the_data_is_read) {
   expect_refused([&] { data::read_idx(tmp.path / "big.idx", 0, small); }, (tmp.path / "big.idx").string(),
                  {"more than the limit of 1 MiB"});
   // The whole file counts, header included.
-  expect_refused([&] { data::read_idx(tmp.path / "big.idx", 0, {.max_file_bytes = 2 << 20}); }, (tmp.path / "big.idx").string(),
-                 {"2097168 bytes, more than the limit of 2 MiB"});
-  BOOST_TEST(data::read_idx(tmp.path / "big.idx", 0, {.max_file_bytes = 4 << 20}).values.size() == std::size_t{2} << 20);
+  expect_refused([&] { data::read_idx(tmp.path / "big.idx", 0, {.max_file_bytes = 2 << 20}); },
+                 (tmp.path / "big.idx").string(), {"2097168 bytes, more than the limit of 2 MiB"});
+  BOOST_TEST(data::read_idx(tmp.path / "big.idx", 0, {.max_file_bytes = 4 << 20}).values.size() == std::size_t{2}
+                                                                                                       << 20);
   BOOST_TEST(data::read_idx(tmp.path / "big.gz", 0, {.max_file_bytes = 4 << 20}).values.size() == std::size_t{2} << 20);
   // Two gzip members read as one stream; bytes after the stream are refused.
   auto two = gzip(idx_header(1, {4}));
@@ -167,7 +171,8 @@ BOOST_AUTO_TEST_CASE(idx_headers_are_checked_before_the_data_is_read) {
   BOOST_TEST(data::read_idx(tmp.path / "two.gz").values == (std::vector<std::uint8_t>{1, 2, 3, 4}));
   two.push_back('x');
   write_bytes(tmp.path / "junk.gz", two);
-  expect_refused([&] { data::read_idx(tmp.path / "junk.gz"); }, (tmp.path / "junk.gz").string(), {"bytes after the end of the gzip stream"});
+  expect_refused([&] { data::read_idx(tmp.path / "junk.gz"); }, (tmp.path / "junk.gz").string(),
+                 {"bytes after the end of the gzip stream"});
 }
 
 BOOST_AUTO_TEST_CASE(image_headers_are_checked_before_decoding) {
@@ -177,7 +182,8 @@ BOOST_AUTO_TEST_CASE(image_headers_are_checked_before_decoding) {
                  {"16384x16384", "more than the limit of 64 MiB", "input_limits::max_image_bytes"});
   // 8 x 8 pixels whose data inflates to 4 MiB: refused by the PNG check, not inflated by stb.
   const auto inflated = png(8, 8, 4 << 20);
-  expect_refused([&] { data::decode_image(inflated, "inflated.png"); }, "inflated.png", {"inflates to more than the 360 bytes"});
+  expect_refused([&] { data::decode_image(inflated, "inflated.png"); }, "inflated.png",
+                 {"inflates to more than the 360 bytes"});
   // An honest 8 x 8 PNG decodes, and so does its gzip.
   const auto honest = png(8, 8, 8 * 9);
   BOOST_TEST(data::decode_image(honest, "honest.png").values.size() == 64u);
@@ -193,7 +199,8 @@ BOOST_AUTO_TEST_CASE(image_folder_refuses_a_resize_past_the_limit) {
   temp_dir tmp;
   fs::create_directories(tmp.path / "a");
   write_bytes(tmp.path / "a" / "x.png", png(8, 8, 8 * 9));
-  BOOST_CHECK_THROW(data::image_folder(tmp.path, {.channels = 3, .resize = data::image_size{20000, 20000}}), std::invalid_argument);
+  BOOST_CHECK_THROW(data::image_folder(tmp.path, {.channels = 3, .resize = data::image_size{20000, 20000}}),
+                    std::invalid_argument);
   // A gzip file named .png: its content decides (and the limit bounds it).
   write_bytes(tmp.path / "a" / "y.png", gzip(png(8, 8, 8 * 9)));
   std::size_t n = 0;
@@ -212,7 +219,8 @@ BOOST_AUTO_TEST_CASE(labels_outside_the_classes_are_refused) {
   expect_refused([&] { data::mnist(data::split::train, tmp.path); }, (tmp.path / "train-labels-idx1-ubyte").string(),
                  {"label 2 is 10; labels must be 0 to 9"});
   // A generic IDX pair takes any label unless told the number of classes.
-  BOOST_TEST(data::idx_dataset(tmp.path / "train-images-idx3-ubyte", tmp.path / "train-labels-idx1-ubyte").size() == 4u);
+  BOOST_TEST(data::idx_dataset(tmp.path / "train-images-idx3-ubyte", tmp.path / "train-labels-idx1-ubyte").size() ==
+             4u);
   labels.back() = 9;
   labels[labels.size() - 2] = 0;
   write_bytes(tmp.path / "train-labels-idx1-ubyte", labels);

@@ -39,7 +39,8 @@ struct temp_dir {
   fs::path path;
   temp_dir() {
     static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("distribute_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path = fs::temp_directory_path() /
+           ("distribute_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -64,7 +65,8 @@ std::vector<std::uint8_t> read_bytes(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-std::vector<std::uint8_t> idx_bytes(std::uint8_t rank_code, std::vector<std::uint32_t> dims, const std::vector<std::uint8_t>& payload) {
+std::vector<std::uint8_t> idx_bytes(std::uint8_t rank_code, std::vector<std::uint32_t> dims,
+                                    const std::vector<std::uint8_t>& payload) {
   std::vector<std::uint8_t> b{0, 0, 0x08, rank_code};
   for (auto d : dims) {
     b.push_back(static_cast<std::uint8_t>(d >> 24));
@@ -113,7 +115,8 @@ std::vector<std::uint8_t> pattern(int w, int h, int channels, int seed) {
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
       for (int c = 0; c < channels; ++c)
-        px[static_cast<std::size_t>((y * w + x) * channels + c)] = static_cast<std::uint8_t>((x * 7 + y * 13 + c * 50 + seed) & 255);
+        px[static_cast<std::size_t>((y * w + x) * channels + c)] =
+            static_cast<std::uint8_t>((x * 7 + y * 13 + c * 50 + seed) & 255);
   return px;
 }
 void write_png(const fs::path& p, int w, int h, int seed) {
@@ -162,16 +165,19 @@ BOOST_AUTO_TEST_CASE(idx_reads_gzip_and_plain_mnist_files) {
 BOOST_AUTO_TEST_CASE(idx_bad_inputs_name_the_file) {
   temp_dir tmp;
   // Missing file.
-  expect_input_error([&] { data::mnist(data::split::train, tmp.path); }, tmp.path / "train-images-idx3-ubyte.gz", "no such file");
+  expect_input_error([&] { data::mnist(data::split::train, tmp.path); }, tmp.path / "train-images-idx3-ubyte.gz",
+                     "no such file");
   expect_input_error([&] { data::read_idx(tmp.path / "nothing.idx"); }, tmp.path / "nothing.idx", "no such file");
 
   // Wrong magic: a label file where images are expected, and bytes that are not IDX at all.
   write_mnist(tmp.path, "train", 3, true);
   fs::copy_file(tmp.path / "train-labels-idx1-ubyte.gz", tmp.path / "swapped-images.gz");
-  expect_input_error([&] { data::idx_dataset(tmp.path / "swapped-images.gz", tmp.path / "train-labels-idx1-ubyte.gz"); },
-                     tmp.path / "swapped-images.gz", "wrong IDX magic 0x00000801, expected 0x00000803");
+  expect_input_error(
+      [&] { data::idx_dataset(tmp.path / "swapped-images.gz", tmp.path / "train-labels-idx1-ubyte.gz"); },
+      tmp.path / "swapped-images.gz", "wrong IDX magic 0x00000801, expected 0x00000803");
   write_bytes(tmp.path / "text.idx", {'h', 'e', 'l', 'l', 'o', '\n', 0, 0, 0, 0, 0, 0});
-  expect_input_error([&] { data::read_idx(tmp.path / "text.idx"); }, tmp.path / "text.idx", "wrong IDX magic 0x68656C6C");
+  expect_input_error([&] { data::read_idx(tmp.path / "text.idx"); }, tmp.path / "text.idx",
+                     "wrong IDX magic 0x68656C6C");
 
   // Truncated: data shorter than the header promises; a header cut short; a file of 2 bytes.
   write_bytes(tmp.path / "short.idx", idx_bytes(3, {10, 4, 3}, std::vector<std::uint8_t>(100, 1)));
@@ -180,7 +186,8 @@ BOOST_AUTO_TEST_CASE(idx_bad_inputs_name_the_file) {
   auto cut_header = idx_bytes(3, {10, 4, 3}, {});
   cut_header.resize(9);
   write_bytes(tmp.path / "header.idx", cut_header);
-  expect_input_error([&] { data::read_idx(tmp.path / "header.idx"); }, tmp.path / "header.idx", "truncated: the IDX header");
+  expect_input_error([&] { data::read_idx(tmp.path / "header.idx"); }, tmp.path / "header.idx",
+                     "truncated: the IDX header");
   write_bytes(tmp.path / "tiny.idx", {0, 0});
   expect_input_error([&] { data::read_idx(tmp.path / "tiny.idx"); }, tmp.path / "tiny.idx", "truncated");
   write_bytes(tmp.path / "long.idx", idx_bytes(1, {2}, {1, 2, 3}));
@@ -192,7 +199,8 @@ BOOST_AUTO_TEST_CASE(idx_bad_inputs_name_the_file) {
   for (int i = 0; i < 20000; ++i) big.push_back(static_cast<std::uint8_t>(gen() % 7));
   write_gz(tmp.path / "whole.gz", idx_bytes(3, {20, 25, 40}, big));
   auto gz = read_bytes(tmp.path / "whole.gz");
-  write_bytes(tmp.path / "cut.gz", std::vector<std::uint8_t>(gz.begin(), gz.begin() + static_cast<std::ptrdiff_t>(gz.size() / 2)));
+  write_bytes(tmp.path / "cut.gz",
+              std::vector<std::uint8_t>(gz.begin(), gz.begin() + static_cast<std::ptrdiff_t>(gz.size() / 2)));
   expect_input_error([&] { data::read_idx(tmp.path / "cut.gz"); }, tmp.path / "cut.gz", "truncated");
   auto corrupt = gz;
   for (std::size_t k = 20; k < 60; ++k) corrupt[k] ^= 0x5A;
@@ -201,8 +209,8 @@ BOOST_AUTO_TEST_CASE(idx_bad_inputs_name_the_file) {
 
   // Image and label counts that disagree.
   write_gz(tmp.path / "l5.gz", idx_bytes(1, {5}, {1, 2, 3, 4, 5}));
-  expect_input_error([&] { data::idx_dataset(tmp.path / "train-images-idx3-ubyte.gz", tmp.path / "l5.gz"); }, tmp.path / "l5.gz",
-                     "holds 5 labels, but");
+  expect_input_error([&] { data::idx_dataset(tmp.path / "train-images-idx3-ubyte.gz", tmp.path / "l5.gz"); },
+                     tmp.path / "l5.gz", "holds 5 labels, but");
 }
 
 BOOST_AUTO_TEST_CASE(image_folder_reads_png_and_jpeg_with_labels) {
@@ -232,10 +240,15 @@ BOOST_AUTO_TEST_CASE(image_folder_reads_png_and_jpeg_with_labels) {
   BOOST_TEST(close > static_cast<int>(want.size() * 9 / 10));
 
   // Grayscale, resize, crop and flip.
-  const auto gray = data::image_folder(tmp.path, {.channels = 1, .resize = data::image_size{12, 16}, .random_crop = {}, .random_flip = false, .seed = 0});
+  const auto gray = data::image_folder(
+      tmp.path,
+      {.channels = 1, .resize = data::image_size{12, 16}, .random_crop = {}, .random_flip = false, .seed = 0});
   for (auto& e : gray.epoch(0)) BOOST_TEST(e.image.shape == (std::vector<std::size_t>{12, 16, 1}));
-  const auto aug = data::image_folder(tmp.path, {.channels = 3, .resize = data::image_size{6, 8}, .random_crop = data::image_size{4, 5},
-                                                 .random_flip = true, .seed = 3});
+  const auto aug = data::image_folder(tmp.path, {.channels = 3,
+                                                 .resize = data::image_size{6, 8},
+                                                 .random_crop = data::image_size{4, 5},
+                                                 .random_flip = true,
+                                                 .seed = 3});
   int flipped_or_moved = 0;
   for (std::uint64_t epoch = 0; epoch < 8; ++epoch) {
     std::size_t i = 0;
@@ -246,7 +259,8 @@ BOOST_AUTO_TEST_CASE(image_folder_reads_png_and_jpeg_with_labels) {
         for (std::size_t top = 0; top <= 2 && !found; ++top)
           for (std::size_t left = 0; left <= 3 && !found; ++left)
             for (bool flip : {false, true}) {
-              auto window = data::crop_image(data::tensor<std::uint8_t>{{6, 8, 3}, pattern(8, 6, 3, 1)}, top, left, 4, 5);
+              auto window =
+                  data::crop_image(data::tensor<std::uint8_t>{{6, 8, 3}, pattern(8, 6, 3, 1)}, top, left, 4, 5);
               if (flip) data::flip_left_right(window);
               if (window == e.image) {
                 found = true;
@@ -265,8 +279,9 @@ BOOST_AUTO_TEST_CASE(image_folder_reads_png_and_jpeg_with_labels) {
 
   // Decoding is a map over the file list: a prefetch above runs it on its threads, in order, and a
   // map on top fuses with it.
-  static_assert(std::is_same_v<decltype(aug.map(data::to_float{})),
-                               data::map_dataset<data::image_files, data::detail::composed<data::image_decoder, data::to_float>>>);
+  static_assert(std::is_same_v<
+                decltype(aug.map(data::to_float{})),
+                data::map_dataset<data::image_files, data::detail::composed<data::image_decoder, data::to_float>>>);
   for (std::size_t threads : {1u, 3u}) {
     std::vector<data::example<std::uint8_t>> parallel;
     for (auto& e : aug.prefetch(2, threads).epoch(4)) parallel.push_back(e);
@@ -309,10 +324,11 @@ BOOST_AUTO_TEST_CASE(image_folder_shards_by_file) {
   for (int s : {0, 1, 2, 3, 4, 10, 11, 12}) expected.insert(static_cast<std::uint8_t>(s));
   BOOST_TEST(firsts == expected);
   // Fewer files than workers: a clear error; automatic falls back to data.
-  BOOST_CHECK_EXCEPTION(strategy.distribute(ds.batch(9), {.policy = data::shard_policy::file, .num_workers = 9, .worker_index = 0}),
-                        std::invalid_argument, [](const std::invalid_argument& e) {
-                          return std::string(e.what()).find("reads 8 file(s) for 9 workers") != std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      strategy.distribute(ds.batch(9), {.policy = data::shard_policy::file, .num_workers = 9, .worker_index = 0}),
+      std::invalid_argument, [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("reads 8 file(s) for 9 workers") != std::string::npos;
+      });
   std::size_t n = 0;
   for (auto& per : strategy.distribute(ds.batch(9), {.num_workers = 9, .worker_index = 0})) n += per[0].size();
   BOOST_TEST(n == 1u);
@@ -336,25 +352,47 @@ BOOST_AUTO_TEST_CASE(image_bad_inputs_name_the_file) {
   write_png(tmp.path / "k" / "a.png", 8, 6, 1);
   write_png(tmp.path / "k" / "b.png", 7, 6, 1);
   const auto ds = data::image_folder(tmp.path);
-  expect_input_error([&] { for (auto& e : ds.epoch(0)) (void)e; }, tmp.path / "k" / "b.png", "image is 6x7 (height x width), but");
+  expect_input_error(
+      [&] {
+        for (auto& e : ds.epoch(0)) (void)e;
+      },
+      tmp.path / "k" / "b.png", "image is 6x7 (height x width), but");
   // With resize they are accepted.
   std::size_t n = 0;
-  for (auto& e : data::image_folder(tmp.path, {.channels = 3, .resize = data::image_size{6, 8}, .random_crop = {}, .random_flip = false, .seed = 0}).epoch(0)) n += e.image.shape[1] == 8;
+  for (auto& e :
+       data::image_folder(
+           tmp.path,
+           {.channels = 3, .resize = data::image_size{6, 8}, .random_crop = {}, .random_flip = false, .seed = 0})
+           .epoch(0))
+    n += e.image.shape[1] == 8;
   BOOST_TEST(n == 2u);
   fs::remove(tmp.path / "k" / "b.png");
 
   // Corrupt PNG: truncated, and with its pixel data overwritten.
   auto png = read_bytes(tmp.path / "k" / "a.png");
-  write_bytes(tmp.path / "k" / "c.png", std::vector<std::uint8_t>(png.begin(), png.begin() + static_cast<std::ptrdiff_t>(png.size() / 2)));
-  expect_input_error([&] { for (auto& e : data::image_folder(tmp.path).epoch(0)) (void)e; }, tmp.path / "k" / "c.png", "corrupt");
+  write_bytes(tmp.path / "k" / "c.png",
+              std::vector<std::uint8_t>(png.begin(), png.begin() + static_cast<std::ptrdiff_t>(png.size() / 2)));
+  expect_input_error(
+      [&] {
+        for (auto& e : data::image_folder(tmp.path).epoch(0)) (void)e;
+      },
+      tmp.path / "k" / "c.png", "corrupt");
   fs::remove(tmp.path / "k" / "c.png");
   // Corrupt JPEG: a start-of-image marker followed by garbage; and a zero-byte file.
   std::vector<std::uint8_t> jpg{0xFF, 0xD8, 0xFF, 0xDB, 0x00, 0x05, 0x13, 0x37, 0x42, 0xFF, 0xC0, 0x00, 0x02};
   write_bytes(tmp.path / "k" / "d.jpg", jpg);
-  expect_input_error([&] { for (auto& e : data::image_folder(tmp.path).epoch(0)) (void)e; }, tmp.path / "k" / "d.jpg", "corrupt");
+  expect_input_error(
+      [&] {
+        for (auto& e : data::image_folder(tmp.path).epoch(0)) (void)e;
+      },
+      tmp.path / "k" / "d.jpg", "corrupt");
   fs::remove(tmp.path / "k" / "d.jpg");
   write_bytes(tmp.path / "k" / "e.jpeg", {});
-  expect_input_error([&] { for (auto& e : data::image_folder(tmp.path).epoch(0)) (void)e; }, tmp.path / "k" / "e.jpeg", "empty file");
+  expect_input_error(
+      [&] {
+        for (auto& e : data::image_folder(tmp.path).epoch(0)) (void)e;
+      },
+      tmp.path / "k" / "e.jpeg", "empty file");
   fs::remove(tmp.path / "k" / "e.jpeg");
   // Found by tests/fuzz/fuzz_image: a JPEG whose Huffman table declares more than 256 codes (stb
   // 2.27 would write past its tables) and a PNG with an empty chunk (stb memcpy's to a null pointer,
@@ -363,8 +401,11 @@ BOOST_AUTO_TEST_CASE(image_bad_inputs_name_the_file) {
   for (int k = 0; k < 16; ++k) dht.push_back(0xFF);
   dht.resize(dht.size() + 64, 0x11);
   write_bytes(tmp.path / "k" / "g.jpg", dht);
-  expect_input_error([&] { for (auto& e : data::image_folder(tmp.path).epoch(0)) (void)e; }, tmp.path / "k" / "g.jpg",
-                     "corrupt JPEG: a Huffman table declares 4080 codes (at most 256)");
+  expect_input_error(
+      [&] {
+        for (auto& e : data::image_folder(tmp.path).epoch(0)) (void)e;
+      },
+      tmp.path / "k" / "g.jpg", "corrupt JPEG: a Huffman table declares 4080 codes (at most 256)");
   fs::remove(tmp.path / "k" / "g.jpg");
   const fs::path corpus = fs::path(DISTRIBUTE_SOURCE_DIR) / "tests" / "fuzz" / "corpus" / "fuzz_image";
   for (const char* regress : {"regress-jpeg-dht-overflow", "regress-jpeg-dht-at-end", "regress-jpeg-fill-before-soi"})
@@ -381,8 +422,11 @@ BOOST_AUTO_TEST_CASE(image_bad_inputs_name_the_file) {
 
   // Not an image at all, with an image's name; errors from a prefetch thread reach the consumer.
   write_bytes(tmp.path / "k" / "f.png", {'n', 'o', 't', ' ', 'a', ' ', 'p', 'n', 'g'});
-  expect_input_error([&] { for (auto& e : data::image_folder(tmp.path).prefetch(2, 2)) (void)e; }, tmp.path / "k" / "f.png",
-                     "not a PNG or JPEG image");
+  expect_input_error(
+      [&] {
+        for (auto& e : data::image_folder(tmp.path).prefetch(2, 2)) (void)e;
+      },
+      tmp.path / "k" / "f.png", "not a PNG or JPEG image");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -397,7 +441,8 @@ fs::path fashion_dir() {
 struct fashion_mnist_installed {
   boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
     std::error_code ec;
-    const bool ok = fs::exists(fashion_dir() / "train-images-idx3-ubyte.gz", ec) || fs::exists(fashion_dir() / "train-images-idx3-ubyte", ec);
+    const bool ok = fs::exists(fashion_dir() / "train-images-idx3-ubyte.gz", ec) ||
+                    fs::exists(fashion_dir() / "train-images-idx3-ubyte", ec);
     if (!ok) {
       std::cout << "SKIPPED: Fashion-MNIST is not installed in " << fashion_dir().string()
                 << " (apt-get install dataset-fashion-mnist, or set DISTRIBUTE_FASHION_MNIST_DIR)" << std::endl;
@@ -413,7 +458,8 @@ struct fashion_mnist_installed {
 BOOST_AUTO_TEST_SUITE(fashion_mnist, *boost::unit_test::precondition(fashion_mnist_installed{}))
 
 BOOST_AUTO_TEST_CASE(loads_both_splits_with_balanced_classes) {
-  for (auto [split, total, per_class] : {std::tuple{data::split::train, 60000u, 6000}, std::tuple{data::split::test, 10000u, 1000}}) {
+  for (auto [split, total, per_class] :
+       {std::tuple{data::split::train, 60000u, 6000}, std::tuple{data::split::test, 10000u, 1000}}) {
     const auto ds = data::fashion_mnist(split, fashion_dir());
     BOOST_TEST(ds.size() == total);
     BOOST_TEST(ds.rows() == 28u);
@@ -433,7 +479,8 @@ BOOST_AUTO_TEST_CASE(loads_both_splits_with_balanced_classes) {
 
 BOOST_AUTO_TEST_CASE(distributed_epoch_covers_the_test_split) {
   dist::mirrored_strategy<> strategy{dist::cpu_replicas(3)};
-  const auto ds = data::fashion_mnist(data::split::test, fashion_dir()).shuffle(10000, 1).batch(64).map(data::to_float{});
+  const auto ds =
+      data::fashion_mnist(data::split::test, fashion_dir()).shuffle(10000, 1).batch(64).map(data::to_float{});
   std::array<int, 10> count{};
   std::size_t steps = 0;
   for (auto& per : strategy.distribute(ds, {.prefetch = 4, .prefetch_threads = 2})) {

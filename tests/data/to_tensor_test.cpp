@@ -25,7 +25,8 @@ BOOST_AUTO_TEST_CASE(nhwc_images_become_nchw_planes) {
   for (std::int64_t e = 0; e < 2; ++e)
     for (std::int64_t c = 0; c < 3; ++c)
       for (std::int64_t y = 0; y < 2; ++y)
-        for (std::int64_t x = 0; x < 3; ++x) BOOST_TEST(t(e, c, y, x) == static_cast<float>(100 * e + 10 * (y * 3 + x) + c));
+        for (std::int64_t x = 0; x < 3; ++x)
+          BOOST_TEST(t(e, c, y, x) == static_cast<float>(100 * e + 10 * (y * 3 + x) + c));
 }
 
 BOOST_AUTO_TEST_CASE(pixel_scalings_map_0_and_255_to_the_ends_of_their_ranges) {

@@ -143,9 +143,9 @@ BOOST_AUTO_TEST_CASE(shuffle_is_a_deterministic_permutation_that_changes_each_ep
   std::sort(sorted.begin(), sorted.end());
   BOOST_TEST(sorted == iota(0, 100));  // a permutation: nothing lost or duplicated
   BOOST_TEST(e0 != iota(0, 100));
-  BOOST_TEST(collect(ds, 0) == e0);                           // same seed and epoch, same order
+  BOOST_TEST(collect(ds, 0) == e0);                                 // same seed and epoch, same order
   BOOST_TEST(collect(data::range(100).shuffle(100, 42), 0) == e0);  // from a fresh copy too
-  BOOST_TEST(e1 != e0);                                       // a new order each epoch
+  BOOST_TEST(e1 != e0);                                             // a new order each epoch
   auto s1 = e1;
   std::sort(s1.begin(), s1.end());
   BOOST_TEST(s1 == iota(0, 100));
@@ -186,7 +186,12 @@ BOOST_AUTO_TEST_CASE(shuffle_is_roughly_uniform) {
 
 BOOST_AUTO_TEST_CASE(cache_replays_the_first_complete_pass) {
   auto calls = std::make_shared<std::atomic<int>>(0);
-  auto cached = data::range(5).map([calls](std::int64_t x) { ++*calls; return x * 3; }).cache();
+  auto cached = data::range(5)
+                    .map([calls](std::int64_t x) {
+                      ++*calls;
+                      return x * 3;
+                    })
+                    .cache();
   BOOST_TEST(!cached.filled());
   // An abandoned pass caches nothing.
   for (auto x : cached.epoch(0)) {

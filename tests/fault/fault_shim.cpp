@@ -47,7 +47,6 @@ std::atomic<long> seen{0};
 
 bool path_matches(const char* path) { return cfg().match && path && std::strstr(path, cfg().match) != nullptr; }
 
-
 // Whether this call is the one to fail at; counts matching calls.
 bool strike(const char* call, bool matches) {
   if (!cfg().call || std::strcmp(cfg().call, call) != 0 || !matches) return false;
@@ -60,7 +59,6 @@ bool strike(const char* call, bool matches) {
 }
 
 bool mode(const char* m) { return std::strcmp(cfg().mode, m) == 0; }
-
 
 // Appends "<call> <path>\n" to the log (a write of its own, through the real call).
 void log_call(const char* call, const char* path) {

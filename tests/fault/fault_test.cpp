@@ -48,7 +48,8 @@ void write_idx(const fs::path& p, std::vector<std::uint32_t> dims, const std::ve
   for (auto d : dims)
     for (int s : {24, 16, 8, 0}) b.push_back(static_cast<std::uint8_t>(d >> s));
   b.insert(b.end(), values.begin(), values.end());
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
 // Sneakers (7) and ankle boots (9) of random pixels, with a few other labels between them.
@@ -77,7 +78,8 @@ int run(const std::vector<std::string>& args, const fault* f, const fs::path& lo
       ::setenv("LD_PRELOAD", shim.c_str(), 1);
       // A sanitizer runtime wants to come first; the shim only wraps three calls.
       const char* asan = std::getenv("ASAN_OPTIONS");
-      ::setenv("ASAN_OPTIONS", (std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "verify_asan_link_order=0").c_str(), 1);
+      ::setenv("ASAN_OPTIONS",
+               (std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "verify_asan_link_order=0").c_str(), 1);
     }
     if (f) {
       ::setenv("FAULT_CALL", f->call.c_str(), 1);
@@ -99,10 +101,35 @@ int run(const std::vector<std::string>& args, const fault* f, const fs::path& lo
 }
 
 std::vector<std::string> arguments(const fs::path& data, const fs::path& out, bool resume) {
-  std::vector<std::string> a{"--strategy", "one_device", "--filters", "4", "--blocks", "1", "--d-filters", "4", "--d-layers", "2",
-                             "--batch", "2", "--pool-size", "4", "--steps", "6", "--checkpoint-every", "2", "--sample-every", "3",
-                             "--samples", "2", "--fmnist-dir", data.string(), "--out", out.string(), "--checkpoint-dir",
-                             (out / "ckpt").string(), "--quiet"};
+  std::vector<std::string> a{"--strategy",
+                             "one_device",
+                             "--filters",
+                             "4",
+                             "--blocks",
+                             "1",
+                             "--d-filters",
+                             "4",
+                             "--d-layers",
+                             "2",
+                             "--batch",
+                             "2",
+                             "--pool-size",
+                             "4",
+                             "--steps",
+                             "6",
+                             "--checkpoint-every",
+                             "2",
+                             "--sample-every",
+                             "3",
+                             "--samples",
+                             "2",
+                             "--fmnist-dir",
+                             data.string(),
+                             "--out",
+                             out.string(),
+                             "--checkpoint-dir",
+                             (out / "ckpt").string(),
+                             "--quiet"};
   if (resume) a.push_back("--resume");
   return a;
 }
@@ -119,7 +146,8 @@ bool whole_png(const fs::path& p) {
 
 // The outputs of a finished run, against the uninterrupted run's checkpoint.
 void check_outputs(const std::string& scenario, const fs::path& out, const std::vector<char>& reference) {
-  if (bytes_of(out / "ckpt" / final_checkpoint) != reference) fail(scenario, "the final checkpoint differs from the uninterrupted run's");
+  if (bytes_of(out / "ckpt" / final_checkpoint) != reference)
+    fail(scenario, "the final checkpoint differs from the uninterrupted run's");
   std::ifstream csv(out / "losses.csv");
   std::string line;
   std::getline(csv, line);
@@ -133,11 +161,13 @@ void check_outputs(const std::string& scenario, const fs::path& out, const std::
     }
     ++expect;
   }
-  if (expect != steps + 1) fail(scenario, "losses.csv holds " + std::to_string(expect - 1) + " rows, not " + std::to_string(steps));
+  if (expect != steps + 1)
+    fail(scenario, "losses.csv holds " + std::to_string(expect - 1) + " rows, not " + std::to_string(steps));
   for (const char* png : {"samples_final.png", "losses.png", "samples_step000003.png", "samples_step000006.png"})
     if (!whole_png(out / png)) fail(scenario, std::string(png) + " is missing or not a whole PNG");
   for (const auto& e : fs::recursive_directory_iterator(out))
-    if (e.path().filename().string().find(".tmp-") != std::string::npos) fail(scenario, "left behind: " + e.path().string());
+    if (e.path().filename().string().find(".tmp-") != std::string::npos)
+      fail(scenario, "left behind: " + e.path().string());
 }
 
 // How many of the logged calls are `call` on a path containing `match`.
@@ -184,9 +214,9 @@ int main(int argc, char** argv) {
     bool chain;
   };
   const std::vector<scenario> scenarios{
-      {"write", "/ckpt/ckpt-", "torn", middle, true},   {"fsync", "/ckpt/ckpt-", "before", first, false},
-      {"rename", "/ckpt/ckpt-", "after", last, false},  {"write", "losses.csv", "torn", middle, false},
-      {"rename", "losses.csv", "before", last, true},   {"write", ".png", "torn", middle, false},
+      {"write", "/ckpt/ckpt-", "torn", middle, true},  {"fsync", "/ckpt/ckpt-", "before", first, false},
+      {"rename", "/ckpt/ckpt-", "after", last, false}, {"write", "losses.csv", "torn", middle, false},
+      {"rename", "losses.csv", "before", last, true},  {"write", ".png", "torn", middle, false},
       {"rename", ".png", "before", first, false},
   };
   int count = 0, killed = 0;
@@ -197,7 +227,8 @@ int main(int argc, char** argv) {
       continue;
     }
     const long at = sc.at == first ? 1 : sc.at == middle ? (n + 1) / 2 : n;
-    const std::string name = sc.call + " '" + sc.match + "' #" + std::to_string(at) + "/" + std::to_string(n) + " " + sc.mode;
+    const std::string name =
+        sc.call + " '" + sc.match + "' #" + std::to_string(at) + "/" + std::to_string(n) + " " + sc.mode;
     const fs::path out = work / ("run" + std::to_string(count++));
     const fault f{sc.call, sc.match, sc.mode, at};
     const int rc = run(arguments(data, out, false), &f);
@@ -211,12 +242,14 @@ int main(int argc, char** argv) {
     if (const int rc3 = run(arguments(data, out, true), nullptr); rc3 != 0)
       fail(name, "the resumed run exited with " + std::to_string(rc3));
     else check_outputs(name, out, reference);
-    std::printf("%-45s killed, resumed%s: %s\n", name.c_str(), sc.chain ? " (killed again)" : "", failures ? "see above" : "whole");
+    std::printf("%-45s killed, resumed%s: %s\n", name.c_str(), sc.chain ? " (killed again)" : "",
+                failures ? "see above" : "whole");
     std::fflush(stdout);
     fs::remove_all(out);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%d scenarios, %d runs killed at the chosen call, %d failures, %.1f s\n", count, killed, failures, seconds);
+  std::printf("%d scenarios, %d runs killed at the chosen call, %d failures, %.1f s\n", count, killed, failures,
+              seconds);
   if (failures == 0) fs::remove_all(work);
   return failures == 0 ? 0 : 1;
 }

@@ -26,8 +26,7 @@ void check(std::span<const std::byte> bytes) {
     const auto a = ckpt::parse(bytes, "fuzz-input");
     const auto again = ckpt::serialize(a);
     if (again.size() != bytes.size() || std::memcmp(again.data(), bytes.data(), bytes.size()) != 0) std::abort();
-  } catch (const ckpt::checkpoint_error&) {
-  }
+  } catch (const ckpt::checkpoint_error&) {}
 }
 
 void reseal(std::vector<std::byte>& b) {

@@ -16,8 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* bytes, std::size_t siz
       std::size_t count = 1;
       for (auto d : t.shape) count *= d;
       if (count != t.values.size()) std::abort();
-    } catch (const distribute::data::input_error&) {
-    }
+    } catch (const distribute::data::input_error&) {}
   }
   return 0;
 }

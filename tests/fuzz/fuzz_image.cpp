@@ -31,8 +31,7 @@ void decode(std::span<const std::uint8_t> bytes) {
       if (small.values.size() != 5 * 7 * img.shape[2]) std::abort();
       auto window = data::crop_image(small, 1, 2, 3, 4);
       data::flip_left_right(window);
-    } catch (const data::input_error&) {
-    }
+    } catch (const data::input_error&) {}
   }
 }
 

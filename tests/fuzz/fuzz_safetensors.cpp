@@ -21,7 +21,8 @@ namespace {
 // that the target depends on the file format alone, not on the layers.
 struct model {
   using scalar_type = float;
-  nn::parameter<float> weight{distribute::shape{2, 1, 3, 3}, nn::init::normal, 1}, bias{distribute::shape{2}, nn::init::zero, 0};
+  nn::parameter<float> weight{distribute::shape{2, 1, 3, 3}, nn::init::normal, 1},
+      bias{distribute::shape{2}, nn::init::zero, 0};
   nn::parameter<float> gamma{distribute::shape{2}, nn::init::scale, 2}, beta{distribute::shape{2}, nn::init::zero, 0};
   std::vector<double> running_mean = std::vector<double>(2, 0.0), running_var = std::vector<double>(2, 1.0);
 

@@ -161,7 +161,8 @@ void check_against_reference(const named_geometry& ng, dist::compute_precision p
   const auto dx_garbage = random_values(g.input_size(), 7);  // backward data overwrites
 
   const auto dx_ = upload(x, d), dw_ = upload(w, d), dbias = upload(bias, d), ddy = upload(dy, d);
-  const std::string where = std::string(ng.name) + " " + g.to_string() + " (" + std::string(dist::to_string(precision)) + ")";
+  const std::string where =
+      std::string(ng.name) + " " + g.to_string() + " (" + std::string(dist::to_string(precision)) + ")";
 
   for (const bool with_bias : {false, true}) {
     std::vector<float> want(static_cast<std::size_t>(g.output_size()));
@@ -261,7 +262,7 @@ BOOST_AUTO_TEST_CASE(plans_are_built_once_per_geometry_and_pass) {
   gpu.forward(g, x.data(), w.data(), nullptr, y.data());  // the same geometry and pass: the cached plan
   BOOST_TEST(gpu.cached_plans() == 1u);
   BOOST_TEST(gpu.workspace_bytes() == workspace);
-  BOOST_TEST(y.to_vector() == first);  // the same plan, the same bits
+  BOOST_TEST(y.to_vector() == first);                                     // the same plan, the same bits
   const auto other = dist::conv_geometry::of(1, 8, 16, 16, 16, 3, 2, 1);  // another batch: another plan
   gpu.forward(other, x.data(), w.data(), nullptr, y.data());
   BOOST_TEST(gpu.cached_plans() == 2u);
@@ -410,7 +411,8 @@ std::vector<float> on_host(std::span<const float> s) {
 }
 
 // Each element of `gpu` within `tol` of `cpu`'s, relative to cpu's largest magnitude.
-void check_close(const std::vector<float>& cpu, const std::vector<float>& gpu, const std::string& what, double tol = tolerance) {
+void check_close(const std::vector<float>& cpu, const std::vector<float>& gpu, const std::string& what,
+                 double tol = tolerance) {
   BOOST_TEST_REQUIRE(cpu.size() == gpu.size(), what << ": " << cpu.size() << " vs " << gpu.size() << " elements");
   double scale = 0;
   for (float v : cpu) scale = std::max(scale, std::abs(static_cast<double>(v)));
@@ -432,13 +434,15 @@ void check_close(const std::vector<float>& cpu, const std::vector<float>& gpu, c
 template <class M>
 std::vector<std::vector<float>> gradients_of(M& m) {
   std::vector<std::vector<float>> out;
-  m.for_each_parameter([&](auto, auto grad) { out.push_back(on_host(std::span<const float>(grad.data(), grad.size()))); });
+  m.for_each_parameter(
+      [&](auto, auto grad) { out.push_back(on_host(std::span<const float>(grad.data(), grad.size()))); });
   return out;
 }
 template <class M>
 std::vector<std::vector<float>> values_of(M& m) {
   std::vector<std::vector<float>> out;
-  m.for_each_parameter([&](auto value, auto) { out.push_back(on_host(std::span<const float>(value.data(), value.size()))); });
+  m.for_each_parameter(
+      [&](auto value, auto) { out.push_back(on_host(std::span<const float>(value.data(), value.size()))); });
   return out;
 }
 
@@ -461,8 +465,9 @@ void compare_model(Make make, const shape& in, const std::string& name, bool tra
   auto gpu_model = make(s.device());
   // Every parameter made the same on both devices (a layer without parameters has none to compare).
   const auto cpu_values = values_of(cpu_model), gpu_values = values_of(gpu_model);
-  BOOST_TEST_REQUIRE(cpu_values.size() == gpu_values.size(), name << ": " << cpu_values.size() << " parameters on the CPU, "
-                                                                  << gpu_values.size() << " on the GPU");
+  BOOST_TEST_REQUIRE(cpu_values.size() == gpu_values.size(), name << ": " << cpu_values.size()
+                                                                  << " parameters on the CPU, " << gpu_values.size()
+                                                                  << " on the GPU");
   for (std::size_t p = 0; p < cpu_values.size(); ++p)
     check_close(cpu_values[p], gpu_values[p], name + ": initial value of parameter " + std::to_string(p), 0.0);
   gpu_model.set_training(train);
@@ -471,7 +476,8 @@ void compare_model(Make make, const shape& in, const std::string& name, bool tra
     const auto xg = dist::tensor<float, dist::cuda>::from_host(in, std::span<const float>(x_values), rg.device());
     const auto yg = gpu_model.forward(rg, xg);
     gy = on_host(yg);
-    const auto dyg = dist::tensor<float, dist::cuda>::from_host(yg.shape(), std::span<const float>(dy_values), rg.device());
+    const auto dyg =
+        dist::tensor<float, dist::cuda>::from_host(yg.shape(), std::span<const float>(dy_values), rg.device());
     gpu_model.zero_grad();
     gdx = on_host(gpu_model.backward(rg, dyg));
   });
@@ -479,7 +485,8 @@ void compare_model(Make make, const shape& in, const std::string& name, bool tra
   check_close(on_host(dx), gdx, name + ": input gradient");
   const auto cg = gradients_of(cpu_model), gg = gradients_of(gpu_model);
   BOOST_TEST_REQUIRE(cg.size() == gg.size());
-  for (std::size_t p = 0; p < cg.size(); ++p) check_close(cg[p], gg[p], name + ": gradient of parameter " + std::to_string(p));
+  for (std::size_t p = 0; p < cg.size(); ++p)
+    check_close(cg[p], gg[p], name + ": gradient of parameter " + std::to_string(p));
 }
 
 }  // namespace
@@ -505,16 +512,18 @@ BOOST_AUTO_TEST_CASE(the_engine_is_the_replicas) {
 // the rounding of each operand once, the accumulation float32 either way.
 BOOST_AUTO_TEST_CASE(matrix_products_match_the_cpu_engine) {
   dist::engine<dist::cpu> cpu_engine;
-  for (const auto [precision, tol] : {std::pair{dist::compute_precision::float32, tolerance},
-                                      std::pair{dist::compute_precision::bfloat16, 3e-2},
-                                      std::pair{dist::compute_precision::float16, 5e-3}}) {
+  for (const auto [precision, tol] :
+       {std::pair{dist::compute_precision::float32, tolerance}, std::pair{dist::compute_precision::bfloat16, 3e-2},
+        std::pair{dist::compute_precision::float16, 5e-3}}) {
     dist::engine<dist::cuda> gpu_engine{{.precision = precision}, 0, dist::cuda{0}};
     BOOST_TEST((gpu_engine.precision() == precision));
     for (const bool ta : {false, true})
       for (const bool tb : {false, true})
         for (const bool acc : {false, true}) {
-          const dist::gemm_geometry g{.m = 37, .n = 29, .k = 53, .transpose_a = ta, .transpose_b = tb, .accumulate = acc};
-          const auto a = random_values(static_cast<std::size_t>(g.a_size()), 1), b = random_values(static_cast<std::size_t>(g.b_size()), 2);
+          const dist::gemm_geometry g{
+              .m = 37, .n = 29, .k = 53, .transpose_a = ta, .transpose_b = tb, .accumulate = acc};
+          const auto a = random_values(static_cast<std::size_t>(g.a_size()), 1),
+                     b = random_values(static_cast<std::size_t>(g.b_size()), 2);
           auto c = random_values(static_cast<std::size_t>(g.c_size()), 3);
           auto da = dist::tensor<float, dist::cuda>::from_host(shape{g.a_size()}, std::span<const float>(a));
           auto db = dist::tensor<float, dist::cuda>::from_host(shape{g.b_size()}, std::span<const float>(b));
@@ -542,12 +551,14 @@ BOOST_AUTO_TEST_CASE(a_model_with_a_precision_of_its_own_tracks_float32_and_rest
   };
   const auto to_host = [](auto v) { return on_host(std::span<const float>(v.data(), v.size())); };
   std::vector<std::vector<float>> results;
-  for (const auto precision : {dist::compute_precision::float32, dist::compute_precision::bfloat16, dist::compute_precision::float16}) {
+  for (const auto precision :
+       {dist::compute_precision::float32, dist::compute_precision::bfloat16, dist::compute_precision::float16}) {
     const auto [p, restored] = pc::train(s, precision, to_device, to_host);
     BOOST_TEST(restored, dist::to_string(precision) << ": the engine's precision was not restored");
     results.push_back(p);
   }
-  const double bf16 = pc::relative_distance(results[0], results[1]), fp16 = pc::relative_distance(results[0], results[2]);
+  const double bf16 = pc::relative_distance(results[0], results[1]),
+               fp16 = pc::relative_distance(results[0], results[2]);
   BOOST_TEST_MESSAGE("after 3 Adam steps, relative to float32: bfloat16 " << bf16 << ", float16 " << fp16);
   BOOST_TEST(bf16 <= pc::bfloat16_from_float32, "bfloat16 against float32 after 3 steps: " << bf16);
   BOOST_TEST(fp16 <= pc::float16_from_float32, "float16 against float32 after 3 steps: " << fp16);
@@ -573,7 +584,9 @@ struct started_probe : nn::detail::stateless {
   std::function<std::size_t()> started;
   std::size_t seen = 0;
   template <class R>
-  dist::tensor<float, dist::cuda> forward(R&, const dist::tensor<float, dist::cuda>& x) { return x; }
+  dist::tensor<float, dist::cuda> forward(R&, const dist::tensor<float, dist::cuda>& x) {
+    return x;
+  }
   template <class R>
   dist::tensor<float, dist::cuda> backward(R&, const dist::tensor<float, dist::cuda>& dy) {
     if (started) seen = started();
@@ -593,37 +606,41 @@ void check_overlap_on_gpus(bool overlapped_in_backward) {
   const auto x = random_values(static_cast<std::size_t>(2 * n * 2 * 8 * 8), 17);
   auto train = [&](bool overlap) {
     auto nets = s.mirror([&](auto& device) {
-      return nn::sequential{started_probe{},
-                            nn::conv2d<float, dist::cuda>{{.in_channels = 2, .out_channels = 8, .kernel = 3, .padding = 1}, 1, device},
-                            nn::relu<float, dist::cuda>{},
-                            nn::conv2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 8, .kernel = 3, .padding = 1}, 2, device},
-                            nn::relu<float, dist::cuda>{},
-                            nn::conv2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 2, .kernel = 3, .padding = 1}, 3, device}};
+      return nn::sequential{
+          started_probe{},
+          nn::conv2d<float, dist::cuda>{{.in_channels = 2, .out_channels = 8, .kernel = 3, .padding = 1}, 1, device},
+          nn::relu<float, dist::cuda>{},
+          nn::conv2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 8, .kernel = 3, .padding = 1}, 2, device},
+          nn::relu<float, dist::cuda>{},
+          nn::conv2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 2, .kernel = 3, .padding = 1}, 3, device}};
     });
     auto opts = s.mirror([](auto&) { return dist::optim::adam<float>{{.lr = 1e-2}}; });
     auto xs = s.scatter(x, 2 * 8 * 8);
     std::pair<std::size_t, std::size_t> counts;
     for (int step = 0; step < 3; ++step) {
-      const auto out = s.run([&](dist::replica auto& r, const std::vector<float>& xl, auto& net, dist::optim::adam<float>& opt) {
-        const auto input = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(static_cast<std::int64_t>(xl.size()) / 128, 2, 8, 8),
-                                                                      std::span<const float>(xl), r.device());
-        net.zero_grad();
-        const auto loss = nn::mse(r, net.forward(r, input), input, 2 * n);
-        std::size_t collectives = 0;
-        if (overlap) {
-          auto sync = r.overlap_gradients(small_buckets);
-          sync.add(net);
-          net.template get<0>().started = [&sync] { return sync.started(); };
-          net.backward(r, loss.grad);
-          net.template get<0>().started = nullptr;
-          collectives = sync.wait();
-        } else {
-          net.backward(r, loss.grad);
-          collectives = r.all_reduce_gradients(net, small_buckets);
-        }
-        opt.step(r, net);
-        return std::pair{collectives, net.template get<0>().seen};
-      }, xs, nets, opts);
+      const auto out = s.run(
+          [&](dist::replica auto& r, const std::vector<float>& xl, auto& net, dist::optim::adam<float>& opt) {
+            const auto input = dist::tensor<float, dist::cuda>::from_host(
+                dist::shape::nchw(static_cast<std::int64_t>(xl.size()) / 128, 2, 8, 8), std::span<const float>(xl),
+                r.device());
+            net.zero_grad();
+            const auto loss = nn::mse(r, net.forward(r, input), input, 2 * n);
+            std::size_t collectives = 0;
+            if (overlap) {
+              auto sync = r.overlap_gradients(small_buckets);
+              sync.add(net);
+              net.template get<0>().started = [&sync] { return sync.started(); };
+              net.backward(r, loss.grad);
+              net.template get<0>().started = nullptr;
+              collectives = sync.wait();
+            } else {
+              net.backward(r, loss.grad);
+              collectives = r.all_reduce_gradients(net, small_buckets);
+            }
+            opt.step(r, net);
+            return std::pair{collectives, net.template get<0>().seen};
+          },
+          xs, nets, opts);
       counts = out[0];
     }
     s.verify_mirrored(nets);
@@ -657,13 +674,18 @@ auto make_graphable(dist::cuda device) {
   return nn::sequential{
       nn::conv2d<float, dist::cuda>{{.in_channels = 2, .out_channels = 8, .kernel = 3, .padding = 1}, 1, device},
       nn::leaky_relu<float, dist::cuda>{0.2f},
-      nn::conv2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 8, .kernel = 4, .stride = 2, .padding = 1}, 2, device},
+      nn::conv2d<float, dist::cuda>{
+          {.in_channels = 8, .out_channels = 8, .kernel = 4, .stride = 2, .padding = 1}, 2, device},
       nn::instance_norm<float, dist::cuda>{{.channels = 8, .affine = true}, 3, device},
       nn::relu<float, dist::cuda>{},
-      nn::conv_transpose2d<float, dist::cuda>{{.in_channels = 8, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1,
-                                               .output_padding = 1}, 4, device},
-      nn::conv2d<float, dist::cuda>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .padding = 1,
-                                     .pad_mode = nn::padding_mode::reflect}, 5, device},
+      nn::conv_transpose2d<float, dist::cuda>{
+          {.in_channels = 8, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1},
+          4,
+          device},
+      nn::conv2d<float, dist::cuda>{
+          {.in_channels = 4, .out_channels = 2, .kernel = 3, .padding = 1, .pad_mode = nn::padding_mode::reflect},
+          5,
+          device},
       nn::tanh<float, dist::cuda>{}};
 }
 
@@ -689,8 +711,10 @@ graph_run steps_of(Make make, const std::vector<std::int64_t>& batches, bool leg
     const auto x = random_values(static_cast<std::size_t>(n * 2 * 8 * 8), static_cast<std::uint32_t>(100 + step));
     const auto t = random_values(static_cast<std::size_t>(n * 2 * 8 * 8), static_cast<std::uint32_t>(200 + step), 0.5f);
     s.run([&](dist::replica auto& r) {
-      const auto xg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(n, 2, 8, 8), std::span<const float>(x), r.device());
-      const auto tg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(n, 2, 8, 8), std::span<const float>(t), r.device());
+      const auto xg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(n, 2, 8, 8),
+                                                                 std::span<const float>(x), r.device());
+      const auto tg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(n, 2, 8, 8),
+                                                                 std::span<const float>(t), r.device());
       net.zero_grad();
       const auto y = net.forward(r, xg);
       const auto loss = nn::mse(r, y, tg, n);
@@ -720,8 +744,7 @@ void check_same_bits(const graph_run& graphed, const graph_run& eager) {
     BOOST_TEST(dt::bit_equal(graphed.parameters[p], eager.parameters[p]), "parameter " << p);
 }
 
-BOOST_AUTO_TEST_CASE(graphed_passes_replay_the_eager_ones_bit_for_bit,
-                     *boost::unit_test::precondition([](auto) {
+BOOST_AUTO_TEST_CASE(graphed_passes_replay_the_eager_ones_bit_for_bit, *boost::unit_test::precondition([](auto) {
                        return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
                      })) {
   // Batch 2 for four steps (warm-up, capture, two replays), 3 for three (a new shape: warm-up,
@@ -744,7 +767,8 @@ BOOST_AUTO_TEST_CASE(on_the_legacy_default_stream_graphs_fall_back_to_eager_and_
   // the model runs eagerly, with the eager results, and the reason names the remedy.
   const std::vector<std::int64_t> batches{2, 2, 2};
   const auto eager = steps_of([](dist::cuda d) { return make_graphable(d); }, batches, /*legacy_stream=*/true);
-  const auto graphed = steps_of([](dist::cuda d) { return nn::graphed{make_graphable(d)}; }, batches, /*legacy_stream=*/true);
+  const auto graphed =
+      steps_of([](dist::cuda d) { return nn::graphed{make_graphable(d)}; }, batches, /*legacy_stream=*/true);
   BOOST_TEST(graphed.captures == 0u);
   BOOST_TEST((graphed.replaying == std::vector<bool>(3, false)));
   BOOST_TEST(dt::contains(graphed.eager_reason, "legacy default stream"), graphed.eager_reason);
@@ -752,8 +776,7 @@ BOOST_AUTO_TEST_CASE(on_the_legacy_default_stream_graphs_fall_back_to_eager_and_
   check_same_bits(graphed, eager);
 }
 
-BOOST_AUTO_TEST_CASE(a_graphed_copy_warms_up_before_it_captures,
-                     *boost::unit_test::precondition([](auto) {
+BOOST_AUTO_TEST_CASE(a_graphed_copy_warms_up_before_it_captures, *boost::unit_test::precondition([](auto) {
                        return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
                      })) {
   // Assigning a graphed model drops its graphs and its warm-up count: the next pass is eager.
@@ -764,7 +787,8 @@ BOOST_AUTO_TEST_CASE(a_graphed_copy_warms_up_before_it_captures,
   const auto x = random_values(2 * 2 * 8 * 8, 7);
   auto pass = [&](auto& net) {
     s.run([&](dist::replica auto& r) {
-      const auto xg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(2, 2, 8, 8), std::span<const float>(x), r.device());
+      const auto xg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(2, 2, 8, 8),
+                                                                 std::span<const float>(x), r.device());
       net.backward(r, net.forward(r, xg));
     });
   };
@@ -779,8 +803,7 @@ BOOST_AUTO_TEST_CASE(a_graphed_copy_warms_up_before_it_captures,
   BOOST_TEST(a.replaying());
 }
 
-BOOST_AUTO_TEST_CASE(a_model_a_graph_cannot_hold_runs_eagerly_and_says_why,
-                     *boost::unit_test::precondition([](auto) {
+BOOST_AUTO_TEST_CASE(a_model_a_graph_cannot_hold_runs_eagerly_and_says_why, *boost::unit_test::precondition([](auto) {
                        return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
                      })) {
   // batch_norm reads its statistics on the host: the capture fails, the pass runs again eagerly, and
@@ -820,8 +843,7 @@ struct all_reducing_layer : nn::detail::stateless {
   }
 };
 
-BOOST_AUTO_TEST_CASE(a_graphed_model_that_calls_collectives_runs_eagerly,
-                     *boost::unit_test::precondition([](auto) {
+BOOST_AUTO_TEST_CASE(a_graphed_model_that_calls_collectives_runs_eagerly, *boost::unit_test::precondition([](auto) {
                        return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
                      })) {
   // A collective inside a pass is refused while capturing, on every replica alike, which all go on
@@ -835,13 +857,16 @@ BOOST_AUTO_TEST_CASE(a_graphed_model_that_calls_collectives_runs_eagerly,
   const auto x = random_values(4 * 2 * 8 * 8, 5);
   auto xs = s.scatter(x, 2 * 8 * 8);
   for (int step = 0; step < 3; ++step) {
-    s.run([&](dist::replica auto& r, const std::vector<float>& xl, auto& net) {
-      const auto xg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(2, 2, 8, 8), std::span<const float>(xl), r.device());
-      net.zero_grad();
-      const auto y = net.forward(r, xg);
-      net.backward(r, y);
-      r.all_reduce_gradients(net);
-    }, xs, nets);
+    s.run(
+        [&](dist::replica auto& r, const std::vector<float>& xl, auto& net) {
+          const auto xg = dist::tensor<float, dist::cuda>::from_host(dist::shape::nchw(2, 2, 8, 8),
+                                                                     std::span<const float>(xl), r.device());
+          net.zero_grad();
+          const auto y = net.forward(r, xg);
+          net.backward(r, y);
+          r.all_reduce_gradients(net);
+        },
+        xs, nets);
   }
   for (std::size_t i = 0; i < 2; ++i) {
     BOOST_TEST(nets[i].captures() == 0u);
@@ -853,9 +878,9 @@ BOOST_AUTO_TEST_CASE(a_graphed_model_that_calls_collectives_runs_eagerly,
 // --- whole steps as CUDA graphs (cuda/nn/graphed_step.cuh) ---
 
 struct whole_run {
-  std::vector<float> losses;                 // each step's, read from the tensor the step returned
+  std::vector<float> losses;                   // each step's, read from the tensor the step returned
   std::vector<std::vector<float>> parameters;  // replica 0's, at the end
-  std::vector<bool> replaying;               // replica 0's step, after each step
+  std::vector<bool> replaying;                 // replica 0's step, after each step
   std::size_t captures = 0;
   std::string eager_reason;
   std::int64_t optimiser_steps = 0;
@@ -874,24 +899,30 @@ whole_run whole_steps(bool enabled, int steps, bool capturable = true) {
   whole_run out;
   for (int step = 0; step < steps; ++step) {
     const auto x = random_values(static_cast<std::size_t>(2 * n * 2 * 8 * 8), static_cast<std::uint32_t>(300 + step));
-    const auto t = random_values(static_cast<std::size_t>(2 * n * 2 * 8 * 8), static_cast<std::uint32_t>(400 + step), 0.5f);
+    const auto t =
+        random_values(static_cast<std::size_t>(2 * n * 2 * 8 * 8), static_cast<std::uint32_t>(400 + step), 0.5f);
     auto xs = s.scatter(x, 2 * 8 * 8);
     auto ts = s.scatter(t, 2 * 8 * 8);
-    const auto losses = s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& tl, auto& net,
-                                  dist::optim::adam<float>& opt) {
-      const auto shape = dist::shape::nchw(static_cast<std::int64_t>(xl.size()) / 128, 2, 8, 8);
-      const auto xg = dist::tensor<float, dist::cuda>::from_host(shape, std::span<const float>(xl), r.device());
-      const auto tg = dist::tensor<float, dist::cuda>::from_host(shape, std::span<const float>(tl), r.device());
-      const auto loss = whole.run(r, [&](const dist::tensor<float, dist::cuda>& xi, const dist::tensor<float, dist::cuda>& ti) {
-        net.zero_grad();
-        auto l = nn::mse(r, net.forward(r, xi), ti, 2 * n, nn::value_on_device);
-        net.backward(r, l.grad);
-        r.all_reduce_gradients(net);
-        opt.step(r, net);
-        return l.value;
-      }, xg, tg);
-      return on_host(loss).at(0);
-    }, xs, ts, nets, opts);
+    const auto losses = s.run(
+        [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& tl, auto& net,
+            dist::optim::adam<float>& opt) {
+          const auto shape = dist::shape::nchw(static_cast<std::int64_t>(xl.size()) / 128, 2, 8, 8);
+          const auto xg = dist::tensor<float, dist::cuda>::from_host(shape, std::span<const float>(xl), r.device());
+          const auto tg = dist::tensor<float, dist::cuda>::from_host(shape, std::span<const float>(tl), r.device());
+          const auto loss = whole.run(
+              r,
+              [&](const dist::tensor<float, dist::cuda>& xi, const dist::tensor<float, dist::cuda>& ti) {
+                net.zero_grad();
+                auto l = nn::mse(r, net.forward(r, xi), ti, 2 * n, nn::value_on_device);
+                net.backward(r, l.grad);
+                r.all_reduce_gradients(net);
+                opt.step(r, net);
+                return l.value;
+              },
+              xg, tg);
+          return on_host(loss).at(0);
+        },
+        xs, ts, nets, opts);
     out.losses.push_back(losses[0]);
     out.replaying.push_back(whole.replaying(0));
   }
@@ -913,8 +944,7 @@ void check_same_bits(const whole_run& graphed, const whole_run& eager) {
   BOOST_TEST(graphed.optimiser_steps == eager.optimiser_steps);
 }
 
-BOOST_AUTO_TEST_CASE(whole_steps_replay_the_eager_ones_bit_for_bit,
-                     *boost::unit_test::precondition([](auto) {
+BOOST_AUTO_TEST_CASE(whole_steps_replay_the_eager_ones_bit_for_bit, *boost::unit_test::precondition([](auto) {
                        return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
                      })) {
   // One GPU alone, and through NCCL (its all-reduce captured into the graph and the replay met and
@@ -937,8 +967,7 @@ BOOST_AUTO_TEST_CASE(whole_steps_replay_the_eager_ones_bit_for_bit,
 #endif
 }
 
-BOOST_AUTO_TEST_CASE(a_step_a_graph_cannot_hold_runs_eagerly_and_says_why,
-                     *boost::unit_test::precondition([](auto) {
+BOOST_AUTO_TEST_CASE(a_step_a_graph_cannot_hold_runs_eagerly_and_says_why, *boost::unit_test::precondition([](auto) {
                        return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
                      })) {
   // An optimiser with host step values refuses to be captured; cuda_peer's collectives cannot be
@@ -998,46 +1027,67 @@ BOOST_AUTO_TEST_CASE(single_layers_match_the_cpu) {
   compare_model([](auto d) { return nn::relu<float, decltype(d)>{}; }, img, "relu");
   compare_model([](auto d) { return nn::leaky_relu<float, decltype(d)>{0.2f}; }, img, "leaky_relu");
   compare_model([](auto d) { return nn::tanh<float, decltype(d)>{}; }, img, "tanh");
-  compare_model([](auto d) { return nn::instance_norm<float, decltype(d)>{{.channels = 3}, 5, d}; }, img, "instance_norm");
-  compare_model([](auto d) { return nn::batch_norm<float, decltype(d)>{{.channels = 3}, 5, d}; }, img, "batch_norm (training)");
-  compare_model([](auto d) { return nn::avg_pool2d<float, decltype(d)>{{.kernel = 2, .stride = 2}}; }, img, "avg_pool2d");
+  compare_model([](auto d) { return nn::instance_norm<float, decltype(d)>{{.channels = 3}, 5, d}; }, img,
+                "instance_norm");
+  compare_model([](auto d) { return nn::batch_norm<float, decltype(d)>{{.channels = 3}, 5, d}; }, img,
+                "batch_norm (training)");
+  compare_model([](auto d) { return nn::avg_pool2d<float, decltype(d)>{{.kernel = 2, .stride = 2}}; }, img,
+                "avg_pool2d");
   compare_model([](auto d) { return nn::linear<float, decltype(d)>{{.in_features = 40, .out_features = 9}, 3, d}; },
                 shape{6, 40}, "linear");
 }
 
 BOOST_AUTO_TEST_CASE(convolutions_of_the_example_match_the_cpu, *boost::unit_test::precondition([](auto) {
-  return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
-})) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
   const shape img = shape::nchw(2, 3, 16, 16);
   using nn::padding_mode;
-  auto conv = [](nn::conv2d_options o) {
-    return [o](auto d) { return nn::conv2d<float, decltype(d)>{o, 9, d}; };
-  };
-  compare_model(conv({.in_channels = 3, .out_channels = 4, .kernel = 7, .stride = 1, .padding = 3, .pad_mode = padding_mode::reflect}),
+  auto conv = [](nn::conv2d_options o) { return [o](auto d) { return nn::conv2d<float, decltype(d)>{o, 9, d}; }; };
+  compare_model(conv({.in_channels = 3,
+                      .out_channels = 4,
+                      .kernel = 7,
+                      .stride = 1,
+                      .padding = 3,
+                      .pad_mode = padding_mode::reflect}),
                 img, "conv2d 7x7 reflect");
   compare_model(conv({.in_channels = 3, .out_channels = 8, .kernel = 3, .stride = 2, .padding = 1, .bias = false}), img,
                 "conv2d 3x3 stride 2");
-  compare_model(conv({.in_channels = 3, .out_channels = 3, .kernel = 3, .stride = 1, .padding = 1, .pad_mode = padding_mode::reflect}),
+  compare_model(conv({.in_channels = 3,
+                      .out_channels = 3,
+                      .kernel = 3,
+                      .stride = 1,
+                      .padding = 1,
+                      .pad_mode = padding_mode::reflect}),
                 img, "conv2d 3x3 reflect");
-  compare_model(conv({.in_channels = 3, .out_channels = 8, .kernel = 4, .stride = 2, .padding = 1}), img, "conv2d 4x4 stride 2");
-  compare_model(conv({.in_channels = 3, .out_channels = 1, .kernel = 4, .stride = 1, .padding = 1}), img, "conv2d 4x4 stride 1");
+  compare_model(conv({.in_channels = 3, .out_channels = 8, .kernel = 4, .stride = 2, .padding = 1}), img,
+                "conv2d 4x4 stride 2");
+  compare_model(conv({.in_channels = 3, .out_channels = 1, .kernel = 4, .stride = 1, .padding = 1}), img,
+                "conv2d 4x4 stride 1");
   compare_model(
       [](auto d) {
-        return nn::conv_transpose2d<float, decltype(d)>{
-            {.in_channels = 3, .out_channels = 5, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1, .bias = true}, 9, d};
+        return nn::conv_transpose2d<float, decltype(d)>{{.in_channels = 3,
+                                                         .out_channels = 5,
+                                                         .kernel = 3,
+                                                         .stride = 2,
+                                                         .padding = 1,
+                                                         .output_padding = 1,
+                                                         .bias = true},
+                                                        9,
+                                                        d};
       },
       img, "conv_transpose2d 3x3 stride 2");
 }
 
 BOOST_AUTO_TEST_CASE(the_cyclegan_networks_match_the_cpu, *boost::unit_test::precondition([](auto) {
-  return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
-})) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
   const cyclegan::generator_options g{.channels = 1, .filters = 4, .blocks = 2};
   compare_model([&](auto d) { return cyclegan::make_generator(g, 21, d); }, shape::nchw(2, 1, 28, 28), "generator");
   for (const auto norm : {cyclegan::norm_kind::instance, cyclegan::norm_kind::batch}) {
     const cyclegan::discriminator_options o{.channels = 1, .filters = 4, .layers = 2, .norm = norm};
-    compare_model([&](auto d) { return cyclegan::make_discriminator(o, 22, d); }, shape::nchw(2, 1, 28, 28),
-                  std::string("discriminator (") + (norm == cyclegan::norm_kind::instance ? "instance" : "batch") + " norm)");
+    compare_model(
+        [&](auto d) { return cyclegan::make_discriminator(o, 22, d); }, shape::nchw(2, 1, 28, 28),
+        std::string("discriminator (") + (norm == cyclegan::norm_kind::instance ? "instance" : "batch") + " norm)");
   }
 }
 
@@ -1069,15 +1119,16 @@ struct taped_unet {
     const auto h1 = t(act, t(e1, x));
     const auto h2 = t(act, t(e2, h1));
     const auto u1 = t.add(t(act, t(d1, h2)), h1);  // the residual
-    return t(th, t(out, t.concat(u1, h1)));       // the skip
+    return t(th, t(out, t.concat(u1, h1)));        // the skip
   }
 };
 
 template <class D>
 auto make_taped_discriminator(D d) {
-  return nn::sequential{nn::conv2d<float, D>{{.in_channels = 2, .out_channels = 3, .kernel = 4, .stride = 2, .padding = 1}, 35, d},
-                        nn::leaky_relu<float, D>{0.2f},
-                        nn::conv2d<float, D>{{.in_channels = 3, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, 36, d}};
+  return nn::sequential{
+      nn::conv2d<float, D>{{.in_channels = 2, .out_channels = 3, .kernel = 4, .stride = 2, .padding = 1}, 35, d},
+      nn::leaky_relu<float, D>{0.2f},
+      nn::conv2d<float, D>{{.in_channels = 3, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, 36, d}};
 }
 
 // One taped step on replica `r`: the gradient of the input, then every parameter gradient of G, then D's.
@@ -1088,8 +1139,7 @@ std::vector<std::vector<float>> taped_step(R& r, const shape& in, const std::vec
   auto make = [&](const shape& sh, const std::vector<float>& v) {
     if constexpr (std::is_same_v<D, dist::cuda>)
       return dist::tensor<float, dist::cuda>::from_host(sh, std::span<const float>(v), r.device());
-    else
-      return dist::tensor<float, dist::cpu>{sh, v};
+    else return dist::tensor<float, dist::cpu>{sh, v};
   };
   taped_unet<D> g{r.device()};
   auto d = make_taped_discriminator(r.device());
@@ -1107,8 +1157,8 @@ std::vector<std::vector<float>> taped_step(R& r, const shape& in, const std::vec
 }
 
 BOOST_AUTO_TEST_CASE(a_taped_model_with_skips_matches_the_cpu, *boost::unit_test::precondition([](auto) {
-  return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
-})) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
   const shape in = shape::nchw(2, 1, 8, 8);
   const auto x = random_values(static_cast<std::size_t>(in.numel()), 41), real = random_values(x.size(), 42);
   const auto dy = random_values(static_cast<std::size_t>(in.n() * (in.h() / 2) * (in.w() / 2)), 43);
@@ -1120,14 +1170,16 @@ BOOST_AUTO_TEST_CASE(a_taped_model_with_skips_matches_the_cpu, *boost::unit_test
   BOOST_TEST_REQUIRE(cpu.size() == gpu.size(), cpu.size() << " tensors on the CPU, " << gpu.size() << " on the GPU");
   BOOST_TEST_REQUIRE(cpu.size() == 1 + 8 + 4);  // dx; a weight and a bias for each of G's four layers and D's two
   for (std::size_t i = 0; i < cpu.size(); ++i)
-    check_close(cpu[i], gpu[i], i == 0 ? std::string("the input's gradient") : "parameter gradient " + std::to_string(i - 1));
+    check_close(cpu[i], gpu[i],
+                i == 0 ? std::string("the input's gradient") : "parameter gradient " + std::to_string(i - 1));
 }
 
 // SyncBatchNorm over two GPU replicas (logical, on cuda:0: the statistics cross the replicas through
 // their communicator) equals batch norm over the whole batch on the CPU.
 BOOST_AUTO_TEST_CASE(sync_batch_norm_across_gpu_replicas_is_batch_norm_of_the_whole_batch) {
   const shape whole = shape::nchw(4, 3, 6, 6), half = shape::nchw(2, 3, 6, 6);
-  const auto x = random_values(static_cast<std::size_t>(whole.numel()), 41), dy = random_values(static_cast<std::size_t>(whole.numel()), 42);
+  const auto x = random_values(static_cast<std::size_t>(whole.numel()), 41),
+             dy = random_values(static_cast<std::size_t>(whole.numel()), 42);
   nn::batch_norm<float, dist::cpu> bn{{.channels = 3}, 5};
   auto r = nn::local();
   const auto y = bn.forward(r, dist::tensor<float, dist::cpu>{whole, x});
@@ -1138,16 +1190,20 @@ BOOST_AUTO_TEST_CASE(sync_batch_norm_across_gpu_replicas_is_batch_norm_of_the_wh
   dist::mirrored_strategy<dist::cuda> s{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::cuda_peer};
   auto sbn = s.mirror([](auto& d) { return nn::sync_batch_norm<float, dist::cuda>{{.channels = 3}, 5, d}; });
   const auto per = static_cast<std::size_t>(half.numel());
-  auto outs = s.run([&](dist::replica auto& rg, nn::sync_batch_norm<float, dist::cuda>& layer) {
-    const auto off = static_cast<std::ptrdiff_t>(per) * rg.replica_id();
-    const auto xg = dist::tensor<float, dist::cuda>::from_host(half, std::span<const float>(x.data() + off, per), rg.device());
-    const auto dyg = dist::tensor<float, dist::cuda>::from_host(half, std::span<const float>(dy.data() + off, per), rg.device());
-    auto yg = on_host(layer.forward(rg, xg));
-    layer.zero_grad();
-    auto dxg = on_host(layer.backward(rg, dyg));
-    layer.for_each_parameter([&](auto, auto grad) { rg.all_reduce(dist::reduce_op::sum, grad); });
-    return std::pair{std::move(yg), std::move(dxg)};
-  }, sbn);
+  auto outs = s.run(
+      [&](dist::replica auto& rg, nn::sync_batch_norm<float, dist::cuda>& layer) {
+        const auto off = static_cast<std::ptrdiff_t>(per) * rg.replica_id();
+        const auto xg =
+            dist::tensor<float, dist::cuda>::from_host(half, std::span<const float>(x.data() + off, per), rg.device());
+        const auto dyg =
+            dist::tensor<float, dist::cuda>::from_host(half, std::span<const float>(dy.data() + off, per), rg.device());
+        auto yg = on_host(layer.forward(rg, xg));
+        layer.zero_grad();
+        auto dxg = on_host(layer.backward(rg, dyg));
+        layer.for_each_parameter([&](auto, auto grad) { rg.all_reduce(dist::reduce_op::sum, grad); });
+        return std::pair{std::move(yg), std::move(dxg)};
+      },
+      sbn);
   std::vector<float> gy, gdx;
   for (const auto& [yr, dxr] : outs) {
     gy.insert(gy.end(), yr.begin(), yr.end());
@@ -1156,7 +1212,8 @@ BOOST_AUTO_TEST_CASE(sync_batch_norm_across_gpu_replicas_is_batch_norm_of_the_wh
   check_close(on_host(y), gy, "sync_batch_norm output");
   check_close(on_host(dx), gdx, "sync_batch_norm input gradient");
   const auto gg = gradients_of(sbn[0]);
-  for (std::size_t p = 0; p < grads.size(); ++p) check_close(grads[p], gg[p], "sync_batch_norm gradient " + std::to_string(p));
+  for (std::size_t p = 0; p < grads.size(); ++p)
+    check_close(grads[p], gg[p], "sync_batch_norm gradient " + std::to_string(p));
 }
 
 // A GPU model's digest (verify_mirrored, nn::parameter_digest) reads its parameters through the host:
@@ -1213,11 +1270,14 @@ BOOST_AUTO_TEST_CASE(a_gpu_models_state_crosses_devices_and_replicas) {
   const auto x = random_values(static_cast<std::size_t>(in.numel()), 9);
   auto r = nn::local();
   const auto expected = cpu_model.forward(r, dist::tensor<float, dist::cpu>{in, x});
-  auto outputs = s.run([&](auto& rg, auto& model) {
-    const auto xg = dist::tensor<float, dist::cuda>::from_host(in, std::span<const float>(x), rg.device());
-    return model.forward(rg, xg).to_vector();
-  }, m);
-  for (const auto& got : outputs) check_close(std::vector<float>(expected.begin(), expected.end()), got, "forward after broadcast");
+  auto outputs = s.run(
+      [&](auto& rg, auto& model) {
+        const auto xg = dist::tensor<float, dist::cuda>::from_host(in, std::span<const float>(x), rg.device());
+        return model.forward(rg, xg).to_vector();
+      },
+      m);
+  for (const auto& got : outputs)
+    check_close(std::vector<float>(expected.begin(), expected.end()), got, "forward after broadcast");
 }
 
 // Input batches go up through the thread's pinned staging: each upload takes the host values at the
@@ -1245,7 +1305,8 @@ BOOST_AUTO_TEST_CASE(staged_uploads_take_the_values_at_the_call) {
 
 BOOST_AUTO_TEST_CASE(losses_match_the_cpu) {
   const shape s = shape::nchw(3, 1, 7, 7);
-  const auto p = random_values(static_cast<std::size_t>(s.numel()), 1, 3.0f), t = random_values(static_cast<std::size_t>(s.numel()), 2);
+  const auto p = random_values(static_cast<std::size_t>(s.numel()), 1, 3.0f),
+             t = random_values(static_cast<std::size_t>(s.numel()), 2);
   const dist::tensor<float, dist::cpu> pc{s, p}, tc{s, t};
   auto r = nn::local();
   const auto mse = nn::mse(r, pc, tc, 6), l1 = nn::l1(r, pc, tc, 6), bce = nn::bce_with_logits(r, pc, tc, 6);
@@ -1268,7 +1329,8 @@ BOOST_AUTO_TEST_CASE(losses_match_the_cpu) {
 // host keeps queueing the step's work while the GPU computes.
 BOOST_AUTO_TEST_CASE(losses_on_the_device_queue_their_work_without_waiting) {
   const shape s = shape::nchw(2, 1, 8, 8);
-  const auto p = random_values(static_cast<std::size_t>(s.numel()), 3, 3.0f), t = random_values(static_cast<std::size_t>(s.numel()), 4);
+  const auto p = random_values(static_cast<std::size_t>(s.numel()), 3, 3.0f),
+             t = random_values(static_cast<std::size_t>(s.numel()), 4);
   const dist::tensor<float, dist::cpu> pc{s, p}, tc{s, t};
   auto r = nn::local();
   const auto mse = nn::mse(r, pc, tc, 2), l1 = nn::l1(r, pc, tc, 2);
@@ -1313,7 +1375,8 @@ BOOST_AUTO_TEST_CASE(adam_steps_match_the_cpu) {
     });
   }
   const auto cv = values_of(cpu_model), gv = values_of(gpu_model);
-  for (std::size_t p = 0; p < cv.size(); ++p) check_close(cv[p], gv[p], "parameter " + std::to_string(p) + " after 3 Adam steps");
+  for (std::size_t p = 0; p < cv.size(); ++p)
+    check_close(cv[p], gv[p], "parameter " + std::to_string(p) + " after 3 Adam steps");
 }
 
 namespace {
@@ -1325,7 +1388,8 @@ void set_values(M& m, const std::vector<std::vector<float>>& values) {
   m.for_each_parameter([&](auto value, auto) {
     BOOST_TEST_REQUIRE(values.at(i).size() == value.size());
     if (!value.empty())
-      dist::detail::cuda_check(cudaMemcpy(value.data(), values[i].data(), value.size_bytes(), cudaMemcpyDefault), "cudaMemcpy (test)");
+      dist::detail::cuda_check(cudaMemcpy(value.data(), values[i].data(), value.size_bytes(), cudaMemcpyDefault),
+                               "cudaMemcpy (test)");
     ++i;
   });
   dist::detail::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (test)");  // before any stream reads them
@@ -1438,18 +1502,20 @@ BOOST_AUTO_TEST_CASE(a_copied_adam_steps_a_model_on_another_replica) {
   auto models = s.mirror([](auto& d) { return make_linear(d); });
   auto opts = s.mirror([&](auto&) { return dist::optim::adam<float>{o}; });
   for (int t = 0; t < 2; ++t)
-    s.run([&](dist::replica auto& rg, nn::linear<float, dist::cuda>& model, dist::optim::adam<float>& opt) {
-      if (rg.replica_id() == 0) gpu_step(rg, model, opt, t);
-    }, models, opts);
+    s.run(
+        [&](dist::replica auto& rg, nn::linear<float, dist::cuda>& model, dist::optim::adam<float>& opt) {
+          if (rg.replica_id() == 0) gpu_step(rg, model, opt, t);
+        },
+        models, opts);
   // Replica 1 takes replica 0's parameters and optimiser.
   set_values(models[1], values_of(models[0]));
   s.broadcast(opts);
   BOOST_TEST(opts[1].steps() == 2);
   BOOST_TEST(opts[1].state_digest() == opts[0].state_digest());
   for (int t = 2; t < 5; ++t)
-    s.run([&](dist::replica auto& rg, nn::linear<float, dist::cuda>& model, dist::optim::adam<float>& opt) {
-      gpu_step(rg, model, opt, t);
-    }, models, opts);
+    s.run([&](dist::replica auto& rg, nn::linear<float, dist::cuda>& model,
+              dist::optim::adam<float>& opt) { gpu_step(rg, model, opt, t); },
+          models, opts);
 
   const auto want = values_of(reference), first = values_of(models[0]), second = values_of(models[1]);
   for (std::size_t p = 0; p < want.size(); ++p) {
@@ -1506,8 +1572,11 @@ BOOST_AUTO_TEST_CASE(reflection_padding_has_the_cpu_bits) {
   dist::engine<dist::cuda> gpu{};
   dist::engine<dist::cpu> cpu{};
   // The paper's 7x7 padding of the generator's first layer and the residual blocks' 3x3 one.
-  for (const auto& [planes, h, w, p] : {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>{3, 256, 256, 3},
-                                        {256, 64, 64, 1}, {64, 256, 256, 3}, {5, 3, 3, 2}}) {
+  for (const auto& [planes, h, w, p] :
+       {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>{3, 256, 256, 3},
+        {256, 64, 64, 1},
+        {64, 256, 256, 3},
+        {5, 3, 3, 2}}) {
     const std::int64_t ph = h + 2 * p, pw = w + 2 * p;
     const auto x = random_values(planes * h * w, 1), dy = random_values(planes * ph * pw, 2);
     std::vector<float> y(dy.size()), dx(x.size());
@@ -1526,8 +1595,11 @@ BOOST_AUTO_TEST_CASE(reflection_padding_has_the_cpu_bits) {
 
 BOOST_AUTO_TEST_CASE(segmented_sums_in_chunks_match_the_cpu_and_repeat) {
   dist::engine<dist::cuda> gpu{};
-  for (const auto& [segments, length] : {std::pair<std::int64_t, std::int64_t>{1, 3 * 256 * 256}, {64, 256 * 256},
-                                         {256, 16384}, {7, 8193}, {1000, 10}}) {
+  for (const auto& [segments, length] : {std::pair<std::int64_t, std::int64_t>{1, 3 * 256 * 256},
+                                         {64, 256 * 256},
+                                         {256, 16384},
+                                         {7, 8193},
+                                         {1000, 10}}) {
     const auto x = random_values(segments * length, 3);
     std::vector<double> want(static_cast<std::size_t>(segments));
     dist::serial_engine{}.segmented_sum(segments, length, kernels::value_of<float>{x.data(), length}, want.data());
@@ -1537,7 +1609,9 @@ BOOST_AUTO_TEST_CASE(segmented_sums_in_chunks_match_the_cpu_and_repeat) {
     const auto first = sums.to_vector();
     gpu.segmented_sum(segments, length, kernels::value_of<float>{dx.data(), length}, sums.data());
     const auto second = sums.to_vector();
-    BOOST_TEST_CONTEXT(segments << " x " << length << (dist::detail::plan_segmented_sum(segments, length).two_stage() ? " (chunks)" : "")) {
+    BOOST_TEST_CONTEXT(
+        segments << " x " << length
+                 << (dist::detail::plan_segmented_sum(segments, length).two_stage() ? " (chunks)" : "")) {
       BOOST_TEST(std::memcmp(first.data(), second.data(), first.size() * sizeof(double)) == 0);
       double worst = 0;
       for (std::size_t s = 0; s < want.size(); ++s)
@@ -1559,7 +1633,8 @@ BOOST_AUTO_TEST_CASE(convolutions_in_both_modes_match_the_cpu) {
       dist::detail::owned_stream stream(0);
       const dist::compute_options o{.deterministic = deterministic};
       dist::detail::cudnn_convolutions conv(0, stream.get(), o);
-      const auto x = random_values(g.input_size(), 4), w = random_values(g.weight_size(), 5), dy = random_values(g.output_size(), 6);
+      const auto x = random_values(g.input_size(), 4), w = random_values(g.weight_size(), 5),
+                 dy = random_values(g.output_size(), 6);
       std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size())),
           dw(static_cast<std::size_t>(g.weight_size()), 0.0f);
       cpu.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), y.data());
@@ -1569,7 +1644,8 @@ BOOST_AUTO_TEST_CASE(convolutions_in_both_modes_match_the_cpu) {
       const auto gx = device_tensor::from_host(dist::shape{g.input_size()}, std::span<const float>(x), d);
       const auto gw = device_tensor::from_host(dist::shape{g.weight_size()}, std::span<const float>(w), d);
       const auto gdy = device_tensor::from_host(dist::shape{g.output_size()}, std::span<const float>(dy), d);
-      device_tensor gy(dist::shape{g.output_size()}, d), gdx(dist::shape{g.input_size()}, d), gdw(dist::shape{g.weight_size()}, d);
+      device_tensor gy(dist::shape{g.output_size()}, d), gdx(dist::shape{g.input_size()}, d),
+          gdw(dist::shape{g.weight_size()}, d);
       gdw.fill(0.0f);
       conv.forward(g, gx.data(), gw.data(), nullptr, gy.data());
       conv.backward_data(g, gdy.data(), gw.data(), gdx.data());
@@ -1589,7 +1665,8 @@ BOOST_AUTO_TEST_CASE(convolutions_in_both_modes_match_the_cpu) {
         }
         // The workspace (cuDNN's, and the weight gradient's scratch behind it) within the limit.
         if (conv.workspace_limit_exceeded().empty())
-          BOOST_TEST(conv.workspace_bytes() <= o.conv_workspace_limit + 256 + static_cast<std::size_t>(g.weight_size()) * sizeof(float));
+          BOOST_TEST(conv.workspace_bytes() <=
+                     o.conv_workspace_limit + 256 + static_cast<std::size_t>(g.weight_size()) * sizeof(float));
         for (const auto& why : conv.workspace_limit_exceeded()) BOOST_TEST_MESSAGE("over the workspace limit: " << why);
       }
     }

@@ -63,7 +63,8 @@ bool sub_span_reduces_exactly(S& s, dist::reduce_op op, std::size_t n, std::size
     const auto id = static_cast<std::size_t>(r.replica_id());
     std::vector<T> whole(n + offset + 5, static_cast<T>(7));
     std::copy(in[id].begin(), in[id].end(), whole.begin() + static_cast<std::ptrdiff_t>(offset));
-    auto t = dist::tensor<T, dist::cuda>::from_host(dist::shape{static_cast<std::int64_t>(whole.size())}, whole, r.device());
+    auto t =
+        dist::tensor<T, dist::cuda>::from_host(dist::shape{static_cast<std::int64_t>(whole.size())}, whole, r.device());
     r.all_reduce(op, t.values().subspan(offset, n));
     const auto got = t.to_vector();
     int good = std::memcmp(got.data() + offset, expected.data(), n * sizeof(T)) == 0;
@@ -109,7 +110,10 @@ BOOST_AUTO_TEST_CASE(posted_buffers_are_the_meetings_own_copy) {
     threads.emplace_back([&, r] {
       // The caller's list dies, and its memory is reused, as soon as its collective returns.
       auto segs = std::make_unique<std::vector<segment>>(std::vector<segment>{{r == 0 ? &a : &b, 3}, {nullptr, 5}});
-      const descriptor d{.kind = collective_kind::all_reduce, .type = dist::dtype::float32, .count = 8, .segs = segs->data(),
+      const descriptor d{.kind = collective_kind::all_reduce,
+                         .type = dist::dtype::float32,
+                         .count = 8,
+                         .segs = segs->data(),
                          .n_segs = 2};
       seqs[static_cast<std::size_t>(r)] = m.meet(r, d);
       copied[r] = m.posted(r, seqs[static_cast<std::size_t>(r)]).segs != segs->data();
@@ -154,7 +158,8 @@ void check_scaled_sum_is_the_divided_sum(int n) {
       differing += std::memcmp(&divided, &scaled, sizeof(T)) != 0;
     }
   }
-  if (dist::comm::detail::nccl_average_is_exact<T>(n)) BOOST_TEST(differing == 0, n << " ranks: " << differing << " differ");
+  if (dist::comm::detail::nccl_average_is_exact<T>(n))
+    BOOST_TEST(differing == 0, n << " ranks: " << differing << " differ");
   else BOOST_TEST(differing > 0, n << " ranks: NCCL's average would have been exact after all");
 }
 
@@ -171,11 +176,14 @@ BOOST_AUTO_TEST_CASE(nccl_average_is_used_only_where_it_is_the_divided_sum) {
   using dist::comm::detail::nccl_op;
   static_assert(nccl_op<float>(dist::reduce_op::mean, 4) == ncclAvg);
   static_assert(nccl_op<__nv_bfloat16>(dist::reduce_op::mean, 2) == ncclAvg);
-  static_assert(nccl_op<float>(dist::reduce_op::mean, 3) == ncclSum && divide_after_nccl<float>(dist::reduce_op::mean, 3));
-  static_assert(nccl_op<__half>(dist::reduce_op::mean, 4) == ncclSum && divide_after_nccl<__half>(dist::reduce_op::mean, 4));
+  static_assert(nccl_op<float>(dist::reduce_op::mean, 3) == ncclSum &&
+                divide_after_nccl<float>(dist::reduce_op::mean, 3));
+  static_assert(nccl_op<__half>(dist::reduce_op::mean, 4) == ncclSum &&
+                divide_after_nccl<__half>(dist::reduce_op::mean, 4));
   static_assert(nccl_op<std::int32_t>(dist::reduce_op::mean, 4) == ncclSum &&
                 divide_after_nccl<std::int32_t>(dist::reduce_op::mean, 4));
-  static_assert(!divide_after_nccl<float>(dist::reduce_op::mean, 1) && !divide_after_nccl<double>(dist::reduce_op::sum, 3));
+  static_assert(!divide_after_nccl<float>(dist::reduce_op::mean, 1) &&
+                !divide_after_nccl<double>(dist::reduce_op::sum, 3));
 }
 #endif
 
@@ -208,8 +216,8 @@ BOOST_AUTO_TEST_CASE(polling_a_busy_stream_leaves_no_error_for_the_program) {
     noop_kernel<<<1, 1, 0, r.device().stream()>>>();
     return static_cast<int>(cudaGetLastError());
   });
-  BOOST_TEST(ok[0] == static_cast<int>(cudaSuccess), "the program's next cudaGetLastError reported "
-                                                         << cudaGetErrorName(static_cast<cudaError_t>(ok[0])));
+  BOOST_TEST(ok[0] == static_cast<int>(cudaSuccess),
+             "the program's next cudaGetLastError reported " << cudaGetErrorName(static_cast<cudaError_t>(ok[0])));
 }
 
 BOOST_AUTO_TEST_CASE(an_nccl_collective_behind_a_long_kernel_times_out_and_the_next_run_rebuilds) {
@@ -240,7 +248,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_large_device_all_reduce_takes_no_staging_memory,
   constexpr std::size_t gib = std::size_t{1} << 30, mib = std::size_t{1} << 20;
   auto s = M::make({.timeout = 120s});
   const std::size_t n = gib / sizeof(float) / static_cast<std::size_t>(M::replicas);
-  auto bufs = s.mirror([&](dist::cuda& d) { return dist::tensor<float, dist::cuda>(dist::shape{static_cast<std::int64_t>(n)}, d); });
+  auto bufs = s.mirror(
+      [&](dist::cuda& d) { return dist::tensor<float, dist::cuda>(dist::shape{static_cast<std::int64_t>(n)}, d); });
   // Warm-up: the engines' own set-up (NCCL's buffers, the first kernels) is not what is measured.
   s.run([](dist::replica auto& r) {
     std::vector<float> small(1000, 1.0f);
@@ -252,7 +261,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_large_device_all_reduce_takes_no_staging_memory,
   const std::size_t before = free_device_memory();
   const auto held_before = dist::cuda_memory_usage(0);
   dist::cuda_reset_memory_peaks(0);
-  s.run([](dist::replica auto& r, dist::tensor<float, dist::cuda>& t) { r.all_reduce(dist::reduce_op::sum, t.values()); }, bufs);
+  s.run(
+      [](dist::replica auto& r, dist::tensor<float, dist::cuda>& t) { r.all_reduce(dist::reduce_op::sum, t.values()); },
+      bufs);
   const std::size_t after = free_device_memory();
   BOOST_TEST(after + 64 * mib >= before, M::name << " x" << M::replicas << ": a device all-reduce of 1 GiB took "
                                                  << (before - after) / mib << " MiB more device memory");
@@ -332,7 +343,10 @@ BOOST_AUTO_TEST_CASE(guard_probe) {
   BOOST_REQUIRE(last >= 1);
   BOOST_REQUIRE(!dist::detail::primary_context_active(0));
   std::thread([last] {
-    { const dist::detail::device_guard g(last); dist::cuda{last}.synchronize(); }
+    {
+      const dist::detail::device_guard g(last);
+      dist::cuda{last}.synchronize();
+    }
     int now = -1;
     (void)cudaGetDevice(&now);
     BOOST_TEST(now == last);  // kept: the device it "had" has no context
@@ -341,7 +355,8 @@ BOOST_AUTO_TEST_CASE(guard_probe) {
   BOOST_TEST(dist::detail::primary_context_active(last));
 }
 
-BOOST_AUTO_TEST_CASE(a_device_guard_creates_no_context_on_the_device_it_leaves, *boost::unit_test::precondition(dt::at_least_two_gpus)) {
+BOOST_AUTO_TEST_CASE(a_device_guard_creates_no_context_on_the_device_it_leaves,
+                     *boost::unit_test::precondition(dt::at_least_two_gpus)) {
   const std::string self = boost::unit_test::framework::master_test_suite().argv[0];
   const std::string command = "DISTRIBUTE_TEST_GUARD_PROBE=1 '" + self + "' --run_test=hardening/guard_probe";
   BOOST_TEST(std::system(command.c_str()) == 0, command);

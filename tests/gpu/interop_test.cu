@@ -32,7 +32,10 @@ namespace {
 template <class D>
 auto make_model(std::uint64_t seed, const D& device = {}) {
   return nn::sequential{
-      nn::conv2d<float, D>{{.in_channels = 2, .out_channels = 4, .kernel = 3, .padding = 1, .pad_mode = nn::padding_mode::reflect}, seed + 1, device},
+      nn::conv2d<float, D>{
+          {.in_channels = 2, .out_channels = 4, .kernel = 3, .padding = 1, .pad_mode = nn::padding_mode::reflect},
+          seed + 1,
+          device},
       nn::batch_norm<float, D>{{.channels = 4}, seed + 2, device},
       nn::conv_transpose2d<float, D>{{.in_channels = 4, .out_channels = 3}, seed + 3, device},
       nn::instance_norm<float, D>{{.channels = 3, .affine = true}, seed + 4, device}};

@@ -30,8 +30,10 @@ std::vector<double> train_linear(S& s, int steps) {
   const int features = 3, batch = 12;
   std::vector<double> x(static_cast<std::size_t>(batch * features)), y(static_cast<std::size_t>(batch));
   for (int i = 0; i < batch; ++i) {
-    for (int f = 0; f < features; ++f) x[static_cast<std::size_t>(i * features + f)] = std::sin(1.0 + i * 0.7 + f * 1.3);
-    y[static_cast<std::size_t>(i)] = 2.0 * x[static_cast<std::size_t>(i * features)] - x[static_cast<std::size_t>(i * features + 2)] + 0.5;
+    for (int f = 0; f < features; ++f)
+      x[static_cast<std::size_t>(i * features + f)] = std::sin(1.0 + i * 0.7 + f * 1.3);
+    y[static_cast<std::size_t>(i)] =
+        2.0 * x[static_cast<std::size_t>(i * features)] - x[static_cast<std::size_t>(i * features + 2)] + 0.5;
   }
   auto xs = s.scatter(x, features);
   auto ys = s.scatter(y);
@@ -44,9 +46,11 @@ std::vector<double> train_linear(S& s, int steps) {
           std::vector<double> grad(features + 1, 0.0);
           for (std::size_t i = 0; i < yl.size(); ++i) {
             double pred = wl[features];
-            for (int f = 0; f < features; ++f) pred += wl[static_cast<std::size_t>(f)] * xl[i * features + static_cast<std::size_t>(f)];
+            for (int f = 0; f < features; ++f)
+              pred += wl[static_cast<std::size_t>(f)] * xl[i * features + static_cast<std::size_t>(f)];
             const double err = (pred - yl[i]) * 2.0 / batch;
-            for (int f = 0; f < features; ++f) grad[static_cast<std::size_t>(f)] += err * xl[i * features + static_cast<std::size_t>(f)];
+            for (int f = 0; f < features; ++f)
+              grad[static_cast<std::size_t>(f)] += err * xl[i * features + static_cast<std::size_t>(f)];
             grad[features] += err;
           }
           auto g = dist::tensor<double, dist::cuda>::from_host(dist::shape{features + 1}, grad, r.device());
@@ -76,7 +80,8 @@ struct device_gradients {
 
 // Replica r's gradient element i: irregular, of several magnitudes.
 float device_gradient_value(int r, std::size_t i) {
-  return static_cast<float>(std::ldexp(std::sin(0.41 * static_cast<double>(i) + 1.7 * r), static_cast<int>(i % 19) - 12));
+  return static_cast<float>(
+      std::ldexp(std::sin(0.41 * static_cast<double>(i) + 1.7 * r), static_cast<int>(i % 19) - 12));
 }
 
 BOOST_AUTO_TEST_SUITE(strategy)
@@ -96,15 +101,21 @@ BOOST_AUTO_TEST_CASE(the_gpu_strategies_model_the_concepts) {
 }
 
 BOOST_AUTO_TEST_CASE(engines_follow_the_device_list) {
-  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2)}.collective_engine() == dist::cuda_collective_engine::cuda_peer));
-  BOOST_CHECK_THROW((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::nccl}), std::invalid_argument);
+  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2)}.collective_engine() ==
+              dist::cuda_collective_engine::cuda_peer));
+  BOOST_CHECK_THROW(
+      (dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(2), {}, dist::cuda_collective_engine::nccl}),
+      std::invalid_argument);
   BOOST_CHECK_THROW(dist::mirrored_strategy<dist::cuda>{std::vector<dist::cuda>{}}, std::invalid_argument);
   // One replica talks to nobody: cuda_peer, unless NCCL is asked for by name.
-  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(1)}.collective_engine() == dist::cuda_collective_engine::cuda_peer));
+  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{dist::cuda_replicas(1)}.collective_engine() ==
+              dist::cuda_collective_engine::cuda_peer));
 #if DISTRIBUTE_HAS_NCCL
-  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{{dist::cuda{0}}, {}, dist::cuda_collective_engine::nccl}.collective_engine() == dist::cuda_collective_engine::nccl));
+  BOOST_TEST((dist::mirrored_strategy<dist::cuda>{{dist::cuda{0}}, {}, dist::cuda_collective_engine::nccl}
+                  .collective_engine() == dist::cuda_collective_engine::nccl));
   dist::mirrored_strategy<dist::cuda> all;
-  BOOST_TEST((all.collective_engine() == (dist::cuda_device_count() >= 2 ? dist::cuda_collective_engine::nccl : dist::cuda_collective_engine::cuda_peer)));
+  BOOST_TEST((all.collective_engine() == (dist::cuda_device_count() >= 2 ? dist::cuda_collective_engine::nccl
+                                                                         : dist::cuda_collective_engine::cuda_peer)));
   BOOST_TEST(all.num_replicas_in_sync() == dist::cuda_device_count());
 #endif
   // Every replica gets a stream of its own.
@@ -221,8 +232,8 @@ BOOST_AUTO_TEST_CASE(gradients_all_reduced_as_bfloat16_on_gpu_replicas) {
               g.copy_from_host(mine);
               at += mine.size();
             }
-            const dist::gradient_reduction how{.bucket_bytes = 4096, .first_bucket_bytes = 64,
-                                               .compression = dist::gradient_compression::bfloat16};
+            const dist::gradient_reduction how{
+                .bucket_bytes = 4096, .first_bucket_bytes = 64, .compression = dist::gradient_compression::bfloat16};
             if (overlap) {
               auto sync = r.overlap_gradients(how);
               sync.add(m);
@@ -237,7 +248,8 @@ BOOST_AUTO_TEST_CASE(gradients_all_reduced_as_bfloat16_on_gpu_replicas) {
         for (const auto& g : models[static_cast<std::size_t>(r)].gradients) {
           const auto got = g.to_vector();
           for (std::size_t i = 0; i < got.size(); ++i, ++at) {
-            const auto want = dist::bfloat16(device_gradient_value(0, at)) + dist::bfloat16(device_gradient_value(1, at));
+            const auto want =
+                dist::bfloat16(device_gradient_value(0, at)) + dist::bfloat16(device_gradient_value(1, at));
             wrong += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(static_cast<float>(want));
           }
         }
@@ -371,8 +383,8 @@ BOOST_AUTO_TEST_CASE(collectives_and_cross_replica_operations_span_the_job) {
   BOOST_TEST(n == s.num_workers() * s.num_local_replicas());
   BOOST_TEST(s.first_replica_id() == s.worker_index());
   auto sums = s.run([](dist::replica auto& r) {
-    auto t = dist::tensor<float, dist::cuda>::from_host(dist::shape{1000}, std::vector<float>(1000, static_cast<float>(r.replica_id() + 1)),
-                                                        r.device());
+    auto t = dist::tensor<float, dist::cuda>::from_host(
+        dist::shape{1000}, std::vector<float>(1000, static_cast<float>(r.replica_id() + 1)), r.device());
     r.all_reduce(dist::reduce_op::sum, t.values());
     std::vector<double> mean(3, static_cast<double>(r.replica_id()));
     r.all_reduce(dist::reduce_op::mean, mean);
@@ -395,11 +407,13 @@ BOOST_AUTO_TEST_CASE(collectives_and_cross_replica_operations_span_the_job) {
 
   // Worker-dependent initial values: mirror makes them replica 0's everywhere.
   auto w = s.mirror([&](auto& d) {
-    return dist::tensor<float, dist::cuda>::from_host(dist::shape{4}, std::vector<float>(4, static_cast<float>(s.worker_index())), d);
+    return dist::tensor<float, dist::cuda>::from_host(dist::shape{4},
+                                                      std::vector<float>(4, static_cast<float>(s.worker_index())), d);
   });
   s.verify_mirrored(w);
   BOOST_TEST(w[0].to_vector() == std::vector<float>(4, 0.0f), boost::test_tools::per_element());
-  s.run_on_primary([&](auto&, dist::tensor<float, dist::cuda>& t) { t.copy_from_host(std::vector<float>(4, 5.0f)); }, w);
+  s.run_on_primary([&](auto&, dist::tensor<float, dist::cuda>& t) { t.copy_from_host(std::vector<float>(4, 5.0f)); },
+                   w);
   s.broadcast(w, n - 1);
   s.verify_mirrored(w);
   BOOST_TEST(w[0].to_vector() == std::vector<float>(4, 5.0f), boost::test_tools::per_element());
@@ -421,8 +435,8 @@ BOOST_AUTO_TEST_CASE(a_throwing_replica_leaves_a_single_worker_usable) {
   mw s{dist::multi_worker_cuda_options{.collectives = {.timeout = 60s}}};
   if (s.num_workers() > 1) return;  // several workers: a failed step ends the job by design
   BOOST_CHECK_THROW(s.run([](auto& r) {
-                      if (r.replica_id() == 0) throw std::runtime_error("replica 0 gave up");
-                    }),
+    if (r.replica_id() == 0) throw std::runtime_error("replica 0 gave up");
+  }),
                     std::runtime_error);
   auto v = s.run([](auto& r) { return r.all_reduce(dist::reduce_op::sum, 2.0f); });
   BOOST_TEST(v[0] == 2.0f);
@@ -456,7 +470,8 @@ BOOST_AUTO_TEST_CASE(a_failing_worker_releases_its_partners_at_once) {
   } else {
     BOOST_TEST(aborted, what);
     BOOST_TEST(dt::contains(what, "worker 1 failed: worker 1 gave up on purpose"), what);
-    BOOST_TEST((took < 30s), "released after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+    BOOST_TEST((took < 30s),
+               "released after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
   }
   BOOST_CHECK_THROW(s.run([](auto&) {}), dist::collective_aborted);
 }

@@ -38,18 +38,26 @@ struct temp_dir {
 template <class T>
 auto small_model(std::uint64_t seed) {
   using namespace nn;
-  return sequential{conv2d<T>{{.in_channels = 2, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .pad_mode = padding_mode::reflect}, seed + 1},
-                    batch_norm<T>{{.channels = 4}, seed + 2},
-                    relu<T>{},
-                    residual_block<T>{4, seed + 3},
-                    conv_transpose2d<T>{{.in_channels = 4, .out_channels = 3, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1}, seed + 4},
-                    instance_norm<T>{{.channels = 3, .affine = true}, seed + 5},
-                    leaky_relu<T>{T(0.2)},
-                    conv2d<T>{{.in_channels = 3, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1}, seed + 6},
-                    avg_pool2d<T>{{.kernel = 2}},
-                    flatten<T>{},
-                    linear<T>{{.in_features = 2 * 4 * 4, .out_features = 5}, seed + 7},
-                    nn::tanh<T>{}};
+  return sequential{
+      conv2d<T>{{.in_channels = 2,
+                 .out_channels = 4,
+                 .kernel = 3,
+                 .stride = 1,
+                 .padding = 1,
+                 .pad_mode = padding_mode::reflect},
+                seed + 1},
+      batch_norm<T>{{.channels = 4}, seed + 2},
+      relu<T>{},
+      residual_block<T>{4, seed + 3},
+      conv_transpose2d<T>{
+          {.in_channels = 4, .out_channels = 3, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1}, seed + 4},
+      instance_norm<T>{{.channels = 3, .affine = true}, seed + 5},
+      leaky_relu<T>{T(0.2)},
+      conv2d<T>{{.in_channels = 3, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1}, seed + 6},
+      avg_pool2d<T>{{.kernel = 2}},
+      flatten<T>{},
+      linear<T>{{.in_features = 2 * 4 * 4, .out_features = 5}, seed + 7},
+      nn::tanh<T>{}};
 }
 
 template <class T>

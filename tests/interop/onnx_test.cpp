@@ -21,7 +21,8 @@ BOOST_AUTO_TEST_SUITE(onnx)
 BOOST_AUTO_TEST_CASE(the_generator_graph_has_its_operators_and_weights) {
   auto g = cyclegan::make_generator<dist::cpu>({.channels = 1, .filters = 16, .blocks = 3}, 5);
   const std::string bytes = nn::onnx_bytes(g, dist::shape::nchw(1, 1, 28, 28));
-  for (const char* op : {"Pad", "reflect", "Conv", "InstanceNormalization", "Relu", "ConvTranspose", "Add", "Tanh", "Identity", "output", "input"})
+  for (const char* op : {"Pad", "reflect", "Conv", "InstanceNormalization", "Relu", "ConvTranspose", "Add", "Tanh",
+                         "Identity", "output", "input"})
     BOOST_TEST(bytes.find(op) != std::string::npos, op);
   // Every weight, named by its place in the model.
   BOOST_TEST(bytes.find("0.weight") != std::string::npos);

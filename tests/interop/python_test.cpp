@@ -22,7 +22,6 @@
 #include <string>
 #include <vector>
 
-
 namespace dist = distribute;
 namespace nn = distribute::nn;
 using namespace distribute::test;
@@ -54,18 +53,23 @@ std::string python(bool torch) {
   fs::path note = venv;
   note += ".unavailable";
   if (!fs::exists(py)) {
-    if (fs::exists(note)) skip("the interop environment could not be installed (" + note.string() + "): " + read_text(note));
-    BOOST_FAIL(py.string() << " is missing: scripts/setup.sh creates it (configure with -DDISTRIBUTE_INTEROP_VENV=DIR for another place)");
+    if (fs::exists(note))
+      skip("the interop environment could not be installed (" + note.string() + "): " + read_text(note));
+    BOOST_FAIL(
+        py.string()
+        << " is missing: scripts/setup.sh creates it (configure with -DDISTRIBUTE_INTEROP_VENV=DIR for another place)");
   }
   fs::path no_torch = venv;
   no_torch += ".no-torch";
-  if (torch && fs::exists(no_torch)) skip("no PyTorch in the interop environment (" + no_torch.string() + "): " + read_text(no_torch));
+  if (torch && fs::exists(no_torch))
+    skip("no PyTorch in the interop environment (" + no_torch.string() + "): " + read_text(no_torch));
   return py.string();
 }
 
 command_result run(const std::string& py, const std::vector<std::string>& args) {
   std::string command = "DISTRIBUTE_TORCH_PORT=";
-  for (const std::string& part : {shell_quoted(DISTRIBUTE_TORCH_PORT), shell_quoted(py), shell_quoted(DISTRIBUTE_INTEROP_SCRIPT)})
+  for (const std::string& part :
+       {shell_quoted(DISTRIBUTE_TORCH_PORT), shell_quoted(py), shell_quoted(DISTRIBUTE_INTEROP_SCRIPT)})
     command.append(part).append(" ");
   for (const auto& a : args) command.append(shell_quoted(a)).append(" ");
   command += "2>&1";
@@ -123,7 +127,8 @@ BOOST_AUTO_TEST_CASE(our_generator_loads_into_the_pytorch_port) {
   const auto y = g.forward(r, x);
   nn::save_safetensors(g, dir.path / "gen.safetensors");
   write_io(dir.path / "io.safetensors", x, y);
-  const auto res = run(py, {"torch-load", (dir.path / "gen.safetensors").string(), (dir.path / "io.safetensors").string(), "1", "16", "3"});
+  const auto res = run(py, {"torch-load", (dir.path / "gen.safetensors").string(),
+                            (dir.path / "io.safetensors").string(), "1", "16", "3"});
   BOOST_TEST(res.status == 0, res.output);
 }
 
@@ -186,12 +191,14 @@ BOOST_AUTO_TEST_CASE(generator_at_demo_size) {
 // computes by default (measured: 6.5e-6 and 1.2e-5).
 BOOST_AUTO_TEST_CASE(generator_at_paper_size) {
   auto g = cyclegan::make_generator<dist::cpu>({.channels = 3, .filters = 64, .blocks = 9}, 5);
-  check_with_onnxruntime(g, dist::shape::nchw(1, 3, 256, 256), "paper generator, direct convolutions", {.conv_winograd = false});
+  check_with_onnxruntime(g, dist::shape::nchw(1, 3, 256, 256), "paper generator, direct convolutions",
+                         {.conv_winograd = false});
   check_with_onnxruntime(g, dist::shape::nchw(1, 3, 256, 256), "paper generator, the engine's default", {}, 5e-5);
 }
 
 BOOST_AUTO_TEST_CASE(discriminator) {
-  auto d = cyclegan::make_discriminator<dist::cpu>({.channels = 1, .filters = 16, .layers = 2, .norm = cyclegan::norm_kind::batch}, 5);
+  auto d = cyclegan::make_discriminator<dist::cpu>(
+      {.channels = 1, .filters = 16, .layers = 2, .norm = cyclegan::norm_kind::batch}, 5);
   move_statistics(d, dist::shape::nchw(2, 1, 28, 28), 3);
   check_with_onnxruntime(d, dist::shape::nchw(2, 1, 28, 28), "discriminator with batch norm");
 }

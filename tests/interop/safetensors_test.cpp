@@ -27,7 +27,8 @@ using namespace distribute::test;
 
 namespace {
 
-std::vector<std::byte> file_with_header(const std::string& json, std::size_t data_bytes = 0, std::uint64_t declared = UINT64_MAX) {
+std::vector<std::byte> file_with_header(const std::string& json, std::size_t data_bytes = 0,
+                                        std::uint64_t declared = UINT64_MAX) {
   std::vector<std::byte> out(8 + json.size() + data_bytes);
   const std::uint64_t n = declared == UINT64_MAX ? json.size() : declared;
   std::memcpy(out.data(), &n, 8);
@@ -62,10 +63,11 @@ BOOST_AUTO_TEST_SUITE(safetensors)
 BOOST_AUTO_TEST_CASE(names_follow_pytorch_state_dict) {
   auto m = small_model<float>(1);
   const std::vector<std::string> expected{
-      "0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var",  //
-      "3.body.0.weight", "3.body.0.bias", "3.body.1.weight", "3.body.1.bias",          // residual_block: IN without affine
-      "3.body.3.weight", "3.body.3.bias",                                                //
-      "4.weight", "4.bias", "5.weight", "5.bias", "7.weight", "7.bias", "10.weight", "10.bias"};
+      "0.weight",        "0.bias",        "1.weight",        "1.bias",        "1.running_mean", "1.running_var",  //
+      "3.body.0.weight", "3.body.0.bias", "3.body.1.weight", "3.body.1.bias",  // residual_block: IN without affine
+      "3.body.3.weight", "3.body.3.bias",                                      //
+      "4.weight",        "4.bias",        "5.weight",        "5.bias",        "7.weight",       "7.bias",
+      "10.weight",       "10.bias"};
   // The residual block's instance norms have no affine parameters: nothing named for them.
   std::vector<std::string> want;
   for (const auto& n : expected)
@@ -78,17 +80,20 @@ BOOST_AUTO_TEST_CASE(names_follow_pytorch_state_dict) {
 // which each stage takes three (conv, norm, activation).
 BOOST_AUTO_TEST_CASE(the_example_networks_have_the_port_names) {
   auto g = cyclegan::make_generator<dist::cpu>({.channels = 1, .filters = 16, .blocks = 3}, 5);
-  const std::vector<std::string> generator{"0.weight", "3.weight", "6.weight", "9.body.0.weight", "9.body.3.weight",
-                                           "10.body.0.weight", "10.body.3.weight", "11.body.0.weight", "11.body.3.weight",
-                                           "12.weight", "15.weight", "18.weight", "18.bias"};
+  const std::vector<std::string> generator{
+      "0.weight",         "3.weight",         "6.weight",         "9.body.0.weight",  "9.body.3.weight",
+      "10.body.0.weight", "10.body.3.weight", "11.body.0.weight", "11.body.3.weight", "12.weight",
+      "15.weight",        "18.weight",        "18.bias"};
   BOOST_TEST(state_names(g) == generator, boost::test_tools::per_element());
   auto d = cyclegan::make_discriminator<dist::cpu>({.channels = 1, .filters = 16, .layers = 2}, 5);
   const std::vector<std::string> discriminator{"0.weight", "0.bias", "2.weight", "5.weight", "8.weight", "8.bias"};
   BOOST_TEST(state_names(d) == discriminator, boost::test_tools::per_element());
   // With batch norm the stages' norms have state of their own, at the norm's position.
-  auto b = cyclegan::make_discriminator<dist::cpu>({.channels = 1, .filters = 16, .layers = 2, .norm = cyclegan::norm_kind::batch}, 5);
-  const std::vector<std::string> batch{"0.weight", "0.bias", "2.weight", "3.weight", "3.bias", "3.running_mean", "3.running_var",
-                                       "5.weight", "6.weight", "6.bias", "6.running_mean", "6.running_var", "8.weight", "8.bias"};
+  auto b = cyclegan::make_discriminator<dist::cpu>(
+      {.channels = 1, .filters = 16, .layers = 2, .norm = cyclegan::norm_kind::batch}, 5);
+  const std::vector<std::string> batch{"0.weight",       "0.bias",        "2.weight", "3.weight", "3.bias",
+                                       "3.running_mean", "3.running_var", "5.weight", "6.weight", "6.bias",
+                                       "6.running_mean", "6.running_var", "8.weight", "8.bias"};
   BOOST_TEST(state_names(b) == batch, boost::test_tools::per_element());
 }
 
@@ -125,7 +130,8 @@ BOOST_AUTO_TEST_CASE(header_is_what_the_format_says) {
   std::memcpy(&n, bytes.data(), 8);
   BOOST_TEST(n % 8 == 0u);  // the data starts aligned, as the format's own writer makes it
   const std::string header(reinterpret_cast<const char*>(bytes.data()) + 8, n);
-  BOOST_TEST(header.find(R"("0.weight":{"dtype":"F32","shape":[4,2,3,3],"data_offsets":[0,288]})") != std::string::npos, header);
+  BOOST_TEST(header.find(R"("0.weight":{"dtype":"F32","shape":[4,2,3,3],"data_offsets":[0,288]})") != std::string::npos,
+             header);
   BOOST_TEST(header.find(R"("1.running_var":{"dtype":"F64","shape":[4])") != std::string::npos, header);
   BOOST_TEST(header.find(R"("__metadata__":{"format":"pt"})") != std::string::npos, header);
 }
@@ -138,7 +144,8 @@ BOOST_AUTO_TEST_CASE(pytorch_statistics_and_counter_load) {
     decltype(tensors)* out;
     void parameter(const std::string& name, nn::parameter<float, dist::cpu>& p) {
       std::vector<std::uint64_t> shape;
-      for (std::size_t i = 0; i < p.value.shape().rank(); ++i) shape.push_back(static_cast<std::uint64_t>(p.value.shape()[i]));
+      for (std::size_t i = 0; i < p.value.shape().rank(); ++i)
+        shape.push_back(static_cast<std::uint64_t>(p.value.shape()[i]));
       std::vector<float> values(p.value.size(), 0.25f);
       out->push_back({name, "F32", shape, nn::detail::bytes_of(values)});
     }
@@ -160,7 +167,9 @@ struct anonymous_layer {
   using scalar_type = float;
   nn::parameter<float> p{dist::shape{3}, nn::init::normal, 1};
   template <class F>
-  void for_each_parameter(F&& f) { p.visit(f); }
+  void for_each_parameter(F&& f) {
+    p.visit(f);
+  }
 };
 
 BOOST_AUTO_TEST_CASE(a_layer_without_names_is_named_in_the_error) {
@@ -207,13 +216,17 @@ BOOST_AUTO_TEST_CASE(truncated_and_oversized_headers) {
 BOOST_AUTO_TEST_CASE(malformed_json) {
   check_error("{\"a\": ", "malformed JSON");
   check_error("[1, 2]", "an array is out of place at the top level");
-  check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [[[[[[1]]]]]], \"data_offsets\": [0, 4]}}", "an array is out of place in tensor 'a'");
-  check_error(std::string(100000, '['), "an array is out of place at the top level");  // refused at the first bracket, not after 100000
+  check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [[[[[[1]]]]]], \"data_offsets\": [0, 4]}}",
+              "an array is out of place in tensor 'a'");
+  check_error(std::string(100000, '['),
+              "an array is out of place at the top level");  // refused at the first bracket, not after 100000
   check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", "a negative number");
   check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", "a fraction");
   check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [1]}}", "tensor 'a' lacks its data_offsets");
-  check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4], \"extra\": 1}}", "unknown field 'extra'");
-  check_error("{\"a\": {\"dtype\": \"F32\", \"dtype\": \"F64\", \"shape\": [1], \"data_offsets\": [0, 4]}}", "a second 'dtype'");
+  check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4], \"extra\": 1}}",
+              "unknown field 'extra'");
+  check_error("{\"a\": {\"dtype\": \"F32\", \"dtype\": \"F64\", \"shape\": [1], \"data_offsets\": [0, 4]}}",
+              "a second 'dtype'");
   check_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", "1 data_offsets, not 2");
   check_error("{\"__metadata__\": {\"format\": 1}}", "a number is out of place in __metadata__");
   check_error("{\"a\": 5}", "a number is out of place as the value of 'a'");
@@ -223,14 +236,19 @@ BOOST_AUTO_TEST_CASE(malformed_json) {
 BOOST_AUTO_TEST_CASE(offsets_that_overrun_overlap_or_leave_gaps) {
   check_error(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", "past its end", 4);
   check_error(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})", "end before they begin", 8);
-  check_error(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
-              "overlaps tensor 'a'", 12);
-  check_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", "bytes [0, 4) of the data belong to no tensor", 8);
-  check_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", "at the end of the data belong to no tensor", 8);
+  check_error(
+      R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+      "overlaps tensor 'a'", 12);
+  check_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+              "bytes [0, 4) of the data belong to no tensor", 8);
+  check_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+              "at the end of the data belong to no tensor", 8);
   check_error(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", "needs 12 bytes", 8);
-  check_error(R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})", "needs over 2^64 bytes", 8);
-  check_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
-              "'a' appears twice", 8);
+  check_error(R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})",
+              "needs over 2^64 bytes", 8);
+  check_error(
+      R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+      "'a' appears twice", 8);
 }
 
 BOOST_AUTO_TEST_CASE(a_file_of_another_model_names_the_tensor) {
@@ -242,13 +260,18 @@ BOOST_AUTO_TEST_CASE(a_file_of_another_model_names_the_tensor) {
     nn::load_safetensors(other, bytes, "other.safetensors");
     BOOST_FAIL("loaded into another model");
   } catch (const nn::interop_error& e) {
-    BOOST_TEST(std::string(e.what()).find("other.safetensors: tensor '1.weight' of the file is not in the model") != std::string::npos, e.what());
+    BOOST_TEST(std::string(e.what()).find("other.safetensors: tensor '1.weight' of the file is not in the model") !=
+                   std::string::npos,
+               e.what());
   }
-  auto smaller = nn::sequential{nn::conv2d<float>{{.in_channels = 2, .out_channels = 5, .kernel = 3, .padding = 1, .pad_mode = nn::padding_mode::reflect}, 1},
-                                nn::batch_norm<float>{{.channels = 4}, 2}};
+  auto smaller = nn::sequential{
+      nn::conv2d<float>{
+          {.in_channels = 2, .out_channels = 5, .kernel = 3, .padding = 1, .pad_mode = nn::padding_mode::reflect}, 1},
+      nn::batch_norm<float>{{.channels = 4}, 2}};
   const auto cut = nn::safetensors_bytes(smaller);
   const std::string what = load_error(cut);
-  BOOST_TEST(what.find("tensor '0.weight' has shape [5, 2, 3, 3]; the model's has [4, 2, 3, 3]") != std::string::npos, what);
+  BOOST_TEST(what.find("tensor '0.weight' has shape [5, 2, 3, 3]; the model's has [4, 2, 3, 3]") != std::string::npos,
+             what);
 
   // A double model's file into a float model: the dtype is named.
   auto d = small_model<double>(1);
@@ -263,7 +286,8 @@ BOOST_AUTO_TEST_CASE(a_file_of_another_model_names_the_tensor) {
     void parameter(const std::string& name, nn::parameter<float, dist::cpu>& p) {
       if (name == "10.bias") return;
       std::vector<std::uint64_t> shape;
-      for (std::size_t i = 0; i < p.value.shape().rank(); ++i) shape.push_back(static_cast<std::uint64_t>(p.value.shape()[i]));
+      for (std::size_t i = 0; i < p.value.shape().rank(); ++i)
+        shape.push_back(static_cast<std::uint64_t>(p.value.shape()[i]));
       out->push_back({name, "F32", shape, nn::detail::bytes_of(std::vector<float>(p.value.begin(), p.value.end()))});
     }
     void buffer(const std::string& name, std::span<double> b) {
@@ -286,7 +310,8 @@ BOOST_AUTO_TEST_CASE(missing_file_is_named) {
     nn::load_safetensors(m, "/nonexistent/dir/m.safetensors");
     BOOST_FAIL("a missing file loaded");
   } catch (const nn::interop_error& e) {
-    BOOST_TEST(std::string(e.what()).find("/nonexistent/dir/m.safetensors: cannot open") != std::string::npos, e.what());
+    BOOST_TEST(std::string(e.what()).find("/nonexistent/dir/m.safetensors: cannot open") != std::string::npos,
+               e.what());
   }
 }
 

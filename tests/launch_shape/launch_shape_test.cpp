@@ -9,7 +9,7 @@
 // row per call is caught whatever it is called, with no annotation to forget.
 #define BOOST_TEST_MODULE distribute_launch_shape
 #ifndef BOOST_TEST_DYN_LINK
-#define BOOST_TEST_DYN_LINK
+#  define BOOST_TEST_DYN_LINK
 #endif
 #include <boost/test/unit_test.hpp>
 
@@ -56,12 +56,15 @@ struct malloc_allocator {
   }
   void deallocate(T* p, std::size_t) noexcept { std::free(p); }
   template <class U>
-  bool operator==(const malloc_allocator<U>&) const noexcept { return true; }
+  bool operator==(const malloc_allocator<U>&) const noexcept {
+    return true;
+  }
 };
 
 struct block_registry {
   std::mutex m;
-  std::map<std::uintptr_t, std::size_t, std::less<>, malloc_allocator<std::pair<const std::uintptr_t, std::size_t>>> blocks;
+  std::map<std::uintptr_t, std::size_t, std::less<>, malloc_allocator<std::pair<const std::uintptr_t, std::size_t>>>
+      blocks;
 };
 block_registry& registry() {
   static block_registry* r = new (std::malloc(sizeof(block_registry))) block_registry;  // never destroyed
@@ -124,7 +127,7 @@ struct launch_shapes final : dist::pass_observer {
     std::int64_t work_items, elements;
   };
   std::mutex m;
-  std::vector<pass> passes;     // every pass over a tracked block
+  std::vector<pass> passes;      // every pass over a tracked block
   std::vector<pass> too_narrow;  // those that break the rule
   std::int64_t seen = 0;
 
@@ -140,7 +143,8 @@ struct launch_shapes final : dist::pass_observer {
     const std::lock_guard lock(m);
     ++seen;
     if (largest == 0) return;
-    const pass p{kind_name(r.kind), std::string(r.functor_name), r.work_items, static_cast<std::int64_t>(largest / sizeof(float))};
+    const pass p{kind_name(r.kind), std::string(r.functor_name), r.work_items,
+                 static_cast<std::int64_t>(largest / sizeof(float))};
     passes.push_back(p);
     if (p.elements >= large_tensor && p.work_items < p.elements / elements_per_work_item) too_narrow.push_back(p);
   }
@@ -182,8 +186,13 @@ BOOST_AUTO_TEST_CASE(a_plane_per_work_item_is_caught) {
 // 256x256 tensor) is planned as chunks, so it too offers a work item per 64 elements or fewer.
 BOOST_AUTO_TEST_CASE(segmented_sums_are_planned_in_chunks) {
   namespace d = dist::detail;
-  for (const auto& [segments, length] : {std::pair<std::int64_t, std::int64_t>{1, 3 * 256 * 256}, {64, 256 * 256}, {256, 16384},
-                                        {1, 1}, {7, 8193}, {3, 8192}, {1000, 10}}) {
+  for (const auto& [segments, length] : {std::pair<std::int64_t, std::int64_t>{1, 3 * 256 * 256},
+                                         {64, 256 * 256},
+                                         {256, 16384},
+                                         {1, 1},
+                                         {7, 8193},
+                                         {3, 8192},
+                                         {1000, 10}}) {
     const d::segmented_sum_plan plan = d::plan_segmented_sum(segments, length);
     BOOST_TEST_CONTEXT(segments << " x " << length) {
       BOOST_TEST(plan.work_items() * elements_per_work_item >= segments * length);
@@ -235,13 +244,15 @@ BOOST_AUTO_TEST_CASE(every_pass_of_a_cyclegan_step_is_parallel_over_its_elements
   }
   std::int64_t largest = 0;
   for (const auto& p : shapes.passes) largest = std::max(largest, p.elements);
-  BOOST_TEST_MESSAGE(shapes.seen << " passes, " << shapes.passes.size() << " over tensors of 256 KiB or more (the largest "
-                                 << largest << " elements), " << shapes.too_narrow.size() << " too narrow");
-  BOOST_TEST(shapes.seen > 100);  // the step ran through the observer
+  BOOST_TEST_MESSAGE(shapes.seen << " passes, " << shapes.passes.size()
+                                 << " over tensors of 256 KiB or more (the largest " << largest << " elements), "
+                                 << shapes.too_narrow.size() << " too narrow");
+  BOOST_TEST(shapes.seen > 100);            // the step ran through the observer
   BOOST_TEST(largest >= 16 * size * size);  // and over tensors the rule applies to
   std::map<std::string, int> narrow;
   for (const auto& p : shapes.too_narrow) ++narrow[describe(p)];
-  for (const auto& [what, times] : narrow) BOOST_ERROR(what << " (" << times << " times): too few work items for a GPU");
+  for (const auto& [what, times] : narrow)
+    BOOST_ERROR(what << " (" << times << " times): too few work items for a GPU");
 }
 
 // Which cuDNN engines the GPU engine considers (engine/detail/conv_engine_filter.hpp), from its
@@ -262,8 +273,8 @@ BOOST_AUTO_TEST_CASE(conv_engine_filter_follows_the_options) {
     BOOST_TEST(d::conv_engine_filter_for(p, {}).exclude_nondeterministic);
   }
   // deterministic = false: any engine, PyTorch's default; autotune builds them all; 0: no limit.
-  const d::conv_engine_filter any =
-      d::conv_engine_filter_for(compute_precision::float32, {.conv_autotune = true, .deterministic = false, .conv_workspace_limit = 0});
+  const d::conv_engine_filter any = d::conv_engine_filter_for(
+      compute_precision::float32, {.conv_autotune = true, .deterministic = false, .conv_workspace_limit = 0});
   BOOST_TEST(!any.exclude_nondeterministic);
   BOOST_TEST(any.exclude_tf32);
   BOOST_TEST(any.build_all);
@@ -274,5 +285,7 @@ BOOST_AUTO_TEST_CASE(conv_engine_filter_follows_the_options) {
   retry.workspace_limit = defaults.workspace_limit;
   BOOST_TEST((retry == defaults));
   // A limit beyond what cuDNN's 64-bit sizes hold is no limit cut short.
-  BOOST_TEST(d::conv_engine_filter_for(compute_precision::float32, {.conv_workspace_limit = SIZE_MAX}).workspace_limit == INT64_MAX);
+  BOOST_TEST(
+      d::conv_engine_filter_for(compute_precision::float32, {.conv_workspace_limit = SIZE_MAX}).workspace_limit ==
+      INT64_MAX);
 }

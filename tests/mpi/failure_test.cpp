@@ -34,9 +34,7 @@ struct job_result {
   std::string output;
 };
 
-std::string self_path() {
-  return std::filesystem::read_symlink("/proc/self/exe").string();
-}
+std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
 std::string quote(const std::string& s) {
   std::string q = "'";
@@ -70,7 +68,8 @@ bool has(const job_result& r, const std::string& text) { return r.output.find(te
 
 // A fresh directory in the system's temporary directory.
 std::filesystem::path fresh_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("distribute_mpi_" + name + "_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("distribute_mpi_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
@@ -194,7 +193,8 @@ BOOST_AUTO_TEST_CASE(without_fingerprints_a_size_mismatch_still_stops_the_job) {
   BOOST_TEST(r.seconds < 30.0);
   // ... over the ring, worker 1's blocks are longer than worker 0's: a short message, which MPI
   // accepts silently and the ring refuses.
-  const auto ring = run_job(2, "--scenario=mismatch --no-fingerprints --no-shared-memory --replicas=1 --timeout-ms=5000");
+  const auto ring =
+      run_job(2, "--scenario=mismatch --no-fingerprints --no-shared-memory --replicas=1 --timeout-ms=5000");
   BOOST_TEST(ring.exit_code != 0);
   BOOST_TEST(has(ring, "the workers called collectives of different sizes"));
   BOOST_TEST(ring.seconds < 30.0);
@@ -205,8 +205,9 @@ BOOST_AUTO_TEST_CASE(without_fingerprints_a_size_mismatch_still_stops_the_job) {
 BOOST_AUTO_TEST_CASE(a_recv_whose_sender_never_sends_names_both_workers) {
   const auto r = run_job(2, "--scenario=p2p-never-sent --timeout-ms=2000");
   BOOST_TEST(r.exit_code != 0);
-  BOOST_TEST(has(r, "distribute: worker 1 waited 2000 ms for a message from worker 0 (recv of 64 float32, tag 3 from "
-                    "stage backward) that was never sent"));
+  BOOST_TEST(has(r,
+                 "distribute: worker 1 waited 2000 ms for a message from worker 0 (recv of 64 float32, tag 3 from "
+                 "stage backward) that was never sent"));
   BOOST_TEST(r.seconds < 30.0, "the job stopped after " << r.seconds << " s");
   // In a split communicator, workers are named as in the world.
   const auto split = run_job(3, "--scenario=p2p-never-sent --split --timeout-ms=2000");
@@ -220,8 +221,9 @@ BOOST_AUTO_TEST_CASE(a_recv_whose_sender_never_sends_names_both_workers) {
 BOOST_AUTO_TEST_CASE(a_recv_meeting_a_different_send_names_both_workers) {
   const auto r = run_job(2, "--scenario=p2p-mismatch --timeout-ms=2000");
   BOOST_TEST(r.exit_code != 0);
-  BOOST_TEST(has(r, "distribute: worker 1's recv of 64 float32 from worker 0 (tag 3) met worker 0's send of 80 float32 "
-                    "from stage forward"));
+  BOOST_TEST(has(r,
+                 "distribute: worker 1's recv of 64 float32 from worker 0 (tag 3) met worker 0's send of 80 float32 "
+                 "from stage forward"));
   BOOST_TEST(r.seconds < 30.0);
   const auto type = run_job(2, "--scenario=p2p-mismatch --type --timeout-ms=2000");
   BOOST_TEST(type.exit_code != 0);
@@ -238,8 +240,9 @@ BOOST_AUTO_TEST_CASE(a_pipeline_stage_that_fails_ends_the_job_naming_it) {
   BOOST_TEST(throws.seconds < 20.0, "the job stopped after " << throws.seconds << " s");
   const auto stalls = run_job(2, "--scenario=pipeline-stall --replicas=1 --timeout-ms=1000");
   BOOST_TEST(stalls.exit_code != 0);
-  BOOST_TEST(has(stalls, "distribute: worker 1 waited 1000 ms for a message from worker 0 (recv of 6 int64, tag 3 from "
-                         "pipeline activations, stage 0 to stage 1 in step 0) that was never sent"));
+  BOOST_TEST(has(stalls,
+                 "distribute: worker 1 waited 1000 ms for a message from worker 0 (recv of 6 int64, tag 3 from "
+                 "pipeline activations, stage 0 to stage 1 in step 0) that was never sent"));
   BOOST_TEST(stalls.seconds < 20.0);
 }
 
@@ -269,7 +272,8 @@ BOOST_AUTO_TEST_CASE(resume_after_a_kill_matches_an_uninterrupted_run) {
 // the same step with one checkpoint, and the job run again continues from it to the parameters of
 // a job that was never interrupted.
 BOOST_AUTO_TEST_CASE(a_signal_to_one_worker_stops_every_worker_after_the_same_step_with_one_checkpoint) {
-  const auto clean = fresh_dir("preempt_clean"), inside = fresh_dir("preempt_inside"), outside = fresh_dir("preempt_outside");
+  const auto clean = fresh_dir("preempt_clean"), inside = fresh_dir("preempt_inside"),
+             outside = fresh_dir("preempt_outside");
   const std::string common = "--scenario=preempt --steps=8 --replicas=1 --timeout-ms=20000 ";
   const auto reference = run_job(3, common + "--dir=" + quote(clean.string()));
   BOOST_TEST_REQUIRE(reference.exit_code == 0);
@@ -283,7 +287,8 @@ BOOST_AUTO_TEST_CASE(a_signal_to_one_worker_stops_every_worker_after_the_same_st
   BOOST_TEST(has(stopped, "SIGTERM after step 3"));  // worker 1's own line
   BOOST_TEST(has(stopped, "a signal to another worker after step 3"));
   std::vector<std::string> files;
-  for (const auto& e : std::filesystem::directory_iterator(inside / "checkpoints")) files.push_back(e.path().filename().string());
+  for (const auto& e : std::filesystem::directory_iterator(inside / "checkpoints"))
+    files.push_back(e.path().filename().string());
   BOOST_TEST_REQUIRE(files.size() == 1u, "one checkpoint");
   BOOST_TEST(files[0] == "ckpt-0000000003.dck");
   const auto resumed = run_job(3, common + "--dir=" + quote(inside.string()));
@@ -293,7 +298,9 @@ BOOST_AUTO_TEST_CASE(a_signal_to_one_worker_stops_every_worker_after_the_same_st
 
   // From outside: the job runs with 50 ms steps; SIGTERM goes to worker 2's process by its pid.
   job_result from_outside{};
-  std::thread job([&] { from_outside = run_job(3, common + "--pid-dir=" + quote(outside.string()) + " --dir=" + quote(outside.string())); });
+  std::thread job([&] {
+    from_outside = run_job(3, common + "--pid-dir=" + quote(outside.string()) + " --dir=" + quote(outside.string()));
+  });
   const auto pid_file = outside / "pid-2";
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!std::filesystem::exists(pid_file) && std::chrono::steady_clock::now() < give_up)
@@ -318,7 +325,8 @@ BOOST_AUTO_TEST_CASE(a_signal_to_one_worker_stops_every_worker_after_the_same_st
   const auto finished = run_job(3, common + "--dir=" + quote(outside.string()));
   BOOST_TEST_REQUIRE(finished.exit_code == 0);
   BOOST_TEST(has(finished, "resumed at step"));
-  BOOST_TEST((read_all(outside / "final.bin") == want), "resumed after a signal from outside: the uninterrupted job's parameters");
+  BOOST_TEST((read_all(outside / "final.bin") == want),
+             "resumed after a signal from outside: the uninterrupted job's parameters");
   for (const auto& d : {clean, inside, outside}) std::filesystem::remove_all(d);
 }
 

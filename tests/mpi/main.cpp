@@ -1,7 +1,7 @@
 // The MPI tests' program. Run under mpiexec it is a Boost.Test runner in every process; with
 // `--scenario=NAME` it is one worker of a job that the failure tests start, kill and restart.
 #ifndef BOOST_TEST_DYN_LINK  // CMake already defines it; the guard avoids a redefinition warning
-#define BOOST_TEST_DYN_LINK
+#  define BOOST_TEST_DYN_LINK
 #endif
 #define BOOST_TEST_NO_MAIN
 #define BOOST_TEST_ALTERNATIVE_INIT_API

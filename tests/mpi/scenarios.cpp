@@ -77,8 +77,9 @@ std::int64_t number(const arguments& args, const std::string& key, std::int64_t 
 }
 
 dist::multi_worker_options options_from(const arguments& args) {
-  dist::multi_worker_options o{.local_replicas = static_cast<int>(number(args, "replicas", 2)),
-                               .mpi = dist::test::test_mpi_options(std::chrono::milliseconds(number(args, "timeout-ms", 20000)))};
+  dist::multi_worker_options o{
+      .local_replicas = static_cast<int>(number(args, "replicas", 2)),
+      .mpi = dist::test::test_mpi_options(std::chrono::milliseconds(number(args, "timeout-ms", 20000)))};
   if (args.contains("no-fingerprints")) o.mpi.check_fingerprints = false;
   if (args.contains("no-shared-memory")) o.mpi.shared_memory = false;
   return o;
@@ -158,9 +159,11 @@ int preempt(strategy_type& s, const arguments& args) {
                                         s.broadcast(nets, 0);
                                         s.broadcast(opts, 0);
                                       }};
-  if (handler.resumed() && s.is_chief()) std::printf("resumed at step %lld\n", static_cast<long long>(handler.first_step()));
+  if (handler.resumed() && s.is_chief())
+    std::printf("resumed at step %lld\n", static_cast<long long>(handler.first_step()));
   if (outside) {
-    std::ofstream(std::filesystem::path(args.at("pid-dir")) / ("pid-" + std::to_string(s.worker_index()))) << ::getpid() << "\n";
+    std::ofstream(std::filesystem::path(args.at("pid-dir")) / ("pid-" + std::to_string(s.worker_index())))
+        << ::getpid() << "\n";
   }
   for (std::int64_t step = handler.first_step(); step < steps; ++step) {
     if (step == signal_at)
@@ -209,7 +212,9 @@ struct slab {
   using scalar_type = float;
   std::vector<float> v = std::vector<float>(1000), g = std::vector<float>(1000, 1.0f);
   template <class F>
-  void for_each_parameter(F&& f) { f(std::span<float>(v), std::span<float>(g)); }
+  void for_each_parameter(F&& f) {
+    f(std::span<float>(v), std::span<float>(g));
+  }
 };
 struct two_slabs {
   using scalar_type = float;
@@ -257,7 +262,9 @@ int throws(strategy_type& s, const arguments& args) {
 
 int pipeline_fault(strategy_type& s, bool throws) {
   namespace pt = dist::pipeline_test;
-  const pt::fault fault{.stage = 0, .micro_batch = 1, .kind = throws ? pt::fault::throws : pt::fault::stalls,
+  const pt::fault fault{.stage = 0,
+                        .micro_batch = 1,
+                        .kind = throws ? pt::fault::throws : pt::fault::stalls,
                         .stall = std::chrono::seconds(3)};
   auto model = pt::make_pipeline<2>(s, {.micro_batches = 4}, &fault);
   const auto x = pt::inputs(8, 0), y = pt::targets(8, 0);

@@ -41,9 +41,10 @@ strategy_type& uneven() {
 // The same, with each of the two ways a worker's replicas take part in a cross-worker all-reduce.
 strategy_type& uneven_with(dist::comm::local_reduction how) {
   auto make = [](dist::comm::local_reduction h) {
-    return std::make_unique<strategy_type>(dist::multi_worker_options{.local_replicas = 1 + dist::test::world_rank() % 2,
-                                                                      .mpi = dist::test::test_mpi_options(),
-                                                                      .local_reduction = h});
+    return std::make_unique<strategy_type>(
+        dist::multi_worker_options{.local_replicas = 1 + dist::test::world_rank() % 2,
+                                   .mpi = dist::test::test_mpi_options(),
+                                   .local_reduction = h});
   };
   // Made in the same order on every worker.
   static const auto first = make(dist::comm::local_reduction::first_replica);
@@ -144,36 +145,37 @@ BOOST_AUTO_TEST_CASE(replica_engines_share_the_cores_without_oversubscribing) {
     BOOST_TEST(t[0] >= 1u);
     sum += static_cast<int>(t[0]);
   }
-  BOOST_TEST(sum <= std::max(mine, s.num_local_replicas()), "worker " << s.worker_index() << ": engines with " << sum
-                                                                       << " threads in all on " << mine << " cores");
+  BOOST_TEST(sum <= std::max(mine, s.num_local_replicas()),
+             "worker " << s.worker_index() << ": engines with " << sum << " threads in all on " << mine << " cores");
   if (threads.size() == 2) BOOST_TEST(threads[0][1] != threads[1][1]);  // each replica its own engine
   s.run_on_primary([&](auto& r) { BOOST_TEST(r.engine().threads() <= mine); });
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(replica_all_reduce_gives_every_op, T, dist::test::element_types) {
   for (const auto how : both_local_reductions) {
-  auto& s = uneven_with(how);
-  const int n = s.num_replicas_in_sync();
-  for (const auto op : dist::test::all_ops) {
-    const auto wrong = s.run([&](dist::replica auto& r) {
-      std::size_t bad = 0;
-      for (const std::size_t size : {std::size_t{1}, std::size_t{5}, std::size_t{4099}}) {
-        std::vector<T> a(size), b(size / 2 + 1);
-        for (std::size_t i = 0; i < a.size(); ++i) a[i] = dist::test::value_for<T>(r.replica_id(), i, op);
-        for (std::size_t i = 0; i < b.size(); ++i) b[i] = dist::test::value_for<T>(r.replica_id(), size + i, op);
-        r.all_reduce(op, a);
-        for (std::size_t i = 0; i < a.size(); ++i) bad += a[i] != dist::test::expected_for<T>(n, i, op);
-        for (std::size_t i = 0; i < a.size(); ++i) a[i] = dist::test::value_for<T>(r.replica_id(), i, op);
-        r.all_reduce(op, a, b);  // fused
-        for (std::size_t i = 0; i < a.size(); ++i) bad += a[i] != dist::test::expected_for<T>(n, i, op);
-        for (std::size_t i = 0; i < b.size(); ++i) bad += b[i] != dist::test::expected_for<T>(n, size + i, op);
-      }
-      const T one = r.all_reduce(op, dist::test::value_for<T>(r.replica_id(), 0, op));
-      bad += one != dist::test::expected_for<T>(n, 0, op);
-      return bad;
-    });
-    for (auto bad : wrong) BOOST_TEST(bad == 0u, dist::to_string(op) << " " << dist::dtype_of<T> << ", local reduction " << name_of(how));
-  }
+    auto& s = uneven_with(how);
+    const int n = s.num_replicas_in_sync();
+    for (const auto op : dist::test::all_ops) {
+      const auto wrong = s.run([&](dist::replica auto& r) {
+        std::size_t bad = 0;
+        for (const std::size_t size : {std::size_t{1}, std::size_t{5}, std::size_t{4099}}) {
+          std::vector<T> a(size), b(size / 2 + 1);
+          for (std::size_t i = 0; i < a.size(); ++i) a[i] = dist::test::value_for<T>(r.replica_id(), i, op);
+          for (std::size_t i = 0; i < b.size(); ++i) b[i] = dist::test::value_for<T>(r.replica_id(), size + i, op);
+          r.all_reduce(op, a);
+          for (std::size_t i = 0; i < a.size(); ++i) bad += a[i] != dist::test::expected_for<T>(n, i, op);
+          for (std::size_t i = 0; i < a.size(); ++i) a[i] = dist::test::value_for<T>(r.replica_id(), i, op);
+          r.all_reduce(op, a, b);  // fused
+          for (std::size_t i = 0; i < a.size(); ++i) bad += a[i] != dist::test::expected_for<T>(n, i, op);
+          for (std::size_t i = 0; i < b.size(); ++i) bad += b[i] != dist::test::expected_for<T>(n, size + i, op);
+        }
+        const T one = r.all_reduce(op, dist::test::value_for<T>(r.replica_id(), 0, op));
+        bad += one != dist::test::expected_for<T>(n, 0, op);
+        return bad;
+      });
+      for (auto bad : wrong)
+        BOOST_TEST(bad == 0u, dist::to_string(op) << " " << dist::dtype_of<T> << ", local reduction " << name_of(how));
+    }
   }
 }
 
@@ -190,14 +192,17 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(replica_gather_broadcast_scatter, T, dist::test::e
     for (int root = 0; root < n; ++root) {
       std::vector<T> buf(257, static_cast<T>(r.replica_id() == root ? 7 + root : -1));
       r.broadcast(buf, root);
-      bad += static_cast<std::size_t>(std::count_if(buf.begin(), buf.end(), [&](T x) { return x != static_cast<T>(7 + root); }));
+      bad += static_cast<std::size_t>(
+          std::count_if(buf.begin(), buf.end(), [&](T x) { return x != static_cast<T>(7 + root); }));
     }
     bad += r.broadcast(static_cast<T>(r.replica_id()), n - 1) != static_cast<T>(n - 1);
     std::vector<T> blocks(2 * static_cast<std::size_t>(n)), mine(2);
-    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = dist::test::value_for<T>(r.replica_id(), i, reduce_op::sum);
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      blocks[i] = dist::test::value_for<T>(r.replica_id(), i, reduce_op::sum);
     r.reduce_scatter(reduce_op::sum, blocks, mine);
     for (std::size_t i = 0; i < 2; ++i)
-      bad += mine[i] != dist::test::expected_for<T>(n, 2 * static_cast<std::size_t>(r.replica_id()) + i, reduce_op::sum);
+      bad +=
+          mine[i] != dist::test::expected_for<T>(n, 2 * static_cast<std::size_t>(r.replica_id()) + i, reduce_op::sum);
     for (int i = 0; i < 3; ++i) r.barrier();
     return bad;
   });
@@ -206,24 +211,27 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(replica_gather_broadcast_scatter, T, dist::test::e
 
 BOOST_AUTO_TEST_CASE(gradients_are_summed_in_fused_buckets) {
   for (const auto how : both_local_reductions) {
-  auto& s = uneven_with(how);
-  const int n = s.num_replicas_in_sync();
-  const std::vector<std::size_t> sizes{1000, 10, 3000, 0, 500};
-  auto models = s.mirror([&](auto&) { return flat_model<float>(sizes); });
-  const auto counts = s.run([&](dist::replica auto& r, flat_model<float>& m) {
-    for (std::size_t p = 0; p < m.grads.size(); ++p)
-      for (std::size_t i = 0; i < m.grads[p].size(); ++i)
-        m.grads[p][i] = static_cast<float>((r.replica_id() + 1) * static_cast<int>(p + 1)) + static_cast<float>(i % 7);
-    return r.all_reduce_gradients(m, {.bucket_bytes = 16000});
-  }, models);
-  for (auto c : counts) BOOST_TEST(c == 2u);
-  const float ids = static_cast<float>(n * (n + 1) / 2);
-  std::size_t wrong = 0;
-  for (const auto& m : models)
-    for (std::size_t p = 0; p < sizes.size(); ++p)
-      for (std::size_t i = 0; i < sizes[p]; ++i)
-        wrong += m.grads[p][i] != ids * static_cast<float>(p + 1) + static_cast<float>(n) * static_cast<float>(i % 7);
-  BOOST_TEST(wrong == 0u, "local reduction " << name_of(how));
+    auto& s = uneven_with(how);
+    const int n = s.num_replicas_in_sync();
+    const std::vector<std::size_t> sizes{1000, 10, 3000, 0, 500};
+    auto models = s.mirror([&](auto&) { return flat_model<float>(sizes); });
+    const auto counts = s.run(
+        [&](dist::replica auto& r, flat_model<float>& m) {
+          for (std::size_t p = 0; p < m.grads.size(); ++p)
+            for (std::size_t i = 0; i < m.grads[p].size(); ++i)
+              m.grads[p][i] =
+                  static_cast<float>((r.replica_id() + 1) * static_cast<int>(p + 1)) + static_cast<float>(i % 7);
+          return r.all_reduce_gradients(m, {.bucket_bytes = 16000});
+        },
+        models);
+    for (auto c : counts) BOOST_TEST(c == 2u);
+    const float ids = static_cast<float>(n * (n + 1) / 2);
+    std::size_t wrong = 0;
+    for (const auto& m : models)
+      for (std::size_t p = 0; p < sizes.size(); ++p)
+        for (std::size_t i = 0; i < sizes[p]; ++i)
+          wrong += m.grads[p][i] != ids * static_cast<float>(p + 1) + static_cast<float>(n) * static_cast<float>(i % 7);
+    BOOST_TEST(wrong == 0u, "local reduction " << name_of(how));
   }
 }
 
@@ -236,13 +244,18 @@ BOOST_AUTO_TEST_CASE(reduce_and_gather_span_every_worker) {
   BOOST_TEST(s.reduce(reduce_op::min, ids) == 1.0);
   BOOST_TEST(s.reduce(reduce_op::max, ids) == static_cast<double>(n));
   const auto ints = s.values_from_function([](int id) { return static_cast<unsigned>(id + 1); });
-  BOOST_TEST(s.reduce(reduce_op::prod, ints) == [&] { unsigned p = 1; for (int i = 1; i <= n; ++i) p *= static_cast<unsigned>(i); return p; }());
+  BOOST_TEST(s.reduce(reduce_op::prod, ints) == [&] {
+    unsigned p = 1;
+    for (int i = 1; i <= n; ++i) p *= static_cast<unsigned>(i);
+    return p;
+  }());
   // Sequences: element-wise.
   const auto seqs = s.values_from_function([](int id) { return std::vector<int>{id, 2 * id}; });
   const auto sums = s.reduce(reduce_op::sum, seqs);
   BOOST_TEST(sums == (std::vector<int>{n * (n - 1) / 2, n * (n - 1)}), boost::test_tools::per_element());
   // Sequences of different lengths, concatenated in replica order.
-  const auto ragged = s.values_from_function([](int id) { return std::vector<float>(static_cast<std::size_t>(id), static_cast<float>(id)); });
+  const auto ragged = s.values_from_function(
+      [](int id) { return std::vector<float>(static_cast<std::size_t>(id), static_cast<float>(id)); });
   std::vector<float> want;
   for (int q = 0; q < n; ++q) want.insert(want.end(), static_cast<std::size_t>(q), static_cast<float>(q));
   BOOST_TEST(s.gather(ragged) == want, boost::test_tools::per_element());
@@ -267,7 +280,8 @@ BOOST_AUTO_TEST_CASE(mirror_and_broadcast_copy_the_chiefs_state) {
   auto& s = uneven();
   const int n = s.num_replicas_in_sync();
   // A factory that differs from worker to worker: mirror still gives every copy the chief's.
-  auto values = s.mirror([&](auto& device) { return std::vector<double>(5, s.worker_index() * 100.0 + device.index()); });
+  auto values =
+      s.mirror([&](auto& device) { return std::vector<double>(5, s.worker_index() * 100.0 + device.index()); });
   for (const auto& v : values) BOOST_TEST(v == std::vector<double>(5, 0.0), boost::test_tools::per_element());
   s.verify_mirrored(values);
   // An update on the last replica only, then a broadcast from it.
@@ -291,7 +305,8 @@ BOOST_AUTO_TEST_CASE(mirror_broadcast_and_verify_mirrored_cover_running_statisti
   // A batch of 2 examples of 2 channels whose values depend on `k`.
   auto batch = [](int k) {
     std::vector<float> v(2 * 2 * 3 * 3);
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((1 + k) * std::sin(0.37 * static_cast<double>(i) + k));
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>((1 + k) * std::sin(0.37 * static_cast<double>(i) + k));
     return dist::tensor<float>{dist::shape::nchw(2, 2, 3, 3), v};
   };
   // Plain batch norm that saw worker-dependent data before `mirror`: running statistics that differ
@@ -318,8 +333,11 @@ BOOST_AUTO_TEST_CASE(mirror_broadcast_and_verify_mirrored_cover_running_statisti
     std::string differ;
     for (int q = 1; q < n; ++q) differ += (differ.empty() ? "" : ", ") + std::to_string(q);
     const std::string what = e.what();
-    BOOST_TEST(what.find("on replica(s) " + differ + "; buffers (such as batch norm's running statistics) differ on "
-                         "replica(s) " + differ) != std::string::npos, what);
+    BOOST_TEST(what.find("on replica(s) " + differ +
+                         "; buffers (such as batch norm's running statistics) differ on "
+                         "replica(s) " +
+                         differ) != std::string::npos,
+               what);
     BOOST_TEST(what.find("parameters differ") == std::string::npos, what);
   }
   // broadcast sends the buffers with the parameters, to every worker.
@@ -329,7 +347,8 @@ BOOST_AUTO_TEST_CASE(mirror_broadcast_and_verify_mirrored_cover_running_statisti
   auto r = nn::local();
   (void)last.forward(r, batch(n - 1));
   for (const auto& bn : norms)
-    BOOST_TEST(bn.running_mean() == last.running_mean(), boost::test_tools::tolerance(1e-12) << boost::test_tools::per_element());
+    BOOST_TEST(bn.running_mean() == last.running_mean(), boost::test_tools::tolerance(1e-12)
+                                                             << boost::test_tools::per_element());
 }
 
 // Workers of 2^k replicas each sum exactly what one process of all those replicas sums: every stage
@@ -404,7 +423,6 @@ BOOST_AUTO_TEST_CASE(distribute_shards_the_global_batch_over_workers) {
   std::vector<float> want(examples);
   std::iota(want.begin(), want.end(), 0.0f);
   BOOST_TEST(all == want, boost::test_tools::per_element());
-
 }
 
 BOOST_AUTO_TEST_CASE(distribute_gives_uneven_workers_one_share_per_replica) {
@@ -423,12 +441,14 @@ BOOST_AUTO_TEST_CASE(distribute_gives_uneven_workers_one_share_per_replica) {
     // Replica q of the job holds examples 2q, 2q + 1 of the step's global batch (full steps).
     if (steps < 3)
       for (std::size_t i = 0; i < step_values.size(); ++i)
-        BOOST_TEST(step_values[i] == static_cast<float>(steps * global + 2 * static_cast<std::size_t>(s.first_replica_id()) + i));
+        BOOST_TEST(step_values[i] ==
+                   static_cast<float>(steps * global + 2 * static_cast<std::size_t>(s.first_replica_id()) + i));
     ++steps;
   }
   BOOST_TEST(steps == 4u);  // the same on every worker: the short last step gives empty shares
   BOOST_CHECK_THROW(s.distribute(ds, {.policy = dist::data::shard_policy::file}), std::invalid_argument);
-  BOOST_CHECK_THROW(s.distribute_from_function([&](const dist::data::input_context&) { return ds; }), std::invalid_argument);
+  BOOST_CHECK_THROW(s.distribute_from_function([&](const dist::data::input_context&) { return ds; }),
+                    std::invalid_argument);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

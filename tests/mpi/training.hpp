@@ -17,10 +17,16 @@ inline constexpr std::int64_t global_batch = 12, in_size = 1 * 6 * 6, out_size =
 
 inline auto make_net(std::uint64_t seed) {
   return nn::sequential{
-      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false}, seed},
+      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false},
+                        seed},
       nn::sync_batch_norm<float>{{.channels = 4}, seed + 1}, nn::relu<float>{},
-      nn::conv2d<float>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1,
-                         .pad_mode = nn::padding_mode::reflect}, seed + 2},
+      nn::conv2d<float>{{.in_channels = 4,
+                         .out_channels = 2,
+                         .kernel = 3,
+                         .stride = 2,
+                         .padding = 1,
+                         .pad_mode = nn::padding_mode::reflect},
+                        seed + 2},
       nn::tanh<float>{}};
 }
 using net_type = decltype(make_net(0));
@@ -50,7 +56,8 @@ float train_step(S& s, Nets& nets, Opts& opts, std::int64_t step, const step_red
   auto xs = s.scatter(data.x, in_size);
   auto ys = s.scatter(data.y, out_size);
   auto losses = s.run(
-      [&](replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net, optim::adam<float>& opt) {
+      [&](replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net,
+          optim::adam<float>& opt) {
         const auto n = static_cast<std::int64_t>(xl.size()) / in_size;
         const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
         net.zero_grad();

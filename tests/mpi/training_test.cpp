@@ -30,7 +30,8 @@ std::vector<float> train(S& s, int steps, const dist::test::step_reduction& how 
 BOOST_AUTO_TEST_SUITE(equivalence)
 
 BOOST_AUTO_TEST_CASE(two_replicas_per_worker_match_one_device) {
-  dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = 2, .mpi = dist::test::test_mpi_options()}};
+  dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{
+      {.local_replicas = 2, .mpi = dist::test::test_mpi_options()}};
   BOOST_TEST(s.num_replicas_in_sync() == 2 * s.num_workers());
   dist::one_device_strategy<> one;
   const auto reference = train(one, 5);
@@ -50,7 +51,8 @@ BOOST_AUTO_TEST_CASE(overlapped_gradient_all_reduce_has_the_bits_of_the_blocking
   // hierarchical engine: shared memory in the worker, then MPI).
   const dist::gradient_reduction small{.bucket_bytes = 300, .first_bucket_bytes = 64};
   for (const int local : {1, 2}) {
-    dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = local, .mpi = dist::test::test_mpi_options()}};
+    dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{
+        {.local_replicas = local, .mpi = dist::test::test_mpi_options()}};
     const auto blocking = train(s, 4, {.overlap = false, .buckets = small});
     const auto overlapped = train(s, 4, {.overlap = true, .buckets = small});
     BOOST_TEST((overlapped == blocking), s.num_workers() << " workers x " << local << " replicas");
@@ -62,10 +64,11 @@ BOOST_AUTO_TEST_CASE(bfloat16_gradients_between_workers) {
   // Gradients all-reduced as bfloat16 across workers (MPI's ring; with 2 replicas per worker shared
   // memory first): every copy the same (train verifies), overlapped = blocking bit for bit, not the
   // float run's bits, close to them.
-  dist::gradient_reduction small{.bucket_bytes = 300, .first_bucket_bytes = 64,
-                                 .compression = dist::gradient_compression::bfloat16};
+  dist::gradient_reduction small{
+      .bucket_bytes = 300, .first_bucket_bytes = 64, .compression = dist::gradient_compression::bfloat16};
   for (const int local : {1, 2}) {
-    dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = local, .mpi = dist::test::test_mpi_options()}};
+    dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{
+        {.local_replicas = local, .mpi = dist::test::test_mpi_options()}};
     const auto blocking = train(s, 4, {.overlap = false, .buckets = small});
     const auto overlapped = train(s, 4, {.overlap = true, .buckets = small});
     BOOST_TEST((overlapped == blocking), s.num_workers() << " workers x " << local << " replicas");
@@ -74,8 +77,11 @@ BOOST_AUTO_TEST_CASE(bfloat16_gradients_between_workers) {
     const auto reference = train(s, 4, {.overlap = false, .buckets = plain});
     BOOST_TEST(!(blocking == reference));
     const double err = dist::test::relative_error_of<float>(blocking, reference);
-    BOOST_TEST(err < 2e-2, s.num_workers() << " workers x " << local << " replicas: bfloat16 gradients differ by " << err);
-    BOOST_TEST_MESSAGE(s.num_workers() << " workers x " << local << " replicas, 4 steps: bfloat16 gradients' parameters differ from float ones by " << err);
+    BOOST_TEST(err < 2e-2, s.num_workers()
+                               << " workers x " << local << " replicas: bfloat16 gradients differ by " << err);
+    BOOST_TEST_MESSAGE(
+        s.num_workers() << " workers x " << local
+                        << " replicas, 4 steps: bfloat16 gradients' parameters differ from float ones by " << err);
   }
 }
 
@@ -83,7 +89,8 @@ BOOST_AUTO_TEST_CASE(a_loss_scaler_skips_on_every_worker_when_one_replica_sees_a
   // At step 1 the last replica of the last worker finds an inf in its gradient after the all-reduce
   // (no other replica's sums hold it): every replica of every worker skips, the scales halve together,
   // and models, optimisers and scalers stay mirrored; the other steps step everywhere.
-  dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{{.local_replicas = 2, .mpi = dist::test::test_mpi_options()}};
+  dist::multi_worker_mirrored_strategy<dist::cpu, dist::mpi> s{
+      {.local_replicas = 2, .mpi = dist::test::test_mpi_options()}};
   auto nets = s.mirror([](auto&) { return dist::test::make_net(1234); });
   auto opts = s.mirror([](auto&) { return dist::optim::adam<float>{{.lr = 1e-2}}; });
   auto scalers = s.mirror([](auto&) { return dist::optim::loss_scaler{}; });
@@ -94,8 +101,8 @@ BOOST_AUTO_TEST_CASE(a_loss_scaler_skips_on_every_worker_when_one_replica_sees_a
     auto xs = s.scatter(data.x, dist::test::in_size);
     auto ys = s.scatter(data.y, dist::test::out_size);
     auto stepped = s.run(
-        [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, dist::test::net_type& net,
-            dist::optim::adam<float>& opt, dist::optim::loss_scaler& scaler) {
+        [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl,
+            dist::test::net_type& net, dist::optim::adam<float>& opt, dist::optim::loss_scaler& scaler) {
           const auto n = static_cast<std::int64_t>(xl.size()) / dist::test::in_size;
           const dist::tensor<float> x{dist::shape::nchw(n, 1, 6, 6), xl}, y{dist::shape::nchw(n, 2, 3, 3), yl};
           net.zero_grad();
@@ -104,7 +111,8 @@ BOOST_AUTO_TEST_CASE(a_loss_scaler_skips_on_every_worker_when_one_replica_sees_a
           net.backward(r, loss.grad);
           r.all_reduce_gradients(net);
           if (step == 1 && r.replica_id() == last)
-            net.for_each_parameter([](std::span<float>, std::span<float> g) { g[0] = std::numeric_limits<float>::infinity(); });
+            net.for_each_parameter(
+                [](std::span<float>, std::span<float> g) { g[0] = std::numeric_limits<float>::infinity(); });
           return scaler.step(r, opt, net) ? 1 : 0;
         },
         xs, ys, nets, opts, scalers);

@@ -54,7 +54,8 @@ struct image_files {
 
 strategy_type& with_replicas(int local) {
   auto make = [](int n) {
-    return std::make_unique<strategy_type>(dist::multi_worker_options{.local_replicas = n, .mpi = dist::test::test_mpi_options()});
+    return std::make_unique<strategy_type>(
+        dist::multi_worker_options{.local_replicas = n, .mpi = dist::test::test_mpi_options()});
   };
   static const auto one = make(1);  // made in the same order on every worker
   static const auto two = make(2);
@@ -62,14 +63,15 @@ strategy_type& with_replicas(int local) {
 }
 
 struct outcome {
-  std::int64_t steps = 0;                 // this worker's
-  std::int64_t examples = 0;              // the job's, through strategy.reduce after the loop
+  std::int64_t steps = 0;     // this worker's
+  std::int64_t examples = 0;  // the job's, through strategy.reduce after the loop
   std::int64_t min_steps = 0, max_steps = 0;
-  bool global_sizes_right = true;         // every part's global_size is the step's count across the job
-  std::vector<std::int64_t> files_seen;   // the job's examples, by file (strategy.gather), sorted
+  bool global_sizes_right = true;        // every part's global_size is the step's count across the job
+  std::vector<std::int64_t> files_seen;  // the job's examples, by file (strategy.gather), sorted
 };
 
-outcome train_over(strategy_type& s, const std::filesystem::path& dir, data::shard_policy policy, data::uneven_input mode) {
+outcome train_over(strategy_type& s, const std::filesystem::path& dir, data::shard_policy policy,
+                   data::uneven_input mode) {
   const auto global = static_cast<std::size_t>(s.num_workers() * s.num_local_replicas());
   const auto ds = data::image_folder(dir.string()).batch(global);
   outcome o;
@@ -94,7 +96,8 @@ outcome train_over(strategy_type& s, const std::filesystem::path& dir, data::sha
   }
   // After the loop, as a program reports its epoch: these pair with each other, never with a step.
   const int first = s.first_replica_id();
-  const auto counts = s.values_from_function([&](int id) { return id == first ? static_cast<std::int64_t>(mine.size()) : std::int64_t{0}; });
+  const auto counts = s.values_from_function(
+      [&](int id) { return id == first ? static_cast<std::int64_t>(mine.size()) : std::int64_t{0}; });
   o.examples = s.reduce(dist::reduce_op::sum, counts);
   const auto steps = s.values_from_function([&](int) { return o.steps; });
   o.min_steps = s.reduce(dist::reduce_op::min, steps);

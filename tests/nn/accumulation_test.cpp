@@ -23,14 +23,16 @@ namespace {
 
 auto make_model() {
   return nn::sequential{
-      nn::conv2d<float>({.in_channels = 2, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false}, 11),
+      nn::conv2d<float>({.in_channels = 2, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false},
+                        11),
       nn::instance_norm<float>({.channels = 4, .affine = true}, 12), nn::leaky_relu<float>(),
       nn::conv2d<float>({.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 1, .padding = 1}, 13)};
 }
 
 struct mse_loss {
   template <class R>
-  nn::loss_result<float> operator()(R& r, const dist::tensor<float>& y, const dist::tensor<float>& t, std::int64_t n) const {
+  nn::loss_result<float> operator()(R& r, const dist::tensor<float>& y, const dist::tensor<float>& t,
+                                    std::int64_t n) const {
     return nn::mse(r, y, t, n);
   }
 };
@@ -54,16 +56,19 @@ std::vector<float> train(int replicas, int micro_batches, int calls = 1) {
   for (int t = 0; t < 3; ++t) {
     const auto x = dist::test::random_tensor<float>(dist::shape::nchw(global_batch, 2, 5, 5), 100 + t);
     const auto y = dist::test::random_tensor<float>(dist::shape::nchw(global_batch, 2, 5, 5), 200 + t);
-    s.run([&](auto& r, auto& model, dist::optim::adam<>& opt) {
-      const std::int64_t lo = global_batch * r.replica_id() / replicas, hi = global_batch * (r.replica_id() + 1) / replicas;
-      model.zero_grad();
-      for (int c = 0; c < calls; ++c) {
-        const std::int64_t a = lo + (hi - lo) * c / calls, b = lo + (hi - lo) * (c + 1) / calls;
-        nn::compute_gradients(r, model, dist::batch_slice(x, a, b - a), dist::batch_slice(y, a, b - a),
-                              mse_loss{}, global_batch, {.micro_batches = micro_batches, .all_reduce = c + 1 == calls});
-      }
-      opt.step(r, model);
-    }, models, opts);
+    s.run(
+        [&](auto& r, auto& model, dist::optim::adam<>& opt) {
+          const std::int64_t lo = global_batch * r.replica_id() / replicas,
+                             hi = global_batch * (r.replica_id() + 1) / replicas;
+          model.zero_grad();
+          for (int c = 0; c < calls; ++c) {
+            const std::int64_t a = lo + (hi - lo) * c / calls, b = lo + (hi - lo) * (c + 1) / calls;
+            nn::compute_gradients(r, model, dist::batch_slice(x, a, b - a), dist::batch_slice(y, a, b - a), mse_loss{},
+                                  global_batch, {.micro_batches = micro_batches, .all_reduce = c + 1 == calls});
+          }
+          opt.step(r, model);
+        },
+        models, opts);
   }
   return parameters_of(models[0]);
 }

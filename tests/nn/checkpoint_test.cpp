@@ -23,7 +23,8 @@ namespace {
 
 auto make_bn_net(std::uint64_t seed) {
   return nn::sequential{
-      nn::conv2d<float>{{.in_channels = 1, .out_channels = 3, .kernel = 3, .stride = 1, .padding = 1, .bias = false}, seed},
+      nn::conv2d<float>{{.in_channels = 1, .out_channels = 3, .kernel = 3, .stride = 1, .padding = 1, .bias = false},
+                        seed},
       nn::sync_batch_norm<float>{{.channels = 3}, seed + 1}, nn::leaky_relu<float>{0.2f},
       nn::conv2d<float>{{.in_channels = 3, .out_channels = 1, .kernel = 3, .stride = 2, .padding = 1}, seed + 2}};
 }
@@ -51,8 +52,10 @@ run_state train(int first, int last, const std::filesystem::path* resume_from, c
   }
   constexpr std::int64_t batch = 8;
   for (int step = first; step < last; ++step) {
-    const auto x = dist::test::random_tensor<float>(shape::nchw(batch, 1, 6, 6), 1000u + static_cast<std::uint32_t>(step));
-    const auto y = dist::test::random_tensor<float>(shape::nchw(batch, 1, 3, 3), 2000u + static_cast<std::uint32_t>(step));
+    const auto x =
+        dist::test::random_tensor<float>(shape::nchw(batch, 1, 6, 6), 1000u + static_cast<std::uint32_t>(step));
+    const auto y =
+        dist::test::random_tensor<float>(shape::nchw(batch, 1, 3, 3), 2000u + static_cast<std::uint32_t>(step));
     auto xs = s.scatter(std::vector<float>(x.begin(), x.end()), 36);
     auto ys = s.scatter(std::vector<float>(y.begin(), y.end()), 9);
     s.run(
@@ -90,7 +93,8 @@ run_state train(int first, int last, const std::filesystem::path* resume_from, c
 BOOST_AUTO_TEST_SUITE(checkpoint)
 
 BOOST_AUTO_TEST_CASE(resumed_training_equals_uninterrupted_bit_for_bit) {
-  const auto file = std::filesystem::temp_directory_path() / ("distribute-nn-ckpt-" + std::to_string(::getpid()) + ".dck");
+  const auto file =
+      std::filesystem::temp_directory_path() / ("distribute-nn-ckpt-" + std::to_string(::getpid()) + ".dck");
   const auto uninterrupted = train(0, 6, nullptr, nullptr);
   train(0, 3, nullptr, &file);
   const auto resumed = train(3, 6, &file, nullptr);

@@ -28,24 +28,24 @@ namespace {
 
 // Values printed by PyTorch 2.15 (float64), for the calls named in the tests that use them.
 // torch.nn.Linear(3, 2): y, weight.grad, bias.grad, x.grad.
-const std::vector<double> pytorch_linear_y{0.6499999999999999, -0.4999999999999999, -0.075, -0.4, 0.9, -2.0,
+const std::vector<double> pytorch_linear_y{0.6499999999999999,  -0.4999999999999999, -0.075, -0.4, 0.9, -2.0,
                                            0.39999999999999997, 0.9000000000000002};
 const std::vector<double> pytorch_linear_dw{6.5, 3.25, -0.125, 0.0, -2.5, -2.625};
 const std::vector<double> pytorch_linear_db{2.0, 2.25};
-const std::vector<double> pytorch_linear_dx{-0.30000000000000004, -0.7, 0.8999999999999999, 0.8500000000000001, 0.9, -1.05,
-                                            -0.05000000000000002, 0.42500000000000004, -0.6, 0.6000000000000001,
-                                            0.09999999999999998, 0.0};
+const std::vector<double> pytorch_linear_dx{
+    -0.30000000000000004, -0.7, 0.8999999999999999, 0.8500000000000001,  0.9, -1.05, -0.05000000000000002,
+    0.42500000000000004,  -0.6, 0.6000000000000001, 0.09999999999999998, 0.0};
 // F.cross_entropy(logits, labels): the value and logits.grad; then reduction='sum', divided by 10.
 const double pytorch_ce_mean_value = 1.6138432032674275;
 const std::vector<double> pytorch_ce_mean_grad{-0.08524971527850803, 0.060608242676178474, 0.02464147260232955,
-                                               0.029028633668535288, 0.2144942026521143, -0.2435228363206496,
-                                               0.041884197878726145, -0.180944632051131, 0.13906043417240488,
-                                               0.08333333333333333, -0.16666666666666669, 0.08333333333333333};
+                                               0.029028633668535288, 0.2144942026521143,   -0.2435228363206496,
+                                               0.041884197878726145, -0.180944632051131,   0.13906043417240488,
+                                               0.08333333333333333,  -0.16666666666666669, 0.08333333333333333};
 const double pytorch_ce_sum10_value = 0.645537281306971;
-const std::vector<double> pytorch_ce_sum10_grad{-0.03409988611140321, 0.02424329707047139, 0.00985658904093182,
-                                                0.011611453467414115, 0.08579768106084573, -0.09740913452825985,
-                                                0.01675367915149046, -0.0723778528204524, 0.055624173668961954,
-                                                0.03333333333333333, -0.06666666666666667, 0.03333333333333333};
+const std::vector<double> pytorch_ce_sum10_grad{-0.03409988611140321, 0.02424329707047139,  0.00985658904093182,
+                                                0.011611453467414115, 0.08579768106084573,  -0.09740913452825985,
+                                                0.01675367915149046,  -0.0723778528204524,  0.055624173668961954,
+                                                0.03333333333333333,  -0.06666666666666667, 0.03333333333333333};
 // F.binary_cross_entropy_with_logits(logits, targets): the value and logits.grad.
 const double pytorch_bce_mean_value = 1.182262785141993;
 const std::vector<double> pytorch_bce_mean_grad{-0.0629234447996909, 0.03857920275016373, -0.007904312196261106,
@@ -57,7 +57,8 @@ using distribute::test::error_of;
 
 // |a - b| <= tolerance * max(|a|, |b|) for every element (a relative check of each value; an exact
 // zero is compared with 1e-12 as its scale).
-void check_close(std::span<const double> got, const std::vector<double>& expected, double tolerance, const std::string& what) {
+void check_close(std::span<const double> got, const std::vector<double>& expected, double tolerance,
+                 const std::string& what) {
   BOOST_TEST_REQUIRE(got.size() == expected.size(), what);
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double scale = std::max({std::abs(got[i]), std::abs(expected[i]), 1e-12});
@@ -173,16 +174,23 @@ classifier_run train_classifier(S& s, int max_steps, bool stop_when_all_correct)
 BOOST_AUTO_TEST_SUITE(dense)
 
 BOOST_AUTO_TEST_CASE(engine_gemm_matches_its_definition) {
-  struct size { std::int64_t m, n, k; };
+  struct size {
+    std::int64_t m, n, k;
+  };
   // Tiny (Eigen's coefficient-wise product), one row, one column, and blocked GEMM sizes.
   for (const size sz : {size{3, 2, 3}, size{1, 5, 7}, size{6, 1, 4}, size{37, 29, 53}, size{64, 96, 130}})
     for (int transposes = 0; transposes < 4; ++transposes)
       for (bool accumulate : {false, true})
         for (bool split : {false, true}) {
-          const gemm_geometry g{.m = sz.m, .n = sz.n, .k = sz.k, .transpose_a = (transposes & 1) != 0,
-                                .transpose_b = (transposes & 2) != 0, .accumulate = accumulate};
+          const gemm_geometry g{.m = sz.m,
+                                .n = sz.n,
+                                .k = sz.k,
+                                .transpose_a = (transposes & 1) != 0,
+                                .transpose_b = (transposes & 2) != 0,
+                                .accumulate = accumulate};
           dist::engine<dist::cpu> e{{.threads = 2, .split_independent = split}};
-          const auto a = random_values(g.a_size(), 1), b = random_values(g.b_size(), 2), c0 = random_values(g.c_size(), 3);
+          const auto a = random_values(g.a_size(), 1), b = random_values(g.b_size(), 2),
+                     c0 = random_values(g.c_size(), 3);
           std::vector<float> c = c0;
           e.gemm(g, a.data(), b.data(), c.data());
           const auto expected = reference_gemm(g, a, b, std::vector<double>(c0.begin(), c0.end()));
@@ -197,7 +205,8 @@ BOOST_AUTO_TEST_CASE(engine_gemm_matches_its_definition) {
   const float none = 0;
   e.gemm(gemm_geometry{.m = 1, .n = 2, .k = 0}, &none, &none, c.data());
   BOOST_TEST(c == (std::vector<float>{0.0f, 0.0f}));
-  BOOST_CHECK_THROW(e.gemm(gemm_geometry{.m = -1, .n = 2, .k = 3}, c.data(), c.data(), c.data()), std::invalid_argument);
+  BOOST_CHECK_THROW(e.gemm(gemm_geometry{.m = -1, .n = 2, .k = 3}, c.data(), c.data(), c.data()),
+                    std::invalid_argument);
 }
 
 BOOST_AUTO_TEST_CASE(engine_gemm_bits_do_not_depend_on_addresses) {
@@ -235,7 +244,8 @@ BOOST_AUTO_TEST_CASE(engine_gemm_rows_are_split_independent) {
     gemm_geometry one = g;
     one.m = 1;
     e.gemm(one, a.data() + i * g.k, b.data(), row.data());
-    BOOST_TEST(same_bits(row, std::span<const float>(c).subspan(static_cast<std::size_t>(i * g.n), row.size())), "row " << i);
+    BOOST_TEST(same_bits(row, std::span<const float>(c).subspan(static_cast<std::size_t>(i * g.n), row.size())),
+               "row " << i);
   }
 }
 
@@ -275,9 +285,9 @@ BOOST_AUTO_TEST_CASE(linear_and_flatten_backward) {
   nn::flatten<double> flat;
   check_gradients(flat, dist::test::random_tensor<double>(shape::nchw(2, 3, 2, 2), 23), "flatten");
   // A small classifier: conv, relu, flatten, linear.
-  nn::sequential net{nn::conv2d<double>{{.in_channels = 2, .out_channels = 3, .kernel = 3, .stride = 2, .padding = 1}, 4},
-                     nn::relu<double>{}, nn::flatten<double>{},
-                     nn::linear<double>{{.in_features = 3 * 3 * 3, .out_features = 4}, 5}};
+  nn::sequential net{
+      nn::conv2d<double>{{.in_channels = 2, .out_channels = 3, .kernel = 3, .stride = 2, .padding = 1}, 4},
+      nn::relu<double>{}, nn::flatten<double>{}, nn::linear<double>{{.in_features = 3 * 3 * 3, .out_features = 4}, 5}};
   check_gradients(net, dist::test::random_tensor<double>(shape::nchw(2, 2, 5, 6), 24), "conv, relu, flatten, linear");
 }
 
@@ -352,9 +362,11 @@ BOOST_AUTO_TEST_CASE(misuse_is_reported) {
   what = error_of([&] { lin.backward(r, tensor<float>{shape{2, 4}}); });
   BOOST_TEST(mentions(what, "backward got dy of shape (2, 4), expected (2, 3)"), what);
   what = error_of([] { nn::linear<float>{{.in_features = 0, .out_features = 3, .bias = false}, 1}; });
-  BOOST_TEST(mentions(what, "linear {in_features 0, out_features 3, no bias}: in_features is 0 but must be at least 1"), what);
+  BOOST_TEST(mentions(what, "linear {in_features 0, out_features 3, no bias}: in_features is 0 but must be at least 1"),
+             what);
   what = error_of([] { nn::linear<float>{{.in_features = 2, .out_features = -1}, 1}; });
-  BOOST_TEST(mentions(what, "linear {in_features 2, out_features -1, bias}: out_features is -1 but must be at least 1"), what);
+  BOOST_TEST(mentions(what, "linear {in_features 2, out_features -1, bias}: out_features is -1 but must be at least 1"),
+             what);
 
   nn::flatten<float> flat;
   what = error_of([&] { flat.backward(r, tensor<float>{shape{2, 3}}); });
@@ -406,10 +418,9 @@ BOOST_AUTO_TEST_CASE(a_linear_classifier_learns_a_separable_problem_on_two_repli
   // with the same parameters to float rounding.
   dist::mirrored_strategy<> two{dist::cpu_replicas(2)};
   const auto trained = train_classifier(two, 400, true);
-  BOOST_TEST_MESSAGE("linear classifier, 2 replicas: " << trained.first_correct << "/" << classifier_batch
-                                                        << " correct at first, all after " << trained.steps
-                                                        << " steps; loss " << trained.first_loss << " -> "
-                                                        << trained.last_loss);
+  BOOST_TEST_MESSAGE("linear classifier, 2 replicas: "
+                     << trained.first_correct << "/" << classifier_batch << " correct at first, all after "
+                     << trained.steps << " steps; loss " << trained.first_loss << " -> " << trained.last_loss);
   BOOST_TEST(trained.first_correct < classifier_batch);  // the problem needs learning
   BOOST_TEST(trained.last_correct == classifier_batch,
              trained.last_correct << "/" << classifier_batch << " correct after " << trained.steps << " steps");
@@ -450,10 +461,12 @@ BOOST_AUTO_TEST_CASE(softmax_cross_entropy_is_stable_for_large_logits) {
   BOOST_TEST(l.value == 2000.0f);
   const std::vector<float> expected_grad{0.0f, 0.0f, -1.0f, 1.0f};
   BOOST_TEST(std::vector<float>(l.grad.begin(), l.grad.end()) == expected_grad, boost::test_tools::per_element());
-  const auto one = nn::softmax_cross_entropy(tensor<float>{shape{1, 2}, {1000.0f, 0.0f}}, std::vector<std::int32_t>{0}, 1);
+  const auto one =
+      nn::softmax_cross_entropy(tensor<float>{shape{1, 2}, {1000.0f, 0.0f}}, std::vector<std::int32_t>{0}, 1);
   BOOST_TEST(one.value == 0.0f);
   // Equal logits: log K.
-  const auto flat = nn::softmax_cross_entropy(tensor<double>{shape{1, 5}, {3, 3, 3, 3, 3}}, std::vector<std::int32_t>{4}, 1);
+  const auto flat =
+      nn::softmax_cross_entropy(tensor<double>{shape{1, 5}, {3, 3, 3, 3, 3}}, std::vector<std::int32_t>{4}, 1);
   BOOST_TEST(flat.value == std::log(5.0), boost::test_tools::tolerance(1e-15));
 }
 
@@ -552,7 +565,9 @@ BOOST_AUTO_TEST_CASE(misuse_is_reported) {
   BOOST_TEST(mentions(what, "the label of example 2 is -1"), what);
   what = error_of([&] { nn::softmax_cross_entropy(logits, std::vector<std::int32_t>{0, 1}, 3); });
   BOOST_TEST(mentions(what, "softmax_cross_entropy of logits (3, 4) and 2 labels: one label per example"), what);
-  what = error_of([&] { nn::softmax_cross_entropy(tensor<float>{shape::nchw(3, 4, 1, 1)}, std::vector<std::int32_t>{0, 1, 2}, 3); });
+  what = error_of([&] {
+    nn::softmax_cross_entropy(tensor<float>{shape::nchw(3, 4, 1, 1)}, std::vector<std::int32_t>{0, 1, 2}, 3);
+  });
   BOOST_TEST(mentions(what, "softmax_cross_entropy takes logits [N, K]; got a tensor of shape (3, 4, 1, 1)"), what);
   what = error_of([&] { nn::softmax_cross_entropy(logits, std::vector<std::int32_t>{0, 1, 2}, 0); });
   BOOST_TEST(mentions(what, "softmax_cross_entropy needs a positive global batch size, got 0"), what);

@@ -78,7 +78,8 @@ double compare_engines(dist::engine<dist::cpu>& fast, dist::engine<dist::cpu>& r
   });
   both([&](auto& e) {
     // Accumulated onto what is there: start from non-zero gradients.
-    std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.25f), db(static_cast<std::size_t>(g.out_channels), 0.5f);
+    std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.25f),
+        db(static_cast<std::size_t>(g.out_channels), 0.5f);
     e.conv_backward_weights(g, x.data(), dy.data(), dw.data(), bias ? db.data() : nullptr);
     if (bias) dw.insert(dw.end(), db.begin(), db.end());
     return dw;
@@ -110,10 +111,10 @@ BOOST_AUTO_TEST_CASE(fast_convolutions_match_the_reference) {
   // CycleGAN's shapes (c7s1, d, R, the PatchGAN's 4x4), odd channel counts, non-square planes, a
   // window that leaves the last input row unused, 1x1 kernels, one example.
   const std::vector<c> cases{{2, 1, 34, 34, 16, 7, 1, 0},  {2, 16, 28, 28, 32, 3, 2, 1}, {3, 32, 14, 14, 64, 3, 2, 1},
-                             {2, 64, 9, 9, 64, 3, 1, 0},    {2, 16, 34, 34, 1, 7, 1, 0},  {2, 1, 28, 28, 16, 4, 2, 1},
-                             {2, 16, 14, 14, 32, 4, 2, 1},  {2, 32, 7, 7, 64, 4, 1, 1},   {2, 64, 6, 6, 1, 4, 1, 1},
-                             {1, 3, 13, 9, 5, 3, 2, 0},     {2, 5, 11, 7, 3, 3, 3, 1},    {1, 17, 8, 8, 9, 1, 1, 0},
-                             {3, 8, 16, 16, 8, 5, 2, 2},    {1, 3, 12, 12, 4, 2, 2, 0}};
+                             {2, 64, 9, 9, 64, 3, 1, 0},   {2, 16, 34, 34, 1, 7, 1, 0},  {2, 1, 28, 28, 16, 4, 2, 1},
+                             {2, 16, 14, 14, 32, 4, 2, 1}, {2, 32, 7, 7, 64, 4, 1, 1},   {2, 64, 6, 6, 1, 4, 1, 1},
+                             {1, 3, 13, 9, 5, 3, 2, 0},    {2, 5, 11, 7, 3, 3, 3, 1},    {1, 17, 8, 8, 9, 1, 1, 0},
+                             {3, 8, 16, 16, 8, 5, 2, 2},   {1, 3, 12, 12, 4, 2, 2, 0}};
   for (const auto& k : cases)
     for (bool bias : {false, true}) {
       const auto g = conv_geometry::of(k.n, k.ci, k.h, k.w, k.co, k.k, k.s, k.p);
@@ -127,7 +128,8 @@ BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_i
   // >= 32x32 output planes: a residual block's, with and without padding), and one just outside
   // (31x31 output) that stays direct.
   // (Winograd by the rule: the timed choice has its own test.)
-  dist::engine<dist::cpu> wino{{.cpu_conv_choice = dist::conv_choice::rule}}, direct{{.conv_winograd = false}}, ref{{.reference = true}};
+  dist::engine<dist::cpu> wino{{.cpu_conv_choice = dist::conv_choice::rule}}, direct{{.conv_winograd = false}},
+      ref{{.reference = true}};
   const auto eligible = {conv_geometry::of(2, 32, 34, 34, 32, 3, 1, 0), conv_geometry::of(1, 64, 40, 36, 48, 3, 1, 1)};
   const auto outside = conv_geometry::of(2, 32, 33, 33, 32, 3, 1, 0);
 #if defined(DISTRIBUTE_USE_DNNL)
@@ -137,7 +139,8 @@ BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_i
   BOOST_TEST(direct.name().find("Winograd") == std::string::npos);
   for (const auto& g : eligible) BOOST_TEST(dist::detail::dnnl_conv::winograd_pays(g), g.to_string());
   BOOST_TEST(!dist::detail::dnnl_conv::winograd_pays(outside));
-  BOOST_TEST(!dist::detail::dnnl_conv::winograd_pays(conv_geometry::of(1, 16, 34, 34, 32, 3, 1, 0)));  // too few channels
+  BOOST_TEST(
+      !dist::detail::dnnl_conv::winograd_pays(conv_geometry::of(1, 16, 34, 34, 32, 3, 1, 0)));  // too few channels
   BOOST_TEST(!dist::detail::dnnl_conv::winograd_pays(conv_geometry::of(1, 32, 66, 66, 32, 3, 2, 0)));  // stride 2
 #else
   const bool has = false;
@@ -149,7 +152,8 @@ BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_i
       BOOST_TEST(w_err < 1e-4, g.to_string() << ": Winograd against the reference: " << w_err);
       BOOST_TEST(d_err < 2e-5, g.to_string() << ": direct against the reference: " << d_err);
       // Where the kernel is there it is used: its results are not direct convolution's.
-      if (has) BOOST_TEST(compare_engines(wino, direct, g, bias) > 0.0, g.to_string() << ": Winograd gave direct's bits");
+      if (has)
+        BOOST_TEST(compare_engines(wino, direct, g, bias) > 0.0, g.to_string() << ": Winograd gave direct's bits");
     }
   BOOST_TEST(compare_engines(wino, direct, outside, true) == 0.0, "outside the rule both engines are direct");
   // Still deterministic: a second engine gives the same bits.
@@ -198,9 +202,11 @@ BOOST_AUTO_TEST_CASE(winograd_data_gradients_split_into_inside_and_edges_match_t
       const std::int64_t col = i % g.in_width, row = i / g.in_width % g.in_height;
       scale = std::max(scale, static_cast<double>(std::fabs(exact[static_cast<std::size_t>(i)])));
       if (row == 0 || col == 0 || row == g.in_height - 1 || col == g.in_width - 1)
-        edge_err = std::max(edge_err, static_cast<double>(std::fabs(fast[static_cast<std::size_t>(i)] - exact[static_cast<std::size_t>(i)])));
+        edge_err = std::max(edge_err, static_cast<double>(std::fabs(fast[static_cast<std::size_t>(i)] -
+                                                                    exact[static_cast<std::size_t>(i)])));
     }
-    BOOST_TEST(edge_err < 1e-4 * scale, g.to_string() << ": edges " << edge_err << " from the reference's, of " << scale);
+    BOOST_TEST(edge_err < 1e-4 * scale, g.to_string()
+                                            << ": edges " << edge_err << " from the reference's, of " << scale);
     BOOST_TEST((data_gradient(one) == data_gradient(two)), g.to_string() << ": one thread against two");
     BOOST_TEST((data_gradient(split) == fast), g.to_string() << ": one example at a time against the batch");
   }
@@ -227,12 +233,13 @@ BOOST_AUTO_TEST_CASE(winograd_data_gradients_split_into_inside_and_edges_match_t
 // one, on every path (direct, Winograd, bfloat16, the reference), with and without a data gradient
 // and a bias; and through oneDNN, dy is reordered once for both passes where they read it alike.
 BOOST_AUTO_TEST_CASE(both_gradients_in_one_call_are_the_two_passes_bits) {
-  const auto geometries = {conv_geometry::of(2, 16, 20, 20, 32, 3, 1, 1),   // direct, blocked layouts
-                           conv_geometry::of(1, 32, 34, 34, 32, 3, 1, 0),   // Winograd where oneDNN has it
-                           conv_geometry::of(2, 3, 17, 17, 16, 7, 2, 3),    // an image's channels, stride 2
-                           conv_geometry::of(1, 8, 9, 9, 3, 3, 1, 0),       // three output channels
-                           conv_geometry::of(2, 32, 12, 12, 3, 5, 1, 2)};   // three from many: swapped passes
-  std::vector<dist::compute_options> options{{}, {.conv_winograd = false}, {.reference = true}, {.split_independent = true}};
+  const auto geometries = {conv_geometry::of(2, 16, 20, 20, 32, 3, 1, 1),  // direct, blocked layouts
+                           conv_geometry::of(1, 32, 34, 34, 32, 3, 1, 0),  // Winograd where oneDNN has it
+                           conv_geometry::of(2, 3, 17, 17, 16, 7, 2, 3),   // an image's channels, stride 2
+                           conv_geometry::of(1, 8, 9, 9, 3, 3, 1, 0),      // three output channels
+                           conv_geometry::of(2, 32, 12, 12, 3, 5, 1, 2)};  // three from many: swapped passes
+  std::vector<dist::compute_options> options{
+      {}, {.conv_winograd = false}, {.reference = true}, {.split_independent = true}};
   for (const auto& o : options)
     for (bool bf16 : {false, true}) {
       if (bf16 && !dist::detail::cpu_has_bf16_units()) continue;
@@ -250,12 +257,14 @@ BOOST_AUTO_TEST_CASE(both_gradients_in_one_call_are_the_two_passes_bits) {
             std::vector<float> dw1(static_cast<std::size_t>(g.weight_size()), 0.25f), dw2 = dw1;
             std::vector<float> db1(static_cast<std::size_t>(g.out_channels), 0.5f), db2 = db1;
             std::vector<float> dx1(static_cast<std::size_t>(g.input_size()), -7.0f), dx2 = dx1;
-            one.conv_backward(g, x.data(), dy.data(), w.data(), data ? dx1.data() : nullptr, dw1.data(), bias ? db1.data() : nullptr);
+            one.conv_backward(g, x.data(), dy.data(), w.data(), data ? dx1.data() : nullptr, dw1.data(),
+                              bias ? db1.data() : nullptr);
             two.conv_backward_weights(g, x.data(), dy.data(), dw2.data(), bias ? db2.data() : nullptr);
             if (data) two.conv_backward_data(g, dy.data(), w.data(), dx2.data());
-            const std::string what = g.to_string() + (bf16 ? " bfloat16" : " float32") + (o.reference ? " reference" : "") +
-                                     (o.conv_winograd ? "" : " direct") + (o.split_independent ? " split" : "") +
-                                     (bias ? " with bias" : "") + (data ? "" : " without dx");
+            const std::string what = g.to_string() + (bf16 ? " bfloat16" : " float32") +
+                                     (o.reference ? " reference" : "") + (o.conv_winograd ? "" : " direct") +
+                                     (o.split_independent ? " split" : "") + (bias ? " with bias" : "") +
+                                     (data ? "" : " without dx");
             BOOST_TEST((dw1 == dw2), what << ": weight gradients differ");
             BOOST_TEST((db1 == db2), what << ": bias gradients differ");
             BOOST_TEST((dx1 == dx2), what << ": data gradients differ");
@@ -265,10 +274,12 @@ BOOST_AUTO_TEST_CASE(both_gradients_in_one_call_are_the_two_passes_bits) {
   // Counted at the library's seam: one reorder of dy fewer than the two passes, where both read it
   // in a blocked layout (16 and 32 channels), and as many where the data gradient reads it plain (an
   // image's 3 input channels: the GEMM-based kernel).
-  for (const auto& [g, saved] : {std::pair{conv_geometry::of(1, 16, 20, 20, 32, 3, 1, 1), 1}, std::pair{conv_geometry::of(1, 3, 17, 17, 16, 7, 2, 3), 0}}) {
+  for (const auto& [g, saved] : {std::pair{conv_geometry::of(1, 16, 20, 20, 32, 3, 1, 1), 1},
+                                 std::pair{conv_geometry::of(1, 3, 17, 17, 16, 7, 2, 3), 0}}) {
     dist::detail::dnnl_conv conv;
     dist::detail::arena a;
-    const auto x = random_values(g.input_size(), 41), dy = random_values(g.output_size(), 42), w = random_values(g.weight_size(), 43);
+    const auto x = random_values(g.input_size(), 41), dy = random_values(g.output_size(), 42),
+               w = random_values(g.weight_size(), 43);
     std::vector<float> dw(static_cast<std::size_t>(g.weight_size())), dx(static_cast<std::size_t>(g.input_size()));
     conv.backward_weights(g, x.data(), dy.data(), dw.data(), nullptr, a);  // plans made, then counted
     conv.backward_data(g, dy.data(), w.data(), dx.data(), a);
@@ -278,7 +289,8 @@ BOOST_AUTO_TEST_CASE(both_gradients_in_one_call_are_the_two_passes_bits) {
     const std::size_t apart = conv.reorders() - start;
     BOOST_TEST(conv.backward(g, x.data(), dy.data(), w.data(), dx.data(), dw.data(), nullptr, a));
     const std::size_t together = conv.reorders() - start - apart;
-    BOOST_TEST(together + saved == apart, g.to_string() << ": " << apart << " reorders apart, " << together << " together");
+    BOOST_TEST(together + saved == apart, g.to_string()
+                                              << ": " << apart << " reorders apart, " << together << " together");
   }
 #endif
 }
@@ -290,22 +302,30 @@ BOOST_AUTO_TEST_CASE(layers_match_on_both_engines) {
     s.set_compute_options({.reference = reference});
     std::vector<std::vector<float>> out;
     s.run([&](dist::replica auto& r) {
-      nn::conv2d<float> reflect{{.in_channels = 3, .out_channels = 8, .kernel = 3, .stride = 1, .padding = 1,
-                                 .pad_mode = nn::padding_mode::reflect}, 1};
-      nn::conv2d<float> down{{.in_channels = 8, .out_channels = 6, .kernel = 4, .stride = 2, .padding = 1, .bias = false}, 2};
-      nn::conv_transpose2d<float> up{{.in_channels = 6, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1,
-                                      .output_padding = 1}, 3};
+      nn::conv2d<float> reflect{{.in_channels = 3,
+                                 .out_channels = 8,
+                                 .kernel = 3,
+                                 .stride = 1,
+                                 .padding = 1,
+                                 .pad_mode = nn::padding_mode::reflect},
+                                1};
+      nn::conv2d<float> down{
+          {.in_channels = 8, .out_channels = 6, .kernel = 4, .stride = 2, .padding = 1, .bias = false}, 2};
+      nn::conv_transpose2d<float> up{
+          {.in_channels = 6, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1}, 3};
       // Every bias feeds something other than a normalisation, so that its gradient is not zero.
-      auto net = nn::sequential{std::move(reflect), nn::leaky_relu<float>{0.2f}, std::move(down),
-                                nn::instance_norm<float>{{.channels = 6, .affine = true}, 4}, nn::relu<float>{},
-                                std::move(up), nn::tanh<float>{}};
+      auto net = nn::sequential{std::move(reflect), nn::leaky_relu<float>{0.2f},
+                                std::move(down),    nn::instance_norm<float>{{.channels = 6, .affine = true}, 4},
+                                nn::relu<float>{},  std::move(up),
+                                nn::tanh<float>{}};
       const auto x = dist::test::random_tensor<float>(shape::nchw(3, 3, 12, 10), 5);
       const auto y = net.forward(r, x);
       const auto g = dist::test::random_tensor<float>(y.shape(), 6);
       const auto dx = net.backward(r, g);
       out.emplace_back(y.begin(), y.end());
       out.emplace_back(dx.begin(), dx.end());
-      net.for_each_parameter([&](std::span<float>, std::span<float> grad) { out.emplace_back(grad.begin(), grad.end()); });
+      net.for_each_parameter(
+          [&](std::span<float>, std::span<float> grad) { out.emplace_back(grad.begin(), grad.end()); });
     });
     return out;
   };
@@ -372,10 +392,11 @@ BOOST_AUTO_TEST_CASE(adapt_threads_steps_down_while_other_threads_keep_the_cores
   BOOST_TEST(!adapting.saw_crowding());  // it adapts instead of saying so
 #if defined(_OPENMP)
   if (dist::detail::team_run_delay::available()) {
-    BOOST_TEST(least == 1, "with " << cores << " busy threads on " << cores << " cores the engine kept 2 threads for 8 s");
-    BOOST_TEST(fixed.saw_crowding(), "with " << cores << " busy threads on " << cores << " cores a fixed engine saw no crowding in 8 s");
-  } else
-    BOOST_TEST_MESSAGE("this kernel reports no run delay: adapt_threads keeps the count");
+    BOOST_TEST(least == 1,
+               "with " << cores << " busy threads on " << cores << " cores the engine kept 2 threads for 8 s");
+    BOOST_TEST(fixed.saw_crowding(),
+               "with " << cores << " busy threads on " << cores << " cores a fixed engine saw no crowding in 8 s");
+  } else BOOST_TEST_MESSAGE("this kernel reports no run delay: adapt_threads keeps the count");
 #else
   BOOST_TEST(least == 2);  // without OpenMP there is nothing to adapt
 #endif
@@ -393,11 +414,11 @@ BOOST_AUTO_TEST_CASE(adapt_threads_steps_down_while_other_threads_keep_the_cores
 // The convolutions whose passes the count-in-use tests run: the library's layers' kinds of shape.
 const std::vector<conv_geometry>& count_in_use_geometries() {
   static const std::vector<conv_geometry> geometries{
-      conv_geometry::of(1, 3, 38, 38, 32, 7, 1, 0),    conv_geometry::of(1, 32, 34, 34, 64, 3, 2, 1),
-      conv_geometry::of(1, 64, 34, 34, 64, 3, 1, 0),   conv_geometry::of(1, 32, 38, 38, 3, 7, 1, 0),
-      conv_geometry::of(4, 16, 18, 18, 16, 3, 1, 0),   conv_geometry::of(5, 32, 36, 36, 48, 3, 1, 0),
-      conv_geometry::of(3, 48, 20, 20, 3, 4, 2, 1),    conv_geometry::of(8, 1, 20, 20, 16, 7, 1, 0),
-      conv_geometry::of(2, 4, 8, 7, 4, 3, 1, 0),   // (oneDNN blocks 4 channels by 8 on AVX2 and AVX-512)
+      conv_geometry::of(1, 3, 38, 38, 32, 7, 1, 0),  conv_geometry::of(1, 32, 34, 34, 64, 3, 2, 1),
+      conv_geometry::of(1, 64, 34, 34, 64, 3, 1, 0), conv_geometry::of(1, 32, 38, 38, 3, 7, 1, 0),
+      conv_geometry::of(4, 16, 18, 18, 16, 3, 1, 0), conv_geometry::of(5, 32, 36, 36, 48, 3, 1, 0),
+      conv_geometry::of(3, 48, 20, 20, 3, 4, 2, 1),  conv_geometry::of(8, 1, 20, 20, 16, 7, 1, 0),
+      conv_geometry::of(2, 4, 8, 7, 4, 3, 1, 0),      // (oneDNN blocks 4 channels by 8 on AVX2 and AVX-512)
       conv_geometry::of(3, 16, 21, 19, 1, 4, 1, 1),   // one channel out: the swapped convolution's passes
       conv_geometry::of(1, 3, 40, 40, 32, 7, 1, 6)};  // (bfloat16: oneDNN's gemm-based kernel, plain weights)
   return geometries;
@@ -414,7 +435,8 @@ BOOST_AUTO_TEST_CASE(every_count_in_use_gives_the_same_bits) {
         const auto dy = random_values(g.output_size(), 23), b = random_values(g.out_channels, 24);
         const auto passes = [&](dist::engine<dist::cpu>& e) {
           std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size()));
-          std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.25f), db(static_cast<std::size_t>(g.out_channels), 0.5f);
+          std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.25f),
+              db(static_cast<std::size_t>(g.out_channels), 0.5f);
           e.conv_forward(g, x.data(), w.data(), bias ? b.data() : nullptr, y.data());
           e.conv_backward(g, x.data(), dy.data(), w.data(), dx.data(), dw.data(), bias ? db.data() : nullptr);
           y.insert(y.end(), dx.begin(), dx.end());
@@ -433,14 +455,15 @@ BOOST_AUTO_TEST_CASE(every_count_in_use_gives_the_same_bits) {
           for (int in_use = threads - 1; in_use >= 1; --in_use) {
             e.set_active_threads(in_use);
             BOOST_TEST(e.active_threads() == in_use);
-            BOOST_TEST((passes(e) == all), g.to_string() << " bias " << bias << " half " << half << ": " << in_use << " of "
-                                                         << threads << " threads in use");
+            BOOST_TEST((passes(e) == all), g.to_string() << " bias " << bias << " half " << half << ": " << in_use
+                                                         << " of " << threads << " threads in use");
           }
         }
       }
   // Matrix products (a linear layer's three), and the reference's convolutions.
-  for (const auto& [m, n, k, ta, tb] : {std::tuple{8L, 64L, 512L, false, false}, std::tuple{300L, 200L, 700L, false, true},
-                                        std::tuple{64L, 1000L, 512L, true, false}, std::tuple{200L, 48L, 900L, true, true}}) {
+  for (const auto& [m, n, k, ta, tb] :
+       {std::tuple{8L, 64L, 512L, false, false}, std::tuple{300L, 200L, 700L, false, true},
+        std::tuple{64L, 1000L, 512L, true, false}, std::tuple{200L, 48L, 900L, true, true}}) {
     const auto a = random_values(m * k, 25), b = random_values(k * n, 26);
     const dist::gemm_geometry gg{.m = m, .n = n, .k = k, .transpose_a = ta, .transpose_b = tb, .accumulate = true};
     dist::engine<dist::cpu> e{{.threads = 3, .adapt_threads = false}};
@@ -450,11 +473,13 @@ BOOST_AUTO_TEST_CASE(every_count_in_use_gives_the_same_bits) {
       std::vector<float> c(static_cast<std::size_t>(m * n), 1.0f);
       e.gemm(gg, a.data(), b.data(), c.data());
       if (first.empty()) first = c;
-      else BOOST_TEST((c == first), "product " << m << "x" << n << "x" << k << ": " << in_use << " of 3 threads in use");
+      else
+        BOOST_TEST((c == first), "product " << m << "x" << n << "x" << k << ": " << in_use << " of 3 threads in use");
     }
   }
   const auto g = conv_geometry::of(2, 16, 34, 34, 32, 3, 1, 0);
-  const auto x = random_values(g.input_size(), 27), w = random_values(g.weight_size(), 28), dy = random_values(g.output_size(), 29);
+  const auto x = random_values(g.input_size(), 27), w = random_values(g.weight_size(), 28),
+             dy = random_values(g.output_size(), 29);
   dist::engine<dist::cpu> e{{.threads = 3, .reference = true, .adapt_threads = false}};
   std::vector<float> first;
   for (int in_use = 3; in_use >= 1; --in_use) {
@@ -519,8 +544,8 @@ BOOST_AUTO_TEST_CASE(passes_run_on_fewer_threads_only_where_their_kernel_keeps_i
           if (kernel.empty()) continue;  // no bfloat16 kernel: the engine computes it another way
           const rule r = d.rule(which, g, bias, half, wino);
           const bool pieces = which == pass::backward_weights && d.in_pieces(g, bias, half, wino);
-          BOOST_TEST_MESSAGE(g.to_string() << (half ? " bf16 " : " f32 ") << static_cast<int>(which) << " bias " << bias << ": "
-                                           << kernel << ": " << conv::to_string(r));
+          BOOST_TEST_MESSAGE(g.to_string() << (half ? " bf16 " : " f32 ") << static_cast<int>(which) << " bias " << bias
+                                           << ": " << kernel << ": " << conv::to_string(r));
           // The plan's rule is the rule of its kernel's name; a weight gradient never runs on fewer
           // threads unless in pieces, nor does a kernel the rule does not know.
           BOOST_TEST((r == conv::rule_for(which, kernel, pieces)), g.to_string() << " " << kernel);
@@ -528,7 +553,8 @@ BOOST_AUTO_TEST_CASE(passes_run_on_fewer_threads_only_where_their_kernel_keeps_i
           if (r == rule::fixed_count) ++configured;
           else ++fewer;
         }
-  BOOST_TEST_MESSAGE(fewer << " passes may run on fewer threads than configured, " << configured << " on the configured count");
+  BOOST_TEST_MESSAGE(fewer << " passes may run on fewer threads than configured, " << configured
+                           << " on the configured count");
   BOOST_TEST(fewer + configured > 0);
 }
 
@@ -544,7 +570,8 @@ BOOST_AUTO_TEST_CASE(the_timed_kernel_choice_keeps_the_faster_once_and_its_bits_
     BOOST_TEST_MESSAGE("oneDNN has no Winograd kernel here: nothing to choose between");
     return;
   }
-  const auto x = random_values(g.input_size(), 41), w = random_values(g.weight_size(), 42), dy = random_values(g.output_size(), 43);
+  const auto x = random_values(g.input_size(), 41), w = random_values(g.weight_size(), 42),
+             dy = random_values(g.output_size(), 43);
   const auto steps = [&](dist::engine<dist::cpu>& e) {
     std::vector<std::vector<float>> out;
     for (int step = 0; step < 3; ++step) {
@@ -567,7 +594,8 @@ BOOST_AUTO_TEST_CASE(the_timed_kernel_choice_keeps_the_faster_once_and_its_bits_
       o.precision = precision;
       return o;
     };
-    dist::engine<dist::cpu> wino{make({.cpu_conv_choice = dist::conv_choice::rule})}, direct{make({.conv_winograd = false})};
+    dist::engine<dist::cpu> wino{make({.cpu_conv_choice = dist::conv_choice::rule})},
+        direct{make({.conv_winograd = false})};
     const auto wino_bits = steps(wino), direct_bits = steps(direct);
     BOOST_TEST_REQUIRE((wino_bits[0] != direct_bits[0]), "Winograd and direct give other bits (half " << half << ")");
 
@@ -703,8 +731,10 @@ BOOST_AUTO_TEST_CASE(narrow_outputs_take_their_gradients_from_the_swapped_convol
   conv_geometry short_output = conv_geometry::of(1, 64, 34, 34, 3, 3, 1, 0);
   short_output.out_height = 31;  // the window leaves the last input row unused: no swapped geometry
   BOOST_TEST(!conv::swaps_sides(short_output));
-  BOOST_TEST((conv::swapped(conv_geometry::of(2, 64, 262, 262, 3, 7, 1, 0)) == conv_geometry::of(2, 3, 256, 256, 64, 7, 1, 6)));
-  BOOST_TEST((conv::swapped(conv_geometry::of(1, 512, 31, 31, 1, 4, 1, 1)) == conv_geometry::of(1, 1, 30, 30, 512, 4, 1, 2)));
+  BOOST_TEST((conv::swapped(conv_geometry::of(2, 64, 262, 262, 3, 7, 1, 0)) ==
+              conv_geometry::of(2, 3, 256, 256, 64, 7, 1, 6)));
+  BOOST_TEST(
+      (conv::swapped(conv_geometry::of(1, 512, 31, 31, 1, 4, 1, 1)) == conv_geometry::of(1, 1, 30, 30, 512, 4, 1, 2)));
 
   std::vector<bool> precisions{false};
   if (dist::detail::cpu_has_bf16_units()) precisions.push_back(true);
@@ -712,35 +742,42 @@ BOOST_AUTO_TEST_CASE(narrow_outputs_take_their_gradients_from_the_swapped_convol
     for (const auto& g : {conv_geometry::of(2, 32, 20, 18, 3, 7, 1, 0), conv_geometry::of(2, 48, 12, 13, 1, 4, 1, 1),
                           conv_geometry::of(1, 16, 9, 9, 5, 3, 1, 1)}) {
       BOOST_TEST_REQUIRE(conv::swaps_sides(g));
-      const auto x = random_values(g.input_size(), 31), w = random_values(g.weight_size(), 32), dy = random_values(g.output_size(), 33);
+      const auto x = random_values(g.input_size(), 31), w = random_values(g.weight_size(), 32),
+                 dy = random_values(g.output_size(), 33);
       dist::engine<dist::cpu> reference{{.threads = 1, .reference = true}};
       if (half) reference.use_precision(dist::compute_precision::bfloat16);
       std::vector<float> dx_ref(static_cast<std::size_t>(g.input_size()));
-      std::vector<float> dw_ref(static_cast<std::size_t>(g.weight_size()), 0.25f), db_ref(static_cast<std::size_t>(g.out_channels), 0.5f);
+      std::vector<float> dw_ref(static_cast<std::size_t>(g.weight_size()), 0.25f),
+          db_ref(static_cast<std::size_t>(g.out_channels), 0.5f);
       reference.conv_backward_data(g, dy.data(), w.data(), dx_ref.data());
       reference.conv_backward_weights(g, x.data(), dy.data(), dw_ref.data(), db_ref.data());
 
       conv d{2};
       dist::detail::arena a;
       std::vector<float> dx(static_cast<std::size_t>(g.input_size()), -7.0f);
-      std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.25f), db(static_cast<std::size_t>(g.out_channels), 0.5f);
-      if (!d.backward_data(g, dy.data(), w.data(), dx.data(), a, half)) continue;  // no bfloat16 kernel: computed elsewhere
+      std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.25f),
+          db(static_cast<std::size_t>(g.out_channels), 0.5f);
+      if (!d.backward_data(g, dy.data(), w.data(), dx.data(), a, half))
+        continue;  // no bfloat16 kernel: computed elsewhere
       BOOST_TEST(d.swapped_passes() == 1u);
       BOOST_TEST_REQUIRE(d.backward_weights(g, x.data(), dy.data(), dw.data(), db.data(), a, half));
       BOOST_TEST(d.swapped_passes() == 2u);
-      BOOST_TEST(!d.backward(g, x.data(), dy.data(), w.data(), dx.data(), dw.data(), db.data(), a, half));  // one by one
+      BOOST_TEST(
+          !d.backward(g, x.data(), dy.data(), w.data(), dx.data(), dw.data(), db.data(), a, half));  // one by one
       const double bound = half ? 1e-4 : 2e-5;
       BOOST_TEST(relative(dx, dx_ref) < bound, g.to_string() << " half " << half << ": the data gradient");
       BOOST_TEST(relative(dw, dw_ref) < bound, g.to_string() << " half " << half << ": the weight gradient");
       BOOST_TEST(relative(db, db_ref) < 1e-6, g.to_string() << " half " << half << ": the bias gradient");
-      BOOST_TEST(d.implementation(conv::pass::backward_data, g, false, half) == d.implementation(conv::pass::forward, conv::swapped(g), false, half));
+      BOOST_TEST(d.implementation(conv::pass::backward_data, g, false, half) ==
+                 d.implementation(conv::pass::forward, conv::swapped(g), false, half));
     }
 }
 #endif
 
 BOOST_AUTO_TEST_CASE(results_are_bit_identical_from_run_to_run) {
   const auto g = conv_geometry::of(4, 16, 20, 20, 32, 3, 1, 1);
-  const auto x = random_values(g.input_size(), 7), w = random_values(g.weight_size(), 8), dy = random_values(g.output_size(), 9);
+  const auto x = random_values(g.input_size(), 7), w = random_values(g.weight_size(), 8),
+             dy = random_values(g.output_size(), 9);
   auto once = [&] {
     dist::engine<dist::cpu> e;
     std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size()));
@@ -773,7 +810,8 @@ BOOST_AUTO_TEST_CASE(split_independent_mode_gives_every_example_the_same_bits_un
       e.conv_forward(g1, x.data() + n * g1.input_size(), w.data(), static_cast<const float*>(nullptr), y1.data());
       e.conv_backward_data(g1, dy.data() + n * g1.output_size(), w.data(), dx1.data());
       BOOST_TEST(std::equal(y1.begin(), y1.end(), y4.begin() + n * g1.output_size()), "example " << n << " forward");
-      BOOST_TEST(std::equal(dx1.begin(), dx1.end(), dx4.begin() + n * g1.input_size()), "example " << n << " data gradient");
+      BOOST_TEST(std::equal(dx1.begin(), dx1.end(), dx4.begin() + n * g1.input_size()),
+                 "example " << n << " data gradient");
     }
   }
 }
@@ -783,10 +821,12 @@ BOOST_AUTO_TEST_CASE(scratch_is_shared_and_stops_growing) {
   // same shapes allocates no more of it.
   dist::one_device_strategy<> s;
   std::size_t after_first = 0, after_second = 0;
-  auto net = nn::sequential{nn::conv2d<float>{{.in_channels = 3, .out_channels = 16, .kernel = 7, .padding = 3,
-                                               .pad_mode = nn::padding_mode::reflect}, 1},
-                            nn::relu<float>{}, nn::conv2d<float>{{.in_channels = 16, .out_channels = 32, .kernel = 3, .stride = 2, .padding = 1}, 2},
-                            nn::conv_transpose2d<float>{{.in_channels = 32, .out_channels = 8}, 3}};
+  auto net = nn::sequential{
+      nn::conv2d<float>{
+          {.in_channels = 3, .out_channels = 16, .kernel = 7, .padding = 3, .pad_mode = nn::padding_mode::reflect}, 1},
+      nn::relu<float>{},
+      nn::conv2d<float>{{.in_channels = 16, .out_channels = 32, .kernel = 3, .stride = 2, .padding = 1}, 2},
+      nn::conv_transpose2d<float>{{.in_channels = 32, .out_channels = 8}, 3}};
   const auto x = dist::test::random_tensor<float>(shape::nchw(2, 3, 32, 32), 13);
   auto step = [&](dist::replica auto& r) {
     net.zero_grad();
@@ -803,10 +843,10 @@ BOOST_AUTO_TEST_CASE(scratch_is_shared_and_stops_growing) {
 BOOST_AUTO_TEST_CASE(backward_without_the_input_gradient_gives_the_same_parameter_gradients) {
   // The first layer of a network fed with data skips dL/dx; every parameter's gradient is unchanged.
   auto make = [] {
-    return nn::sequential{nn::conv2d<float>{{.in_channels = 3, .out_channels = 8, .kernel = 7, .padding = 3,
-                                             .pad_mode = nn::padding_mode::reflect}, 1},
-                          nn::relu<float>{}, nn::conv_transpose2d<float>{{.in_channels = 8, .out_channels = 4}, 2},
-                          nn::tanh<float>{}};
+    return nn::sequential{
+        nn::conv2d<float>{
+            {.in_channels = 3, .out_channels = 8, .kernel = 7, .padding = 3, .pad_mode = nn::padding_mode::reflect}, 1},
+        nn::relu<float>{}, nn::conv_transpose2d<float>{{.in_channels = 8, .out_channels = 4}, 2}, nn::tanh<float>{}};
   };
   auto grads = [](auto& net) {
     std::vector<std::vector<float>> g;
@@ -896,7 +936,8 @@ BOOST_AUTO_TEST_CASE(plane_sums_add_in_the_documented_order_on_any_thread_count)
       results.push_back(sums);
     }
     std::vector<double> serial(static_cast<std::size_t>(planes), -1.0);
-    dist::serial_engine{}.segmented_sum(planes, length, nn::detail::kernels::value_of<float>{x.data(), length}, serial.data());
+    dist::serial_engine{}.segmented_sum(planes, length, nn::detail::kernels::value_of<float>{x.data(), length},
+                                        serial.data());
     results.push_back(serial);
     for (std::int64_t s = 0; s < planes; ++s) {
       const std::vector<double> terms(x.begin() + s * length, x.begin() + (s + 1) * length);
@@ -906,8 +947,8 @@ BOOST_AUTO_TEST_CASE(plane_sums_add_in_the_documented_order_on_any_thread_count)
       some_differ_from_index_order = some_differ_from_index_order || index_order != want;
       for (std::size_t k = 0; k < results.size(); ++k)
         BOOST_TEST(std::memcmp(&results[k][static_cast<std::size_t>(s)], &want, sizeof want) == 0,
-                   "length " << length << " plane " << s << " engine " << k << ": " << results[k][static_cast<std::size_t>(s)]
-                             << " against " << want);
+                   "length " << length << " plane " << s << " engine " << k << ": "
+                             << results[k][static_cast<std::size_t>(s)] << " against " << want);
     }
   }
   // The test tells the orders apart: these terms do not sum to the same bits in index order.
@@ -935,7 +976,8 @@ BOOST_AUTO_TEST_CASE(relu_gradients_pass_dy_only_where_the_input_is_positive) {
       for (std::size_t i = 0; i < x.size(); ++i) {
         const float want = x[i] > 0.0f ? dy[i] : 0.0f, want_leaky = x[i] > 0.0f ? dy[i] : 0.25f * dy[i];
         if (std::memcmp(&dx[i], &want, sizeof want) != 0) ++bad;
-        if (std::memcmp(&leaky[i], &want_leaky, sizeof want) != 0 && !(std::isnan(leaky[i]) && std::isnan(want_leaky))) ++bad;
+        if (std::memcmp(&leaky[i], &want_leaky, sizeof want) != 0 && !(std::isnan(leaky[i]) && std::isnan(want_leaky)))
+          ++bad;
       }
       BOOST_TEST(bad == 0u, n << " elements, " << threads << " threads: " << bad << " wrong");
     }
@@ -944,9 +986,9 @@ BOOST_AUTO_TEST_CASE(relu_gradients_pass_dy_only_where_the_input_is_positive) {
 
 BOOST_AUTO_TEST_CASE(bad_geometry_is_refused_with_its_extents) {
   dist::engine<dist::cpu> e;
-  BOOST_CHECK_EXCEPTION(conv_geometry::of(1, 3, 4, 4, 8, 7, 1, 0), std::invalid_argument, [](const std::invalid_argument& ex) {
-    return std::string(ex.what()).find("kernel 7") != std::string::npos;
-  });
+  BOOST_CHECK_EXCEPTION(
+      conv_geometry::of(1, 3, 4, 4, 8, 7, 1, 0), std::invalid_argument,
+      [](const std::invalid_argument& ex) { return std::string(ex.what()).find("kernel 7") != std::string::npos; });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -962,8 +1004,9 @@ using dist::compute_precision;
 namespace optim = distribute::optim;
 
 auto precision_net() {
-  return nn::sequential{nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .padding = 1}, 5}, nn::relu<float>{},
-                        nn::flatten<float>{}, nn::linear<float>({.in_features = 4 * 6 * 6, .out_features = 3}, 6)};
+  return nn::sequential{nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .padding = 1}, 5},
+                        nn::relu<float>{}, nn::flatten<float>{},
+                        nn::linear<float>({.in_features = 4 * 6 * 6, .out_features = 3}, 6)};
 }
 
 // Three Adam steps of `net` over 2 CPU replicas; replica 0's parameters after them.
@@ -977,14 +1020,18 @@ std::vector<float> train_three_steps(Net prototype) {
   auto xs = s.scatter(std::vector<float>(x.begin(), x.end()), 36);
   auto ys = s.scatter(std::vector<float>(y.begin(), y.end()), 3);
   for (int step = 0; step < 3; ++step)
-    s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, Net& net, optim::adam<float>& opt) {
-      const auto n = static_cast<std::int64_t>(xl.size()) / 36;
-      net.zero_grad();
-      const auto loss = nn::mse(r, net.forward(r, tensor<float>{shape::nchw(n, 1, 6, 6), xl}), tensor<float>{shape{n, 3}, yl}, 4);
-      net.backward(r, loss.grad);
-      r.all_reduce_gradients(net);
-      opt.step(r, net);
-    }, xs, ys, nets, opts);
+    s.run(
+        [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, Net& net,
+            optim::adam<float>& opt) {
+          const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+          net.zero_grad();
+          const auto loss =
+              nn::mse(r, net.forward(r, tensor<float>{shape::nchw(n, 1, 6, 6), xl}), tensor<float>{shape{n, 3}, yl}, 4);
+          net.backward(r, loss.grad);
+          r.all_reduce_gradients(net);
+          opt.step(r, net);
+        },
+        xs, ys, nets, opts);
   s.verify_mirrored(nets);
   std::vector<float> p;
   nets[0].for_each_parameter([&](std::span<float> v, std::span<float>) { p.insert(p.end(), v.begin(), v.end()); });
@@ -1008,7 +1055,8 @@ BOOST_AUTO_TEST_CASE(names_and_the_engine_default) {
 BOOST_AUTO_TEST_CASE(float32_and_tf32_are_the_model_itself_bit_for_bit) {
   const auto plain = train_three_steps(precision_net());
   BOOST_TEST((train_three_steps(nn::with_precision{precision_net(), compute_precision::float32}) == plain));
-  BOOST_TEST((train_three_steps(nn::with_precision{precision_net(), compute_precision::tf32}) == plain));  // nothing to round on a CPU
+  BOOST_TEST((train_three_steps(nn::with_precision{precision_net(), compute_precision::tf32}) ==
+              plain));  // nothing to round on a CPU
   auto initial = precision_net();
   std::vector<float> p0;
   initial.for_each_parameter([&](std::span<float> v, std::span<float>) { p0.insert(p0.end(), v.begin(), v.end()); });
@@ -1024,7 +1072,7 @@ BOOST_AUTO_TEST_CASE(float16_on_the_cpu_is_refused_and_bfloat16_without_bf16_uni
     const auto x = dist::test::random_tensor<float>(shape::nchw(1, 1, 6, 6), 3);
     const std::string said = dist::test::error_of([&] { net.forward(r, x); });
     const std::string expected = p == compute_precision::float16 ? "computes in float32 or bfloat16, not float16"
-                                                                   : "bfloat16 only on a CPU with bf16 units";
+                                                                 : "bfloat16 only on a CPU with bf16 units";
     BOOST_TEST(said.find(expected) != std::string::npos, said);
     BOOST_TEST((r.engine().precision() == compute_precision::float32));  // unchanged
     // Asked of the engine directly, the same.
@@ -1057,19 +1105,21 @@ BOOST_AUTO_TEST_CASE(bfloat16_convolutions_and_products_on_a_cpu_with_bf16_units
   auto max_relative = [](const std::vector<float>& a, const std::vector<float>& b) {
     double scale = 0, worst = 0;
     for (const float v : b) scale = std::max(scale, std::abs(static_cast<double>(v)));
-    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) / scale);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) / scale);
     return worst;
   };
   // A generator's first layer (an image's 3 channels, plain layouts), a 3x3 and a strided 4x4 of
   // blocked channels, a 1-channel 7x7.
-  const dist::conv_geometry geometries[] = {dist::conv_geometry::of(2, 3, 20, 20, 16, 7, 1, 3),
-                                             dist::conv_geometry::of(2, 32, 12, 12, 32, 3, 1, 1),
-                                             dist::conv_geometry::of(2, 16, 16, 16, 32, 4, 2, 1),
-                                             dist::conv_geometry::of(1, 1, 9, 9, 8, 7, 1, 3)};
+  const dist::conv_geometry geometries[] = {
+      dist::conv_geometry::of(2, 3, 20, 20, 16, 7, 1, 3), dist::conv_geometry::of(2, 32, 12, 12, 32, 3, 1, 1),
+      dist::conv_geometry::of(2, 16, 16, 16, 32, 4, 2, 1), dist::conv_geometry::of(1, 1, 9, 9, 8, 7, 1, 3)};
   for (const auto& g : geometries) {
     BOOST_TEST_CONTEXT("conv " << g.in_channels << "->" << g.out_channels << " k" << g.kernel << " s" << g.stride) {
-      const auto x = values(static_cast<std::size_t>(g.input_size()), 11), w = values(static_cast<std::size_t>(g.weight_size()), 12);
-      const auto bias = values(static_cast<std::size_t>(g.out_channels), 13), dy = values(static_cast<std::size_t>(g.output_size()), 14);
+      const auto x = values(static_cast<std::size_t>(g.input_size()), 11),
+                 w = values(static_cast<std::size_t>(g.weight_size()), 12);
+      const auto bias = values(static_cast<std::size_t>(g.out_channels), 13),
+                 dy = values(static_cast<std::size_t>(g.output_size()), 14);
       struct results {
         std::vector<float> y, dx, dw, db;
       };
@@ -1077,8 +1127,10 @@ BOOST_AUTO_TEST_CASE(bfloat16_convolutions_and_products_on_a_cpu_with_bf16_units
                      const std::vector<float>& dys) {
         dist::engine<dist::cpu> e{{.threads = 1, .reference = reference}};
         e.use_precision(p);
-        results out{std::vector<float>(static_cast<std::size_t>(g.output_size())), std::vector<float>(static_cast<std::size_t>(g.input_size())),
-                    std::vector<float>(static_cast<std::size_t>(g.weight_size()), 0.0f), std::vector<float>(static_cast<std::size_t>(g.out_channels), 0.0f)};
+        results out{std::vector<float>(static_cast<std::size_t>(g.output_size())),
+                    std::vector<float>(static_cast<std::size_t>(g.input_size())),
+                    std::vector<float>(static_cast<std::size_t>(g.weight_size()), 0.0f),
+                    std::vector<float>(static_cast<std::size_t>(g.out_channels), 0.0f)};
         e.conv_forward(g, xs.data(), ws.data(), bias.data(), out.y.data());
         e.conv_backward_data(g, dys.data(), ws.data(), out.dx.data());
         e.conv_backward_weights(g, xs.data(), dys.data(), out.dw.data(), out.db.data());
@@ -1088,9 +1140,12 @@ BOOST_AUTO_TEST_CASE(bfloat16_convolutions_and_products_on_a_cpu_with_bf16_units
       const auto emulated = run(true, compute_precision::float32, rounded(x), rounded(w), rounded(dy));
       const auto reference_half = run(true, compute_precision::bfloat16, x, w, dy);
       const auto full = run(false, compute_precision::float32, x, w, dy);
-      for (auto [mine, theirs, what] : {std::tuple{&ours.y, &emulated.y, "forward"}, std::tuple{&ours.dx, &emulated.dx, "data gradient"},
-                                        std::tuple{&ours.dw, &emulated.dw, "weight gradient"}, std::tuple{&ours.db, &emulated.db, "bias gradient"}}) {
-        BOOST_TEST(max_relative(*mine, *theirs) < 1e-5, what << ": oneDNN's bfloat16 against rounded inputs, " << max_relative(*mine, *theirs));
+      for (auto [mine, theirs, what] :
+           {std::tuple{&ours.y, &emulated.y, "forward"}, std::tuple{&ours.dx, &emulated.dx, "data gradient"},
+            std::tuple{&ours.dw, &emulated.dw, "weight gradient"},
+            std::tuple{&ours.db, &emulated.db, "bias gradient"}}) {
+        BOOST_TEST(max_relative(*mine, *theirs) < 1e-5,
+                   what << ": oneDNN's bfloat16 against rounded inputs, " << max_relative(*mine, *theirs));
       }
       // The reference engine in bfloat16 rounds its inputs itself: the emulation's bits.
       BOOST_TEST((reference_half.y == emulated.y));
@@ -1123,14 +1178,17 @@ BOOST_AUTO_TEST_CASE(bfloat16_convolutions_and_products_on_a_cpu_with_bf16_units
   // inputs, bit for bit (where oneDNN has the kernel; else oneDNN's bfloat16 kernel, checked above).
   {
     const auto g = dist::conv_geometry::of(1, 32, 34, 34, 32, 3, 1, 0);
-    const auto x = values(static_cast<std::size_t>(g.input_size()), 31), w = values(static_cast<std::size_t>(g.weight_size()), 32);
+    const auto x = values(static_cast<std::size_t>(g.input_size()), 31),
+               w = values(static_cast<std::size_t>(g.weight_size()), 32);
     const auto dy = values(static_cast<std::size_t>(g.output_size()), 33);
-    auto run = [&](compute_precision p, const std::vector<float>& xs, const std::vector<float>& ws, const std::vector<float>& dys) {
+    auto run = [&](compute_precision p, const std::vector<float>& xs, const std::vector<float>& ws,
+                   const std::vector<float>& dys) {
       // (Winograd by the rule: timed, a CPU with AMX takes oneDNN's bfloat16 kernel, which is faster there.)
       dist::engine<dist::cpu> e{{.threads = 1, .cpu_conv_choice = dist::conv_choice::rule}};
       e.use_precision(p);
       std::vector<float> y(static_cast<std::size_t>(g.output_size())), dx(static_cast<std::size_t>(g.input_size()));
-      std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.0f), db(static_cast<std::size_t>(g.out_channels), 0.0f);
+      std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.0f),
+          db(static_cast<std::size_t>(g.out_channels), 0.0f);
       e.conv_forward(g, xs.data(), ws.data(), static_cast<const float*>(nullptr), y.data());
       e.conv_backward_data(g, dys.data(), ws.data(), dx.data());
       e.conv_backward_weights(g, xs.data(), dys.data(), dw.data(), db.data());
@@ -1154,7 +1212,8 @@ BOOST_AUTO_TEST_CASE(bfloat16_convolutions_and_products_on_a_cpu_with_bf16_units
   const double err = dist::test::relative_error_of<float>(half, plain);
   BOOST_TEST(err < 2e-2, "bfloat16 moved 3 Adam steps' parameters " << err << " from float32's");
   BOOST_TEST_MESSAGE("bfloat16 on the CPU: 3 Adam steps' parameters " << err << " from float32's");
-  BOOST_TEST((train_three_steps(nn::with_precision{precision_net(), compute_precision::bfloat16}) == half));  // repeatable
+  BOOST_TEST(
+      (train_three_steps(nn::with_precision{precision_net(), compute_precision::bfloat16}) == half));  // repeatable
 }
 
 // The bounds the GPU suite holds its 16-bit training to (tests/nn/precision_case.hpp), checked on the
@@ -1175,7 +1234,8 @@ BOOST_AUTO_TEST_CASE(the_gpu_suites_bfloat16_bound_holds_for_the_cpus_bfloat16) 
   BOOST_TEST(plain_restored);
   BOOST_TEST(half_restored);
   const double err = pc::relative_distance(plain, half);
-  BOOST_TEST_MESSAGE("bfloat16 on the CPU, the GPU suite's case: 3 Adam steps' parameters " << err << " from float32's");
+  BOOST_TEST_MESSAGE("bfloat16 on the CPU, the GPU suite's case: 3 Adam steps' parameters " << err
+                                                                                            << " from float32's");
   BOOST_TEST(err <= pc::bfloat16_from_float32);
   BOOST_TEST(err > 1e-2);  // bfloat16's rounding, not float32's: the bound is not loose by accident
   BOOST_TEST((pc::train(s, compute_precision::bfloat16, to_device, to_host).first == half));

@@ -123,8 +123,10 @@ BOOST_AUTO_TEST_CASE(plus_input_gives_the_bits_of_the_body_then_the_add) {
   typename nn::residual_block<float>::state_type s;
   BOOST_TEST(same_bits(values(held.forward(r, x, s)), y_ref));
   BOOST_TEST(same_bits(values(held.backward(r, s, dy)), dx_ref));
-  nn::sequential tail{nn::conv2d<float>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .padding = 1}, 3}, nn::relu<float>{}};
-  nn::sequential tail_twin{nn::conv2d<float>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .padding = 1}, 3}, nn::relu<float>{}};
+  nn::sequential tail{nn::conv2d<float>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .padding = 1}, 3},
+                      nn::relu<float>{}};
+  nn::sequential tail_twin{nn::conv2d<float>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .padding = 1}, 3},
+                           nn::relu<float>{}};
   std::vector<float> t_ref = values(tail_twin.forward(r, x));
   for (std::size_t i = 0; i < t_ref.size(); ++i) t_ref[i] += x.data()[i];
   BOOST_TEST(same_bits(values(tail.forward(r, x, nn::plus_input)), t_ref));
@@ -169,13 +171,15 @@ BOOST_AUTO_TEST_CASE(a_residual_block_runs_no_pass_of_its_own_for_the_relu_or_th
 BOOST_AUTO_TEST_CASE(plus_input_on_a_body_that_changes_the_shape_names_both_shapes) {
   auto r = nn::local();
   const auto x = random_tensor<float>(shape::nchw(1, 2, 8, 8), 71);
-  nn::sequential down{nn::conv2d<float>{{.in_channels = 2, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1}, 1}};
+  nn::sequential down{
+      nn::conv2d<float>{{.in_channels = 2, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1}, 1}};
   const std::string e = error_of([&] { (void)down.forward(r, x, nn::plus_input); });
   BOOST_TEST(mentions(e, "plus_input"));
   BOOST_TEST(mentions(e, "(1, 2, 4, 4)"));
   BOOST_TEST(mentions(e, "(1, 2, 8, 8)"));
-  nn::sequential norm_last{nn::conv2d<float>{{.in_channels = 2, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1}, 1},
-                           nn::instance_norm<float>{{.channels = 2}, 2}};
+  nn::sequential norm_last{
+      nn::conv2d<float>{{.in_channels = 2, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1}, 1},
+      nn::instance_norm<float>{{.channels = 2}, 2}};
   const std::string e2 = error_of([&] { (void)norm_last.forward(r, x, nn::plus_input); });
   BOOST_TEST(mentions(e2, "residual"));
   BOOST_TEST(mentions(e2, "(1, 2, 4, 4)"));

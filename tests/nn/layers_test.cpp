@@ -168,8 +168,14 @@ BOOST_AUTO_TEST_CASE(conv2d_matches_its_definition) {
 BOOST_AUTO_TEST_CASE(reflection_padding_matches_its_definition) {
   // A 1x1 identity convolution with reflection padding 2 returns the padded image (PyTorch's
   // ReflectionPad2d(2) of [[1,2,3],[4,5,6],[7,8,9]]).
-  nn::conv2d<double> pad{{.in_channels = 1, .out_channels = 1, .kernel = 1, .stride = 1, .padding = 2,
-                          .pad_mode = nn::padding_mode::reflect, .bias = false}, 0};
+  nn::conv2d<double> pad{{.in_channels = 1,
+                          .out_channels = 1,
+                          .kernel = 1,
+                          .stride = 1,
+                          .padding = 2,
+                          .pad_mode = nn::padding_mode::reflect,
+                          .bias = false},
+                         0};
   pad.weight().value[0] = 1.0;
   auto r = nn::local();
   const tensor<double> x{shape::nchw(1, 1, 3, 3), {1, 2, 3, 4, 5, 6, 7, 8, 9}};
@@ -194,7 +200,8 @@ BOOST_AUTO_TEST_CASE(reflection_padding_gradient_is_its_adjoint_added_in_a_fixed
   namespace kernels = nn::detail::kernels;
   std::mt19937 gen(5);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  for (const auto& [h, w, p] : {std::tuple{3, 3, 1}, std::tuple{4, 7, 3}, std::tuple{9, 5, 2}, std::tuple{16, 33, 3}, std::tuple{2, 9, 1}}) {
+  for (const auto& [h, w, p] :
+       {std::tuple{3, 3, 1}, std::tuple{4, 7, 3}, std::tuple{9, 5, 2}, std::tuple{16, 33, 3}, std::tuple{2, 9, 1}}) {
     const std::int64_t planes = 3, ph = h + 2 * p, pw = w + 2 * p;
     std::vector<float> dy(static_cast<std::size_t>(planes * ph * pw));
     for (float& v : dy) v = d(gen);
@@ -212,19 +219,26 @@ BOOST_AUTO_TEST_CASE(reflection_padding_gradient_is_its_adjoint_added_in_a_fixed
 
 BOOST_AUTO_TEST_CASE(output_shapes_follow_the_formulas) {
   // conv2d: Ho = floor((H + 2p - k) / s) + 1.
-  nn::conv2d<float> c7{{.in_channels = 3, .out_channels = 64, .kernel = 7, .stride = 1, .padding = 3,
-                        .pad_mode = nn::padding_mode::reflect}, 0};
+  nn::conv2d<float> c7{{.in_channels = 3,
+                        .out_channels = 64,
+                        .kernel = 7,
+                        .stride = 1,
+                        .padding = 3,
+                        .pad_mode = nn::padding_mode::reflect},
+                       0};
   BOOST_TEST((c7.output_shape(shape::nchw(1, 3, 256, 256)) == shape::nchw(1, 64, 256, 256)));
   nn::conv2d<float> d128{{.in_channels = 64, .out_channels = 128, .kernel = 3, .stride = 2, .padding = 1}, 0};
   BOOST_TEST((d128.output_shape(shape::nchw(1, 64, 256, 256)) == shape::nchw(1, 128, 128, 128)));
   nn::conv2d<float> c4{{.in_channels = 1, .out_channels = 8, .kernel = 4, .stride = 2, .padding = 1}, 0};
   BOOST_TEST((c4.output_shape(shape::nchw(2, 1, 28, 28)) == shape::nchw(2, 8, 14, 14)));
   // conv_transpose2d: Ho = (H - 1) s - 2p + k + output_padding.
-  struct row { std::int64_t h, k, s, p, op, expected; };
+  struct row {
+    std::int64_t h, k, s, p, op, expected;
+  };
   for (const row t : {row{64, 3, 2, 1, 1, 128}, row{7, 3, 2, 1, 1, 14}, row{7, 4, 2, 1, 0, 14}, row{5, 3, 1, 1, 0, 5},
                       row{3, 2, 2, 0, 0, 6}, row{4, 3, 3, 0, 2, 14}}) {
-    nn::conv_transpose2d<float> u{{.in_channels = 2, .out_channels = 3, .kernel = t.k, .stride = t.s, .padding = t.p,
-                                   .output_padding = t.op}, 0};
+    nn::conv_transpose2d<float> u{
+        {.in_channels = 2, .out_channels = 3, .kernel = t.k, .stride = t.s, .padding = t.p, .output_padding = t.op}, 0};
     BOOST_TEST((u.output_shape(shape::nchw(1, 2, t.h, t.h)) == shape::nchw(1, 3, t.expected, t.expected)),
                "H " << t.h << " k " << t.k << " s " << t.s << " p " << t.p << " op " << t.op);
   }
@@ -232,10 +246,18 @@ BOOST_AUTO_TEST_CASE(output_shapes_follow_the_formulas) {
 }
 
 BOOST_AUTO_TEST_CASE(conv_transpose2d_matches_its_definition) {
-  struct row { std::int64_t k, s, p, op; };
+  struct row {
+    std::int64_t k, s, p, op;
+  };
   for (const row t : {row{3, 2, 1, 1}, row{4, 2, 1, 0}, row{3, 1, 1, 0}, row{2, 2, 0, 0}}) {
-    nn::conv_transpose2d<double> u{{.in_channels = 3, .out_channels = 2, .kernel = t.k, .stride = t.s, .padding = t.p,
-                                    .output_padding = t.op, .bias = false}, 3};
+    nn::conv_transpose2d<double> u{{.in_channels = 3,
+                                    .out_channels = 2,
+                                    .kernel = t.k,
+                                    .stride = t.s,
+                                    .padding = t.p,
+                                    .output_padding = t.op,
+                                    .bias = false},
+                                   3};
     auto r = nn::local();
     const auto x = dist::test::random_tensor<double>(shape::nchw(2, 3, 5, 4), 2);
     const auto y = u.forward(r, x);
@@ -251,16 +273,23 @@ BOOST_AUTO_TEST_CASE(convolutions_backward) {
   const auto x = random_tensor<double>(shape::nchw(2, 3, 6, 5), 11);
   nn::conv2d<double> zero_pad{{.in_channels = 3, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 1};
   check_gradients(zero_pad, x, "conv2d zero padding, stride 2, bias");
-  nn::conv2d<double> reflect{{.in_channels = 3, .out_channels = 2, .kernel = 3, .stride = 1, .padding = 2,
-                              .pad_mode = nn::padding_mode::reflect}, 2};
+  nn::conv2d<double> reflect{{.in_channels = 3,
+                              .out_channels = 2,
+                              .kernel = 3,
+                              .stride = 1,
+                              .padding = 2,
+                              .pad_mode = nn::padding_mode::reflect},
+                             2};
   check_gradients(reflect, x, "conv2d reflection padding 2");
-  nn::conv2d<double> no_bias{{.in_channels = 3, .out_channels = 2, .kernel = 4, .stride = 2, .padding = 1, .bias = false}, 3};
+  nn::conv2d<double> no_bias{
+      {.in_channels = 3, .out_channels = 2, .kernel = 4, .stride = 2, .padding = 1, .bias = false}, 3};
   check_gradients(no_bias, x, "conv2d 4x4 stride 2 without bias");
-  nn::conv_transpose2d<double> up{{.in_channels = 3, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1,
-                                   .output_padding = 1}, 4};
+  nn::conv_transpose2d<double> up{
+      {.in_channels = 3, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1}, 4};
   check_gradients(up, x, "conv_transpose2d stride 2 output_padding 1");
-  nn::conv_transpose2d<double> up4{{.in_channels = 3, .out_channels = 2, .kernel = 4, .stride = 2, .padding = 1,
-                                    .output_padding = 0, .bias = false}, 5};
+  nn::conv_transpose2d<double> up4{
+      {.in_channels = 3, .out_channels = 2, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0, .bias = false},
+      5};
   check_gradients(up4, x, "conv_transpose2d 4x4");
 }
 
@@ -293,16 +322,20 @@ BOOST_AUTO_TEST_CASE(activations_and_blocks_backward) {
   check_gradients(tanh, x, "tanh");
   nn::residual_block<double> block{3, 7};
   check_gradients(block, x, "residual_block");
-  nn::sequential net{nn::conv2d<double>{{.in_channels = 3, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 1},
-                     nn::batch_norm<double>{{.channels = 4}, 2}, nn::leaky_relu<double>{0.2},
-                     nn::conv_transpose2d<double>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 2,
-                                                   .padding = 1, .output_padding = 1}, 3},
-                     nn::instance_norm<double>{{.channels = 2, .affine = true}, 4}, nn::tanh<double>{}};
+  nn::sequential net{
+      nn::conv2d<double>{{.in_channels = 3, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 1},
+      nn::batch_norm<double>{{.channels = 4}, 2},
+      nn::leaky_relu<double>{0.2},
+      nn::conv_transpose2d<double>{
+          {.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1, .output_padding = 1}, 3},
+      nn::instance_norm<double>{{.channels = 2, .affine = true}, 4},
+      nn::tanh<double>{}};
   check_gradients(net, x, "sequential");
 }
 
 BOOST_AUTO_TEST_CASE(initialisation_is_seeded_normal) {
-  nn::conv2d<float> a{{.in_channels = 64, .out_channels = 64, .kernel = 3}, 42}, b{{.in_channels = 64, .out_channels = 64, .kernel = 3}, 42},
+  nn::conv2d<float> a{{.in_channels = 64, .out_channels = 64, .kernel = 3}, 42},
+      b{{.in_channels = 64, .out_channels = 64, .kernel = 3}, 42},
       c{{.in_channels = 64, .out_channels = 64, .kernel = 3}, 43};
   BOOST_TEST(a.weight().value == b.weight().value);
   BOOST_TEST(!(a.weight().value == c.weight().value));
@@ -313,7 +346,7 @@ BOOST_AUTO_TEST_CASE(initialisation_is_seeded_normal) {
     s2 += static_cast<double>(v) * v;
   }
   const double n = static_cast<double>(w.size()), mean = s / n, sd = std::sqrt(s2 / n - mean * mean);
-  BOOST_TEST(std::abs(mean) < 0.001);        // 36864 draws: the mean's sd is 0.0001
+  BOOST_TEST(std::abs(mean) < 0.001);  // 36864 draws: the mean's sd is 0.0001
   BOOST_TEST(std::abs(sd - 0.02) < 0.0005);
   for (float v : a.bias().value) BOOST_TEST(v == 0.0f);
 }

@@ -68,9 +68,9 @@ struct fault {
 };
 
 struct run_result {
-  std::vector<float> parameters;           // replica 0's, after the last step
-  std::vector<std::vector<int>> stepped;   // per step, per replica: whether scaler.step stepped
-  std::vector<double> scales;              // replica 0's scale after each step
+  std::vector<float> parameters;          // replica 0's, after the last step
+  std::vector<std::vector<int>> stepped;  // per step, per replica: whether scaler.step stepped
+  std::vector<double> scales;             // replica 0's scale after each step
 };
 
 // `replicas` CPU replicas train the model with Adam for `steps` steps on a global batch of 12 (split
@@ -144,12 +144,14 @@ BOOST_AUTO_TEST_CASE(clean_steps_are_those_of_training_without_a_scaler_bit_for_
     for (const auto& o : {optim::loss_scale_options{}, optim::loss_scale_options{.init_scale = 0.125},
                           optim::loss_scale_options{.init_scale = 1024, .growth_interval = 2}}) {
       const auto scaled = train(replicas, 6, o);
-      BOOST_TEST(same_bits(scaled.parameters, plain.parameters), replicas << " replicas, initial scale " << o.init_scale);
+      BOOST_TEST(same_bits(scaled.parameters, plain.parameters),
+                 replicas << " replicas, initial scale " << o.init_scale);
       for (const auto& step : scaled.stepped)
         for (int s : step) BOOST_TEST(s == 1);
     }
     const auto growing = train(replicas, 6, optim::loss_scale_options{.init_scale = 1024, .growth_interval = 2});
-    BOOST_TEST(growing.scales == (std::vector<double>{1024, 2048, 2048, 4096, 4096, 8192}), boost::test_tools::per_element());
+    BOOST_TEST(growing.scales == (std::vector<double>{1024, 2048, 2048, 4096, 4096, 8192}),
+               boost::test_tools::per_element());
   }
 }
 
@@ -158,11 +160,13 @@ BOOST_AUTO_TEST_CASE(an_inf_or_a_nan_in_one_replica_skips_the_step_on_every_repl
     for (float bad : {an_inf, -an_inf, a_nan})
       for (bool before_reduce : {false, true}) {
         const fault f{.step = 2, .replica = replicas - 1, .value = bad, .before_reduce = before_reduce};
-        BOOST_TEST_CONTEXT(replicas << " replicas, " << bad << (before_reduce ? " before" : " after") << " the all-reduce") {
+        BOOST_TEST_CONTEXT(replicas << " replicas, " << bad << (before_reduce ? " before" : " after")
+                                    << " the all-reduce") {
           const auto run = train(replicas, 5, optim::loss_scale_options{}, f);  // checks the skip itself
           for (std::size_t t = 0; t < run.stepped.size(); ++t)
             for (int s : run.stepped[t]) BOOST_TEST(s == (t == 2 ? 0 : 1), "step " << t);
-          BOOST_TEST(run.scales == (std::vector<double>{65536, 65536, 32768, 32768, 32768}), boost::test_tools::per_element());
+          BOOST_TEST(run.scales == (std::vector<double>{65536, 65536, 32768, 32768, 32768}),
+                     boost::test_tools::per_element());
         }
       }
 }
@@ -304,7 +308,8 @@ BOOST_AUTO_TEST_CASE(the_scale_stops_at_its_floor_and_its_ceiling) {
 
 BOOST_AUTO_TEST_CASE(a_loss_gradient_is_scaled_and_its_value_is_not) {
   dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(2)};
-  const auto pred = dist::test::random_tensor<float>(shape{4, 2}, 7), target = dist::test::random_tensor<float>(shape{4, 2}, 8);
+  const auto pred = dist::test::random_tensor<float>(shape{4, 2}, 7),
+             target = dist::test::random_tensor<float>(shape{4, 2}, 8);
   // Checked on the test's thread: each replica says whether its results were as expected.
   const auto ok = s.run([&](dist::replica auto& r) {
     optim::loss_scaler scaler{{.init_scale = 8}};
@@ -408,7 +413,8 @@ BOOST_AUTO_TEST_CASE(options_out_of_range_are_named) {
   BOOST_TEST(mentions(error({.max_scale = 0x1p127}), "max_scale is"));
   BOOST_TEST(mentions(error({.min_scale = 0x1p-127}), "min_scale is"));
   BOOST_TEST(mentions(error({.min_scale = 8, .max_scale = 4}), "min_scale is 8 but must not exceed max_scale (4)"));
-  BOOST_TEST(mentions(error({.init_scale = 2, .min_scale = 4}), "init_scale is 2 but must lie in [min_scale, max_scale]"));
+  BOOST_TEST(
+      mentions(error({.init_scale = 2, .min_scale = 4}), "init_scale is 2 but must lie in [min_scale, max_scale]"));
   BOOST_TEST(mentions(error({.growth_factor = 1}), "growth_factor is 1 but must be finite and above 1"));
   BOOST_TEST(mentions(error({.backoff_factor = 1}), "backoff_factor is 1 but must be in (0, 1)"));
   BOOST_TEST(mentions(error({.backoff_factor = 0}), "backoff_factor is 0"));

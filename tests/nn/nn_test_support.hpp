@@ -85,7 +85,8 @@ void check_gradients(L& layer, tensor<double> x, const std::string& what, double
 
   // Parameters: the analytic gradients first (the finite differences below run more forwards).
   std::vector<std::vector<double>> analytic;
-  layer.for_each_parameter([&](std::span<double>, std::span<double> grad) { analytic.emplace_back(grad.begin(), grad.end()); });
+  layer.for_each_parameter(
+      [&](std::span<double>, std::span<double> grad) { analytic.emplace_back(grad.begin(), grad.end()); });
   std::size_t index = 0;
   std::vector<std::span<double>> values;
   layer.for_each_parameter([&](std::span<double> value, std::span<double>) { values.push_back(value); });

@@ -29,22 +29,27 @@ BOOST_AUTO_TEST_CASE(a_defaulted_option_that_breaks_a_rule_says_it_is_the_defaul
   const auto msg = error_of([] {
     nn::conv_transpose2d<float>({.in_channels = 16, .out_channels = 32, .kernel = 7, .stride = 1, .padding = 0}, 1);
   });
-  BOOST_TEST(msg == "distribute: conv_transpose2d {in_channels 16, out_channels 32, kernel 7, stride 1, padding 0, "
-                    "output_padding 1}: output_padding is 1 (the default) but must be below stride (1)");
+  BOOST_TEST(msg ==
+             "distribute: conv_transpose2d {in_channels 16, out_channels 32, kernel 7, stride 1, padding 0, "
+             "output_padding 1}: output_padding is 1 (the default) but must be below stride (1)");
 }
 
 BOOST_AUTO_TEST_CASE(each_option_is_named_with_its_value) {
-  BOOST_TEST(error_of([] { nn::conv2d<float>({.in_channels = 0}, 1); }).find("in_channels is 0 but must be at least 1") !=
-             std::string::npos);
-  BOOST_TEST(error_of([] { nn::conv2d<float>({.in_channels = 1, .stride = 0}, 1); }).find("stride is 0 but must be at least 1") !=
-             std::string::npos);
+  BOOST_TEST(error_of([] {
+               nn::conv2d<float>({.in_channels = 0}, 1);
+             }).find("in_channels is 0 but must be at least 1") != std::string::npos);
+  BOOST_TEST(error_of([] {
+               nn::conv2d<float>({.in_channels = 1, .stride = 0}, 1);
+             }).find("stride is 0 but must be at least 1") != std::string::npos);
   BOOST_TEST(error_of([] { nn::conv2d<float>({.padding = -2}, 1); }).find("padding is -2 but must be at least 0") !=
              std::string::npos);
-  BOOST_TEST(error_of([] { nn::conv_transpose2d<float>({.kernel = 0}, 1); }).find("conv_transpose2d {") != std::string::npos);
+  BOOST_TEST(error_of([] { nn::conv_transpose2d<float>({.kernel = 0}, 1); }).find("conv_transpose2d {") !=
+             std::string::npos);
   BOOST_TEST(error_of([] { nn::instance_norm<float>({.channels = -1, .affine = true}, 1); }) ==
              "distribute: instance_norm {channels -1, eps 1e-05, affine}: channels is -1 but must be at least 1");
-  BOOST_TEST(error_of([] { nn::instance_norm<float>({.channels = 2, .eps = 0}, 1); }).find("eps is 0 but must be positive") !=
-             std::string::npos);
+  BOOST_TEST(error_of([] {
+               nn::instance_norm<float>({.channels = 2, .eps = 0}, 1);
+             }).find("eps is 0 but must be positive") != std::string::npos);
   BOOST_TEST(error_of([] { nn::batch_norm<float>({.channels = 2, .momentum = 2}, 1); }) ==
              "distribute: batch_norm {channels 2, eps 1e-05, momentum 2}: momentum is 2 but must be in [0, 1]");
 }
@@ -54,13 +59,17 @@ BOOST_AUTO_TEST_CASE(an_error_inside_a_sequential_names_the_layer) {
                             nn::conv2d<float>({.in_channels = 5, .out_channels = 1}, 2)};
   auto r = nn::local();
   const auto msg = error_of([&] { net.forward(r, dist::tensor<float>{dist::shape::nchw(1, 3, 8, 8)}); });
-  BOOST_TEST(msg == "distribute: layer 2 (conv2d) of a sequential of 3: conv2d {in_channels 5, out_channels 1, kernel 3, "
-                    "stride 1, padding 0} got a tensor of shape (1, 4, 6, 6)");
+  BOOST_TEST(msg ==
+             "distribute: layer 2 (conv2d) of a sequential of 3: conv2d {in_channels 5, out_channels 1, kernel 3, "
+             "stride 1, padding 0} got a tensor of shape (1, 4, 6, 6)");
   // Nested: the outer index first.
-  auto outer = nn::sequential{nn::relu<float>{}, nn::sequential{nn::conv2d<float>({.in_channels = 2, .out_channels = 2}, 3)}};
+  auto outer =
+      nn::sequential{nn::relu<float>{}, nn::sequential{nn::conv2d<float>({.in_channels = 2, .out_channels = 2}, 3)}};
   const auto nested = error_of([&] { outer.forward(r, dist::tensor<float>{dist::shape::nchw(1, 3, 8, 8)}); });
-  BOOST_TEST(nested.find("distribute: layer 1 (sequential) of a sequential of 2: layer 0 (conv2d) of a sequential of 1: conv2d") == 0,
-             nested);
+  BOOST_TEST(
+      nested.find(
+          "distribute: layer 1 (sequential) of a sequential of 2: layer 0 (conv2d) of a sequential of 1: conv2d") == 0,
+      nested);
   // Backward too.
   auto one = nn::sequential{nn::relu<float>{}, nn::conv2d<float>({.in_channels = 3, .out_channels = 1}, 4)};
   one.forward(r, dist::tensor<float>{dist::shape::nchw(1, 3, 8, 8)});

@@ -34,7 +34,9 @@ struct probe : nn::detail::stateless {
   using scalar_type = float;
   std::function<void(int replica)> on_backward;
   template <class R>
-  tensor<float> forward(R&, const tensor<float>& x) { return x; }
+  tensor<float> forward(R&, const tensor<float>& x) {
+    return x;
+  }
   template <class R>
   tensor<float> backward(R& r, const tensor<float>& dy) {
     if (on_backward) on_backward(r.replica_id());
@@ -49,11 +51,18 @@ constexpr std::int64_t global_batch = 12;
 auto make_net(std::uint64_t seed) {
   return nn::sequential{
       probe{},
-      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false}, seed},
-      nn::sync_batch_norm<float>{{.channels = 4}, seed + 1}, nn::relu<float>{},
+      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false},
+                        seed},
+      nn::sync_batch_norm<float>{{.channels = 4}, seed + 1},
+      nn::relu<float>{},
       nn::residual_block<float>{4, seed + 2},
-      nn::conv2d<float>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1,
-                         .pad_mode = nn::padding_mode::reflect}, seed + 3},
+      nn::conv2d<float>{{.in_channels = 4,
+                         .out_channels = 2,
+                         .kernel = 3,
+                         .stride = 2,
+                         .padding = 1,
+                         .pad_mode = nn::padding_mode::reflect},
+                        seed + 3},
       nn::tanh<float>{}};
 }
 using net_type = decltype(make_net(0));
@@ -81,7 +90,7 @@ constexpr dist::gradient_reduction small_buckets{.bucket_bytes = 600, .first_buc
 
 struct run_record {
   std::vector<float> parameters;
-  std::vector<std::size_t> collectives;   // per step, replica 0
+  std::vector<std::size_t> collectives;    // per step, replica 0
   std::vector<std::size_t> started_early;  // per step, replica 0: buckets started before backward ended
   std::vector<std::size_t> held_back;      // per step, replica 0: buckets that waited for an earlier one
 };
@@ -146,7 +155,9 @@ struct one_tensor {
   using scalar_type = float;
   std::vector<float> v, g;
   template <class F>
-  void for_each_parameter(F&& f) { f(std::span<float>(v), std::span<float>(g)); }
+  void for_each_parameter(F&& f) {
+    f(std::span<float>(v), std::span<float>(g));
+  }
 };
 
 // A communicator with a split phase (as NCCL's: start_all_reduce, finish_started, abandon_started)
@@ -165,14 +176,29 @@ struct split_phase_log {
     log->push_back(started.empty() ? what : what + " with started all-reduces pending");
   }
   template <class... A>
-  void all_reduce(A&&... a) { note("all_reduce"); inner.all_reduce(std::forward<A>(a)...); }
+  void all_reduce(A&&... a) {
+    note("all_reduce");
+    inner.all_reduce(std::forward<A>(a)...);
+  }
   template <class... A>
-  void reduce_scatter(A&&... a) { note("reduce_scatter"); inner.reduce_scatter(std::forward<A>(a)...); }
+  void reduce_scatter(A&&... a) {
+    note("reduce_scatter");
+    inner.reduce_scatter(std::forward<A>(a)...);
+  }
   template <class... A>
-  void all_gather(A&&... a) { note("all_gather"); inner.all_gather(std::forward<A>(a)...); }
+  void all_gather(A&&... a) {
+    note("all_gather");
+    inner.all_gather(std::forward<A>(a)...);
+  }
   template <class... A>
-  void broadcast(A&&... a) { note("broadcast"); inner.broadcast(std::forward<A>(a)...); }
-  void barrier() { note("barrier"); inner.barrier(); }
+  void broadcast(A&&... a) {
+    note("broadcast");
+    inner.broadcast(std::forward<A>(a)...);
+  }
+  void barrier() {
+    note("barrier");
+    inner.barrier();
+  }
   template <class T>
   void start_all_reduce(dist::reduce_op op, std::span<const std::span<T>> buffers) {
     log->push_back("start");
@@ -198,7 +224,8 @@ struct split_phase_log {
 auto make_small_net(std::uint64_t seed) {
   return nn::sequential{
       probe{},
-      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false}, seed},
+      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false},
+                        seed},
       nn::sync_batch_norm<float>{{.channels = 4}, seed + 1},
       nn::conv2d<float>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1}, seed + 2}};
 }
@@ -226,7 +253,8 @@ BOOST_AUTO_TEST_CASE(overlapped_all_reduce_has_the_bits_of_the_blocking_one) {
       dist::mirrored_strategy<> s{dist::cpu_replicas(replicas)};
       const auto blocking = train(s, false, how);
       const auto overlapped = train(s, true, how);
-      BOOST_TEST((overlapped.parameters == blocking.parameters), replicas << " replicas, bucket cap " << how.bucket_bytes);
+      BOOST_TEST((overlapped.parameters == blocking.parameters),
+                 replicas << " replicas, bucket cap " << how.bucket_bytes);
       BOOST_TEST(overlapped.collectives == blocking.collectives);
       // Every parameter's gradient was announced before the first layer's backward: all buckets
       // had started while backward ran.
@@ -277,15 +305,18 @@ BOOST_AUTO_TEST_CASE(gradients_nobody_announces_are_all_reduced_by_wait) {
   using flat = two_tensors;
   dist::mirrored_strategy<> s{dist::cpu_replicas(3)};
   auto models = s.mirror([](auto&) { return flat{}; });
-  auto started = s.run([](dist::replica auto& r, flat& m) {
-    for (std::size_t i = 0; i < m.g.size(); ++i) m.g[i] = static_cast<float>(r.replica_id() + 1) * static_cast<float>(i);
-    for (std::size_t i = 0; i < m.g2.size(); ++i) m.g2[i] = static_cast<float>(r.replica_id() + 1);
-    auto sync = r.overlap_gradients({.bucket_bytes = 1000, .first_bucket_bytes = 1000});
-    sync.add(m);
-    r.gradients_ready(m);  // a replica may also announce a whole model itself...
-    const auto before = sync.started();
-    return std::pair{before, sync.wait()};
-  }, models);
+  auto started = s.run(
+      [](dist::replica auto& r, flat& m) {
+        for (std::size_t i = 0; i < m.g.size(); ++i)
+          m.g[i] = static_cast<float>(r.replica_id() + 1) * static_cast<float>(i);
+        for (std::size_t i = 0; i < m.g2.size(); ++i) m.g2[i] = static_cast<float>(r.replica_id() + 1);
+        auto sync = r.overlap_gradients({.bucket_bytes = 1000, .first_bucket_bytes = 1000});
+        sync.add(m);
+        r.gradients_ready(m);  // a replica may also announce a whole model itself...
+        const auto before = sync.started();
+        return std::pair{before, sync.wait()};
+      },
+      models);
   for (auto [before, collectives] : started) {
     BOOST_TEST(before == 2u);  // ...which starts both buckets
     BOOST_TEST(collectives == 2u);
@@ -294,13 +325,15 @@ BOOST_AUTO_TEST_CASE(gradients_nobody_announces_are_all_reduced_by_wait) {
     for (std::size_t i = 0; i < m.g.size(); ++i) BOOST_REQUIRE(m.g[i] == 6.0f * static_cast<float>(i));
     for (float x : m.g2) BOOST_REQUIRE(x == 6.0f);
   }
-  auto none = s.run([](dist::replica auto& r, flat& m) {
-    auto sync = r.overlap_gradients();
-    sync.add(m);
-    const auto before = sync.started();
-    sync.wait();
-    return before;
-  }, models);
+  auto none = s.run(
+      [](dist::replica auto& r, flat& m) {
+        auto sync = r.overlap_gradients();
+        sync.add(m);
+        const auto before = sync.started();
+        sync.wait();
+        return before;
+      },
+      models);
   for (auto c : none) BOOST_TEST(c == 0u);
   for (const auto& m : models) BOOST_REQUIRE(m.g2[0] == 18.0f);
 }
@@ -316,7 +349,9 @@ struct enumerated_backwards {
   nn::conv2d<float> first{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1}, 5};
   nn::conv2d<float> second{{.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 1, .padding = 1}, 6};
   template <class R>
-  tensor<float> forward(R& r, const tensor<float>& x) { return second.forward(r, first.forward(r, x)); }
+  tensor<float> forward(R& r, const tensor<float>& x) {
+    return second.forward(r, first.forward(r, x));
+  }
   template <class R>
   tensor<float> backward(R& r, const tensor<float>& dy) {
     auto d = second.backward(r, dy);
@@ -352,22 +387,24 @@ BOOST_AUTO_TEST_CASE(buckets_finished_out_of_plan_order_are_counted_and_still_su
     dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
     auto models = s.mirror([](auto&) { return model{}; });
     auto xs = s.scatter(data.x, 36);
-    const auto held = s.run([&](dist::replica auto& r, const std::vector<float>& xl, model& m) {
-      const auto n = static_cast<std::int64_t>(xl.size()) / 36;
-      const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
-      m.zero_grad();
-      const auto y = m.forward(r, x);
-      const auto loss = nn::mse(y, tensor<float>(y.shape()), global_batch);
-      if (!overlap) {
-        m.backward(r, loss.grad);
-        return std::pair{std::size_t{0}, r.all_reduce_gradients(m, per_tensor)};
-      }
-      auto sync = r.overlap_gradients(per_tensor);
-      sync.add(m);
-      m.backward(r, loss.grad);
-      const auto h = sync.held_back();
-      return std::pair{h, sync.wait()};
-    }, xs, models);
+    const auto held = s.run(
+        [&](dist::replica auto& r, const std::vector<float>& xl, model& m) {
+          const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+          const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
+          m.zero_grad();
+          const auto y = m.forward(r, x);
+          const auto loss = nn::mse(y, tensor<float>(y.shape()), global_batch);
+          if (!overlap) {
+            m.backward(r, loss.grad);
+            return std::pair{std::size_t{0}, r.all_reduce_gradients(m, per_tensor)};
+          }
+          auto sync = r.overlap_gradients(per_tensor);
+          sync.add(m);
+          m.backward(r, loss.grad);
+          const auto h = sync.held_back();
+          return std::pair{h, sync.wait()};
+        },
+        xs, models);
     for (const auto& [h, buckets] : held) {
       BOOST_TEST(buckets == 4u);
       // second.b and second.w were final while first.b, the plan's first bucket, still waited.
@@ -414,25 +451,27 @@ BOOST_AUTO_TEST_CASE(capture_modes_decide_what_collectives_and_announcements_do)
     float sum = 0;
     std::size_t held = 9, released = 0;
   };
-  auto out = s.run([](dist::replica auto& r, flat& m) {
-    seen x;
-    std::vector<float> v{1.0f};
-    x.before = r.graph_capture_mode();
-    x.passes = all_reduce_refusal(r, dist::graph_capture::passes, v);
-    x.step = all_reduce_refusal(r, dist::graph_capture::step, v);
-    r.all_reduce(dist::reduce_op::sum, v);
-    x.sum = v[0];
-    auto sync = r.overlap_gradients({.bucket_bytes = 1000, .first_bucket_bytes = 1000});
-    sync.add(m);
-    r.set_graph_capture(dist::graph_capture::step);
-    r.gradients_ready(m);
-    x.held = sync.started();
-    r.set_graph_capture(dist::graph_capture::none);
-    r.gradients_ready(m);
-    x.released = sync.started();
-    sync.wait();
-    return x;
-  }, models);
+  auto out = s.run(
+      [](dist::replica auto& r, flat& m) {
+        seen x;
+        std::vector<float> v{1.0f};
+        x.before = r.graph_capture_mode();
+        x.passes = all_reduce_refusal(r, dist::graph_capture::passes, v);
+        x.step = all_reduce_refusal(r, dist::graph_capture::step, v);
+        r.all_reduce(dist::reduce_op::sum, v);
+        x.sum = v[0];
+        auto sync = r.overlap_gradients({.bucket_bytes = 1000, .first_bucket_bytes = 1000});
+        sync.add(m);
+        r.set_graph_capture(dist::graph_capture::step);
+        r.gradients_ready(m);
+        x.held = sync.started();
+        r.set_graph_capture(dist::graph_capture::none);
+        r.gradients_ready(m);
+        x.released = sync.started();
+        sync.wait();
+        return x;
+      },
+      models);
   for (const auto& x : out) {
     BOOST_TEST((x.before == dist::graph_capture::none));
     BOOST_TEST(dist::test::mentions(x.passes, "while its passes were being captured"), x.passes);
@@ -459,20 +498,22 @@ BOOST_AUTO_TEST_CASE(collectives_called_while_open_take_their_turn) {
   auto nets = s.mirror([](auto&) { return make_net(7); });
   const auto data = data_for_step(0);
   auto xs = s.scatter(data.x, 36);
-  auto totals = s.run([&](dist::replica auto& r, const std::vector<float>& xl, net_type& net) {
-    const auto n = static_cast<std::int64_t>(xl.size()) / 36;
-    const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
-    net.zero_grad();
-    auto y = net.forward(r, x);
-    auto sync = r.overlap_gradients(small_buckets);
-    sync.add(net);
-    net.backward(r, y);
-    const float total = r.all_reduce(dist::reduce_op::sum, static_cast<float>(r.replica_id() + 1));
-    std::vector<int> ids(2);
-    r.all_gather(std::vector<int>{r.replica_id()}, ids);
-    sync.wait();
-    return std::pair{total, ids};
-  }, xs, nets);
+  auto totals = s.run(
+      [&](dist::replica auto& r, const std::vector<float>& xl, net_type& net) {
+        const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+        const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
+        net.zero_grad();
+        auto y = net.forward(r, x);
+        auto sync = r.overlap_gradients(small_buckets);
+        sync.add(net);
+        net.backward(r, y);
+        const float total = r.all_reduce(dist::reduce_op::sum, static_cast<float>(r.replica_id() + 1));
+        std::vector<int> ids(2);
+        r.all_gather(std::vector<int>{r.replica_id()}, ids);
+        sync.wait();
+        return std::pair{total, ids};
+      },
+      xs, nets);
   for (const auto& [total, ids] : totals) {
     BOOST_TEST(total == 3.0f);
     BOOST_TEST((ids == std::vector<int>{0, 1}));
@@ -483,27 +524,29 @@ BOOST_AUTO_TEST_CASE(one_overlap_at_a_time_per_replica) {
   dist::mirrored_strategy<> s{dist::cpu_replicas(2)};
   auto nets = s.mirror([](auto&) { return make_net(7); });
   // What each replica's misuse said (asserted here, on the test's thread).
-  auto errors = s.run([&](dist::replica auto& r, net_type& net) {
-    std::vector<std::string> said;
-    auto error_of = [&](auto&& f) {
-      try {
-        f();
-        said.push_back("(nothing)");
-      } catch (const std::exception& e) {
-        said.push_back(e.what());
-      }
-    };
-    {
-      auto first = r.overlap_gradients();
-      error_of([&] { auto again = r.overlap_gradients(); });
-      first.add(net);
-      first.wait();
-      error_of([&] { first.add(net); });
-    }
-    auto second = r.overlap_gradients();  // the first one is closed
-    error_of([&] { second.add(net).add(net); });
-    return said;
-  }, nets);
+  auto errors = s.run(
+      [&](dist::replica auto& r, net_type& net) {
+        std::vector<std::string> said;
+        auto error_of = [&](auto&& f) {
+          try {
+            f();
+            said.push_back("(nothing)");
+          } catch (const std::exception& e) {
+            said.push_back(e.what());
+          }
+        };
+        {
+          auto first = r.overlap_gradients();
+          error_of([&] { auto again = r.overlap_gradients(); });
+          first.add(net);
+          first.wait();
+          error_of([&] { first.add(net); });
+        }
+        auto second = r.overlap_gradients();  // the first one is closed
+        error_of([&] { second.add(net).add(net); });
+        return said;
+      },
+      nets);
   for (const auto& said : errors) {
     BOOST_REQUIRE(said.size() == 3u);
     BOOST_TEST(said[0].find("another is open") != std::string::npos, said[0]);
@@ -520,22 +563,24 @@ BOOST_AUTO_TEST_CASE(a_replica_that_throws_in_backward_ends_the_step_without_a_h
   auto xs = s.scatter(data.x, 36);
   auto ys = s.scatter(data.y, 18);
   auto step = [&](bool fail) {
-    return s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net,
-                     optim::adam<float>& opt) {
-      const auto n = static_cast<std::int64_t>(xl.size()) / 36;
-      const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
-      net.zero_grad();
-      const auto loss = nn::mse(net.forward(r, x), y, global_batch);
-      auto sync = r.overlap_gradients(small_buckets);
-      sync.add(net);
-      net.get<0>().on_backward = [fail](int id) {
-        if (fail && id == 1) throw std::runtime_error("replica 1 gave up in backward");
-      };
-      net.backward(r, loss.grad);
-      sync.wait();
-      opt.step(net);
-      return loss.value;
-    }, xs, ys, nets, opts);
+    return s.run(
+        [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net,
+            optim::adam<float>& opt) {
+          const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+          const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
+          net.zero_grad();
+          const auto loss = nn::mse(net.forward(r, x), y, global_batch);
+          auto sync = r.overlap_gradients(small_buckets);
+          sync.add(net);
+          net.get<0>().on_backward = [fail](int id) {
+            if (fail && id == 1) throw std::runtime_error("replica 1 gave up in backward");
+          };
+          net.backward(r, loss.grad);
+          sync.wait();
+          opt.step(net);
+          return loss.value;
+        },
+        xs, ys, nets, opts);
   };
   const auto t0 = std::chrono::steady_clock::now();
   BOOST_CHECK_EXCEPTION(step(true), std::runtime_error,
@@ -555,13 +600,18 @@ BOOST_AUTO_TEST_CASE(mismatched_buckets_fail_every_replica_from_wait) {
   // reaches the caller from wait (thrown on the overlap's thread), naming the gradient all-reduce.
   using flat = one_tensor;
   dist::mirrored_strategy<> s{dist::cpu_replicas(2), {.timeout = std::chrono::seconds(30)}};
-  auto models = s.values_from_function([](int id) { return flat{std::vector<float>(10 + 5 * id), std::vector<float>(10 + 5 * id)}; });
-  BOOST_CHECK_EXCEPTION(s.run([](dist::replica auto& r, flat& m) {
-    auto sync = r.overlap_gradients();
-    sync.add(m);
-    r.gradients_ready(m);
-    sync.wait();
-  }, models), dist::collective_mismatch, [](const dist::collective_mismatch& e) { return mentions(e, "all_reduce_gradients"); });
+  auto models = s.values_from_function(
+      [](int id) { return flat{std::vector<float>(10 + 5 * id), std::vector<float>(10 + 5 * id)}; });
+  BOOST_CHECK_EXCEPTION(s.run(
+                            [](dist::replica auto& r, flat& m) {
+                              auto sync = r.overlap_gradients();
+                              sync.add(m);
+                              r.gradients_ready(m);
+                              sync.wait();
+                            },
+                            models),
+                        dist::collective_mismatch,
+                        [](const dist::collective_mismatch& e) { return mentions(e, "all_reduce_gradients"); });
 }
 
 BOOST_AUTO_TEST_CASE(a_split_phase_communicator_starts_buckets_in_backward_and_finishes_them_in_wait) {
@@ -579,30 +629,32 @@ BOOST_AUTO_TEST_CASE(a_split_phase_communicator_starts_buckets_in_backward_and_f
       const auto data = data_for_step(step);
       auto xs = s.scatter(data.x, 36);
       auto ys = s.scatter(data.y, 18);
-      s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, small_net_type& net,
-                optim::adam<float>& opt) {
-        using R = std::remove_cvref_t<decltype(r)>;
-        using C = typename R::communicator_type;
-        auto& log = logs[static_cast<std::size_t>(r.replica_id())];
-        dist::replica_context<typename R::device_type, split_phase_log<C>> rs{r.device(), {r.communicator(), &log}};
-        const auto n = static_cast<std::int64_t>(xl.size()) / 36;
-        const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
-        net.zero_grad();
-        const auto loss = nn::mse(net.forward(rs, x), y, global_batch);
-        if (overlap) {
-          auto sync = rs.overlap_gradients(small_buckets_4);
-          sync.add(net);
-          net.get<0>().on_backward = [&](int id) { early[static_cast<std::size_t>(id)] = count_of(log, "start"); };
-          net.backward(rs, loss.grad);
-          net.get<0>().on_backward = nullptr;
-          log.push_back("wait");
-          sync.wait();
-        } else {
-          net.backward(rs, loss.grad);
-          rs.all_reduce_gradients(net, small_buckets_4);
-        }
-        opt.step(net);
-      }, xs, ys, nets, opts);
+      s.run(
+          [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, small_net_type& net,
+              optim::adam<float>& opt) {
+            using R = std::remove_cvref_t<decltype(r)>;
+            using C = typename R::communicator_type;
+            auto& log = logs[static_cast<std::size_t>(r.replica_id())];
+            dist::replica_context<typename R::device_type, split_phase_log<C>> rs{r.device(), {r.communicator(), &log}};
+            const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+            const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
+            net.zero_grad();
+            const auto loss = nn::mse(net.forward(rs, x), y, global_batch);
+            if (overlap) {
+              auto sync = rs.overlap_gradients(small_buckets_4);
+              sync.add(net);
+              net.get<0>().on_backward = [&](int id) { early[static_cast<std::size_t>(id)] = count_of(log, "start"); };
+              net.backward(rs, loss.grad);
+              net.get<0>().on_backward = nullptr;
+              log.push_back("wait");
+              sync.wait();
+            } else {
+              net.backward(rs, loss.grad);
+              rs.all_reduce_gradients(net, small_buckets_4);
+            }
+            opt.step(net);
+          },
+          xs, ys, nets, opts);
     }
     s.verify_mirrored(nets);
     return parameters_of(nets[0]);
@@ -616,7 +668,8 @@ BOOST_AUTO_TEST_CASE(a_split_phase_communicator_starts_buckets_in_backward_and_f
     const auto& log = overlap_log[id];
     BOOST_TEST_INFO("replica " << id);
     // No collective ever ran with started all-reduces pending.
-    BOOST_TEST(std::none_of(log.begin(), log.end(), [](const std::string& e) { return e.find("pending") != std::string::npos; }));
+    BOOST_TEST(std::none_of(log.begin(), log.end(),
+                            [](const std::string& e) { return e.find("pending") != std::string::npos; }));
     BOOST_TEST(count_of(log, "abandon 1") + count_of(log, "abandon 2") == 0u);
     // Every bucket of the last step started before the first layer's backward; wait finished the
     // last ones, sync_batch_norm's backward collectives what had started before them.
@@ -641,22 +694,27 @@ BOOST_AUTO_TEST_CASE(a_replica_that_throws_with_started_all_reduces_abandons_the
   const auto data = data_for_step(0);
   auto xs = s.scatter(data.x, 36);
   std::vector<std::vector<std::string>> logs(2);
-  BOOST_CHECK_EXCEPTION(s.run([&](dist::replica auto& r, const std::vector<float>& xl, small_net_type& net) {
-    using R = std::remove_cvref_t<decltype(r)>;
-    auto& log = logs[static_cast<std::size_t>(r.replica_id())];
-    dist::replica_context<typename R::device_type, split_phase_log<typename R::communicator_type>> rs{r.device(), {r.communicator(), &log}};
-    const auto n = static_cast<std::int64_t>(xl.size()) / 36;
-    const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
-    net.zero_grad();
-    auto y = net.forward(rs, x);
-    auto sync = rs.overlap_gradients(small_buckets_4);
-    sync.add(net);
-    net.get<0>().on_backward = [](int id) {
-      if (id == 1) throw std::runtime_error("replica 1 gave up in backward");
-    };
-    net.backward(rs, y);
-    sync.wait();
-  }, xs, nets), std::runtime_error, [](const std::runtime_error& e) { return mentions(e, "replica 1 gave up in backward"); });
+  BOOST_CHECK_EXCEPTION(
+      s.run(
+          [&](dist::replica auto& r, const std::vector<float>& xl, small_net_type& net) {
+            using R = std::remove_cvref_t<decltype(r)>;
+            auto& log = logs[static_cast<std::size_t>(r.replica_id())];
+            dist::replica_context<typename R::device_type, split_phase_log<typename R::communicator_type>> rs{
+                r.device(), {r.communicator(), &log}};
+            const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+            const tensor<float> x{shape::nchw(n, 1, 6, 6), xl};
+            net.zero_grad();
+            auto y = net.forward(rs, x);
+            auto sync = rs.overlap_gradients(small_buckets_4);
+            sync.add(net);
+            net.get<0>().on_backward = [](int id) {
+              if (id == 1) throw std::runtime_error("replica 1 gave up in backward");
+            };
+            net.backward(rs, y);
+            sync.wait();
+          },
+          xs, nets),
+      std::runtime_error, [](const std::runtime_error& e) { return mentions(e, "replica 1 gave up in backward"); });
   BOOST_TEST(logs[1].back().starts_with("abandon "), "last entry of replica 1: " << logs[1].back());
   BOOST_TEST(count_of(logs[1], "wait") == 0u);
 }
@@ -670,15 +728,19 @@ BOOST_AUTO_TEST_CASE(compute_gradients_overlaps_the_last_micro_batch) {
       const auto data = data_for_step(1);
       auto xs = s.scatter(data.x, 36);
       auto ys = s.scatter(data.y, 18);
-      s.run([&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net) {
-        const auto n = static_cast<std::int64_t>(xl.size()) / 36;
-        const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
-        net.zero_grad();
-        nn::compute_gradients(r, net, x, y, [](auto&, const auto& p, const auto& t, std::int64_t b) { return nn::mse(p, t, b); },
-                              global_batch, {.micro_batches = parts, .overlap = overlap, .reduction = small_buckets});
-      }, xs, ys, nets);
+      s.run(
+          [&](dist::replica auto& r, const std::vector<float>& xl, const std::vector<float>& yl, net_type& net) {
+            const auto n = static_cast<std::int64_t>(xl.size()) / 36;
+            const tensor<float> x{shape::nchw(n, 1, 6, 6), xl}, y{shape::nchw(n, 2, 3, 3), yl};
+            net.zero_grad();
+            nn::compute_gradients(
+                r, net, x, y, [](auto&, const auto& p, const auto& t, std::int64_t b) { return nn::mse(p, t, b); },
+                global_batch, {.micro_batches = parts, .overlap = overlap, .reduction = small_buckets});
+          },
+          xs, ys, nets);
       std::vector<float> grads;
-      nets[0].for_each_parameter([&](std::span<float>, std::span<float> g) { grads.insert(grads.end(), g.begin(), g.end()); });
+      nets[0].for_each_parameter(
+          [&](std::span<float>, std::span<float> g) { grads.insert(grads.end(), g.begin(), g.end()); });
       results.push_back(grads);
     }
     BOOST_TEST((results[0] == results[1]), parts << " micro-batches");
@@ -688,11 +750,13 @@ BOOST_AUTO_TEST_CASE(compute_gradients_overlaps_the_last_micro_batch) {
 BOOST_AUTO_TEST_CASE(under_one_device_nothing_runs) {
   dist::one_device_strategy<> s;
   auto nets = s.mirror([](auto&) { return make_net(7); });
-  auto counts = s.run([](dist::replica auto& r, net_type& net) {
-    auto sync = r.overlap_gradients();
-    sync.add(net);
-    return std::pair{sync.started(), sync.wait()};
-  }, nets);
+  auto counts = s.run(
+      [](dist::replica auto& r, net_type& net) {
+        auto sync = r.overlap_gradients();
+        sync.add(net);
+        return std::pair{sync.started(), sync.wait()};
+      },
+      nets);
   BOOST_TEST(counts[0].first == 0u);
   BOOST_TEST(counts[0].second == 0u);
 }

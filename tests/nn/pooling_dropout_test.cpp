@@ -32,30 +32,78 @@ void check_close(std::span<const double> got, const std::vector<double>& expecte
   BOOST_TEST_REQUIRE(got.size() == expected.size(), what);
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double scale = std::max({std::abs(got[i]), std::abs(expected[i]), 1e-12});
-    BOOST_TEST(std::abs(got[i] - expected[i]) <= 1e-6 * scale, what << "[" << i << "]: " << got[i] << " against " << expected[i]);
+    BOOST_TEST(std::abs(got[i] - expected[i]) <= 1e-6 * scale,
+               what << "[" << i << "]: " << got[i] << " against " << expected[i]);
   }
 }
 
 // x = torch.arange(40, dtype=torch.float64).reshape(1, 2, 4, 5) * 0.1 - 1.45;
 // y = torch.nn.AvgPool2d(k, stride=s)(x); dy = torch.arange(y.numel()).reshape(y.shape) * 0.5 - 1.0;
 // y.backward(dy). The literals are PyTorch's (2.15) printed y and x.grad.
-const std::vector<double> pytorch_pool_k3_s1_y{-0.85, -0.75, -0.6499999999999999, -0.3499999999999999, -0.24999999999999994,
-                                               -0.1499999999999998, 1.15, 1.2500000000000002, 1.3500000000000003, 1.65,
-                                               1.7500000000000004, 1.8500000000000003};
-const std::vector<double> pytorch_pool_k3_s1_dx{
-    -0.1111111111111111, -0.16666666666666666, -0.16666666666666666, -0.05555555555555555, 0.0, -0.05555555555555555, 0.0,
-    0.16666666666666666, 0.2222222222222222, 0.16666666666666666, -0.05555555555555555, 0.0, 0.16666666666666666,
-    0.2222222222222222, 0.16666666666666666, 0.05555555555555555, 0.16666666666666666, 0.3333333333333333,
-    0.2777777777777778, 0.16666666666666666, 0.2222222222222222, 0.5, 0.8333333333333333, 0.6111111111111112,
-    0.3333333333333333, 0.6111111111111112, 1.3333333333333333, 2.1666666666666665, 1.5555555555555556,
-    0.8333333333333333, 0.6111111111111112, 1.3333333333333333, 2.1666666666666665, 1.5555555555555556,
-    0.8333333333333333, 0.3888888888888889, 0.8333333333333333, 1.3333333333333333, 0.9444444444444444, 0.5};
-const std::vector<double> pytorch_pool_k2_y{-1.15, -0.95, -0.1499999999999999, 0.050000000000000155,
-                                            0.8500000000000001, 1.0500000000000003, 1.85, 2.0500000000000003};
-const std::vector<double> pytorch_pool_k2_dx{
-    -0.25, -0.25, -0.125, -0.125, 0.0, -0.25, -0.25, -0.125, -0.125, 0.0, 0.0, 0.0, 0.125, 0.125,
-    0.0,   0.0,   0.0,    0.125,  0.125, 0.0, 0.25, 0.25, 0.375, 0.375, 0.0, 0.25, 0.25, 0.375,
-    0.375, 0.0,   0.5,    0.5,    0.625, 0.625, 0.0, 0.5, 0.5, 0.625, 0.625, 0.0};
+const std::vector<double> pytorch_pool_k3_s1_y{-0.85,
+                                               -0.75,
+                                               -0.6499999999999999,
+                                               -0.3499999999999999,
+                                               -0.24999999999999994,
+                                               -0.1499999999999998,
+                                               1.15,
+                                               1.2500000000000002,
+                                               1.3500000000000003,
+                                               1.65,
+                                               1.7500000000000004,
+                                               1.8500000000000003};
+const std::vector<double> pytorch_pool_k3_s1_dx{-0.1111111111111111,
+                                                -0.16666666666666666,
+                                                -0.16666666666666666,
+                                                -0.05555555555555555,
+                                                0.0,
+                                                -0.05555555555555555,
+                                                0.0,
+                                                0.16666666666666666,
+                                                0.2222222222222222,
+                                                0.16666666666666666,
+                                                -0.05555555555555555,
+                                                0.0,
+                                                0.16666666666666666,
+                                                0.2222222222222222,
+                                                0.16666666666666666,
+                                                0.05555555555555555,
+                                                0.16666666666666666,
+                                                0.3333333333333333,
+                                                0.2777777777777778,
+                                                0.16666666666666666,
+                                                0.2222222222222222,
+                                                0.5,
+                                                0.8333333333333333,
+                                                0.6111111111111112,
+                                                0.3333333333333333,
+                                                0.6111111111111112,
+                                                1.3333333333333333,
+                                                2.1666666666666665,
+                                                1.5555555555555556,
+                                                0.8333333333333333,
+                                                0.6111111111111112,
+                                                1.3333333333333333,
+                                                2.1666666666666665,
+                                                1.5555555555555556,
+                                                0.8333333333333333,
+                                                0.3888888888888889,
+                                                0.8333333333333333,
+                                                1.3333333333333333,
+                                                0.9444444444444444,
+                                                0.5};
+const std::vector<double> pytorch_pool_k2_y{-1.15,
+                                            -0.95,
+                                            -0.1499999999999999,
+                                            0.050000000000000155,
+                                            0.8500000000000001,
+                                            1.0500000000000003,
+                                            1.85,
+                                            2.0500000000000003};
+const std::vector<double> pytorch_pool_k2_dx{-0.25, -0.25, -0.125, -0.125, 0.0, -0.25, -0.25, -0.125, -0.125, 0.0,
+                                             0.0,   0.0,   0.125,  0.125,  0.0, 0.0,   0.0,   0.125,  0.125,  0.0,
+                                             0.25,  0.25,  0.375,  0.375,  0.0, 0.25,  0.25,  0.375,  0.375,  0.0,
+                                             0.5,   0.5,   0.625,  0.625,  0.0, 0.5,   0.5,   0.625,  0.625,  0.0};
 
 }  // namespace
 
@@ -65,7 +113,12 @@ BOOST_AUTO_TEST_CASE(avg_pool2d_matches_pytorch) {
   tensor<double> x{shape::nchw(1, 2, 4, 5)};
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i) * 0.1 - 1.45;
   auto r = nn::local();
-  struct row { std::int64_t kernel, stride; shape out; const std::vector<double>& y; const std::vector<double>& dx; };
+  struct row {
+    std::int64_t kernel, stride;
+    shape out;
+    const std::vector<double>& y;
+    const std::vector<double>& dx;
+  };
   for (const row& t : {row{3, 1, shape::nchw(1, 2, 2, 3), pytorch_pool_k3_s1_y, pytorch_pool_k3_s1_dx},
                        row{2, 0, shape::nchw(1, 2, 2, 2), pytorch_pool_k2_y, pytorch_pool_k2_dx}}) {
     nn::avg_pool2d<double> pool{{.kernel = t.kernel, .stride = t.stride}};
@@ -108,7 +161,8 @@ BOOST_AUTO_TEST_CASE(avg_pool2d_misuse_is_reported) {
   what = error_of([&] { pool.backward(r, tensor<float>{shape::nchw(1, 2, 3, 3)}); });
   BOOST_TEST(mentions(what, "backward got dy of shape (1, 2, 3, 3), expected (1, 2, 2, 2)"), what);
   what = error_of([] { nn::avg_pool2d<float>{{.kernel = 0}}; });
-  BOOST_TEST(mentions(what, "avg_pool2d {kernel 0, stride 0 (the kernel size)}: kernel is 0 but must be at least 1"), what);
+  BOOST_TEST(mentions(what, "avg_pool2d {kernel 0, stride 0 (the kernel size)}: kernel is 0 but must be at least 1"),
+             what);
   what = error_of([] { nn::avg_pool2d<float>{{.kernel = 2, .stride = -1}}; });
   BOOST_TEST(mentions(what, "stride is -1 but must be at least 1"), what);
 }

@@ -47,10 +47,11 @@ inline std::vector<float> input_values() {
 
 template <class D>
 auto make_net(compute_precision precision, D device) {
-  return nn::with_precision{nn::sequential{nn::conv2d<float, D>{{.in_channels = 1, .out_channels = 8, .kernel = 3, .padding = 1}, 1, device},
-                                           nn::relu<float, D>{},
-                                           nn::conv2d<float, D>{{.in_channels = 8, .out_channels = 1, .kernel = 3, .padding = 1}, 2, device}},
-                            precision};
+  return nn::with_precision{
+      nn::sequential{nn::conv2d<float, D>{{.in_channels = 1, .out_channels = 8, .kernel = 3, .padding = 1}, 1, device},
+                     nn::relu<float, D>{},
+                     nn::conv2d<float, D>{{.in_channels = 8, .out_channels = 1, .kernel = 3, .padding = 1}, 2, device}},
+      precision};
 }
 
 // Largest |a - b| over the largest |a|.

@@ -34,7 +34,8 @@ namespace {
 constexpr std::int64_t total_steps = 10;
 
 std::filesystem::path fresh_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("distribute_preemption_" + name + "_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("distribute_preemption_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   return dir;
 }
@@ -55,8 +56,8 @@ struct run_result {
 // One run of the training loop of tests/mpi/training.hpp under `S`, resumed from `dir` where it holds
 // a checkpoint, until total_steps or a preemption.
 template <class S>
-run_result run(S& s, const std::filesystem::path& dir, where signal_at, std::int64_t at, std::chrono::microseconds delay = {},
-               std::int64_t save_every = 0) {
+run_result run(S& s, const std::filesystem::path& dir, where signal_at, std::int64_t at,
+               std::chrono::microseconds delay = {}, std::int64_t save_every = 0) {
   auto nets = s.mirror([](auto&) { return dist::test::make_net(1234); });
   auto opts = s.mirror([](auto&) { return dist::optim::adam<float>{{.lr = 1e-2}}; });
   std::atomic<clock_type::rep> signalled{0};
@@ -67,7 +68,8 @@ run_result run(S& s, const std::filesystem::path& dir, where signal_at, std::int
   double longest_save = 0;
   std::int64_t saving_step = -1;
   dist::preemption_checkpoint handler{
-      s, dir,
+      s,
+      dir,
       [&](ckpt::archive& a) {
         const auto t0 = clock_type::now();
         if (signal_at == where::in_save && saving_step == at && signalled.load() == 0) raise_now();
@@ -88,7 +90,8 @@ run_result run(S& s, const std::filesystem::path& dir, where signal_at, std::int
   if (signal_at == where::random_moment)
     timer = std::jthread([&, delay](std::stop_token stop) {
       const auto until = clock_type::now() + delay;
-      while (!stop.stop_requested() && clock_type::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      while (!stop.stop_requested() && clock_type::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
       if (!stop.stop_requested()) raise_now();
     });
   for (std::int64_t step = handler.first_step(); step < total_steps; ++step) {
@@ -143,15 +146,17 @@ void every_point_of_a_run(S& first_strategy, S& second_strategy, const char* nam
     std::int64_t step;
     std::int64_t save_every;
   };
-  const std::vector<trial> trials{{where::in_step, 3, 0},       {where::in_collective, 5, 0}, {where::between_steps, 0, 0},
-                                  {where::in_save, 5, 3},       {where::in_step, 9, 0},       {where::random_moment, 0, 0},
-                                  {where::random_moment, 0, 4}};
+  const std::vector<trial> trials{
+      {where::in_step, 3, 0}, {where::in_collective, 5, 0}, {where::between_steps, 0, 0}, {where::in_save, 5, 3},
+      {where::in_step, 9, 0}, {where::random_moment, 0, 0}, {where::random_moment, 0, 4}};
   int n = 0;
   for (const auto& t : trials) {
     const auto dir = fresh_dir(std::string(name) + "_" + std::to_string(n++));
-    const auto delay = std::chrono::microseconds(static_cast<std::int64_t>(1e6 * run_s * std::uniform_real_distribution<>(0.1, 0.7)(pick)));
+    const auto delay = std::chrono::microseconds(
+        static_cast<std::int64_t>(1e6 * run_s * std::uniform_real_distribution<>(0.1, 0.7)(pick)));
     const auto first = run(first_strategy, dir, t.at, t.step, delay, t.save_every);
-    const std::string what = std::string(name) + " trial " + std::to_string(n) + ", signal at step " + std::to_string(t.step);
+    const std::string what =
+        std::string(name) + " trial " + std::to_string(n) + ", signal at step " + std::to_string(t.step);
     BOOST_TEST_REQUIRE(first.preempted, what);
     // (A signal during the save after step k is seen at the next boundary: after step k + 1.)
     if (t.at == where::in_save) BOOST_TEST(first.stopped_at == t.step + 1, what);
@@ -161,15 +166,17 @@ void every_point_of_a_run(S& first_strategy, S& second_strategy, const char* nam
     // From the signal to the stop: the rest of the step it landed in, and one checkpoint write.
     const double bound = 1.5 * (reference.longest_step_s + first.longest_save_s) + 0.05;
     BOOST_TEST_MESSAGE(what << ": stopped after step " << first.stopped_at << ", " << 1e3 * first.signal_to_stop_s
-                            << " ms after the signal (a step takes up to " << 1e3 * reference.longest_step_s << " ms, a save "
-                            << 1e3 * first.longest_save_s << " ms)");
-    BOOST_TEST(first.signal_to_stop_s <= bound, what << ": " << first.signal_to_stop_s << " s from the signal to the stop");
+                            << " ms after the signal (a step takes up to " << 1e3 * reference.longest_step_s
+                            << " ms, a save " << 1e3 * first.longest_save_s << " ms)");
+    BOOST_TEST(first.signal_to_stop_s <= bound,
+               what << ": " << first.signal_to_stop_s << " s from the signal to the stop");
     // The restart: from the step after the one it stopped at, to the end, with the same bits.
     const auto second = run(second_strategy, dir, where::none, -1);
     BOOST_TEST(!second.preempted);
     BOOST_TEST(second.first_step == first.stopped_at + 1, what);
     BOOST_TEST(first.steps_run + second.steps_run == total_steps, what << ": no step lost or repeated");
-    BOOST_TEST((second.parameters == reference.parameters), what << ": the resumed run's parameters are the uninterrupted run's");
+    BOOST_TEST((second.parameters == reference.parameters),
+               what << ": the resumed run's parameters are the uninterrupted run's");
     std::filesystem::remove_all(dir);
   }
   std::filesystem::remove_all(reference_dir);
@@ -249,7 +256,8 @@ BOOST_AUTO_TEST_CASE(without_a_signal_nothing_stops_and_the_options_are_checked)
   }
   BOOST_CHECK_THROW((dist::preemption_checkpoint{s, dir, nothing, ignore, {.save_every = -1}}), std::invalid_argument);
   BOOST_CHECK_THROW((dist::preemption_checkpoint{s, dir, {}, ignore}), std::invalid_argument);
-  BOOST_CHECK_THROW((dist::preemption_checkpoint{s, dir, nothing, ignore, {.signals = {SIGKILL}}}), std::invalid_argument);
+  BOOST_CHECK_THROW((dist::preemption_checkpoint{s, dir, nothing, ignore, {.signals = {SIGKILL}}}),
+                    std::invalid_argument);
   // A directory whose every checkpoint is damaged is an error, not a fresh start.
   for (const auto& [step, file] : d.steps()) std::filesystem::resize_file(file, 10);
   BOOST_CHECK_THROW((dist::preemption_checkpoint{s, dir, nothing, ignore}), ckpt::no_loadable_checkpoint);

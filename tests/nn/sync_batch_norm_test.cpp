@@ -59,7 +59,7 @@ std::vector<replica_result> run_replicas(const std::vector<std::int64_t>& counts
   return {results.begin(), results.end()};
 }
 
-std::vector<double> concat(const std::vector<replica_result>& rs, std::vector<double> replica_result::*field) {
+std::vector<double> concat(const std::vector<replica_result>& rs, std::vector<double> replica_result::* field) {
   std::vector<double> v;
   for (const auto& r : rs) v.insert(v.end(), (r.*field).begin(), (r.*field).end());
   return v;
@@ -176,7 +176,8 @@ BOOST_AUTO_TEST_CASE(eval_mode_uses_running_statistics_and_does_not_communicate)
       for (std::int64_t i = 0; i < height; ++i)
         for (std::int64_t j = 0; j < width; ++j) {
           const auto cc = static_cast<std::size_t>(c);
-          const double expected = bn.gamma().value[cc] * (x(e, c, i, j) - mean[cc]) / std::sqrt(var[cc] + 1e-5) + bn.beta().value[cc];
+          const double expected =
+              bn.gamma().value[cc] * (x(e, c, i, j) - mean[cc]) / std::sqrt(var[cc] + 1e-5) + bn.beta().value[cc];
           worst = std::max(worst, std::abs(y(e, c, i, j) - expected));
         }
   BOOST_TEST(worst < 1e-12);

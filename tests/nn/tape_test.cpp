@@ -38,9 +38,11 @@ struct unet {
   nn::leaky_relu<T> a2;
   nn::conv2d<T> e3{{.in_channels = 4, .out_channels = 4, .kernel = 4, .stride = 2, .padding = 1}, 13};
   nn::leaky_relu<T> a3;
-  nn::conv_transpose2d<T> d3{{.in_channels = 4, .out_channels = 4, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0}, 14};
+  nn::conv_transpose2d<T> d3{
+      {.in_channels = 4, .out_channels = 4, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0}, 14};
   nn::leaky_relu<T> a4;
-  nn::conv_transpose2d<T> d2{{.in_channels = 8, .out_channels = 3, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0}, 15};
+  nn::conv_transpose2d<T> d2{
+      {.in_channels = 8, .out_channels = 3, .kernel = 4, .stride = 2, .padding = 1, .output_padding = 0}, 15};
   nn::leaky_relu<T> a5;
   nn::conv2d<T> out{{.in_channels = 6, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, 16};
   nn::tanh<T> th;
@@ -95,14 +97,16 @@ struct unet {
 // G: x -> conv -> tanh; D(condition, image): concat -> conv s2 -> sync batch norm -> leaky relu -> conv.
 template <class T>
 auto make_generator(std::uint64_t seed) {
-  return nn::sequential{nn::conv2d<T>{{.in_channels = 1, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, seed},
-                        nn::tanh<T>{}};
+  return nn::sequential{
+      nn::conv2d<T>{{.in_channels = 1, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, seed},
+      nn::tanh<T>{}};
 }
 template <class T>
 auto make_discriminator(std::uint64_t seed) {
-  return nn::sequential{nn::conv2d<T>{{.in_channels = 2, .out_channels = 4, .kernel = 4, .stride = 2, .padding = 1}, seed},
-                        nn::sync_batch_norm<T>{{.channels = 4}, seed + 1}, nn::leaky_relu<T>{},
-                        nn::conv2d<T>{{.in_channels = 4, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, seed + 2}};
+  return nn::sequential{
+      nn::conv2d<T>{{.in_channels = 2, .out_channels = 4, .kernel = 4, .stride = 2, .padding = 1}, seed},
+      nn::sync_batch_norm<T>{{.channels = 4}, seed + 1}, nn::leaky_relu<T>{},
+      nn::conv2d<T>{{.in_channels = 4, .out_channels = 1, .kernel = 3, .stride = 1, .padding = 1}, seed + 2}};
 }
 
 // Parameters drawn U(-0.15, 0.15), biases included: activations of order one, so that no finite
@@ -140,9 +144,13 @@ inline double finite_difference_error(const std::function<double()>& objective, 
 struct state_inside : nn::detail::stateless {
   using scalar_type = float;
   template <class R>
-  tensor<float> forward(R&, const tensor<float>& v) { return v; }
+  tensor<float> forward(R&, const tensor<float>& v) {
+    return v;
+  }
   template <class R>
-  tensor<float> backward(R&, const tensor<float>& dy) { return dy; }
+  tensor<float> backward(R&, const tensor<float>& dy) {
+    return dy;
+  }
 };
 
 }  // namespace
@@ -158,7 +166,8 @@ BOOST_AUTO_TEST_CASE(a_second_backward_without_a_forward_names_the_layer) {
   const std::string what = error_of([&] { conv.backward(r, y); });
   BOOST_TEST(mentions(what, "conv2d::backward called with no forward since its last backward"), what);
   BOOST_CHECK_THROW(conv.backward(r, y), nn::forward_state_error);
-  BOOST_TEST(mentions(error_of([&] { nn::relu<float>{}.backward(r, y); }), "relu::backward called without a forward pass"));
+  BOOST_TEST(
+      mentions(error_of([&] { nn::relu<float>{}.backward(r, y); }), "relu::backward called without a forward pass"));
 }
 
 // PyTorch's order, D(fake); D(real); backward; backward: the second backward fails, saying why,
@@ -166,7 +175,8 @@ BOOST_AUTO_TEST_CASE(a_second_backward_without_a_forward_names_the_layer) {
 BOOST_AUTO_TEST_CASE(two_forwards_then_two_backwards_is_an_error_naming_the_layer) {
   auto r = nn::local();
   auto d = make_discriminator<float>(3);
-  const auto fake = random_tensor<float>(shape::nchw(2, 2, 8, 8), 2), real = random_tensor<float>(shape::nchw(2, 2, 8, 8), 3);
+  const auto fake = random_tensor<float>(shape::nchw(2, 2, 8, 8), 2),
+             real = random_tensor<float>(shape::nchw(2, 2, 8, 8), 3);
   const auto sf = d.forward(r, fake);
   const auto sr = d.forward(r, real);
   d.backward(r, sf);
@@ -184,7 +194,8 @@ BOOST_AUTO_TEST_CASE(two_forwards_then_two_backwards_is_an_error_naming_the_laye
 
 BOOST_AUTO_TEST_CASE(a_state_serves_one_backward_of_its_own_layer) {
   auto r = nn::local();
-  nn::conv2d<float> a{{.in_channels = 1, .out_channels = 1, .padding = 1}, 1}, b{{.in_channels = 1, .out_channels = 1, .padding = 1}, 2};
+  nn::conv2d<float> a{{.in_channels = 1, .out_channels = 1, .padding = 1}, 1},
+      b{{.in_channels = 1, .out_channels = 1, .padding = 1}, 2};
   const auto x = random_tensor<float>(shape::nchw(1, 1, 4, 4), 4);
   decltype(a)::state_type sa, never;
   const auto y = a.forward(r, x, sa);
@@ -199,7 +210,8 @@ BOOST_AUTO_TEST_CASE(a_state_serves_one_backward_of_its_own_layer) {
   decltype(bn)::state_type sb;
   (void)bn.forward(r, x, sb);
   bn.backward(r, sb, x);
-  BOOST_TEST(mentions(error_of([&] { bn.backward(r, sb, x); }), "batch_norm::backward got the state of its forward 1 a second time"));
+  BOOST_TEST(mentions(error_of([&] { bn.backward(r, sb, x); }),
+                      "batch_norm::backward got the state of its forward 1 a second time"));
 }
 
 // D on fake and on real, each with its state, then both backwards: the gradients of the interleaved
@@ -208,8 +220,10 @@ BOOST_AUTO_TEST_CASE(two_applications_before_the_backwards_equal_interleaved_cal
   auto r = nn::local();
   auto interleaved = make_discriminator<float>(5);
   auto held = make_discriminator<float>(5);
-  const auto fake = random_tensor<float>(shape::nchw(3, 2, 8, 8), 6), real = random_tensor<float>(shape::nchw(3, 2, 8, 8), 7);
-  const auto gf = random_tensor<float>(shape::nchw(3, 1, 4, 4), 8), gr = random_tensor<float>(shape::nchw(3, 1, 4, 4), 9);
+  const auto fake = random_tensor<float>(shape::nchw(3, 2, 8, 8), 6),
+             real = random_tensor<float>(shape::nchw(3, 2, 8, 8), 7);
+  const auto gf = random_tensor<float>(shape::nchw(3, 1, 4, 4), 8),
+             gr = random_tensor<float>(shape::nchw(3, 1, 4, 4), 9);
 
   interleaved.forward(r, fake);
   const auto dfake_1 = interleaved.backward(r, gf);
@@ -260,7 +274,9 @@ BOOST_AUTO_TEST_CASE(shape_errors_name_both_shapes) {
   auto r = nn::local();
   const tensor<float> a{shape::nchw(2, 1, 4, 4)}, b{shape::nchw(2, 1, 5, 4)}, c{shape::nchw(3, 1, 4, 4)};
   std::string what = error_of([&] { nn::concat(r, a, b); });
-  BOOST_TEST(mentions(what, "concat along the channels of a tensor of shape (2, 1, 4, 4) and one of shape (2, 1, 5, 4)"), what);
+  BOOST_TEST(
+      mentions(what, "concat along the channels of a tensor of shape (2, 1, 4, 4) and one of shape (2, 1, 5, 4)"),
+      what);
   BOOST_TEST(mentions(error_of([&] { nn::concat(r, a, c); }), "(3, 1, 4, 4)"));
   what = error_of([&] { nn::add(r, a, c); });
   BOOST_TEST(mentions(what, "add of a tensor of shape (2, 1, 4, 4) and one of shape (3, 1, 4, 4)"), what);
@@ -300,7 +316,8 @@ BOOST_AUTO_TEST_CASE(a_unet_with_two_skips_matches_finite_differences) {
   net.for_each_parameter([&](std::span<double> v, std::span<double>) { values.push_back(v); });
   std::size_t offset = 0;
   for (std::size_t p = 0; p < values.size(); ++p) {
-    const double e = finite_difference_error(objective, values[p], std::span<const double>(analytic).subspan(offset, values[p].size()));
+    const double e = finite_difference_error(objective, values[p],
+                                             std::span<const double>(analytic).subspan(offset, values[p].size()));
     BOOST_TEST(e < 1e-5, "parameter " << p << ": relative error " << e);
     offset += values[p].size();
   }
@@ -349,7 +366,8 @@ BOOST_AUTO_TEST_CASE(g_through_a_frozen_d_matches_finite_differences) {
   gen.for_each_parameter([&](std::span<double> v, std::span<double>) { values.push_back(v); });
   std::size_t offset = 0;
   for (auto v : values) {
-    BOOST_TEST(finite_difference_error(objective, v, std::span<const double>(analytic).subspan(offset, v.size())) < 1e-5);
+    BOOST_TEST(finite_difference_error(objective, v, std::span<const double>(analytic).subspan(offset, v.size())) <
+               1e-5);
     offset += v.size();
   }
 }
@@ -378,7 +396,8 @@ BOOST_AUTO_TEST_CASE(equals_the_hand_wired_unet_bit_for_bit) {
 BOOST_AUTO_TEST_CASE(a_layer_applied_twice_on_a_tape_equals_interleaved_calls) {
   auto r = nn::local();
   auto taped = make_discriminator<float>(51), wired = make_discriminator<float>(51);
-  const auto fake = random_tensor<float>(shape::nchw(2, 2, 8, 8), 52), real = random_tensor<float>(shape::nchw(2, 2, 8, 8), 53);
+  const auto fake = random_tensor<float>(shape::nchw(2, 2, 8, 8), 52),
+             real = random_tensor<float>(shape::nchw(2, 2, 8, 8), 53);
   tensor<float> zeros{shape::nchw(2, 1, 4, 4)}, ones{shape::nchw(2, 1, 4, 4)};
   ones.fill(1.0f);
   taped.zero_grad();
@@ -386,7 +405,8 @@ BOOST_AUTO_TEST_CASE(a_layer_applied_twice_on_a_tape_equals_interleaved_calls) {
   nn::tape t{r};
   const auto f = t.stop_gradient(t.watch(fake));
   const auto on_fake = t.loss(t(taped, f), [&](const tensor<float>& s) { return nn::mse(r, s, zeros, 4); });
-  const auto on_real = t.loss(t(taped, t.constant(real)), [&](const tensor<float>& s) { return nn::mse(r, s, ones, 4); });
+  const auto on_real =
+      t.loss(t(taped, t.constant(real)), [&](const tensor<float>& s) { return nn::mse(r, s, ones, 4); });
   t.backward();
 
   const auto lf = nn::mse(r, wired.forward(r, fake), zeros, 4);
@@ -450,10 +470,15 @@ std::vector<float> train_pix2pix(S& s, bool overlap, int steps = 2) {
           const auto cond = t.constant(x);
           const auto fake = t(g, cond);
           t.loss(fake, [&](const tensor<float>& v) { return nn::l1(r, v, y, batch); }, 100.0f);
-          t.loss(t(d, t.concat(cond, fake), nn::frozen), [&](const tensor<float>& v) { return nn::mse(r, v, ones, batch); });
+          t.loss(t(d, t.concat(cond, fake), nn::frozen),
+                 [&](const tensor<float>& v) { return nn::mse(r, v, ones, batch); });
           const auto detached = t.stop_gradient(fake);
-          t.loss(t(d, t.concat(cond, detached)), [&](const tensor<float>& v) { return nn::mse(r, v, zeros, batch); }, 0.5f);
-          t.loss(t(d, t.concat(cond, t.constant(y))), [&](const tensor<float>& v) { return nn::mse(r, v, ones, batch); }, 0.5f);
+          t.loss(
+              t(d, t.concat(cond, detached)), [&](const tensor<float>& v) { return nn::mse(r, v, zeros, batch); },
+              0.5f);
+          t.loss(
+              t(d, t.concat(cond, t.constant(y))), [&](const tensor<float>& v) { return nn::mse(r, v, ones, batch); },
+              0.5f);
           if (overlap) {
             auto sync = r.overlap_gradients();
             sync.add(g);

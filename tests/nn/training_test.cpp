@@ -82,7 +82,8 @@ device_traffic& traffic() {
 template <class T>
 class distribute::tensor<T, host_memory_device> {
  public:
-  tensor(dist::shape s, host_memory_device d) : device_{d}, size_{static_cast<std::size_t>(s.numel())}, data_{new T[size_]()} {
+  tensor(dist::shape s, host_memory_device d)
+      : device_{d}, size_{static_cast<std::size_t>(s.numel())}, data_{new T[size_]()} {
     device_buffers().emplace(data_.get(), device_);
   }
   static tensor from_host(dist::shape s, std::span<const T> values, host_memory_device d) {
@@ -178,7 +179,8 @@ bool same_bits(const flat_model<float>& a, const flat_model<float>& b) {
       return false;
   return true;
 }
-const char* const mismatch_message = "distribute: optimiser state does not match the model (parameter 0 has 4 elements)";
+const char* const mismatch_message =
+    "distribute: optimiser state does not match the model (parameter 0 has 4 elements)";
 
 }  // namespace
 
@@ -234,7 +236,8 @@ BOOST_AUTO_TEST_CASE(sgd_with_momentum_matches_a_hand_computed_reference) {
 BOOST_AUTO_TEST_CASE(state_round_trips_bit_for_bit) {
   auto run = [](auto& opt, flat_model<float>& model, int from, int to) {
     for (int t = from; t < to; ++t) {
-      for (std::size_t i = 0; i < model.grads[0].size(); ++i) model.grads[0][i] = std::sin(static_cast<float>(t * 7 + static_cast<int>(i)));
+      for (std::size_t i = 0; i < model.grads[0].size(); ++i)
+        model.grads[0][i] = std::sin(static_cast<float>(t * 7 + static_cast<int>(i)));
       opt.step(model);
     }
   };
@@ -398,7 +401,8 @@ BOOST_AUTO_TEST_CASE(copies_are_deep_and_step_as_the_source) {
 BOOST_AUTO_TEST_CASE(state_follows_the_model_to_its_device) {
   const host_memory_device gpu0{0, 1}, gpu1{1, 2}, gpu0_other_stream{0, 3};
   auto live_on = [](const host_memory_device& d) {
-    return std::count_if(device_buffers().begin(), device_buffers().end(), [&](const auto& kv) { return kv.second == d; });
+    return std::count_if(device_buffers().begin(), device_buffers().end(),
+                         [&](const auto& kv) { return kv.second == d; });
   };
   flat_model<float> reference({4, 1, 7}), model = reference;
   optim::adam<float> cpu_adam{{.lr = 0.02, .weight_decay = 1e-2}}, dev_adam{cpu_adam.options()};
@@ -415,10 +419,12 @@ BOOST_AUTO_TEST_CASE(state_follows_the_model_to_its_device) {
     }
   };
   // A fresh state: uploaded on the first step, two moments of three parameters plus a velocity.
-  step_both([&] {
-    dev_adam.step(r0, model);
-    dev_sgd.step(r0, model);
-  }, 3);
+  step_both(
+      [&] {
+        dev_adam.step(r0, model);
+        dev_sgd.step(r0, model);
+      },
+      3);
   BOOST_TEST(same_bits(reference, model));
   BOOST_TEST(live_on(gpu0) == 9);
   BOOST_TEST(r0.e.state_checks == 3 * (2 * 3 + 3));
@@ -429,17 +435,21 @@ BOOST_AUTO_TEST_CASE(state_follows_the_model_to_its_device) {
   BOOST_TEST(dev_sgd.state_digest() == cpu_sgd.state_digest());
 
   // A step on the calling thread brings the state back to the host.
-  step_both([&] {
-    dev_adam.step(model);
-    dev_sgd.step(model);
-  }, 1);
+  step_both(
+      [&] {
+        dev_adam.step(model);
+        dev_sgd.step(model);
+      },
+      1);
   BOOST_TEST(same_bits(reference, model));
   BOOST_TEST(live_on(gpu0) == 0);
   // And the next device step uploads it again.
-  step_both([&] {
-    dev_adam.step(r0, model);
-    dev_sgd.step(r0, model);
-  }, 2);
+  step_both(
+      [&] {
+        dev_adam.step(r0, model);
+        dev_sgd.step(r0, model);
+      },
+      2);
   BOOST_TEST(same_bits(reference, model));
   BOOST_TEST(live_on(gpu0) == 9);
 
@@ -477,10 +487,12 @@ BOOST_AUTO_TEST_CASE(state_follows_the_model_to_its_device) {
   // stream, moves there (through the host), and the bits stay the CPU run's.
   for (const auto& target : {gpu1, gpu0_other_stream, gpu0}) {
     host_memory_replica rt{target};
-    step_both([&] {
-      dev_adam.step(rt, model);
-      dev_sgd.step(rt, model);
-    }, 1);
+    step_both(
+        [&] {
+          dev_adam.step(rt, model);
+          dev_sgd.step(rt, model);
+        },
+        1);
     BOOST_TEST(same_bits(reference, model));
     BOOST_TEST(live_on(target) == 9);
     BOOST_TEST(device_buffers().size() == 9u);  // and nowhere else
@@ -559,11 +571,13 @@ BOOST_AUTO_TEST_CASE(state_follows_the_model_to_its_device) {
 BOOST_AUTO_TEST_CASE(capturable_optimisers_step_as_the_default_form) {
   const host_memory_device gpu0{0, 1};
   auto live_on = [&] {
-    return std::count_if(device_buffers().begin(), device_buffers().end(), [&](const auto& kv) { return kv.second == gpu0; });
+    return std::count_if(device_buffers().begin(), device_buffers().end(),
+                         [&](const auto& kv) { return kv.second == gpu0; });
   };
   const optim::adam_options ao{.lr = 0.02, .weight_decay = 1e-2};
   const optim::sgd_options so{.lr = 0.03, .momentum = 0.5};
-  optim::adam<float> adam{ao}, host_adam{{.lr = 0.02, .weight_decay = 1e-2, .capturable = true}}, dev_adam{host_adam.options()};
+  optim::adam<float> adam{ao}, host_adam{{.lr = 0.02, .weight_decay = 1e-2, .capturable = true}},
+      dev_adam{host_adam.options()};
   optim::sgd<float> sgd{so}, host_sgd{{.lr = 0.03, .momentum = 0.5, .capturable = true}}, dev_sgd{host_sgd.options()};
   flat_model<float> reference({4, 1, 7}), on_host = reference, on_device = reference;
   host_memory_replica r0{gpu0};
@@ -642,7 +656,9 @@ BOOST_AUTO_TEST_SUITE(gradients)
 BOOST_AUTO_TEST_CASE(fused_buckets_sum_every_gradient) {
   // Sizes in floats: 1000 (4000 B), 10, 3000 (12000 B), 0 (skipped), 500.
   const std::vector<std::size_t> sizes{1000, 10, 3000, 0, 500};
-  struct row { std::size_t bucket_bytes, collectives; };
+  struct row {
+    std::size_t bucket_bytes, collectives;
+  };
   for (const row t : {row{std::size_t{25} << 20, 1}, row{0, 4}, row{4040, 3}, row{16000, 2}}) {
     for (auto op : {dist::reduce_op::sum, dist::reduce_op::mean}) {
       dist::mirrored_strategy<> s{dist::cpu_replicas(3)};
@@ -651,7 +667,8 @@ BOOST_AUTO_TEST_CASE(fused_buckets_sum_every_gradient) {
           [&](dist::replica auto& r, flat_model<float>& m) {
             for (std::size_t p = 0; p < m.grads.size(); ++p)
               for (std::size_t i = 0; i < m.grads[p].size(); ++i)
-                m.grads[p][i] = static_cast<float>((r.replica_id() + 1) * (static_cast<int>(p) + 1)) + static_cast<float>(i % 7);
+                m.grads[p][i] =
+                    static_cast<float>((r.replica_id() + 1) * (static_cast<int>(p) + 1)) + static_cast<float>(i % 7);
             return r.all_reduce_gradients(m, {.op = op, .bucket_bytes = t.bucket_bytes});
           },
           models);
@@ -690,10 +707,16 @@ constexpr std::int64_t global_batch = 12, in_size = 1 * 6 * 6, out_size = 2 * 3 
 template <template <class> class Norm>
 auto make_net(std::uint64_t seed) {
   return nn::sequential{
-      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false}, seed},
+      nn::conv2d<float>{{.in_channels = 1, .out_channels = 4, .kernel = 3, .stride = 1, .padding = 1, .bias = false},
+                        seed},
       Norm<float>{{.channels = 4}, seed + 1}, nn::relu<float>{},
-      nn::conv2d<float>{{.in_channels = 4, .out_channels = 2, .kernel = 3, .stride = 2, .padding = 1,
-                         .pad_mode = nn::padding_mode::reflect}, seed + 2},
+      nn::conv2d<float>{{.in_channels = 4,
+                         .out_channels = 2,
+                         .kernel = 3,
+                         .stride = 2,
+                         .padding = 1,
+                         .pad_mode = nn::padding_mode::reflect},
+                        seed + 2},
       nn::tanh<float>{}};
 }
 
@@ -760,7 +783,8 @@ std::vector<std::vector<float>> train(S& s, scaling how = scaling::global, int s
   std::vector<std::vector<std::vector<float>>> per_replica;
   for (auto& net : nets) {
     per_replica.emplace_back();
-    net.for_each_parameter([&](std::span<float> v, std::span<float>) { per_replica.back().emplace_back(v.begin(), v.end()); });
+    net.for_each_parameter(
+        [&](std::span<float> v, std::span<float>) { per_replica.back().emplace_back(v.begin(), v.end()); });
   }
   for (std::size_t q = 1; q < per_replica.size(); ++q)
     BOOST_TEST((per_replica[q] == per_replica[0]), "replica " << q << " drifted from replica 0");
@@ -860,9 +884,11 @@ BOOST_AUTO_TEST_CASE(verify_mirrored_sees_diverged_running_statistics) {
   const auto data = make_data();
   const auto xs = s.scatter(data.x, in_size);
   auto forward = [&](auto& models) {
-    s.run([](dist::replica auto& r, const std::vector<float>& xl, auto& m) {
-      (void)m.forward(r, tensor<float>{shape::nchw(static_cast<std::int64_t>(xl.size()) / in_size, 1, 6, 6), xl});
-    }, xs, models);
+    s.run(
+        [](dist::replica auto& r, const std::vector<float>& xl, auto& m) {
+          (void)m.forward(r, tensor<float>{shape::nchw(static_cast<std::int64_t>(xl.size()) / in_size, 1, 6, 6), xl});
+        },
+        xs, models);
   };
   forward(nets);
   for (auto& net : nets) BOOST_TEST(nn::parameter_digest(net) == nn::parameter_digest(nets[0]));

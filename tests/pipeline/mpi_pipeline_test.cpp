@@ -4,7 +4,7 @@
 
 #define BOOST_TEST_MODULE distribute_pipeline_mpi
 #ifndef BOOST_TEST_DYN_LINK
-#define BOOST_TEST_DYN_LINK
+#  define BOOST_TEST_DYN_LINK
 #endif
 #include <boost/test/unit_test.hpp>
 
@@ -92,8 +92,9 @@ BOOST_AUTO_TEST_CASE(the_hybrid_of_2_stages_x_2_copies_across_workers_is_one_dev
   for (auto schedule : {pipeline_schedule::gpipe, pipeline_schedule::one_f_one_b}) {
     const auto got = run_on_workers<2>(s, 2, 8, 3, {.micro_batches = 2, .schedule = schedule});
     const int stage = s.worker_index() % 2;
-    BOOST_TEST(pt::max_relative_difference(got.parameters[0], expected.parameters[static_cast<std::size_t>(stage)]) < 1e-5,
-               "worker " << s.worker_index());
+    BOOST_TEST(
+        pt::max_relative_difference(got.parameters[0], expected.parameters[static_cast<std::size_t>(stage)]) < 1e-5,
+        "worker " << s.worker_index());
     // The copies of a stage hold the same bits.
     auto mine = got.parameters[0];
     auto other = mine;

@@ -97,7 +97,8 @@ BOOST_AUTO_TEST_CASE(a_pipelined_step_is_one_device_over_the_whole_batch_bit_for
     const auto expected = pt::one_device_run(stages, batch, steps);
     for (auto schedule : {pipeline_schedule::gpipe, pipeline_schedule::one_f_one_b}) {
       for (int m : {1, 3, 8, 11}) {
-        const auto got = pt::pipelined_run(stages, /*copies=*/1, batch, steps, {.micro_batches = m, .schedule = schedule});
+        const auto got =
+            pt::pipelined_run(stages, /*copies=*/1, batch, steps, {.micro_batches = m, .schedule = schedule});
         const std::string what = std::to_string(stages) + " stages, " + dist::to_string(schedule) + ", " +
                                  std::to_string(m) + " micro-batches";
         BOOST_TEST_REQUIRE(got.parameters.size() == expected.parameters.size(), what);
@@ -114,7 +115,8 @@ BOOST_AUTO_TEST_CASE(under_one_device_the_pipeline_is_the_plain_step) {
   const auto expected = pt::one_device_run(3, 6, 2);
   for (int m : {1, 4}) {
     const auto got = pt::one_device_pipelined_run(3, 6, 2, {.micro_batches = m});
-    for (std::size_t k = 0; k < got.parameters.size(); ++k) BOOST_TEST_REQUIRE(pt::bit_equal(got.parameters[k], expected.parameters[k]));
+    for (std::size_t k = 0; k < got.parameters.size(); ++k)
+      BOOST_TEST_REQUIRE(pt::bit_equal(got.parameters[k], expected.parameters[k]));
   }
 }
 
@@ -228,7 +230,8 @@ BOOST_AUTO_TEST_CASE(a_placement_that_does_not_fit_the_replicas_is_refused) {
     auto model = pt::make_pipeline<2>(s, {.copies = 1});
     BOOST_FAIL("no error");
   } catch (const std::invalid_argument& e) {
-    BOOST_TEST(std::string(e.what()).find("2 stages x 1 copies needs 2 replicas (or 1, each holding every stage); the strategy has 3") !=
+    BOOST_TEST(std::string(e.what()).find(
+                   "2 stages x 1 copies needs 2 replicas (or 1, each holding every stage); the strategy has 3") !=
                    std::string::npos,
                e.what());
   }

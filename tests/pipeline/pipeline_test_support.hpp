@@ -52,11 +52,17 @@ class test_stage {
   test_stage(int index, const fault* f = nullptr)
       : index_{index},
         fault_{f},
-        inner_{nn::conv2d<float>({.in_channels = channels, .out_channels = channels, .kernel = 3, .stride = 1,
-                                  .padding = 1, .pad_mode = nn::padding_mode::reflect, .bias = false},
-                                 1000 + static_cast<std::uint64_t>(index)),
-               nn::instance_norm<float>({.channels = channels, .affine = true}, 2000 + static_cast<std::uint64_t>(index)),
-               nn::leaky_relu<float>()} {}
+        inner_{
+            nn::conv2d<float>({.in_channels = channels,
+                               .out_channels = channels,
+                               .kernel = 3,
+                               .stride = 1,
+                               .padding = 1,
+                               .pad_mode = nn::padding_mode::reflect,
+                               .bias = false},
+                              1000 + static_cast<std::uint64_t>(index)),
+            nn::instance_norm<float>({.channels = channels, .affine = true}, 2000 + static_cast<std::uint64_t>(index)),
+            nn::leaky_relu<float>()} {}
 
   template <class R>
   tensor_type forward(R& r, const tensor_type& x) {
@@ -104,13 +110,15 @@ struct mse_loss {
 inline tensor<float> inputs(std::int64_t n, int step, std::int64_t first = 0) {
   tensor<float> t{shape::nchw(n, channels, side, side)};
   for (std::size_t i = 0; i < t.size(); ++i)
-    t[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i + static_cast<std::size_t>(first) * t.size() / std::max<std::int64_t>(n, 1)) +
-                                       static_cast<double>(step)));
+    t[i] = static_cast<float>(std::sin(
+        0.37 * static_cast<double>(i + static_cast<std::size_t>(first) * t.size() / std::max<std::int64_t>(n, 1)) +
+        static_cast<double>(step)));
   return t;
 }
 inline tensor<float> targets(std::int64_t n, int step) {
   tensor<float> t{shape::nchw(n, channels, side, side)};
-  for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<float>(0.5 * std::cos(0.11 * static_cast<double>(i) - step));
+  for (std::size_t i = 0; i < t.size(); ++i)
+    t[i] = static_cast<float>(0.5 * std::cos(0.11 * static_cast<double>(i) - step));
   return t;
 }
 
@@ -119,7 +127,7 @@ inline compute_options reference_engine(bool reference = true) {
 }
 
 inline mirrored_strategy<> reference_strategy(int n, std::chrono::milliseconds timeout = std::chrono::minutes(1),
-                                               bool reference = true) {
+                                              bool reference = true) {
   mirrored_strategy<> s(cpu_replicas(n), collective_options{.timeout = timeout});
   s.set_compute_options(reference_engine(reference));
   return s;
@@ -156,7 +164,8 @@ inline double max_relative_difference(const std::vector<float>& a, const std::ve
   if (a.size() != b.size()) return 1e30;
   double worst = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::abs(static_cast<double>(b[i]))));
+    worst = std::max(worst,
+                     std::abs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::abs(static_cast<double>(b[i]))));
   return worst;
 }
 
@@ -238,8 +247,7 @@ inline run_result pipelined_run(int stages, int copies, std::int64_t batch, int 
       auto losses = s.run([&](auto& r) {
         const int c = model.copy_of(r.replica_id());
         const std::int64_t lo = batch * c / copies, hi = batch * (c + 1) / copies;
-        auto result = model.train_step(r, batch_slice(x, lo, hi - lo), batch_slice(y, lo, hi - lo),
-                                       mse_loss{}, batch);
+        auto result = model.train_step(r, batch_slice(x, lo, hi - lo), batch_slice(y, lo, hi - lo), mse_loss{}, batch);
         opts[static_cast<std::size_t>(r.replica_id())].step(r, model.local(r));
         return result.loss;
       });
@@ -250,7 +258,8 @@ inline run_result pipelined_run(int stages, int copies, std::int64_t batch, int 
     for (int k = 0; k < positions; ++k) {
       out.parameters.push_back(params[static_cast<std::size_t>(k)]);
       for (int c = 1; c < copies; ++c)
-        out.copies_agree = out.copies_agree && bit_equal(params[static_cast<std::size_t>(c * positions + k)], params[static_cast<std::size_t>(k)]);
+        out.copies_agree = out.copies_agree && bit_equal(params[static_cast<std::size_t>(c * positions + k)],
+                                                         params[static_cast<std::size_t>(k)]);
     }
     if (one_position) {  // one replica holds every stage: cut its parameters by stage
       std::vector<std::vector<float>> by_stage;
@@ -288,7 +297,8 @@ inline run_result one_device_pipelined_run(int stages, std::int64_t batch, int s
     const auto all = s.run([&](auto& r) { return parameters_of(model.local(r)); })[0];
     for (int k = 0; k < N; ++k) {
       const auto size = parameters_of(test_stage(k)).size();
-      out.parameters.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(at), all.begin() + static_cast<std::ptrdiff_t>(at + size));
+      out.parameters.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(at),
+                                  all.begin() + static_cast<std::ptrdiff_t>(at + size));
       at += size;
     }
     return out;

@@ -5,8 +5,8 @@
 #include <distribute/summary.hpp>
 
 #if __has_include(<stb/stb_image.h>)
-#include <distribute/data/detail/stb.hpp>  // stb_image, to decode the PNGs
-#define DISTRIBUTE_TEST_HAVE_STB 1
+#  include <distribute/data/detail/stb.hpp>  // stb_image, to decode the PNGs
+#  define DISTRIBUTE_TEST_HAVE_STB 1
 #endif
 
 #include <boost/test/unit_test.hpp>
@@ -70,7 +70,8 @@ struct temp_dir {
   fs::path path;
   temp_dir() {
     static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("distribute_summary_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path = fs::temp_directory_path() /
+           ("distribute_summary_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path);
   }
   ~temp_dir() {
@@ -251,11 +252,10 @@ BOOST_AUTO_TEST_CASE(published_vectors) {
     std::uint32_t crc;
   };
   const std::vector<vector> vectors{
-      {"", 0x00000000u},
-      {"123456789", 0xE3069283u},  // the CRC catalogue's check value of CRC-32/ISCSI
-      {zeros, 0x8A9136AAu},        // RFC 3720, B.4: 32 bytes of zeros
-      {ones, 0x62A8AB43u},         //                32 bytes of 0xFF
-      {ascending, 0x46DD794Eu},    //                0, 1, ..., 31
+      {"", 0x00000000u},        {"123456789", 0xE3069283u},  // the CRC catalogue's check value of CRC-32/ISCSI
+      {zeros, 0x8A9136AAu},                                  // RFC 3720, B.4: 32 bytes of zeros
+      {ones, 0x62A8AB43u},                                   //                32 bytes of 0xFF
+      {ascending, 0x46DD794Eu},                              //                0, 1, ..., 31
   };
   for (const auto& v : vectors) {
     BOOST_TEST(detail::crc32c(bytes_of(v.data)) == v.crc, hex(v.data));
@@ -266,7 +266,8 @@ BOOST_AUTO_TEST_CASE(published_vectors) {
   }
   // TensorBoard's data server (tensorboard/data/server/masked_crc.rs): the masked CRC of a record of a
   // real TensorFlow event file, Event(file_version="CRC test, one two").
-  BOOST_TEST(detail::masked_crc32c(bytes_of("\x1a\x11" "CRC test, one two")) == 0x5794D08Au);
+  BOOST_TEST(detail::masked_crc32c(bytes_of("\x1a\x11"
+                                            "CRC test, one two")) == 0x5794D08Au);
   BOOST_TEST(detail::mask_crc(0x8A9136AAu) == (((0x8A9136AAu >> 15) | (0x8A9136AAu << 17)) + 0xA282EAD8u));
 }
 
@@ -286,7 +287,8 @@ BOOST_AUTO_TEST_CASE(the_instruction_and_the_table_agree_at_every_length_and_ali
       const auto first = part.first(n / 2), second = part.subspan(n / 2);
       BOOST_TEST(detail::crc32c_extend(detail::crc32c(first), second) == table);
     }
-  BOOST_TEST_MESSAGE("SSE4.2 crc32 instruction: " << (detail::crc32c_has_sse42() ? "used" : "not available, table only"));
+  BOOST_TEST_MESSAGE(
+      "SSE4.2 crc32 instruction: " << (detail::crc32c_has_sse42() ? "used" : "not available, table only"));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -298,12 +300,25 @@ BOOST_AUTO_TEST_SUITE(tfrecord)
 // The two records of a real event file written by `tf.summary.scalar("accuracy", 0.99, step=77)`,
 // as TensorBoard's data server tests them (tensorboard/data/server/tf_record.rs, test_success).
 BOOST_AUTO_TEST_CASE(records_of_a_real_event_file) {
-  const std::string data1 = "\x09\x00\x00\x80\x38\x99\xd6\xd7\x41\x1a\x0d" "brain.Event:2"s;
-  const std::string record1 = "\x18\x00\x00\x00\x00\x00\x00\x00" "\xa3\x7f\x4b\x22"s + data1 + "\x12\x4b\x36\xab"s;
+  const std::string data1 =
+      "\x09\x00\x00\x80\x38\x99\xd6\xd7\x41\x1a\x0d"
+      "brain.Event:2"s;
+  const std::string record1 =
+      "\x18\x00\x00\x00\x00\x00\x00\x00"
+      "\xa3\x7f\x4b\x22"s +
+      data1 + "\x12\x4b\x36\xab"s;
   const std::string data2 =
-      "\x09\xc4\x05\xb7\x3d\x99\xd6\xd7\x41" "\x10\x4d\x2a\x25" "\x0a\x23\x0a\x08" "accuracy"
-      "\x42\x0a\x08\x01\x12\x00\x22\x04\xa4\x70\x7d\x3f\x4a" "\x0b\x0a\x09\x0a\x07" "scalars"s;
-  const std::string record2 = "\x32\x00\x00\x00\x00\x00\x00\x00" "\x24\x19\x56\xec"s + data2 + "\xa5\x5b\x64\x33"s;
+      "\x09\xc4\x05\xb7\x3d\x99\xd6\xd7\x41"
+      "\x10\x4d\x2a\x25"
+      "\x0a\x23\x0a\x08"
+      "accuracy"
+      "\x42\x0a\x08\x01\x12\x00\x22\x04\xa4\x70\x7d\x3f\x4a"
+      "\x0b\x0a\x09\x0a\x07"
+      "scalars"s;
+  const std::string record2 =
+      "\x32\x00\x00\x00\x00\x00\x00\x00"
+      "\x24\x19\x56\xec"s +
+      data2 + "\xa5\x5b\x64\x33"s;
   std::string framed;
   detail::append_record(framed, data1);
   BOOST_TEST(hex(framed) == hex(record1));
@@ -352,7 +367,12 @@ BOOST_AUTO_TEST_CASE(as_tensorboard_serialises_them) {
 
 BOOST_AUTO_TEST_CASE(varints) {
   const std::vector<std::pair<std::uint64_t, std::string>> cases{
-      {0, "00"}, {1, "01"}, {127, "7f"}, {128, "8001"}, {300, "ac02"}, {16384, "808001"},
+      {0, "00"},
+      {1, "01"},
+      {127, "7f"},
+      {128, "8001"},
+      {300, "ac02"},
+      {16384, "808001"},
       {std::numeric_limits<std::uint64_t>::max(), "ffffffffffffffffff01"}};
   for (const auto& [v, want] : cases) {
     std::string out;
@@ -375,8 +395,8 @@ BOOST_AUTO_TEST_CASE(decodes_to_the_same_pixels) {
   struct shape {
     int h, w, c;
   };
-  for (const shape s : {shape{1, 1, 1}, shape{1, 1, 3}, shape{2, 3, 4}, shape{17, 23, 1}, shape{31, 64, 3}, shape{40, 9, 4},
-                        shape{3, 200, 3}}) {
+  for (const shape s : {shape{1, 1, 1}, shape{1, 1, 3}, shape{2, 3, 4}, shape{17, 23, 1}, shape{31, 64, 3},
+                        shape{40, 9, 4}, shape{3, 200, 3}}) {
     BOOST_TEST_CONTEXT(s.h << "x" << s.w << "x" << s.c) {
       const auto px = test_image(s.h, s.w, s.c, static_cast<unsigned>(s.h * 1000 + s.w * 10 + s.c));
       const std::string png = detail::encode_png(s.h, s.w, s.c, px.data());
@@ -385,7 +405,8 @@ BOOST_AUTO_TEST_CASE(decodes_to_the_same_pixels) {
       BOOST_TEST(png.substr(png.size() - 12) == "\0\0\0\0IEND\xae\x42\x60\x82"s);
 #ifdef DISTRIBUTE_TEST_HAVE_STB
       int w = 0, h = 0, c = 0;
-      stbi_uc* decoded = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(png.data()), static_cast<int>(png.size()), &w, &h, &c, 0);
+      stbi_uc* decoded = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(png.data()),
+                                               static_cast<int>(png.size()), &w, &h, &c, 0);
       BOOST_TEST_REQUIRE(decoded != nullptr, stbi_failure_reason());
       BOOST_TEST(w == s.w);
       BOOST_TEST(h == s.h);
@@ -408,7 +429,8 @@ BOOST_AUTO_TEST_CASE(rows_take_different_filters) {
   for (std::size_t i = idat - 4; i < idat; ++i) length = (length << 8) | static_cast<unsigned char>(png[i]);
   std::vector<std::uint8_t> raw(static_cast<std::size_t>(h) * (w * c + 1));
   uLongf raw_size = static_cast<uLongf>(raw.size());
-  BOOST_TEST_REQUIRE(::uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(png.data() + idat + 4), static_cast<uLong>(length)) == Z_OK);
+  BOOST_TEST_REQUIRE(::uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(png.data() + idat + 4),
+                                  static_cast<uLong>(length)) == Z_OK);
   BOOST_TEST(raw_size == raw.size());
   std::set<int> filters;
   for (int y = 0; y < h; ++y) filters.insert(raw[static_cast<std::size_t>(y) * (w * c + 1)]);
@@ -675,7 +697,8 @@ BOOST_AUTO_TEST_CASE(threads_share_one_writer) {
     const auto& v = events[i].values.at(0);
     if (v.tag.rfind("thread", 0) != 0) continue;
     const int k = std::stoi(v.tag.substr(6));
-    BOOST_TEST(*v.scalar == static_cast<float>(next[static_cast<std::size_t>(k)]));  // each thread's records in its order
+    BOOST_TEST(*v.scalar ==
+               static_cast<float>(next[static_cast<std::size_t>(k)]));  // each thread's records in its order
     BOOST_TEST(events[i].step == next[static_cast<std::size_t>(k)]++);
   }
 }
@@ -691,7 +714,8 @@ using distribute::test::run_command;
 using distribute::test::shell_quoted;
 
 command_result run_reader(const std::string& python, const fs::path& file) {
-  return run_command(shell_quoted(python) + " " + shell_quoted(DISTRIBUTE_SUMMARY_READER) + " " + shell_quoted(file.string()));
+  return run_command(shell_quoted(python) + " " + shell_quoted(DISTRIBUTE_SUMMARY_READER) + " " +
+                     shell_quoted(file.string()));
 }
 
 // The Python of the virtual environment scripts/setup.sh creates. Its absence skips the test only
@@ -708,8 +732,9 @@ std::string tensorboard_python() {
     std::fflush(stdout);
     std::exit(77);
   }
-  BOOST_FAIL(python.string() << " is missing: scripts/setup.sh creates it (configure with -DDISTRIBUTE_TENSORBOARD_VENV=DIR "
-                                "for another place)");
+  BOOST_FAIL(
+      python.string() << " is missing: scripts/setup.sh creates it (configure with -DDISTRIBUTE_TENSORBOARD_VENV=DIR "
+                         "for another place)");
   return {};
 }
 
@@ -744,9 +769,14 @@ BOOST_AUTO_TEST_CASE(tensorboard_reads_back_every_value) {
     };
     for (int step = 0; step < 5; ++step) scalar("loss/total", 1.0 / (step + 1), step);
     for (int step = 0; step < 3; ++step) scalar("loss/zero", step == 1 ? -0.0 : 0.0, step);
-    const double values[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
-                             -std::numeric_limits<double>::infinity(), 1e-40 /* a float subnormal */,
-                             std::numeric_limits<float>::max(), 1e300, -1e300, 0.1 /* rounded to float */};
+    const double values[] = {std::numeric_limits<double>::quiet_NaN(),
+                             std::numeric_limits<double>::infinity(),
+                             -std::numeric_limits<double>::infinity(),
+                             1e-40 /* a float subnormal */,
+                             std::numeric_limits<float>::max(),
+                             1e300,
+                             -1e300,
+                             0.1 /* rounded to float */};
     std::int64_t step = -1;
     for (const double v : values) scalar("edge cases", v, step++);
     scalar("\xce\xbb/\xcf\x80", 3.25, std::int64_t{1} << 40);  // a Unicode tag, a large step

@@ -9,7 +9,7 @@
 // of 91 and 7 values.
 #define BOOST_TEST_MODULE distribute_thrust_host
 #ifndef BOOST_TEST_DYN_LINK  // CMake already defines it; the guard avoids a redefinition warning
-#define BOOST_TEST_DYN_LINK
+#  define BOOST_TEST_DYN_LINK
 #endif
 #include <boost/test/unit_test.hpp>
 
@@ -82,7 +82,6 @@ void plane_sums(const Policy& policy, std::int64_t planes, std::int64_t plane_si
   thrust::reduce_by_key(policy, keys, keys + planes * plane_size, values, thrust::make_discard_iterator(), out);
 }
 
-
 constexpr double tolerance = 1e-6;  // relative, per element
 const auto& par = thrust::cpp::par;
 const shape shapes[] = {shape::nchw(3, 5, 7, 9), shape::nchw(2, 3, 11, 13)};
@@ -98,7 +97,8 @@ std::int64_t size_of(const tensor<float>& t) { return static_cast<std::int64_t>(
 
 // |got - expected| <= tolerance * max(|got|, |expected|) for every element (zero only against zero).
 void check_close(const std::string& what, std::span<const float> got, std::span<const float> expected) {
-  BOOST_TEST_REQUIRE(got.size() == expected.size(), what << ": " << got.size() << " values against " << expected.size());
+  BOOST_TEST_REQUIRE(got.size() == expected.size(),
+                     what << ": " << got.size() << " values against " << expected.size());
   BOOST_TEST_REQUIRE(!got.empty(), what << ": nothing to compare");
   std::size_t bad = 0, not_identical = 0;
   double worst = 0;
@@ -111,9 +111,10 @@ void check_close(const std::string& what, std::span<const float> got, std::span<
       ++bad;
     }
   }
-  BOOST_TEST(bad == 0, what << ": " << bad << " of " << got.size() << " values differ by more than " << tolerance << " relative");
-  BOOST_TEST_MESSAGE(what << ": " << got.size() << " values, " << not_identical << " not identical, largest relative difference "
-                          << worst);
+  BOOST_TEST(bad == 0,
+             what << ": " << bad << " of " << got.size() << " values differ by more than " << tolerance << " relative");
+  BOOST_TEST_MESSAGE(what << ": " << got.size() << " values, " << not_identical
+                          << " not identical, largest relative difference " << worst);
 }
 void check_close(const std::string& what, float got, float expected) {
   check_close(what, std::span<const float>(&got, 1), std::span<const float>(&expected, 1));
@@ -126,7 +127,8 @@ struct plane_moments {
   std::vector<double> mean, m2;
 };
 plane_moments moments_of(const tensor<float>& x, std::int64_t planes, std::int64_t plane) {
-  plane_moments m{std::vector<double>(static_cast<std::size_t>(planes)), std::vector<double>(static_cast<std::size_t>(planes))};
+  plane_moments m{std::vector<double>(static_cast<std::size_t>(planes)),
+                  std::vector<double>(static_cast<std::size_t>(planes))};
   plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, m.mean.data());
   for (auto& v : m.mean) v /= static_cast<double>(plane);
   plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), m.mean.data(), plane}, m.m2.data());
@@ -151,13 +153,13 @@ normalized normalize(const tensor<float>& x, const std::vector<double>& mean, co
   const shape& s = x.shape();
   normalized out{std::vector<float>(x.size()), std::vector<float>(x.size())};
   for_each_plane_index(par, s.n() * s.c(), s.h() * s.w(),
-                       kernels::normalize<float>{x.data(), out.y.data(), out.xhat.data(), mean.data(), invstd.data(), gamma,
-                                                 beta, s.c(), s.h() * s.w(), per_channel});
+                       kernels::normalize<float>{x.data(), out.y.data(), out.xhat.data(), mean.data(), invstd.data(),
+                                                 gamma, beta, s.c(), s.h() * s.w(), per_channel});
   return out;
 }
 // dx from the coefficients (k, mean(dy), mean(dy xhat)) per plane or per channel.
-std::vector<float> input_gradient(const tensor<float>& dy, const std::vector<float>& xhat, const std::vector<float>& coef,
-                                  bool per_channel) {
+std::vector<float> input_gradient(const tensor<float>& dy, const std::vector<float>& xhat,
+                                  const std::vector<float>& coef, bool per_channel) {
   const shape& s = dy.shape();
   std::vector<float> dx(dy.size());
   for_each_plane_index(par, s.n() * s.c(), s.h() * s.w(),
@@ -194,7 +196,8 @@ using parameter_values = std::vector<std::vector<float>>;
 template <class M>
 parameter_values values_of(M& model) {
   parameter_values out;
-  model.for_each_parameter([&](std::span<float> value, std::span<float>) { out.emplace_back(value.begin(), value.end()); });
+  model.for_each_parameter(
+      [&](std::span<float> value, std::span<float>) { out.emplace_back(value.begin(), value.end()); });
   return out;
 }
 // Fresh gradients for every parameter, written into the model and returned.
@@ -276,7 +279,8 @@ BOOST_AUTO_TEST_CASE(dropout_matches_the_layer) {
     const std::uint64_t seed = 7;
     nn::dropout<float> layer{{.rate = rate}, seed};
     for (std::uint64_t pass = 0; pass < 2; ++pass) {
-      const auto x = random_tensor(s, 10 + static_cast<std::uint32_t>(pass)), dy = random_tensor(s, 20 + static_cast<std::uint32_t>(pass));
+      const auto x = random_tensor(s, 10 + static_cast<std::uint32_t>(pass)),
+                 dy = random_tensor(s, 20 + static_cast<std::uint32_t>(pass));
       const auto ly = layer.forward(r, x);
       const auto ldx = layer.backward(r, dy);
       const std::uint64_t key =
@@ -284,14 +288,16 @@ BOOST_AUTO_TEST_CASE(dropout_matches_the_layer) {
       const auto threshold = static_cast<std::uint64_t>(std::ldexp(rate, 53));
       const std::int64_t n = size_of(x);
       std::vector<float> y(x.size()), mask(x.size()), dx(x.size());
-      for_each_index(par, n, kernels::dropout_forward<float>{x.data(), y.data(), mask.data(), key, threshold,
-                                                             static_cast<float>(1.0 / (1.0 - rate))});
+      for_each_index(par, n,
+                     kernels::dropout_forward<float>{x.data(), y.data(), mask.data(), key, threshold,
+                                                     static_cast<float>(1.0 / (1.0 - rate))});
       for_each_index(par, n, element_kernels::multiply<float>{dy.data(), mask.data(), dx.data()});
       const std::string at = " pass " + std::to_string(pass) + " " + s.to_string();
       check_close("dropout forward" + at, y, ly.values());
       check_close("dropout backward" + at, dx, ldx.values());
       const auto kept = static_cast<double>(std::count_if(mask.begin(), mask.end(), [](float m) { return m != 0.0f; }));
-      BOOST_TEST((kept > 0.6 * n && kept < 0.8 * n), "dropout" << at << ": " << kept << " of " << n << " kept at rate " << rate);
+      BOOST_TEST((kept > 0.6 * n && kept < 0.8 * n),
+                 "dropout" << at << ": " << kept << " of " << n << " kept at rate " << rate);
     }
   }
 }
@@ -316,9 +322,12 @@ BOOST_AUTO_TEST_CASE(average_pooling_matches_the_layer) {
       const auto ldx = pool.backward(r, dy);
       const kernels::pool_geometry g{s.h(), s.w(), out.h(), out.w(), w.kernel, pool.stride()};
       std::vector<float> y(static_cast<std::size_t>(out.numel())), dx(x.size());
-      for_each_plane_index(par, out.n() * out.c(), out.h() * out.w(), kernels::avg_pool_forward<float>{x.data(), y.data(), g});
-      for_each_plane_index(par, s.n() * s.c(), s.h() * s.w(), kernels::avg_pool_backward<float>{dy.data(), dx.data(), g});
-      const std::string at = " kernel " + std::to_string(w.kernel) + " stride " + std::to_string(pool.stride()) + " " + s.to_string();
+      for_each_plane_index(par, out.n() * out.c(), out.h() * out.w(),
+                           kernels::avg_pool_forward<float>{x.data(), y.data(), g});
+      for_each_plane_index(par, s.n() * s.c(), s.h() * s.w(),
+                           kernels::avg_pool_backward<float>{dy.data(), dx.data(), g});
+      const std::string at =
+          " kernel " + std::to_string(w.kernel) + " stride " + std::to_string(pool.stride()) + " " + s.to_string();
       check_close("avg_pool2d forward" + at, y, ly.values());
       check_close("avg_pool2d backward" + at, dx, ldx.values());
     }
@@ -333,8 +342,13 @@ BOOST_AUTO_TEST_CASE(reflection_padding_matches_conv2d) {
   for (const std::int64_t p : {1, 3})
     for (const shape& s : shapes) {
       const std::int64_t C = s.c(), H = s.h(), W = s.w();
-      nn::conv2d<float> conv{{.in_channels = C, .out_channels = C, .kernel = 1, .stride = 1, .padding = p,
-                              .pad_mode = nn::padding_mode::reflect, .bias = false},
+      nn::conv2d<float> conv{{.in_channels = C,
+                              .out_channels = C,
+                              .kernel = 1,
+                              .stride = 1,
+                              .padding = p,
+                              .pad_mode = nn::padding_mode::reflect,
+                              .bias = false},
                              5};
       auto& weight = conv.weight().value;
       weight.fill(0.0f);
@@ -345,7 +359,8 @@ BOOST_AUTO_TEST_CASE(reflection_padding_matches_conv2d) {
       BOOST_TEST_REQUIRE((ly.shape() == padded), "conv2d 1x1 gave " << ly.shape() << ", expected " << padded);
       const auto ldx = conv.backward(r, dy);
       std::vector<float> y(static_cast<std::size_t>(padded.numel())), dx(x.size());
-      for_each_plane_index(par, s.n() * C, (H + 2 * p) * (W + 2 * p), kernels::reflect_pad<float>{x.data(), y.data(), H, W, p});
+      for_each_plane_index(par, s.n() * C, (H + 2 * p) * (W + 2 * p),
+                           kernels::reflect_pad<float>{x.data(), y.data(), H, W, p});
       for_each_plane_index(par, s.n() * C, H * W, kernels::reflect_pad_backward<float>{dy.data(), dx.data(), H, W, p});
       const std::string at = " pad " + std::to_string(p) + " " + s.to_string();
       check_close("reflection padding forward" + at, y, ly.values());
@@ -364,8 +379,13 @@ BOOST_AUTO_TEST_CASE(reflection_padding_per_element_has_the_cpu_bits) {
   std::mt19937 gen(11);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   for (const auto& [planes, h, w, p] : {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>{3, 3, 3, 2},
-                                        {2, 2, 9, 1}, {4, 5, 3, 2}, {2, 4, 7, 3}, {3, 9, 5, 4}, {5, 37, 41, 3},
-                                        {2, 64, 64, 1}, {70, 17, 19, 3}}) {
+                                        {2, 2, 9, 1},
+                                        {4, 5, 3, 2},
+                                        {2, 4, 7, 3},
+                                        {3, 9, 5, 4},
+                                        {5, 37, 41, 3},
+                                        {2, 64, 64, 1},
+                                        {70, 17, 19, 3}}) {
     const std::int64_t ph = h + 2 * p, pw = w + 2 * p;
     std::vector<float> x(static_cast<std::size_t>(planes * h * w)), dy(static_cast<std::size_t>(planes * ph * pw));
     for (float& v : x) v = d(gen);
@@ -487,7 +507,8 @@ BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
       const auto m = moments_of(x, planes, plane);
       std::vector<double> invstd(up);
       for (std::size_t p = 0; p < up; ++p) invstd[p] = 1.0 / std::sqrt(m.m2[p] / static_cast<double>(plane) + eps);
-      const auto f = normalize(x, m.mean, invstd, affine ? gamma.data() : nullptr, affine ? beta.data() : nullptr, false);
+      const auto f =
+          normalize(x, m.mean, invstd, affine ? gamma.data() : nullptr, affine ? beta.data() : nullptr, false);
       const auto sums = gradient_sums_of(dy, f.xhat, planes, plane);
       std::vector<float> coef(3 * up);
       for (std::size_t p = 0; p < up; ++p) {
@@ -503,14 +524,17 @@ BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
       std::vector<double> stats(2 * up);
       plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data());
       for_each_index(par, planes, kernels::divide_by{stats.data(), static_cast<double>(plane)});
-      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane}, stats.data() + planes);
-      for_each_index(par, planes, kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
+      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane},
+                 stats.data() + planes);
+      for_each_index(par, planes,
+                     kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
       BOOST_TEST((std::vector<double>(stats.begin(), stats.begin() + planes) == m.mean), "means" << at);
       BOOST_TEST((std::vector<double>(stats.begin() + planes, stats.end()) == invstd), "inverse deviations" << at);
       std::vector<float> device_coef(3 * up);
-      for_each_index(par, planes, kernels::plane_gradient_coefficients<float>{affine ? gamma.data() : nullptr, stats.data() + planes,
-                                                                           sums.data(), device_coef.data(), planes, C,
-                                                                           static_cast<double>(plane)});
+      for_each_index(par, planes,
+                     kernels::plane_gradient_coefficients<float>{affine ? gamma.data() : nullptr, stats.data() + planes,
+                                                                 sums.data(), device_coef.data(), planes, C,
+                                                                 static_cast<double>(plane)});
       BOOST_TEST((device_coef == coef), "backward's coefficients" << at);
       check_close("instance_norm forward" + at, f.y, ly.values());
       check_close("instance_norm backward" + at, dx, ldx.values());
@@ -530,7 +554,8 @@ BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
           g_host[p % uc] += static_cast<float>(sums[up + p]);
           b_host[p % uc] += static_cast<float>(sums[p]);
         }
-        for_each_index(par, C, kernels::add_plane_sums_per_channel<float>{sums.data(), g_dev.data(), b_dev.data(), planes, C});
+        for_each_index(par, C,
+                       kernels::add_plane_sums_per_channel<float>{sums.data(), g_dev.data(), b_dev.data(), planes, C});
         BOOST_TEST((g_dev == g_host), "gamma gradient added per channel" << at);
         BOOST_TEST((b_dev == b_host), "beta gradient added per channel" << at);
       }
@@ -547,7 +572,8 @@ BOOST_AUTO_TEST_CASE(fused_instance_norm_passes_match_the_sequential) {
     for (const shape& s : shapes) {
       const std::int64_t C = s.c(), planes = s.n() * C, plane = s.h() * s.w();
       const auto up = static_cast<std::size_t>(planes);
-      nn::sequential layers{nn::instance_norm<float>{{.channels = C, .eps = eps, .affine = affine}, 17}, nn::relu<float>{}};
+      nn::sequential layers{nn::instance_norm<float>{{.channels = C, .eps = eps, .affine = affine}, 17},
+                            nn::relu<float>{}};
       auto& norm = layers.get<0>();
       if (affine) {
         const auto beta = random_tensor(shape{C}, 18, -0.5, 0.5);
@@ -562,23 +588,31 @@ BOOST_AUTO_TEST_CASE(fused_instance_norm_passes_match_the_sequential) {
       std::vector<double> stats(2 * up);
       plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data());
       for_each_index(par, planes, kernels::divide_by{stats.data(), static_cast<double>(plane)});
-      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane}, stats.data() + planes);
-      for_each_index(par, planes, kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
+      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane},
+                 stats.data() + planes);
+      for_each_index(par, planes,
+                     kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
       std::vector<float> affine_terms(2 * up);
       const float* scale = affine_terms.data();
       const float* shift = scale + planes;
-      for_each_index(par, planes, kernels::plane_affine<float>{gamma, beta, affine_terms.data(), affine_terms.data() + planes, C});
+      for_each_index(par, planes,
+                     kernels::plane_affine<float>{gamma, beta, affine_terms.data(), affine_terms.data() + planes, C});
       std::vector<float> y(x.size()), xhat(x.size());
-      for_each_plane_index(par, planes, plane, kernels::plane_norm_output<float, true, true>{
-          x.data(), stats.data(), stats.data() + planes, scale, shift, xhat.data(), y.data(), x.data(), plane});
+      for_each_plane_index(
+          par, planes, plane,
+          kernels::plane_norm_output<float, true, true>{x.data(), stats.data(), stats.data() + planes, scale, shift,
+                                                        xhat.data(), y.data(), x.data(), plane});
       const kernels::plane_norm_terms<float> t{xhat.data(), scale, shift, plane};
       std::vector<double> sums(2 * up);
       plane_sums(par, planes, plane, kernels::plane_norm_gradient<float, true>{t, dy.data()}, sums.data());
-      plane_sums(par, planes, plane, kernels::plane_norm_gradient_times_xhat<float, true>{t, dy.data()}, sums.data() + planes);
+      plane_sums(par, planes, plane, kernels::plane_norm_gradient_times_xhat<float, true>{t, dy.data()},
+                 sums.data() + planes);
       std::vector<float> coef(3 * up), dx(x.size());
-      for_each_index(par, planes, kernels::plane_gradient_coefficients<float>{gamma, stats.data() + planes, sums.data(), coef.data(),
-                                                                           planes, C, static_cast<double>(plane)});
-      for_each_plane_index(par, planes, plane, kernels::plane_norm_input_gradient<float, true>{t, dy.data(), coef.data(), dx.data()});
+      for_each_index(par, planes,
+                     kernels::plane_gradient_coefficients<float>{gamma, stats.data() + planes, sums.data(), coef.data(),
+                                                                 planes, C, static_cast<double>(plane)});
+      for_each_plane_index(par, planes, plane,
+                           kernels::plane_norm_input_gradient<float, true>{t, dy.data(), coef.data(), dx.data()});
       const std::string at = std::string(affine ? " affine " : " ") + s.to_string();
       check_close("instance_norm + relu + input forward" + at, y, ly.values());
       check_close("instance_norm + relu backward" + at, dx, ldx.values());
@@ -672,8 +706,10 @@ BOOST_AUTO_TEST_CASE(elementwise_losses_match) {
     const auto pred = random_tensor(s, 23);
     auto target = random_tensor(s, 24);
     for (std::size_t i = 0; i < target.size(); i += 13) target[i] = pred[i];  // d = 0: l1's gradient is 0 there
-    check_loss("mse" + at, per_example_loss<kernels::squared_error>(pred, target, global), nn::mse(r, pred, target, global));
-    check_loss("l1" + at, per_example_loss<kernels::absolute_error>(pred, target, global), nn::l1(r, pred, target, global));
+    check_loss("mse" + at, per_example_loss<kernels::squared_error>(pred, target, global),
+               nn::mse(r, pred, target, global));
+    check_loss("l1" + at, per_example_loss<kernels::absolute_error>(pred, target, global),
+               nn::l1(r, pred, target, global));
 
     auto logits = random_tensor(s, 25, -20.0, 20.0);
     auto labels = random_tensor(s, 26, 0.0, 1.0);  // soft targets, and hard ones below
@@ -690,10 +726,11 @@ BOOST_AUTO_TEST_CASE(softmax_cross_entropy_and_accuracy_match) {
   auto r = nn::local();
   const std::int64_t n = 7, k = 11, global = 9;
   auto logits = random_tensor(shape{n, k}, 27, -30.0, 30.0);
-  for (std::int64_t i = 0; i < k; ++i) logits[static_cast<std::size_t>(3 * k + i)] += 80.0f;  // far from 0: the shift matters
-  logits[2] = logits[5] = 100.0f;                                        // row 0: a tie at 2 and 5
-  logits[static_cast<std::size_t>(k + 10)] = 100.0f;                     // row 1: the last
-  logits[static_cast<std::size_t>(2 * k + 4)] = 100.0f;                  // row 2: at 4, labelled 7
+  for (std::int64_t i = 0; i < k; ++i)
+    logits[static_cast<std::size_t>(3 * k + i)] += 80.0f;  // far from 0: the shift matters
+  logits[2] = logits[5] = 100.0f;                          // row 0: a tie at 2 and 5
+  logits[static_cast<std::size_t>(k + 10)] = 100.0f;       // row 1: the last
+  logits[static_cast<std::size_t>(2 * k + 4)] = 100.0f;    // row 2: at 4, labelled 7
   const std::vector<std::int32_t> labels{2, 10, 7, 5, 0, 9, 3};
   const auto layer = nn::softmax_cross_entropy(r, logits, std::span<const std::int32_t>(labels), global);
 
@@ -701,11 +738,13 @@ BOOST_AUTO_TEST_CASE(softmax_cross_entropy_and_accuracy_match) {
   nn::loss_result<float> thrust{0.0f, tensor<float>{logits.shape()}};
   for_each_index(par, n, kernels::row_max<float>{logits.data(), shift.data(), k});
   plane_sums(par, n, k, kernels::shifted_exp<float>{logits.data(), shift.data(), k}, denominator.data());
-  for_each_index(par, n, kernels::softmax_cross_entropy_value<float>{logits.data(), labels.data(), shift.data(),
-                                                                     denominator.data(), values.data(), k});
-  for_each_index(par, n * k, kernels::softmax_cross_entropy_gradient<float>{logits.data(), labels.data(), shift.data(),
-                                                                            denominator.data(), thrust.grad.data(),
-                                                                            1.0 / static_cast<double>(global), k});
+  for_each_index(par, n,
+                 kernels::softmax_cross_entropy_value<float>{logits.data(), labels.data(), shift.data(),
+                                                             denominator.data(), values.data(), k});
+  for_each_index(
+      par, n * k,
+      kernels::softmax_cross_entropy_gradient<float>{logits.data(), labels.data(), shift.data(), denominator.data(),
+                                                     thrust.grad.data(), 1.0 / static_cast<double>(global), k});
   thrust.value = nn::compute_average_loss(std::vector<float>(values.begin(), values.end()), global);
   check_loss("softmax_cross_entropy", thrust, layer);
 
@@ -748,10 +787,10 @@ BOOST_AUTO_TEST_CASE(adam_matches_the_optimiser) {
       for_each_index(par, 1, update_kernels::adam_step_scalars{scalars.data(), o.beta1, o.beta2});
       for (std::size_t j = 0; j < p.size(); ++j)
         for_each_index(par, static_cast<std::int64_t>(p[j].size()),
-                       update_kernels::adam_update<float>{p_cap[j].data(), g[j].data(), m_cap[j].data(), v_cap[j].data(),
-                                                   static_cast<float>(o.beta1), static_cast<float>(o.beta2),
-                                                   static_cast<float>(o.weight_decay), 0.0f, 0.0f,
-                                                   static_cast<float>(o.eps), scalars.data()});
+                       update_kernels::adam_update<float>{
+                           p_cap[j].data(), g[j].data(), m_cap[j].data(), v_cap[j].data(), static_cast<float>(o.beta1),
+                           static_cast<float>(o.beta2), static_cast<float>(o.weight_decay), 0.0f, 0.0f,
+                           static_cast<float>(o.eps), scalars.data()});
       if (t % 2) opt.step(r, model);
       else opt.step(model);
       const double tt = t;
@@ -760,15 +799,17 @@ BOOST_AUTO_TEST_CASE(adam_matches_the_optimiser) {
       for (std::size_t j = 0; j < p.size(); ++j)
         for_each_index(par, static_cast<std::int64_t>(p[j].size()),
                        update_kernels::adam_update<float>{p[j].data(), g[j].data(), m[j].data(), v[j].data(),
-                                                   static_cast<float>(o.beta1), static_cast<float>(o.beta2),
-                                                   static_cast<float>(o.weight_decay), step_size, sqrt_bc2,
-                                                   static_cast<float>(o.eps), nullptr});
+                                                          static_cast<float>(o.beta1), static_cast<float>(o.beta2),
+                                                          static_cast<float>(o.weight_decay), step_size, sqrt_bc2,
+                                                          static_cast<float>(o.eps), nullptr});
       const auto layer = values_of(model);
       BOOST_TEST(scalars[0] == tt);
       for (std::size_t j = 0; j < p.size(); ++j) {
-        check_close("adam lr " + std::to_string(o.lr) + " step " + std::to_string(t) + " parameter " + std::to_string(j), p[j],
-                    layer[j]);
-        BOOST_TEST(std::memcmp(p_cap[j].data(), p[j].data(), p[j].size() * sizeof(float)) == 0, "capturable, step " << t);
+        check_close(
+            "adam lr " + std::to_string(o.lr) + " step " + std::to_string(t) + " parameter " + std::to_string(j), p[j],
+            layer[j]);
+        BOOST_TEST(std::memcmp(p_cap[j].data(), p[j].data(), p[j].size() * sizeof(float)) == 0,
+                   "capturable, step " << t);
       }
     }
   }
@@ -790,8 +831,9 @@ BOOST_AUTO_TEST_CASE(sgd_matches_the_optimiser) {
       else opt.step(model);
       for (std::size_t j = 0; j < p.size(); ++j)
         for_each_index(par, static_cast<std::int64_t>(p[j].size()),
-                       update_kernels::sgd_update<float>{p[j].data(), g[j].data(), velocity[j].data(), static_cast<float>(o.lr),
-                                                  static_cast<float>(o.momentum), static_cast<float>(o.weight_decay), nullptr});
+                       update_kernels::sgd_update<float>{p[j].data(), g[j].data(), velocity[j].data(),
+                                                         static_cast<float>(o.lr), static_cast<float>(o.momentum),
+                                                         static_cast<float>(o.weight_decay), nullptr});
       const auto layer = values_of(model);
       for (std::size_t j = 0; j < p.size(); ++j)
         check_close("sgd momentum " + std::to_string(o.momentum) + " step " + std::to_string(t) + " parameter " +

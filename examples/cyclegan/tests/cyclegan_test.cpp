@@ -115,7 +115,8 @@ void check_tensorboard_file(const fs::path& dir, const summary& sum, std::int64_
 #ifdef DISTRIBUTE_TENSORBOARD_VENV
   const fs::path python = fs::path(DISTRIBUTE_TENSORBOARD_VENV) / "bin" / "python";
   if (!fs::exists(python)) return;  // the summary tests say why; here the file's presence suffices
-  const std::string command = "'" + python.string() + "' '" + DISTRIBUTE_SUMMARY_READER + "' --no-pixels '" + files[0].string() + "'";
+  const std::string command =
+      "'" + python.string() + "' '" + DISTRIBUTE_SUMMARY_READER + "' --no-pixels '" + files[0].string() + "'";
   FILE* p = ::popen(command.c_str(), "r");
   BOOST_TEST_REQUIRE(p != nullptr);
   std::string out;
@@ -130,7 +131,8 @@ void check_tensorboard_file(const fs::path& dir, const summary& sum, std::int64_
   for (std::size_t at = 0; (at = out.find("tb images " + hex("samples") + " ", at)) != std::string::npos; ++at) ++grids;
   BOOST_TEST(grids == static_cast<std::size_t>(steps / 2));  // the final grid is the last step's, written once
   // The step-time breakdown, one value per step and part.
-  for (const char* part : {"time/compute_ms", "time/collective_ms", "time/input_wait_ms", "time/checkpoint_ms", "time/other_ms"}) {
+  for (const char* part :
+       {"time/compute_ms", "time/collective_ms", "time/input_wait_ms", "time/checkpoint_ms", "time/other_ms"}) {
     std::size_t values = 0;
     for (std::size_t at = 0; (at = out.find("tb scalars " + hex(part) + " ", at)) != std::string::npos; ++at) ++values;
     BOOST_TEST(values == static_cast<std::size_t>(steps), part);
@@ -214,7 +216,7 @@ BOOST_AUTO_TEST_CASE(each_placement_trains_and_draws) {
       st.strategy = m.strategy;
       st.train.place = m.place;
       st.train.disc.norm = m.norm;
-      st.verify_every = 1;  // the mirrored copies must stay identical after every step
+      st.verify_every = 1;                             // the mirrored copies must stay identical after every step
       const bool board = st.strategy == "one_device";  // one run also writes a TensorBoard file
       if (board) st.tensorboard_dir = st.out_dir / "tensorboard";
       if (board) st.checkpoint_dir = st.out_dir / "checkpoints";  // and a checkpoint at the end
@@ -228,7 +230,8 @@ BOOST_AUTO_TEST_CASE(each_placement_trains_and_draws) {
       BOOST_TEST(sum.time.compute > 0.0);
       if (st.strategy == "one_device" || m.place == placement::conditional) BOOST_TEST(sum.time.collective == 0.0);
       else BOOST_TEST(sum.time.collective > 0.0);
-      BOOST_TEST(sum.time.compute + sum.time.collective + sum.time.input_wait + sum.time.checkpoint <= sum.time.wall + 1e-3);
+      BOOST_TEST(sum.time.compute + sum.time.collective + sum.time.input_wait + sum.time.checkpoint <=
+                 sum.time.wall + 1e-3);
       if (!st.checkpoint_dir.empty()) BOOST_TEST(sum.time.checkpoint > 0.0);
       for (const char* f : {"samples_step000002.png", "samples_final.png", "losses.png", "losses.csv"}) {
         BOOST_TEST(fs::file_size(st.out_dir / f) > 100u, f);
@@ -325,9 +328,9 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(placements_agree)
 
 template <class S>
-std::vector<std::vector<std::vector<float>>> train_three_steps(S& s, placement place, std::size_t threshold, const domains& d,
-                                                                bool overlap = true,
-                                                                dist::gradient_compression compression = dist::gradient_compression::none) {
+std::vector<std::vector<std::vector<float>>> train_three_steps(
+    S& s, placement place, std::size_t threshold, const domains& d, bool overlap = true,
+    dist::gradient_compression compression = dist::gradient_compression::none) {
   train_options o;
   o.overlap = overlap;
   o.compression = compression;
@@ -344,8 +347,8 @@ std::vector<std::vector<std::vector<float>>> train_three_steps(S& s, placement p
     tr.step(stack(d.a, first, 4, 1), stack(d.b, first, 4, 1));
   }
   tr.verify_mirrored();
-  return {parameter_tensors(tr.g_ab().primary()), parameter_tensors(tr.g_ba().primary()), parameter_tensors(tr.d_a().primary()),
-          parameter_tensors(tr.d_b().primary())};
+  return {parameter_tensors(tr.g_ab().primary()), parameter_tensors(tr.g_ba().primary()),
+          parameter_tensors(tr.d_a().primary()), parameter_tensors(tr.d_b().primary())};
 }
 
 BOOST_AUTO_TEST_CASE(after_three_steps) {
@@ -372,8 +375,8 @@ BOOST_AUTO_TEST_CASE(after_three_steps) {
       }
       BOOST_TEST(worst_full < 1e-4);
       BOOST_TEST(worst_disc < 1e-4);
-      std::printf("%s: %zu tensors; largest relative difference to one device: full %.2g, discriminator_only %.2g\n", names[k],
-                  reference[k].size(), worst_full, worst_disc);
+      std::printf("%s: %zu tensors; largest relative difference to one device: full %.2g, discriminator_only %.2g\n",
+                  names[k], reference[k].size(), worst_full, worst_disc);
     }
   }
 }
@@ -445,9 +448,11 @@ BOOST_AUTO_TEST_CASE(the_step_on_a_tape_equals_the_hand_wired_step_bit_for_bit) 
     BOOST_TEST_CONTEXT(what) {
       BOOST_TEST(hand_losses.size() == 18u);
       for (std::size_t i = 0; i < hand_losses.size(); ++i)
-        BOOST_TEST(std::bit_cast<std::uint64_t>(hand_losses[i]) == std::bit_cast<std::uint64_t>(tape_losses[i]), "loss " << i);
+        BOOST_TEST(std::bit_cast<std::uint64_t>(hand_losses[i]) == std::bit_cast<std::uint64_t>(tape_losses[i]),
+                   "loss " << i);
       BOOST_TEST_REQUIRE(hand.size() == taped.size());
-      for (std::size_t k = 0; k < hand.size(); ++k) BOOST_TEST((hand[k] == taped[k]), "tensor " << k << " (even: value, odd: gradient)");
+      for (std::size_t k = 0; k < hand.size(); ++k)
+        BOOST_TEST((hand[k] == taped[k]), "tensor " << k << " (even: value, odd: gradient)");
     }
   };
   agree(one, true, "one_device");
@@ -467,24 +472,26 @@ BOOST_AUTO_TEST_CASE(every_network_finishes_its_buckets_in_plan_order) {
   std::vector<float> x(2 * 28 * 28);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
   auto xs = s.scatter(x, 28 * 28);
-  const auto counts = s.run([&](dist::replica auto& r, const std::vector<float>& xl, generator& g, discriminator& d) {
-    const tensor in{dist::shape::nchw(static_cast<std::int64_t>(xl.size()) / (28 * 28), 1, 28, 28), xl};
-    std::array<std::size_t, 4> out{};  // generator held back, its buckets, discriminator held back, its buckets
-    auto pass = [&](auto& net, std::size_t at) {
-      net.zero_grad();
-      const tensor y = net.forward(r, in);
-      auto sync = r.overlap_gradients(small);
-      sync.add(net);
-      net.backward(r, tensor(y.shape(), std::vector<float>(static_cast<std::size_t>(y.shape().numel()), 1e-3f)));
-      out[at] = sync.held_back();
-      std::size_t tensors = 0;
-      net.for_each_parameter([&](auto, auto) { ++tensors; });
-      out[at + 1] = sync.wait() == tensors ? tensors : 0;  // one bucket per tensor, or 0
-    };
-    pass(g, 0);
-    pass(d, 2);
-    return out;
-  }, xs, gens, discs);
+  const auto counts = s.run(
+      [&](dist::replica auto& r, const std::vector<float>& xl, generator& g, discriminator& d) {
+        const tensor in{dist::shape::nchw(static_cast<std::int64_t>(xl.size()) / (28 * 28), 1, 28, 28), xl};
+        std::array<std::size_t, 4> out{};  // generator held back, its buckets, discriminator held back, its buckets
+        auto pass = [&](auto& net, std::size_t at) {
+          net.zero_grad();
+          const tensor y = net.forward(r, in);
+          auto sync = r.overlap_gradients(small);
+          sync.add(net);
+          net.backward(r, tensor(y.shape(), std::vector<float>(static_cast<std::size_t>(y.shape().numel()), 1e-3f)));
+          out[at] = sync.held_back();
+          std::size_t tensors = 0;
+          net.for_each_parameter([&](auto, auto) { ++tensors; });
+          out[at + 1] = sync.wait() == tensors ? tensors : 0;  // one bucket per tensor, or 0
+        };
+        pass(g, 0);
+        pass(d, 2);
+        return out;
+      },
+      xs, gens, discs);
   for (const auto& c : counts) {
     BOOST_TEST(c[0] == 0u);
     // Instance norm has no parameters (the reference's): the generator's 12 convolution weights (6
@@ -529,7 +536,8 @@ BOOST_AUTO_TEST_CASE(a_signal_stops_the_run_with_a_checkpoint_and_resume_continu
       const summary stopped = run(part);
       ctrl_c.request_stop();
       ctrl_c.join();
-      BOOST_TEST_REQUIRE(stopped.preempted.has_value(), "the run was not stopped (it ended at step " << stopped.steps << ")");
+      BOOST_TEST_REQUIRE(stopped.preempted.has_value(),
+                         "the run was not stopped (it ended at step " << stopped.steps << ")");
       BOOST_TEST(stopped.preempted->starts_with("SIGINT after step "), *stopped.preempted);
       BOOST_TEST(stopped.steps >= 2);
       BOOST_TEST(stopped.steps < 40);
@@ -724,8 +732,22 @@ BOOST_AUTO_TEST_CASE(every_bad_value_names_the_flag_the_value_and_the_range) {
 
 BOOST_AUTO_TEST_CASE(good_values_parse_and_help_stops) {
   settings st;
-  const char* argv[] = {"x", "--batch", "8", "--replicas", "3", "--lr", "1e-3", "--seed", "18446744073709551615", "--quiet",
-                        "--decay-fraction", "0", "--strategy", "one_device", "--image-size", "32"};
+  const char* argv[] = {"x",
+                        "--batch",
+                        "8",
+                        "--replicas",
+                        "3",
+                        "--lr",
+                        "1e-3",
+                        "--seed",
+                        "18446744073709551615",
+                        "--quiet",
+                        "--decay-fraction",
+                        "0",
+                        "--strategy",
+                        "one_device",
+                        "--image-size",
+                        "32"};
   BOOST_TEST(parse_arguments(st, 16, argv));
   BOOST_TEST(st.train.batch == 8);
   BOOST_TEST(st.replicas == 3);
@@ -744,16 +766,18 @@ BOOST_AUTO_TEST_CASE(good_values_parse_and_help_stops) {
   BOOST_TEST(!parse_arguments(st, 6, help));  // --help answers before the bad value after it
   classifier_settings cs;
   const char* bad[] = {"x", "--epochs", "0"};
-  BOOST_CHECK_EXCEPTION(parse_classifier_arguments(cs, 3, bad), std::invalid_argument, [](const std::invalid_argument& e) {
-    return std::string(e.what()) == "--epochs: 0 is out of range (accepted: an integer from 1 to 10000)";
-  });
+  BOOST_CHECK_EXCEPTION(
+      parse_classifier_arguments(cs, 3, bad), std::invalid_argument, [](const std::invalid_argument& e) {
+        return std::string(e.what()) == "--epochs: 0 is out of range (accepted: an integer from 1 to 10000)";
+      });
 }
 
 BOOST_AUTO_TEST_CASE(settings_built_in_code_are_checked_before_anything_divides_by_them) {
   settings st = tiny("zero_batch");
   st.train.batch = 0;  // once a division by zero (SIGFPE) computing the steps per epoch
-  BOOST_CHECK_EXCEPTION(run(st), std::invalid_argument,
-                        [](const std::invalid_argument& e) { return std::string(e.what()).starts_with("--batch: 0 is out of range"); });
+  BOOST_CHECK_EXCEPTION(run(st), std::invalid_argument, [](const std::invalid_argument& e) {
+    return std::string(e.what()).starts_with("--batch: 0 is out of range");
+  });
   st = tiny("nan_lr");
   st.train.lr = std::nan("");
   BOOST_CHECK_THROW(run(st), std::invalid_argument);
@@ -765,9 +789,12 @@ BOOST_AUTO_TEST_CASE(settings_built_in_code_are_checked_before_anything_divides_
 BOOST_AUTO_TEST_CASE(images_the_networks_cannot_take_are_named) {
   BOOST_CHECK_NO_THROW(check_image_shape(28, 28, 2, "x"));
   BOOST_CHECK_NO_THROW(check_image_shape(256, 256, 3, "x"));
-  BOOST_CHECK_EXCEPTION(check_image_shape(7, 7, 2, "--fmnist-dir d"), std::invalid_argument, [](const std::invalid_argument& e) {
-    return std::string(e.what()).starts_with("--fmnist-dir d: images of 7x7 pixels do not fit the networks (accepted: sides that are multiples of 4 from 12 to 1024");
-  });
+  BOOST_CHECK_EXCEPTION(check_image_shape(7, 7, 2, "--fmnist-dir d"), std::invalid_argument,
+                        [](const std::invalid_argument& e) {
+                          return std::string(e.what()).starts_with(
+                              "--fmnist-dir d: images of 7x7 pixels do not fit the networks (accepted: sides that are "
+                              "multiples of 4 from 12 to 1024");
+                        });
   BOOST_CHECK_THROW(check_image_shape(30, 30, 2, "x"), std::invalid_argument);
   BOOST_CHECK_THROW(check_image_shape(28, 28, 4, "x"), std::invalid_argument);  // 28 / 16 leaves 1
 }
@@ -814,8 +841,8 @@ BOOST_AUTO_TEST_CASE(leftovers_of_a_killed_run_are_removed_at_start) {
   if (child == 0) ::_exit(0);
   ::waitpid(child, nullptr, 0);
   const std::string tag = ".tmp-" + std::to_string(child) + "-0";
-  const fs::path stale[] = {st.checkpoint_dir / (dist::checkpoint::directory::file_name(6) + tag), st.out_dir / ("losses.csv" + tag),
-                            st.out_dir / ("samples_final.png" + tag)};
+  const fs::path stale[] = {st.checkpoint_dir / (dist::checkpoint::directory::file_name(6) + tag),
+                            st.out_dir / ("losses.csv" + tag), st.out_dir / ("samples_final.png" + tag)};
   for (const auto& p : stale) std::ofstream(p) << "half";
   st.stop_at_step = 0;
   st.resume = true;
@@ -836,12 +863,13 @@ BOOST_AUTO_TEST_CASE(a_directory_of_corrupt_checkpoints_stops_a_resume_and_a_new
   }
   // --resume with nothing that loads: an error naming every file, not a silent restart at step 0.
   st.resume = true;
-  BOOST_CHECK_EXCEPTION(run(st), dist::checkpoint::no_loadable_checkpoint, [&](const dist::checkpoint::no_loadable_checkpoint& e) {
-    const std::string what = e.what();
-    bool named = what.find(st.checkpoint_dir.string()) != std::string::npos && e.files.size() == damaged.size();
-    for (const auto& [step, file] : damaged) named = named && what.find(file.string() + ": ") != std::string::npos;
-    return named;
-  });
+  BOOST_CHECK_EXCEPTION(
+      run(st), dist::checkpoint::no_loadable_checkpoint, [&](const dist::checkpoint::no_loadable_checkpoint& e) {
+        const std::string what = e.what();
+        bool named = what.find(st.checkpoint_dir.string()) != std::string::npos && e.files.size() == damaged.size();
+        for (const auto& [step, file] : damaged) named = named && what.find(file.string() + ": ") != std::string::npos;
+        return named;
+      });
   // A new run in the same directory (no --resume) starts from 0, and pruning keeps its checkpoints.
   st.resume = false;
   const summary again = run(st);

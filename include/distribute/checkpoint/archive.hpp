@@ -47,7 +47,9 @@ namespace detail {
 class byte_writer {
  public:
   template <class T>
-  void pod(const T& v) { raw(&v, sizeof v); }
+  void pod(const T& v) {
+    raw(&v, sizeof v);
+  }
   void raw(const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
     out_.insert(out_.end(), b, b + n);
@@ -100,8 +102,8 @@ class archive {
     if (const auto it = index_.find(name); it != index_.end()) return sections_[it->second].second;
     std::string present;
     for (const auto& [n, b] : sections_) present += (present.empty() ? "" : ", ") + n;
-    throw checkpoint_error("distribute: the checkpoint has no section '" + std::string(name) + "' (it has: " +
-                           (present.empty() ? "nothing" : present) + ")");
+    throw checkpoint_error("distribute: the checkpoint has no section '" + std::string(name) +
+                           "' (it has: " + (present.empty() ? "nothing" : present) + ")");
   }
   bool contains(std::string_view name) const { return index_.find(name) != index_.end(); }
   std::vector<std::string> names() const {
@@ -182,7 +184,8 @@ class archive {
     using T = typename M::scalar_type;
     detail::byte_reader r{bytes(name), name};
     if (const auto width = r.pod<std::uint32_t>(); width != sizeof(T))
-      r.fail("holds " + std::to_string(width) + "-byte parameters; the model has " + std::to_string(sizeof(T)) + "-byte ones");
+      r.fail("holds " + std::to_string(width) + "-byte parameters; the model has " + std::to_string(sizeof(T)) +
+             "-byte ones");
     const auto params = parameters_of(model);
     const auto bufs = buffers_of(model);
     // Check everything before writing anything.
@@ -220,7 +223,8 @@ class archive {
     } catch (const checkpoint_error&) {
       throw;
     } catch (const std::exception& e) {
-      throw checkpoint_error("distribute: checkpoint section '" + std::string(name) + "' could not be loaded: " + e.what());
+      throw checkpoint_error("distribute: checkpoint section '" + std::string(name) +
+                             "' could not be loaded: " + e.what());
     }
     if (is.peek() != std::char_traits<char>::eof())
       throw checkpoint_error("distribute: checkpoint section '" + std::string(name) +

@@ -39,7 +39,9 @@ class fd_guard {
   explicit fd_guard(int fd) noexcept : fd_{fd} {}
   fd_guard(const fd_guard&) = delete;
   fd_guard& operator=(const fd_guard&) = delete;
-  ~fd_guard() { if (fd_ >= 0) ::close(fd_); }
+  ~fd_guard() {
+    if (fd_ >= 0) ::close(fd_);
+  }
   int get() const noexcept { return fd_; }
   int release() noexcept { return std::exchange(fd_, -1); }
 
@@ -78,7 +80,8 @@ inline ::pid_t temporary_owner(std::string_view name) {
   long long pid = 0, n = 0;
   const auto [p1, e1] = std::from_chars(rest.data(), rest.data() + dash, pid);
   const auto [p2, e2] = std::from_chars(rest.data() + dash + 1, rest.data() + rest.size(), n);
-  if (e1 != std::errc{} || p1 != rest.data() + dash || e2 != std::errc{} || p2 != rest.data() + rest.size() || pid <= 0) return 0;
+  if (e1 != std::errc{} || p1 != rest.data() + dash || e2 != std::errc{} || p2 != rest.data() + rest.size() || pid <= 0)
+    return 0;
   return static_cast<::pid_t>(pid);
 }
 
@@ -128,7 +131,7 @@ inline std::vector<std::filesystem::path> remove_stale_temporaries(const std::fi
     if (!entry.is_regular_file(fe)) continue;
     const ::pid_t owner = detail::temporary_owner(entry.path().filename().string());
     if (owner == 0) continue;
-    if (owner == ::getpid()) continue;                      // this process's own, in flight
+    if (owner == ::getpid()) continue;  // this process's own, in flight
     // Alive: the process exists (getpgid fails with ESRCH only for a process that does not).
     if (::getpgid(owner) >= 0 || errno != ESRCH) continue;
     if (std::filesystem::remove(entry.path(), fe)) removed.push_back(entry.path());

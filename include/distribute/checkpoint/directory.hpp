@@ -90,7 +90,8 @@ class directory {
     const distribute::detail::activity_scope<distribute::detail::activity::checkpoint> timed;  // with pruning
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
-    if (ec) throw checkpoint_error("distribute: cannot create checkpoint directory " + dir_.string() + ": " + ec.message());
+    if (ec)
+      throw checkpoint_error("distribute: cannot create checkpoint directory " + dir_.string() + ": " + ec.message());
     const auto file = dir_ / file_name(step);
     checkpoint::save(file, a);
     prune(step);
@@ -100,13 +101,16 @@ class directory {
 
   // Removes the temporaries of writers killed before their rename (see atomic_write.hpp); a program
   // calls this at start. Returns the files removed.
-  std::vector<std::filesystem::path> remove_stale_temporaries() const { return checkpoint::remove_stale_temporaries(dir_); }
+  std::vector<std::filesystem::path> remove_stale_temporaries() const {
+    return checkpoint::remove_stale_temporaries(dir_);
+  }
 
   // The newest checkpoint that loads cleanly, with its path; nothing if the directory holds no
   // checkpoint file (a fresh start). The newer files that did not load are appended to `skipped`
   // when it is given, else reported on stderr, one warning line each. If there are checkpoint files
   // and none of them loads, throws no_loadable_checkpoint (after appending them to `skipped`).
-  std::optional<std::pair<std::filesystem::path, archive>> load_latest_with_path(std::vector<skipped_file>* skipped = nullptr) const {
+  std::optional<std::pair<std::filesystem::path, archive>> load_latest_with_path(
+      std::vector<skipped_file>* skipped = nullptr) const {
     const distribute::detail::activity_scope<distribute::detail::activity::checkpoint> timed;
     std::vector<skipped_file> failed;
     for (const auto& [step, file] : steps()) {

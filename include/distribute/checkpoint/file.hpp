@@ -90,8 +90,8 @@ inline archive parse(std::span<const std::byte> bytes, std::string_view origin) 
       const auto name_size = r.pod<std::uint32_t>();
       const auto name = r.take(name_size);
       const auto size = r.pod<std::uint64_t>();
-      if (size > r.left()) r.fail("declares a section of " + std::to_string(size) + " bytes with " +
-                                  std::to_string(r.left()) + " left");
+      if (size > r.left())
+        r.fail("declares a section of " + std::to_string(size) + " bytes with " + std::to_string(r.left()) + " left");
       a.put_bytes(std::string(reinterpret_cast<const char*>(name.data()), name.size()), r.take(size));
     }
     if (r.left() != 0) r.fail("has " + std::to_string(r.left()) + " bytes after its last section");
@@ -131,7 +131,8 @@ inline archive load(const std::filesystem::path& file, std::uint64_t max_bytes =
   std::ifstream in(file, std::ios::binary);
   if (!in) throw checkpoint_error("distribute: cannot open checkpoint " + file.string() + ": " + std::strerror(errno));
   std::vector<std::byte> bytes(static_cast<std::size_t>(size));
-  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)) || in.peek() != std::char_traits<char>::eof())
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)) ||
+      in.peek() != std::char_traits<char>::eof())
     throw checkpoint_error("distribute: cannot read checkpoint " + file.string() + " (it changed while being read)");
   return parse(bytes, file.string());
 }

@@ -12,9 +12,9 @@ namespace distribute::comm {
 inline void check_block_sizes(const char* op, std::size_t whole, std::size_t block, int ranks) {
   if (whole != block * static_cast<std::size_t>(ranks))
     throw std::invalid_argument(std::string("distribute: ") + op + " needs the full buffer to hold " +
-                                std::to_string(ranks) + " blocks of " + std::to_string(block) +
-                                " elements (" + std::to_string(block * static_cast<std::size_t>(ranks)) +
-                                "), got " + std::to_string(whole));
+                                std::to_string(ranks) + " blocks of " + std::to_string(block) + " elements (" +
+                                std::to_string(block * static_cast<std::size_t>(ranks)) + "), got " +
+                                std::to_string(whole));
 }
 
 inline void check_root(int root, int ranks) {

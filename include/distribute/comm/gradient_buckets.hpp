@@ -83,7 +83,8 @@ void for_each_gradient_bucket(M& model, const gradient_reduction& options, Sink&
     if (!gradient.empty()) gradients.push_back(gradient);
   });
   std::vector<std::span<T>> bucket;
-  std::size_t bytes = 0, cap = options.first_bucket_bytes < options.bucket_bytes ? options.first_bucket_bytes : options.bucket_bytes;
+  std::size_t bytes = 0, cap = options.first_bucket_bytes < options.bucket_bytes ? options.first_bucket_bytes
+                                                                                 : options.bucket_bytes;
   for (auto g = gradients.rbegin(); g != gradients.rend(); ++g) {
     if (!bucket.empty() && bytes + g->size_bytes() > cap) {
       sink(std::move(bucket));
@@ -100,9 +101,8 @@ void for_each_gradient_bucket(M& model, const gradient_reduction& options, Sink&
 // A communicator whose buffers may be device memory all-reduces float buffers through bfloat16
 // itself (cuda/comm/nccl.cuh, cuda/comm/cuda_peer.cuh); the others' buffers are host memory, narrowed here.
 template <class C>
-concept bfloat16_compressing_communicator = requires(C& c, std::span<const std::span<float>> buffers) {
-  c.all_reduce_as_bfloat16(reduce_op::sum, buffers);
-};
+concept bfloat16_compressing_communicator =
+    requires(C& c, std::span<const std::span<float>> buffers) { c.all_reduce_as_bfloat16(reduce_op::sum, buffers); };
 
 // Refuses a compression the gradients cannot take, before any collective (every replica refuses
 // alike: the options and the model are the same on every replica).
@@ -111,13 +111,18 @@ void check_compression(const gradient_reduction& options) {
   if (options.compression == gradient_compression::none) return;
   if (options.compression != gradient_compression::bfloat16)
     throw std::invalid_argument("distribute: gradient_reduction::compression " +
-                                std::to_string(static_cast<int>(options.compression)) + " is not a gradient_compression");
+                                std::to_string(static_cast<int>(options.compression)) +
+                                " is not a gradient_compression");
   if (dtype_of<T> != dtype::float32)
-    throw std::invalid_argument("distribute: gradient_reduction::compression = bfloat16 is for float32 gradients; this "
-                                "model's are " + std::string(to_string(dtype_of<T>)));
+    throw std::invalid_argument(
+        "distribute: gradient_reduction::compression = bfloat16 is for float32 gradients; this "
+        "model's are " +
+        std::string(to_string(dtype_of<T>)));
   if (options.op != reduce_op::sum && options.op != reduce_op::mean)
-    throw std::invalid_argument("distribute: gradient_reduction::compression = bfloat16 combines gradients by sum or "
-                                "mean, not " + std::string(to_string(options.op)));
+    throw std::invalid_argument(
+        "distribute: gradient_reduction::compression = bfloat16 combines gradients by sum or "
+        "mean, not " +
+        std::string(to_string(options.op)));
 }
 
 // The calling thread's buffer for narrowing gradients into W (all_reduce_narrowed_on_host): grown to

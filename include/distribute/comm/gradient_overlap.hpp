@@ -92,7 +92,12 @@ class gradient_overlap final : comm::overlap_hook {
   // (never with a split-phase communicator, which needs none).
   gradient_overlap(C& comm, comm::overlap_hook** slot, bool threaded, const gradient_reduction& options,
                    detail::collective_meter* meter)
-      : comm_{comm}, slot_{slot}, split_{splits(comm)}, threaded_{threaded && !split_}, options_{options}, meter_{meter} {
+      : comm_{comm},
+        slot_{slot},
+        split_{splits(comm)},
+        threaded_{threaded && !split_},
+        options_{options},
+        meter_{meter} {
     if (!slot_) return;
     if (*slot_)
       throw std::logic_error("distribute: replica " + std::to_string(comm.rank()) +
@@ -131,7 +136,8 @@ class gradient_overlap final : comm::overlap_hook {
           return;
         }
       }
-      buckets_.push_back({bucket.size(), [this, bucket = std::move(bucket)] { comm::all_reduce_bucket(comm_, options_, bucket); }});
+      buckets_.push_back(
+          {bucket.size(), [this, bucket = std::move(bucket)] { comm::all_reduce_bucket(comm_, options_, bucket); }});
     });
     return *this;
   }
@@ -174,7 +180,9 @@ class gradient_overlap final : comm::overlap_hook {
     c.start_all_reduce_as_bfloat16(reduce_op::sum, buffers);
   };
   // Whether a bucket of this compression is started in the split phase (else it runs in `wait`).
-  static constexpr bool starts(gradient_compression c) noexcept { return c == gradient_compression::none || can_split_compressed; }
+  static constexpr bool starts(gradient_compression c) noexcept {
+    return c == gradient_compression::none || can_split_compressed;
+  }
   static bool splits(C& c) {
     if constexpr (!can_split) return false;
     else if constexpr (requires { c.splits(); }) return c.splits();
@@ -256,10 +264,10 @@ class gradient_overlap final : comm::overlap_hook {
   bool finished_ = false;
   std::vector<bucket> buckets_;
   std::unordered_map<const void*, std::size_t> at_;  // gradient data -> its bucket, until final
-  std::size_t next_ = 0;                               // the next bucket to start
-  std::size_t first_waiting_ = 0;                      // the first bucket with gradients not yet final
-  std::size_t held_back_ = 0;                          // see held_back()
-  std::vector<std::size_t> finished_now_;              // buckets the current announcement finished
+  std::size_t next_ = 0;                             // the next bucket to start
+  std::size_t first_waiting_ = 0;                    // the first bucket with gradients not yet final
+  std::size_t held_back_ = 0;                        // see held_back()
+  std::vector<std::size_t> finished_now_;            // buckets the current announcement finished
   std::optional<detail::ordered_worker> worker_;
 };
 

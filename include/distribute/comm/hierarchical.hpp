@@ -87,7 +87,8 @@ class hierarchical_group {
       if (how == local_reduction::automatic) {
         // All workers are on this machine when the engine shares memory: too few cores either for
         // this worker's replicas (its affinity mask) or for the job's (the machine's threads).
-        const unsigned mine = distribute::detail::usable_hardware_threads(), machine = std::thread::hardware_concurrency();
+        const unsigned mine = distribute::detail::usable_hardware_threads(),
+                       machine = std::thread::hardware_concurrency();
         const bool crowded = static_cast<unsigned>(local_replicas) > mine ||
                              (machine != 0 && static_cast<unsigned>(total_replicas()) > machine);
         how = cross_.uses_shared_memory() && crowded ? local_reduction::first_replica : local_reduction::parallel;
@@ -123,7 +124,8 @@ class hierarchical_group {
   friend class hierarchical<Cross>;
 
   static int check_count(int n) {
-    if (n < 1) throw std::invalid_argument("distribute: a worker needs at least one local replica, got " + std::to_string(n));
+    if (n < 1)
+      throw std::invalid_argument("distribute: a worker needs at least one local replica, got " + std::to_string(n));
     return n;
   }
   // With other workers, the local replicas wait at the fan-out while local replica 0 is in the
@@ -146,7 +148,8 @@ class hierarchical_group {
 template <class Cross>
 class hierarchical {
  public:
-  hierarchical(hierarchical_group<Cross>& group, int local_rank) : g_{&group}, local_{group.local_.endpoint(local_rank)} {}
+  hierarchical(hierarchical_group<Cross>& group, int local_rank)
+      : g_{&group}, local_{group.local_.endpoint(local_rank)} {}
 
   int rank() const noexcept { return g_->first_replica(g_->worker_) + local_.rank(); }
   int size() const noexcept { return g_->total_replicas(); }
@@ -192,7 +195,8 @@ class hierarchical {
     check_block_sizes("reduce_scatter", in.size(), out.size(), size());
     std::vector<T> all(in.begin(), in.end());
     all_reduce(op, std::span<T>(all));
-    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank()) * out.size()), out.size(), out.begin());
+    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank()) * out.size()), out.size(),
+                out.begin());
   }
 
   // out.size() == size() * in.size(); block q of `out` is replica q's `in`.
@@ -207,7 +211,8 @@ class hierarchical {
     else if (m != 0 && in.data() != mine.data()) std::memmove(mine.data(), in.data(), in.size_bytes());
     if (local_.rank() == 0) {
       std::vector<std::size_t> counts(static_cast<std::size_t>(g_->num_workers()));
-      for (int w = 0; w < g_->num_workers(); ++w) counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(g_->replicas_of(w)) * m;
+      for (int w = 0; w < g_->num_workers(); ++w)
+        counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(g_->replicas_of(w)) * m;
       g_->cross_.all_gather(std::span<const T>(mine.data(), mine.size()), out, std::span<const std::size_t>(counts));
       g_->published_[0] = out.data();
     }
@@ -267,14 +272,18 @@ class hierarchical {
   // Replica ranks are worker ranks only when every worker holds one replica.
   void one_replica_per_worker(const char* what) const {
     if (local_.size() != 1)
-      throw std::logic_error(std::string("distribute: ") + what +
-                             ": point-to-point between replicas of a multi-worker strategy needs one replica per worker; "
-                             "this worker has " + std::to_string(local_.size()));
+      throw std::logic_error(
+          std::string("distribute: ") + what +
+          ": point-to-point between replicas of a multi-worker strategy needs one replica per worker; "
+          "this worker has " +
+          std::to_string(local_.size()));
     for (int w = 0; w < g_->num_workers(); ++w)
       if (g_->replicas_of(w) != 1)
-        throw std::logic_error(std::string("distribute: ") + what +
-                               ": point-to-point between replicas of a multi-worker strategy needs one replica per worker; "
-                               "worker " + std::to_string(w) + " has " + std::to_string(g_->replicas_of(w)));
+        throw std::logic_error(
+            std::string("distribute: ") + what +
+            ": point-to-point between replicas of a multi-worker strategy needs one replica per worker; "
+            "worker " +
+            std::to_string(w) + " has " + std::to_string(g_->replicas_of(w)));
   }
 
   // Local replica 0 all-reduces every local replica's buffers with the other workers in one pass,

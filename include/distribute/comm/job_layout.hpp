@@ -41,7 +41,9 @@ class job_layout {
   int total_replicas() const noexcept { return first_.empty() ? 0 : first_.back(); }
   // The first replica of worker `w` and how many it holds.
   int first_replica(int w) const noexcept { return first_[static_cast<std::size_t>(w)]; }
-  int replicas_of(int w) const noexcept { return first_[static_cast<std::size_t>(w) + 1] - first_[static_cast<std::size_t>(w)]; }
+  int replicas_of(int w) const noexcept {
+    return first_[static_cast<std::size_t>(w) + 1] - first_[static_cast<std::size_t>(w)];
+  }
   int worker_of(int replica) const noexcept {
     return static_cast<int>(std::upper_bound(first_.begin(), first_.end(), replica) - first_.begin()) - 1;
   }

@@ -169,7 +169,8 @@ class mpi {
   template <detail::mpi_value T>
   void all_reduce_each(reduce_op op, std::span<const std::span<const std::span<T>>> lists, int mean_over) {
     if (lists.empty()) throw std::invalid_argument("distribute: all_reduce_each needs at least one list of buffers");
-    if (mean_over < 1) throw std::invalid_argument("distribute: a mean over " + std::to_string(mean_over) + " contributions");
+    if (mean_over < 1)
+      throw std::invalid_argument("distribute: a mean over " + std::to_string(mean_over) + " contributions");
     const auto first = lists[0];
     for (const auto list : lists) {
       bool same = list.size() == first.size();
@@ -188,9 +189,10 @@ class mpi {
     const reduce_op partial = op == reduce_op::mean ? reduce_op::sum : op;
     std::vector<const void*> srcs(lists.size());
     if (lists.size() > 1)
-      detail::for_each_run_at(first, 0, total, total + 1, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t) {
-        detail::combine_lists(partial, lists, i, at, len, first[i].data() + at, srcs.data());
-      });
+      detail::for_each_run_at(first, 0, total, total + 1,
+                              [&](std::size_t i, std::size_t at, std::size_t len, std::size_t) {
+                                detail::combine_lists(partial, lists, i, at, len, first[i].data() + at, srcs.data());
+                              });
     ring_all_reduce(op, first, mean_over, c);
     for (std::size_t l = 1; l < lists.size(); ++l)
       for (std::size_t i = 0; i < first.size(); ++i)
@@ -288,8 +290,9 @@ class mpi {
       MPI_Request r = MPI_REQUEST_NULL;
       const int rc = MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, dst, mpi_tag, s.comm, &r);
       if (rc != MPI_SUCCESS)
-        fail_with<collective_aborted>("distribute: " + detail::describe_send(name(rank()), name(dst), tag, posted.header) +
-                                      " could not be posted: " + mpi_error_string(rc));
+        fail_with<collective_aborted>(
+            "distribute: " + detail::describe_send(name(rank()), name(dst), tag, posted.header) +
+            " could not be posted: " + mpi_error_string(rc));
       posted.requests.push_back(r);
     };
     isend(&posted.header, sizeof posted.header);
@@ -310,7 +313,8 @@ class mpi {
     const auto mine = detail::p2p_header::of<T>(buf.size(), distribute::detail::current_origin);
     const std::string me = "worker " + std::to_string(name(rank())), from = "worker " + std::to_string(name(src));
     auto described = [&] {
-      return me + "'s recv of " + mine.payload() + " from " + from + " (tag " + std::to_string(tag) + ")" + mine.origin();
+      return me + "'s recv of " + mine.payload() + " from " + from + " (tag " + std::to_string(tag) + ")" +
+             mine.origin();
     };
     refuse_if_failed(described);
     reap_sends();
@@ -334,7 +338,8 @@ class mpi {
     int got = 0;
     MPI_Get_count(&status, MPI_BYTE, &got);
     if (got != static_cast<int>(sizeof theirs) || theirs.bytes < 0)
-      fail_with<collective_mismatch>("distribute: " + described() + " met a message that is not a send of this library");
+      fail_with<collective_mismatch>("distribute: " + described() +
+                                     " met a message that is not a send of this library");
 
     // The data, exactly as announced: into `buf`, or into scratch memory when it is not what `buf` is.
     const bool same = theirs.same_payload(mine) && theirs.bytes == mine.bytes;
@@ -350,15 +355,16 @@ class mpi {
     for (std::size_t at = 0; at < bytes; at += max_message) {
       lengths.push_back(std::min(max_message, bytes - at));
       pieces.push_back(MPI_REQUEST_NULL);
-      if (const int rc = MPI_Irecv(into + at, static_cast<int>(lengths.back()), MPI_BYTE, src, mpi_tag, s.comm, &pieces.back());
+      if (const int rc =
+              MPI_Irecv(into + at, static_cast<int>(lengths.back()), MPI_BYTE, src, mpi_tag, s.comm, &pieces.back());
           rc != MPI_SUCCESS)
         fail_with<collective_aborted>("distribute: " + described() + " could not be posted: " + mpi_error_string(rc));
     }
     std::vector<MPI_Status> statuses(pieces.size());
     // The sender posted its data with its header: a fresh timeout is only for a sender that stopped
     // between the two (or that holds a large message back while it computes).
-    if (!poll(pieces.data(), static_cast<int>(pieces.size()), statuses.data(), std::chrono::steady_clock::now() + timeout,
-              described)) {
+    if (!poll(pieces.data(), static_cast<int>(pieces.size()), statuses.data(),
+              std::chrono::steady_clock::now() + timeout, described)) {
       // The data may still arrive: the scratch memory is left to it (the job is being aborted).
       if (!same) (void)new std::vector<std::byte>(std::move(elsewhere));
       fail_with<collective_timeout>("distribute: " + described() + " received the header of " + from +
@@ -380,8 +386,7 @@ class mpi {
   // A collective: the communicator of the workers that passed the same `color` (>= 0), ranked by
   // `key`, then by their rank here (MPI_Comm_split). See the top of this file.
   mpi split(int color, int key) {
-    if (color < 0)
-      throw std::invalid_argument("distribute: split needs a color >= 0, got " + std::to_string(color));
+    if (color < 0) throw std::invalid_argument("distribute: split needs a color >= 0, got " + std::to_string(color));
     // The colors and keys first, through a collective that is bounded by the timeout and checked like
     // any other: MPI_Comm_split itself waits without limit for every worker.
     std::vector<int> all(2 * static_cast<std::size_t>(size()));
@@ -422,8 +427,8 @@ class mpi {
   // "worker 1 of 3"; in a split communicator "worker 3 (rank 1 of 2 of a split communicator)".
   std::string where() const {
     if (s_->names.empty()) return "worker " + std::to_string(rank()) + " of " + std::to_string(size());
-    return "worker " + std::to_string(name(rank())) + " (rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
-           " of a split communicator)";
+    return "worker " + std::to_string(name(rank())) + " (rank " + std::to_string(rank()) + " of " +
+           std::to_string(size()) + " of a split communicator)";
   }
   std::string worker(int r) const { return "worker " + std::to_string(name(r)); }
   template <class Ranks>
@@ -449,9 +454,10 @@ class mpi {
       throw std::invalid_argument(std::string("distribute: ") + what + " on " + where() + " needs a tag 0 <= tag < " +
                                   std::to_string(tag_limit()) + ", got " + std::to_string(tag));
     if (peer < 0 || peer >= size() || peer == rank())
-      throw std::invalid_argument(std::string("distribute: ") + what + " on " + where() + " (tag " + std::to_string(tag) +
-                                  ") names rank " + std::to_string(peer) + "; it must be another rank of this communicator (0.." +
-                                  std::to_string(size() - 1) + ", this worker is rank " + std::to_string(rank()) + ")");
+      throw std::invalid_argument(std::string("distribute: ") + what + " on " + where() + " (tag " +
+                                  std::to_string(tag) + ") names rank " + std::to_string(peer) +
+                                  "; it must be another rank of this communicator (0.." + std::to_string(size() - 1) +
+                                  ", this worker is rank " + std::to_string(rank()) + ")");
   }
 
   // Memory for a send's copy: a delivered send's, when one is large enough.
@@ -473,10 +479,12 @@ class mpi {
     for (std::size_t i = 0; i < s.sends.size();) {
       auto& m = *s.sends[i];
       int done = 0;
-      if (const int rc = MPI_Testall(static_cast<int>(m.requests.size()), m.requests.data(), &done, MPI_STATUSES_IGNORE);
+      if (const int rc =
+              MPI_Testall(static_cast<int>(m.requests.size()), m.requests.data(), &done, MPI_STATUSES_IGNORE);
           rc != MPI_SUCCESS)
-        fail_with<collective_aborted>("distribute: " + detail::describe_send(name(rank()), name(m.dst), m.tag, m.header) +
-                                      " failed: " + mpi_error_string(rc));
+        fail_with<collective_aborted>(
+            "distribute: " + detail::describe_send(name(rank()), name(m.dst), m.tag, m.header) +
+            " failed: " + mpi_error_string(rc));
       if (!done) {
         ++i;
         continue;
@@ -530,8 +538,8 @@ class mpi {
   // Starts a collective: refuses on a failed communicator, numbers it, and compares fingerprints.
   active_call begin(collective_kind kind, std::int64_t type, reduce_op op, std::size_t count, int root = 0) {
     state& s = *s_;
-    active_call c{{static_cast<std::int64_t>(kind), type, static_cast<std::int64_t>(op), static_cast<std::int64_t>(count),
-                   root, s.seq++},
+    active_call c{{static_cast<std::int64_t>(kind), type, static_cast<std::int64_t>(op),
+                   static_cast<std::int64_t>(count), root, s.seq++},
                   std::chrono::steady_clock::now() + s.options.collectives.timeout};
     c.call.set_origin(distribute::detail::current_origin);
     refuse_if_failed([&] { return detail::describe_at(c.call) + " on " + where(); });
@@ -541,7 +549,8 @@ class mpi {
       // them itself, in any build.
       if (!s.window) check_fingerprints(c);
       else if (kind != collective_kind::all_reduce)
-        s.window->check_calls(c.call, c.deadline, [&](detail::window_failure f) { report_window_failure(c, std::move(f)); });
+        s.window->check_calls(c.call, c.deadline,
+                              [&](detail::window_failure f) { report_window_failure(c, std::move(f)); });
     }
     return c;
   }
@@ -612,11 +621,11 @@ class mpi {
       MPI_Get_count(&s.statuses[i], MPI_BYTE, &got);
       const int wanted = std::exchange(s.expected[i], -1);  // checked once: a null request reports 0 bytes
       if (got != wanted)
-        fail_with<collective_mismatch>("distribute: " + detail::describe_at(c.call) + " on " + where() + " received " +
-                                       std::to_string(got) + " bytes from " + worker(s.peers[i]) + " where it expected " +
-                                       std::to_string(wanted) +
-                                       ": the workers called collectives of different sizes (turn on check_fingerprints "
-                                       "to see each worker's call)");
+        fail_with<collective_mismatch>(
+            "distribute: " + detail::describe_at(c.call) + " on " + where() + " received " + std::to_string(got) +
+            " bytes from " + worker(s.peers[i]) + " where it expected " + std::to_string(wanted) +
+            ": the workers called collectives of different sizes (turn on check_fingerprints "
+            "to see each worker's call)");
     }
   }
 
@@ -638,8 +647,8 @@ class mpi {
                                      (peer >= 0 ? " from " + worker(peer) : std::string{}) +
                                      ": the workers called collectives of different sizes (turn on "
                                      "check_fingerprints to see each worker's call)");
-    fail_with<collective_aborted>(at + " failed" + (peer >= 0 ? " talking to " + worker(peer) : std::string{}) +
-                                  ": " + mpi_error_string(code));
+    fail_with<collective_aborted>(at + " failed" + (peer >= 0 ? " talking to " + worker(peer) : std::string{}) + ": " +
+                                  mpi_error_string(code));
   }
 
   [[noreturn]] void report_window_failure(const active_call& c, detail::window_failure f) {
@@ -649,8 +658,7 @@ class mpi {
         throw collective_mismatch(f.message);  // found before any data moved: the communicator goes on
       case detail::window_failure::kind::peer_failed:
         fail_with<collective_aborted>(at + " stopped: " + worker(f.worker) + " failed: " + f.message);
-      case detail::window_failure::kind::timeout:
-        break;
+      case detail::window_failure::kind::timeout: break;
     }
     fail_with<collective_timeout>(at + " " + timed_out_after(c) + " waiting for " + workers(f.late) +
                                   " (a worker died, stalled, or called a different collective)");
@@ -668,7 +676,8 @@ class mpi {
     for (std::size_t i = 0; i < s_->requests.size(); ++i) {
       int done = 1;
       if (s_->requests[i] != MPI_REQUEST_NULL) MPI_Request_get_status(s_->requests[i], &done, MPI_STATUS_IGNORE);
-      if (!done && std::find(waiting.begin(), waiting.end(), s_->peers[i]) == waiting.end()) waiting.push_back(s_->peers[i]);
+      if (!done && std::find(waiting.begin(), waiting.end(), s_->peers[i]) == waiting.end())
+        waiting.push_back(s_->peers[i]);
     }
     std::sort(waiting.begin(), waiting.end());
     std::string msg = "distribute: " + detail::describe_at(c.call) + " on " + where() + " " + timed_out_after(c);
@@ -734,11 +743,12 @@ class mpi {
         s_->requests.clear();
         s_->peers.clear();
         s_->expected.clear();
-        detail::for_each_run(bufs, detail::block_begin(n, k, sb), detail::block_begin(n, k, sb + 1), piece,
-                       [&](T* p, std::size_t m, std::size_t) { post_send(p, m * sizeof(T), right(), tag_reduce); });
+        detail::for_each_run(
+            bufs, detail::block_begin(n, k, sb), detail::block_begin(n, k, sb + 1), piece,
+            [&](T* p, std::size_t m, std::size_t) { post_send(p, m * sizeof(T), right(), tag_reduce); });
         pieces.clear();
         detail::for_each_run(bufs, detail::block_begin(n, k, rb), detail::block_begin(n, k, rb + 1), piece,
-                       [&](T* p, std::size_t m, std::size_t) { pieces.emplace_back(p, m); });
+                             [&](T* p, std::size_t m, std::size_t) { pieces.emplace_back(p, m); });
         std::vector<std::size_t> index(pieces.size());  // of each piece's receive in the request list
         auto receive = [&](std::size_t i) {
           index[i] = s_->requests.size();
@@ -756,9 +766,10 @@ class mpi {
       }
     }
     if (op == reduce_op::mean)
-      detail::for_each_run(bufs, detail::block_begin(n, k, r), detail::block_begin(n, k, r + 1), std::max<std::size_t>(n, 1), [&](T* p, std::size_t m, std::size_t) {
-        for (std::size_t i = 0; i < m; ++i) p[i] = distribute::detail::finish(op, p[i], mean_over);
-      });
+      detail::for_each_run(bufs, detail::block_begin(n, k, r), detail::block_begin(n, k, r + 1),
+                           std::max<std::size_t>(n, 1), [&](T* p, std::size_t m, std::size_t) {
+                             for (std::size_t i = 0; i < m; ++i) p[i] = distribute::detail::finish(op, p[i], mean_over);
+                           });
   }
 
   template <class T>
@@ -773,22 +784,24 @@ class mpi {
       s_->peers.clear();
       s_->expected.clear();
       detail::for_each_run(bufs, detail::block_begin(n, k, rb), detail::block_begin(n, k, rb + 1), piece_elements<T>,
-                     [&](T* p, std::size_t m, std::size_t) { post_recv(p, m * sizeof(T), left(), tag_gather); });
+                           [&](T* p, std::size_t m, std::size_t) { post_recv(p, m * sizeof(T), left(), tag_gather); });
       detail::for_each_run(bufs, detail::block_begin(n, k, sb), detail::block_begin(n, k, sb + 1), piece_elements<T>,
-                     [&](T* p, std::size_t m, std::size_t) { post_send(p, m * sizeof(T), right(), tag_gather); });
+                           [&](T* p, std::size_t m, std::size_t) { post_send(p, m * sizeof(T), right(), tag_gather); });
       complete(c);
     }
   }
 
   template <class T>
-  void ring_all_gather(std::span<const T> in, std::span<T> out, const std::vector<std::size_t>& counts, const active_call& c) {
+  void ring_all_gather(std::span<const T> in, std::span<T> out, const std::vector<std::size_t>& counts,
+                       const active_call& c) {
     const int k = size(), r = rank();
     std::vector<std::size_t> offsets(counts.size() + 1, 0);
     for (std::size_t w = 0; w < counts.size(); ++w) offsets[w + 1] = offsets[w] + counts[w];
     T* mine = out.data() + offsets[static_cast<std::size_t>(r)];
     if (!in.empty() && in.data() != mine) std::memmove(mine, in.data(), in.size_bytes());
     for (int s = 0; s < k - 1; ++s) {
-      const auto sb = static_cast<std::size_t>(((r - s) % k + k) % k), rb = static_cast<std::size_t>(((r - s - 1) % k + k) % k);
+      const auto sb = static_cast<std::size_t>(((r - s) % k + k) % k),
+                 rb = static_cast<std::size_t>(((r - s - 1) % k + k) % k);
       s_->requests.clear();
       post_recv(out.data() + offsets[rb], counts[rb] * sizeof(T), left(), tag_gather);
       post_send(out.data() + offsets[sb], counts[sb] * sizeof(T), right(), tag_gather);

@@ -83,9 +83,7 @@ class mpi_runtime {
     });
   }
 
-  std::string failure_message() const {
-    return failed_.load() ? message_ : std::string{};
-  }
+  std::string failure_message() const { return failed_.load() ? message_ : std::string{}; }
 
   [[noreturn]] static void abort_now() {
     std::fflush(stdout);
@@ -130,8 +128,7 @@ class mpi_runtime {
         std::rethrow_exception(e);
       } catch (const std::exception& ex) {
         what = ex.what();
-      } catch (...) {
-      }
+      } catch (...) {}
       const std::string printed = self.failure_message();
       const std::string cause = what.starts_with("distribute: ") ? what.substr(12) : what;
       if (printed.empty() || printed.find(cause) == std::string::npos)

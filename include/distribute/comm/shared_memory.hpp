@@ -123,11 +123,11 @@ class shared_memory_group {
   friend class shared_memory;
 
   struct alignas(64) slot {
-    detail::descriptor posted[2];           // by parity of the collective count: see `collective`
-    std::atomic<std::uint64_t> seq{0};       // collectives this rank has entered in this step
+    detail::descriptor posted[2];       // by parity of the collective count: see `collective`
+    std::atomic<std::uint64_t> seq{0};  // collectives this rank has entered in this step
     std::atomic<bool> departed{false};
-    std::vector<void*> scratch;              // one pointer per rank, used only by the owning rank
-    std::uint64_t splits = 0;                // `split` calls of this rank, over the group's life
+    std::vector<void*> scratch;  // one pointer per rank, used only by the owning rank
+    std::uint64_t splits = 0;    // `split` calls of this rank, over the group's life
   };
 
   // A sub-group made by `split`: the `index`-th split of the parent, for one color.
@@ -212,7 +212,7 @@ class shared_memory_group {
   std::vector<slot> slots_;
   std::unique_ptr<detail::mailbox[]> mailboxes_;  // one per receiving rank
   shared_memory_group* parent_ = nullptr;
-  std::vector<int> names_;                         // empty in the outermost group
+  std::vector<int> names_;  // empty in the outermost group
   std::mutex children_mu_;
   std::vector<child> children_;
 };
@@ -246,8 +246,13 @@ class shared_memory {
   template <element T>
   void reduce_scatter(reduce_op op, std::span<const T> in, std::span<T> out) {
     comm::check_block_sizes("reduce_scatter", in.size(), out.size(), size());
-    detail::descriptor d{.kind = detail::collective_kind::reduce_scatter, .type = dtype_of<T>, .op = op,
-                         .count = in.size(), .out_count = out.size(), .in = in.data(), .out = out.data()};
+    detail::descriptor d{.kind = detail::collective_kind::reduce_scatter,
+                         .type = dtype_of<T>,
+                         .op = op,
+                         .count = in.size(),
+                         .out_count = out.size(),
+                         .in = in.data(),
+                         .out = out.data()};
     collective(d, [&](const slot_view& v) {
       const std::size_t m = out.size();
       void** srcs = v.mine.scratch.data();
@@ -261,8 +266,12 @@ class shared_memory {
   template <element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     comm::check_block_sizes("all_gather", out.size(), in.size(), size());
-    detail::descriptor d{.kind = detail::collective_kind::all_gather, .type = dtype_of<T>, .count = in.size(),
-                         .out_count = out.size(), .in = in.data(), .out = out.data()};
+    detail::descriptor d{.kind = detail::collective_kind::all_gather,
+                         .type = dtype_of<T>,
+                         .count = in.size(),
+                         .out_count = out.size(),
+                         .in = in.data(),
+                         .out = out.data()};
     collective(d, [&](const slot_view& v) {
       const std::size_t m = in.size();
       for (int q = 0; q < size(); ++q) {
@@ -277,17 +286,19 @@ class shared_memory {
   void broadcast(std::span<T> buf, int root) {
     comm::check_root(root, size());
     detail::segment seg{buf.data(), buf.size()};
-    detail::descriptor d{.kind = detail::collective_kind::broadcast, .type = dtype_of<T>, .root = root,
-                         .count = buf.size(), .segs = &seg, .n_segs = 1};
+    detail::descriptor d{.kind = detail::collective_kind::broadcast,
+                         .type = dtype_of<T>,
+                         .root = root,
+                         .count = buf.size(),
+                         .segs = &seg,
+                         .n_segs = 1};
     collective(d, [&](const slot_view& v) {
       if (rank_ == root || buf.empty()) return;
       detail::copy_bytes(buf.data(), v.posted(root).segs[0].data, buf.size() * sizeof(T));
     });
   }
 
-  void barrier() {
-    collective(detail::descriptor{.kind = detail::collective_kind::barrier}, nullptr);
-  }
+  void barrier() { collective(detail::descriptor{.kind = detail::collective_kind::barrier}, nullptr); }
 
   // Sends `buf` to rank `dst` of this group, matched by `tag` (>= 0). Returns at once: the receiver
   // gets the values even if `buf` changes afterwards.
@@ -378,16 +389,15 @@ class shared_memory {
     p2p_failure<collective_timeout>("replica " + std::to_string(g.name(rank_)) + " " +
                                     distribute::detail::timed_out_after(g.options_.timeout, started) +
                                     " waiting for a message from replica " + std::to_string(g.name(src)) + " (" +
-                                    describe_recv(rank_, call, false) + ") that replica " + std::to_string(g.name(src)) +
-                                    " never sent");
+                                    describe_recv(rank_, call, false) + ") that replica " +
+                                    std::to_string(g.name(src)) + " never sent");
   }
 
   // A collective: this replica's endpoint of the group of the replicas that passed the same `color`
   // (>= 0), ranked by `key`, then by rank. Every rank of this group calls it. The sub-group lives as
   // long as this group.
   shared_memory split(int color, int key) {
-    if (color < 0)
-      throw std::invalid_argument("distribute: split needs a color >= 0, got " + std::to_string(color));
+    if (color < 0) throw std::invalid_argument("distribute: split needs a color >= 0, got " + std::to_string(color));
     const collective_label label("split");
     const int mine[2] = {color, key};
     std::vector<int> all(2 * static_cast<std::size_t>(size()));
@@ -412,8 +422,12 @@ class shared_memory {
   void all_reduce_by_first(reduce_op op, std::span<const std::span<T>> bufs, Work&& work) {
     std::size_t total = 0;
     const auto segs = detail::segments_of(bufs, total);
-    const detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op,
-                               .count = total, .segs = segs.data(), .n_segs = segs.size()};
+    const detail::descriptor d{.kind = detail::collective_kind::all_reduce,
+                               .type = dtype_of<T>,
+                               .op = op,
+                               .count = total,
+                               .segs = segs.data(),
+                               .n_segs = segs.size()};
     const slot_view v = post_and_meet(d);
     if (rank_ == 0) {
       std::vector<std::vector<std::span<T>>> lists(static_cast<std::size_t>(size()));
@@ -441,9 +455,9 @@ class shared_memory {
 
   void check_peer(const char* what, int peer, int tag) const {
     if (peer < 0 || peer >= size() || peer == rank_)
-      throw std::invalid_argument(std::string("distribute: ") + what + " on replica " + std::to_string(g_->name(rank_)) +
-                                  " names rank " + std::to_string(peer) + "; it must be another rank of this group of " +
-                                  std::to_string(size()));
+      throw std::invalid_argument(std::string("distribute: ") + what + " on replica " +
+                                  std::to_string(g_->name(rank_)) + " names rank " + std::to_string(peer) +
+                                  "; it must be another rank of this group of " + std::to_string(size()));
     if (tag < 0)
       throw std::invalid_argument(std::string("distribute: ") + what + " needs a tag >= 0, got " + std::to_string(tag));
   }
@@ -454,8 +468,9 @@ class shared_memory {
            std::to_string(g_->name(c.peer)) + distribute::detail::describe_origin(c.api, c.step, c.in_step);
   }
   std::string describe_recv(int at, const detail::p2p_call& c, bool with_owner = true) const {
-    return (with_owner ? "replica " + std::to_string(g_->name(at)) + "'s " : std::string{}) + "recv of " + detail::payload(c) +
-           " from replica " + std::to_string(g_->name(c.peer)) + distribute::detail::describe_origin(c.api, c.step, c.in_step);
+    return (with_owner ? "replica " + std::to_string(g_->name(at)) + "'s " : std::string{}) + "recv of " +
+           detail::payload(c) + " from replica " + std::to_string(g_->name(c.peer)) +
+           distribute::detail::describe_origin(c.api, c.step, c.in_step);
   }
 
   // A point-to-point failure fails the whole group (as a collective's does), then this replica.
@@ -469,16 +484,22 @@ class shared_memory {
 
   template <class T>
   void all_reduce_segments(reduce_op op, const detail::segment* segs, std::size_t n_segs, std::size_t total) {
-    detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op,
-                         .count = total, .segs = segs, .n_segs = n_segs};
+    detail::descriptor d{.kind = detail::collective_kind::all_reduce,
+                         .type = dtype_of<T>,
+                         .op = op,
+                         .count = total,
+                         .segs = segs,
+                         .n_segs = n_segs};
     collective(d, [&](const slot_view& v) {
       // This rank's slice of the flattened buffers, in whole cache lines so that no two ranks write
       // the same line.
       const int n = size();
       const std::size_t unit = std::max<std::size_t>(1, 64 / sizeof(T));
       const std::size_t units = (total + unit - 1) / unit;
-      const std::size_t lo = std::min(total, units * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n) * unit);
-      const std::size_t hi = std::min(total, units * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n) * unit);
+      const std::size_t lo =
+          std::min(total, units * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(n) * unit);
+      const std::size_t hi =
+          std::min(total, units * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(n) * unit);
       void** ptrs = v.mine.scratch.data();
       std::size_t offset = 0;
       for (std::size_t i = 0; i < n_segs && offset < hi; offset += segs[i].size, ++i) {
@@ -547,7 +568,8 @@ class shared_memory {
     }
     std::string msg = "distribute: replicas disagree on collective #" + std::to_string(seq + 1) + " of this step: ";
     for (std::size_t i = 0; i < groups.size(); ++i)
-      msg += (i ? "; " : "") + detail::list_replicas(named(groups[i].second)) + " called " + detail::describe(*groups[i].first);
+      msg += (i ? "; " : "") + detail::list_replicas(named(groups[i].second)) + " called " +
+             detail::describe(*groups[i].first);
     return msg;
   }
 

@@ -25,8 +25,7 @@ namespace distribute {
 
 template <class C>
 concept communicator = requires(C& c, const C& cc, reduce_op op, std::span<float> buf, std::span<const float> in,
-                                std::span<const std::span<float>> bufs, std::span<double> dbuf,
-                                std::span<int> ibuf) {
+                                std::span<const std::span<float>> bufs, std::span<double> dbuf, std::span<int> ibuf) {
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
   c.all_reduce(op, buf);

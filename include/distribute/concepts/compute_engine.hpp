@@ -26,19 +26,18 @@
 namespace distribute {
 
 template <class E>
-concept compute_engine =
-    elementwise_engine<E> && device<typename E::device_type> &&
-    requires(E& e, const E& ce, const conv_geometry& g, const gemm_geometry& mm, const float* in, float* out,
-             compute_precision p) {
-      { ce.device() } -> std::convertible_to<typename E::device_type>;
-      { ce.threads() } -> std::convertible_to<int>;
-      { ce.options() } -> std::convertible_to<const compute_options&>;
-      { ce.precision() } -> std::convertible_to<compute_precision>;
-      e.use_precision(p);
-      e.conv_forward(g, in, in, in, out);
-      e.conv_backward_data(g, in, in, out);
-      e.conv_backward_weights(g, in, in, out, out);
-      e.gemm(mm, in, in, out);
-    };
+concept compute_engine = elementwise_engine<E> && device<typename E::device_type> &&
+                         requires(E& e, const E& ce, const conv_geometry& g, const gemm_geometry& mm, const float* in,
+                                  float* out, compute_precision p) {
+                           { ce.device() } -> std::convertible_to<typename E::device_type>;
+                           { ce.threads() } -> std::convertible_to<int>;
+                           { ce.options() } -> std::convertible_to<const compute_options&>;
+                           { ce.precision() } -> std::convertible_to<compute_precision>;
+                           e.use_precision(p);
+                           e.conv_forward(g, in, in, in, out);
+                           e.conv_backward_data(g, in, in, out);
+                           e.conv_backward_weights(g, in, in, out, out);
+                           e.gemm(mm, in, in, out);
+                         };
 
 }  // namespace distribute

@@ -35,11 +35,12 @@ struct term_probe {
 }  // namespace detail
 
 template <class E>
-concept elementwise_engine = requires(E& e, const float* src, float* dst, double* sums, std::int64_t n, std::size_t count) {
-  e.for_each(n, detail::index_probe{});
-  e.for_each_in_segments(n, n, detail::segment_probe{});
-  e.segmented_sum(n, n, detail::term_probe{}, sums);
-  e.to_host(src, count, dst);
-};
+concept elementwise_engine =
+    requires(E& e, const float* src, float* dst, double* sums, std::int64_t n, std::size_t count) {
+      e.for_each(n, detail::index_probe{});
+      e.for_each_in_segments(n, n, detail::segment_probe{});
+      e.segmented_sum(n, n, detail::term_probe{}, sums);
+      e.to_host(src, count, dst);
+    };
 
 }  // namespace distribute

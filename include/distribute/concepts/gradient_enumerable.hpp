@@ -21,9 +21,8 @@ struct parameter_visitor_archetype {
 // `m.for_each_parameter(f)` calls `f(std::span<scalar_type> value, std::span<scalar_type> gradient)`
 // once per parameter tensor.
 template <class M>
-concept gradient_enumerable = requires { typename M::scalar_type; } && element<typename M::scalar_type> &&
-                              requires(M& m) {
-                                m.for_each_parameter(detail::parameter_visitor_archetype<typename M::scalar_type>{});
-                              };
+concept gradient_enumerable =
+    requires { typename M::scalar_type; } && element<typename M::scalar_type> &&
+    requires(M& m) { m.for_each_parameter(detail::parameter_visitor_archetype<typename M::scalar_type>{}); };
 
 }  // namespace distribute

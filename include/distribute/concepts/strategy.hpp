@@ -17,14 +17,18 @@ namespace detail {
 // Stand-ins for user code, used only to check the concept.
 struct probe_step {
   template <class R>
-  float operator()(R& r) const { return static_cast<float>(r.replica_id()); }
+  float operator()(R& r) const {
+    return static_cast<float>(r.replica_id());
+  }
 };
 struct probe_value {
   int operator()(int replica_id) const { return replica_id; }
 };
 struct probe_factory {
   template <class D>
-  int operator()(D&) const { return 0; }
+  int operator()(D&) const {
+    return 0;
+  }
 };
 }  // namespace detail
 

@@ -58,11 +58,18 @@ class batch_dataset : public dataset_base<batch_dataset<D>> {
 
   // Each of `count` workers reads its own files and batches 1/count of the global batch, so that a
   // step still sees the global batch across workers.
-  std::size_t file_count() const requires file_shardable<D> { return input_.file_count(); }
-  batch_dataset shard_files(std::size_t index, std::size_t count) const requires file_shardable<D> {
+  std::size_t file_count() const
+    requires file_shardable<D>
+  {
+    return input_.file_count();
+  }
+  batch_dataset shard_files(std::size_t index, std::size_t count) const
+    requires file_shardable<D>
+  {
     if (size_ % count != 0)
-      throw std::invalid_argument("distribute::data: sharding by file splits the global batch of " + std::to_string(size_) +
-                                  " among " + std::to_string(count) + " workers; it must divide evenly");
+      throw std::invalid_argument("distribute::data: sharding by file splits the global batch of " +
+                                  std::to_string(size_) + " among " + std::to_string(count) +
+                                  " workers; it must divide evenly");
     return {input_.shard_files(index, count), size_ / count, policy_};
   }
 

@@ -69,8 +69,14 @@ class cache_dataset : public dataset_base<cache_dataset<D>> {
   cursor_type cursor(std::uint64_t epoch) const { return {input_, epoch, shared_}; }
   std::int64_t cardinality() const { return input_.cardinality(); }
 
-  std::size_t file_count() const requires file_shardable<D> { return input_.file_count(); }
-  cache_dataset shard_files(std::size_t index, std::size_t count) const requires file_shardable<D> {
+  std::size_t file_count() const
+    requires file_shardable<D>
+  {
+    return input_.file_count();
+  }
+  cache_dataset shard_files(std::size_t index, std::size_t count) const
+    requires file_shardable<D>
+  {
     return cache_dataset(input_.shard_files(index, count));
   }
 

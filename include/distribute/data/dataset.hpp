@@ -126,15 +126,21 @@ class dataset_base {
   // Applies `fn` to every element. Under prefetch(n, threads > 1), the map directly beneath the
   // prefetch runs on several threads at once, so `fn` must be safe to call concurrently.
   template <class F>
-  auto map(F fn) const { return map_dataset<Derived, F>(self(), std::move(fn)); }
+  auto map(F fn) const {
+    return map_dataset<Derived, F>(self(), std::move(fn));
+  }
   // Keeps the elements for which `pred` is true.
   template <class P>
-  auto filter(P pred) const { return filter_dataset<Derived, P>(self(), std::move(pred)); }
+  auto filter(P pred) const {
+    return filter_dataset<Derived, P>(self(), std::move(pred));
+  }
   // Reorders the elements through a buffer of `buffer` (a buffer at least as large as the dataset
   // gives a uniform permutation). Each epoch draws a fresh order derived from (seed, epoch).
   auto shuffle(std::size_t buffer, std::uint64_t seed) const { return shuffle_dataset<Derived>(self(), buffer, seed); }
   // Groups `n` consecutive elements; a short last group is kept or dropped.
-  auto batch(std::size_t n, remainder policy = keep_remainder) const { return batch_dataset<Derived>(self(), n, policy); }
+  auto batch(std::size_t n, remainder policy = keep_remainder) const {
+    return batch_dataset<Derived>(self(), n, policy);
+  }
   // Reads the dataset `count` times (data::forever: without end); repetition i is epoch
   // `epoch * count + i` of the input, so a shuffle beneath reshuffles each time.
   auto repeat(std::int64_t count = forever) const { return repeat_dataset<Derived>(self(), count); }

@@ -103,13 +103,15 @@ struct split_global_batch {
     const std::size_t n = split::count(global);
     if constexpr (!std::is_lvalue_reference_v<B>) {
       if (parts == 1 && replicas == 1)  // one replica, no workers to share with: the batch as it is
-        return make_replica_values<per_replica<batch_type, Extent>>(1, [&](std::size_t) { return split::whole(std::move(global), n); });
+        return make_replica_values<per_replica<batch_type, Extent>>(
+            1, [&](std::size_t) { return split::whole(std::move(global), n); });
       if (first == 0) {
         // This worker's first replica takes the first rows: the batch's own storage, cut short, once
         // the other parts are copied out of it.
         std::vector<batch_type> rest;
         rest.reserve(replicas - 1);
-        for (std::size_t r = 1; r < replicas; ++r) rest.push_back(split::slice(global, share_offset(n, parts, r), share_of(n, parts, r), n));
+        for (std::size_t r = 1; r < replicas; ++r)
+          rest.push_back(split::slice(global, share_offset(n, parts, r), share_of(n, parts, r), n));
         return make_replica_values<per_replica<batch_type, Extent>>(replicas, [&](std::size_t r) {
           return r == 0 ? split::head(std::move(global), share_of(n, parts, 0), n) : std::move(rest[r - 1]);
         });
@@ -125,10 +127,11 @@ struct split_global_batch {
 inline void check_options(const distribute_options& o, std::size_t replicas) {
   if (replicas == 0) throw std::invalid_argument("distribute::data: a strategy without replicas cannot distribute");
   if (o.num_workers == 0 || o.worker_index >= o.num_workers)
-    throw std::invalid_argument("distribute::data: worker_index " + std::to_string(o.worker_index) + " is not below num_workers " +
-                                std::to_string(o.num_workers));
+    throw std::invalid_argument("distribute::data: worker_index " + std::to_string(o.worker_index) +
+                                " is not below num_workers " + std::to_string(o.num_workers));
   if (o.prefetch == 0) throw std::invalid_argument("distribute::data: distribute needs a prefetch of at least 1 step");
-  if (o.prefetch_threads == 0) throw std::invalid_argument("distribute::data: distribute needs at least 1 prefetch thread");
+  if (o.prefetch_threads == 0)
+    throw std::invalid_argument("distribute::data: distribute needs at least 1 prefetch thread");
 }
 
 }  // namespace detail
@@ -151,7 +154,10 @@ template <class B>
 void set_global_size(B& b, std::size_t n) {
   if constexpr (requires { b.global_size; }) {
     if (b.global_size != 0) b.global_size = n;
-  } else if constexpr (requires { b.first; b.second; }) {
+  } else if constexpr (requires {
+                         b.first;
+                         b.second;
+                       }) {
     set_global_size(b.first, n);
     set_global_size(b.second, n);
   }
@@ -172,13 +178,21 @@ class agreed_steps_dataset : public dataset_base<agreed_steps_dataset<D>> {
  public:
   agreed_steps_dataset(D input, census_function census, uneven_input mode, std::size_t worker, std::size_t workers,
                        bool same_steps)
-      : input_(std::move(input)), census_(std::move(census)), mode_{mode}, worker_{worker}, workers_{workers},
+      : input_(std::move(input)),
+        census_(std::move(census)),
+        mode_{mode},
+        worker_{worker},
+        workers_{workers},
         same_steps_{same_steps} {}
 
   class cursor_type {
    public:
     cursor_type(cursor_t<D> in, const agreed_steps_dataset& owner)
-        : in_(std::move(in)), census_{owner.census_}, mode_{owner.mode_}, worker_{owner.worker_}, workers_{owner.workers_} {}
+        : in_(std::move(in)),
+          census_{owner.census_},
+          mode_{owner.mode_},
+          worker_{owner.worker_},
+          workers_{owner.workers_} {}
 
     std::optional<element_type> next() {
       if (ended_) return std::nullopt;
@@ -203,13 +217,11 @@ class agreed_steps_dataset : public dataset_base<agreed_steps_dataset<D>> {
                                    "empty batches of the right shape; give every worker input (shard_policy::data) "
                                    "or use uneven_input::end_together");
         const auto& shape = *shape_;
-        mine.emplace(make_replica_values<element_type>(shape.size(), [&](std::size_t r) {
-          return split::slice(shape[r], 0, 0, global_size_of(shape[r]));
-        }));
+        mine.emplace(make_replica_values<element_type>(
+            shape.size(), [&](std::size_t r) { return split::slice(shape[r], 0, 0, global_size_of(shape[r])); }));
       } else if (!shape_) {
-        shape_.emplace(make_replica_values<element_type>(mine->size(), [&](std::size_t r) {
-          return split::slice((*mine)[r], 0, 0, global_size_of((*mine)[r]));
-        }));
+        shape_.emplace(make_replica_values<element_type>(
+            mine->size(), [&](std::size_t r) { return split::slice((*mine)[r], 0, 0, global_size_of((*mine)[r])); }));
       }
       for (std::size_t r = 0; r < mine->size(); ++r) set_global_size((*mine)[r], static_cast<std::size_t>(examples));
       return mine;
@@ -242,9 +254,10 @@ class agreed_steps_dataset : public dataset_base<agreed_steps_dataset<D>> {
 template <class D, std::size_t Extent>
 struct distributor {
   static_assert(dataset<D>, "distribute::data: strategy.distribute(ds) needs a data::dataset");
-  static_assert(detail::splittable<element_t<D>>,
-                "distribute::data: strategy.distribute(ds) re-batches GLOBAL batches: call .batch(global_batch_size) on "
-                "the dataset first (its elements must be data::batch, std::vector or a pair of them)");
+  static_assert(
+      detail::splittable<element_t<D>>,
+      "distribute::data: strategy.distribute(ds) re-batches GLOBAL batches: call .batch(global_batch_size) on "
+      "the dataset first (its elements must be data::batch, std::vector or a pair of them)");
 
   // `census`: the strategy's agreement between workers (detail::census_function), or nullptr for a
   // strategy of one process.
@@ -269,19 +282,21 @@ struct distributor {
           parts = replicas;
           first = 0;
           break;
-        case shard_policy::data:
-          break;
+        case shard_policy::data: break;
         case shard_policy::file:
           if constexpr (file_shardable<D>) {
             if (ds.file_count() < workers)
-              throw std::invalid_argument("distribute::data: shard_policy::file needs at least as many files as workers: "
-                                          "the dataset reads " + std::to_string(ds.file_count()) + " file(s) for " +
-                                          std::to_string(workers) + " workers (use shard_policy::data or automatic)");
+              throw std::invalid_argument(
+                  "distribute::data: shard_policy::file needs at least as many files as workers: "
+                  "the dataset reads " +
+                  std::to_string(ds.file_count()) + " file(s) for " + std::to_string(workers) +
+                  " workers (use shard_policy::data or automatic)");
             by_file(ds);
           } else {
-            throw std::invalid_argument("distribute::data: shard_policy::file: this dataset cannot be sharded by file (its "
-                                        "source reads no files, or take, skip or zip stands between the files and the "
-                                        "batch); use shard_policy::data or automatic");
+            throw std::invalid_argument(
+                "distribute::data: shard_policy::file: this dataset cannot be sharded by file (its "
+                "source reads no files, or take, skip or zip stands between the files and the "
+                "batch); use shard_policy::data or automatic");
           }
           break;
         case shard_policy::automatic:
@@ -300,12 +315,13 @@ struct distributor {
           break;
       }
     }
-    auto out = pipeline->map(detail::split_global_batch<Extent>{replicas, parts, first}).prefetch(o.prefetch, o.prefetch_threads);
+    auto out = pipeline->map(detail::split_global_batch<Extent>{replicas, parts, first})
+                   .prefetch(o.prefetch, o.prefetch_threads);
     if constexpr (std::is_same_v<Census, std::nullptr_t>) {
       return out;
     } else {
-      return detail::agreed_steps_dataset<decltype(out)>(std::move(out), detail::census_function(std::move(census)), o.uneven,
-                                                         w, workers, !own_files);
+      return detail::agreed_steps_dataset<decltype(out)>(std::move(out), detail::census_function(std::move(census)),
+                                                         o.uneven, w, workers, !own_files);
     }
   }
 };
@@ -371,13 +387,14 @@ struct function_distributor {
                   "(batch it with ctx.per_replica_batch_size(global_batch_size))");
     detail::check_options(o, replicas);
     const input_context ctx{o.num_workers, o.worker_index, o.num_workers * replicas};
-    auto out = replica_group_dataset<D, Extent>(std::invoke(fn, ctx), replicas).prefetch(o.prefetch, o.prefetch_threads);
+    auto out =
+        replica_group_dataset<D, Extent>(std::invoke(fn, ctx), replicas).prefetch(o.prefetch, o.prefetch_threads);
     if constexpr (std::is_same_v<Census, std::nullptr_t>) {
       return out;
     } else {
       // Each worker's function makes its own pipeline: the workers may read different numbers of steps.
-      return detail::agreed_steps_dataset<decltype(out)>(std::move(out), detail::census_function(std::move(census)), o.uneven,
-                                                         o.worker_index, o.num_workers, false);
+      return detail::agreed_steps_dataset<decltype(out)>(std::move(out), detail::census_function(std::move(census)),
+                                                         o.uneven, o.worker_index, o.num_workers, false);
     }
   }
 };

@@ -45,8 +45,8 @@ class idx_dataset : public dataset_base<idx_dataset> {
   using element_type = example<std::uint8_t>;
   using cursor_type = slices::cursor_type;
 
-  idx_dataset(const std::filesystem::path& images_file, const std::filesystem::path& labels_file, std::int32_t classes = 0,
-              const input_limits& limits = {})
+  idx_dataset(const std::filesystem::path& images_file, const std::filesystem::path& labels_file,
+              std::int32_t classes = 0, const input_limits& limits = {})
       : slices_{load(images_file, labels_file, classes, limits)}, images_file_{images_file.string()} {}
 
   cursor_type cursor(std::uint64_t epoch) const { return slices_.cursor(epoch); }
@@ -63,22 +63,24 @@ class idx_dataset : public dataset_base<idx_dataset> {
   std::size_t file_count() const noexcept { return 1; }
   idx_dataset shard_files(std::size_t index, std::size_t count) const {
     if (count != 1 || index != 0)
-      throw std::invalid_argument("distribute::data: " + images_file_ + " is one file; it cannot be sharded by file among " +
-                                  std::to_string(count) + " workers");
+      throw std::invalid_argument("distribute::data: " + images_file_ +
+                                  " is one file; it cannot be sharded by file among " + std::to_string(count) +
+                                  " workers");
     return *this;
   }
 
  private:
-  static slices load(const std::filesystem::path& images_file, const std::filesystem::path& labels_file, std::int32_t classes,
-                     const input_limits& limits) {
+  static slices load(const std::filesystem::path& images_file, const std::filesystem::path& labels_file,
+                     std::int32_t classes, const input_limits& limits) {
     if (classes < 0) throw std::invalid_argument("distribute::data: idx_dataset: classes must not be negative");
     auto images = read_idx(images_file, idx_images_magic, limits);
     auto labels = read_idx(labels_file, idx_labels_magic, limits);
     if (classes > 0)
       for (std::size_t i = 0; i < labels.values.size(); ++i)
         if (labels.values[i] >= classes)
-          throw input_error(labels_file.string(), "label " + std::to_string(i) + " is " + std::to_string(labels.values[i]) +
-                                                      "; labels must be 0 to " + std::to_string(classes - 1));
+          throw input_error(labels_file.string(), "label " + std::to_string(i) + " is " +
+                                                      std::to_string(labels.values[i]) + "; labels must be 0 to " +
+                                                      std::to_string(classes - 1));
     if (labels.shape[0] != images.shape[0])
       throw input_error(labels_file.string(), "holds " + std::to_string(labels.shape[0]) + " labels, but " +
                                                   images_file.string() + " holds " + std::to_string(images.shape[0]) +
@@ -109,11 +111,12 @@ inline std::filesystem::path idx_file(const std::filesystem::path& dir, const st
 // Labels must be 0 to 9.
 inline idx_dataset mnist(split s, const std::filesystem::path& dir, const input_limits& limits = {}) {
   const std::string prefix = s == split::train ? "train" : "t10k";
-  return idx_dataset(detail::idx_file(dir, prefix + "-images-idx3-ubyte"), detail::idx_file(dir, prefix + "-labels-idx1-ubyte"), 10,
-                     limits);
+  return idx_dataset(detail::idx_file(dir, prefix + "-images-idx3-ubyte"),
+                     detail::idx_file(dir, prefix + "-labels-idx1-ubyte"), 10, limits);
 }
 
-inline idx_dataset fashion_mnist(split s, const std::filesystem::path& dir = std::filesystem::path(fashion_mnist_default_dir),
+inline idx_dataset fashion_mnist(split s,
+                                 const std::filesystem::path& dir = std::filesystem::path(fashion_mnist_default_dir),
                                  const input_limits& limits = {}) {
   return mnist(s, dir, limits);
 }

@@ -21,7 +21,8 @@ template <class E>
 class vector_dataset : public dataset_base<vector_dataset<E>> {
  public:
   using element_type = E;
-  explicit vector_dataset(std::vector<E> elements) : data_(std::make_shared<const std::vector<E>>(std::move(elements))) {}
+  explicit vector_dataset(std::vector<E> elements)
+      : data_(std::make_shared<const std::vector<E>>(std::move(elements))) {}
 
   class cursor_type {
    public:
@@ -60,12 +61,14 @@ class tensor_slices_dataset : public dataset_base<tensor_slices_dataset<T>> {
   using element_type = example<T>;
 
   tensor_slices_dataset(tensor<T> t, std::vector<std::int32_t> labels) {
-    if (t.shape.empty()) throw std::invalid_argument("distribute::data: from_tensor_slices needs a tensor of rank >= 1");
+    if (t.shape.empty())
+      throw std::invalid_argument("distribute::data: from_tensor_slices needs a tensor of rank >= 1");
     std::size_t expected = 1;
     for (auto d : t.shape) expected *= d;
     if (expected != t.values.size())
       throw std::invalid_argument("distribute::data: from_tensor_slices: shape " + shape_string(t.shape) + " needs " +
-                                  std::to_string(expected) + " values, the tensor holds " + std::to_string(t.values.size()));
+                                  std::to_string(expected) + " values, the tensor holds " +
+                                  std::to_string(t.values.size()));
     if (labels.empty()) labels.assign(t.shape[0], 0);
     if (labels.size() != t.shape[0])
       throw std::invalid_argument("distribute::data: from_tensor_slices got " + std::to_string(labels.size()) +

@@ -34,13 +34,13 @@ namespace detail {
 
 struct idx_header {
   std::vector<std::size_t> shape;
-  std::size_t size = 0;      // bytes of the header
-  std::uint64_t count = 0;   // bytes of data it promises
+  std::size_t size = 0;     // bytes of the header
+  std::uint64_t count = 0;  // bytes of data it promises
 };
 
 // The header of IDX bytes (or of their first bytes): magic, rank and dimensions.
-inline idx_header parse_idx_header(std::span<const std::uint8_t> bytes, std::uint64_t file_size, const std::string& name,
-                                   std::uint32_t expected_magic) {
+inline idx_header parse_idx_header(std::span<const std::uint8_t> bytes, std::uint64_t file_size,
+                                   const std::string& name, std::uint32_t expected_magic) {
   if (file_size < 4)
     throw input_error(name, "truncated: " + std::to_string(file_size) + " bytes, too short for an IDX header");
   const auto be32 = [&](std::size_t at) {
@@ -72,7 +72,8 @@ inline idx_header parse_idx_header(std::span<const std::uint8_t> bytes, std::uin
 }
 
 // The data the header promises against the bytes the file holds, and against the limit.
-inline void check_idx_size(const idx_header& h, std::uint64_t file_size, const std::string& name, const input_limits& limits) {
+inline void check_idx_size(const idx_header& h, std::uint64_t file_size, const std::string& name,
+                           const input_limits& limits) {
   if (h.count > limits.max_file_bytes)
     throw input_error(name, "the IDX header " + shape_string(h.shape) + " promises " + std::to_string(h.count) +
                                 " bytes of data, more than the limit of " + mib(limits.max_file_bytes) +
@@ -105,11 +106,13 @@ inline tensor<std::uint8_t> read_idx(const std::filesystem::path& path, std::uin
                                      const input_limits& limits = {}) {
   const std::string name = path.string();
   detail::idx_header h;
-  auto bytes = detail::read_file(path, limits, [&](std::span<const std::uint8_t> head, std::optional<std::uint64_t> total) {
-    h = detail::parse_idx_header(head, total.value_or(head.size()), name, expected_magic);
-    if (total) detail::check_idx_size(h, *total, name, limits);
-    else if (h.count > limits.max_file_bytes) detail::check_idx_size(h, h.size + h.count, name, limits);  // the limit's message
-  });
+  auto bytes =
+      detail::read_file(path, limits, [&](std::span<const std::uint8_t> head, std::optional<std::uint64_t> total) {
+        h = detail::parse_idx_header(head, total.value_or(head.size()), name, expected_magic);
+        if (total) detail::check_idx_size(h, *total, name, limits);
+        else if (h.count > limits.max_file_bytes)
+          detail::check_idx_size(h, h.size + h.count, name, limits);  // the limit's message
+      });
   tensor<std::uint8_t> t;
   t.shape = h.shape;
   bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(h.size));  // no second copy of the data

@@ -28,7 +28,8 @@ namespace distribute::data {
 // compressed data against the size its header declares (detail/png_guard.hpp).
 inline tensor<std::uint8_t> decode_image(std::span<const std::uint8_t> bytes, const std::string& name, int channels = 0,
                                          const input_limits& limits = {}) {
-  if (channels < 0 || channels > 4) throw std::invalid_argument("distribute::data: decode_image: channels must be 0 to 4");
+  if (channels < 0 || channels > 4)
+    throw std::invalid_argument("distribute::data: decode_image: channels must be 0 to 4");
   if (bytes.empty()) throw input_error(name, "empty file, not an image");
   if (bytes.size() > static_cast<std::size_t>(INT_MAX)) throw input_error(name, "image file too large");
   if (detail::is_gzip(bytes)) {  // the content decides: a gzip-wrapped image is gunzipped, within the limit
@@ -45,9 +46,10 @@ inline tensor<std::uint8_t> decode_image(std::span<const std::uint8_t> bytes, co
   const std::uint64_t decoded = static_cast<std::uint64_t>(w) * static_cast<std::uint64_t>(h) *
                                 static_cast<std::uint64_t>(std::max(c, channels)) * depth;
   if (decoded > limits.max_image_bytes)
-    throw input_error(name, "image of " + std::to_string(w) + "x" + std::to_string(h) + " pixels, " + std::to_string(c) +
-                                " channel(s), decodes to " + std::to_string(decoded) + " bytes, more than the limit of " +
-                                detail::mib(limits.max_image_bytes) + " (input_limits::max_image_bytes)");
+    throw input_error(name, "image of " + std::to_string(w) + "x" + std::to_string(h) + " pixels, " +
+                                std::to_string(c) + " channel(s), decodes to " + std::to_string(decoded) +
+                                " bytes, more than the limit of " + detail::mib(limits.max_image_bytes) +
+                                " (input_limits::max_image_bytes)");
   detail::check_png_data(bytes, name);
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(stbi_load_from_memory(bytes.data(), len, &w, &h, &c, channels),
                                                    stbi_image_free);
@@ -60,7 +62,8 @@ inline tensor<std::uint8_t> decode_image(std::span<const std::uint8_t> bytes, co
 }
 
 // Reads an image file, gunzipping it when its content is gzip (read_file), and decodes it.
-inline tensor<std::uint8_t> read_image_file(const std::filesystem::path& file, int channels = 0, const input_limits& limits = {}) {
+inline tensor<std::uint8_t> read_image_file(const std::filesystem::path& file, int channels = 0,
+                                            const input_limits& limits = {}) {
   return decode_image(detail::read_file(file, limits), file.string(), channels, limits);
 }
 
@@ -72,14 +75,15 @@ inline tensor<std::uint8_t> resize_image(const tensor<std::uint8_t>& img, std::s
   const auto c = img.shape[2];
   if (height == 0 || width == 0 || height > INT_MAX || width > INT_MAX ||
       static_cast<std::uint64_t>(height) * width * c > limits.max_image_bytes)
-    throw std::invalid_argument("distribute::data: resize to " + std::to_string(height) + "x" + std::to_string(width) + " with " +
-                                std::to_string(c) + " channel(s) is larger than the limit of " + detail::mib(limits.max_image_bytes) +
-                                " (input_limits::max_image_bytes), or empty");
+    throw std::invalid_argument("distribute::data: resize to " + std::to_string(height) + "x" + std::to_string(width) +
+                                " with " + std::to_string(c) + " channel(s) is larger than the limit of " +
+                                detail::mib(limits.max_image_bytes) + " (input_limits::max_image_bytes), or empty");
   out.shape = {height, width, c};
   out.values.resize(height * width * c);
   if (!stbir_resize_uint8(img.data(), static_cast<int>(img.shape[1]), static_cast<int>(img.shape[0]), 0, out.data(),
                           static_cast<int>(width), static_cast<int>(height), 0, static_cast<int>(c)))
-    throw std::runtime_error("distribute::data: resize to " + std::to_string(height) + "x" + std::to_string(width) + " failed");
+    throw std::runtime_error("distribute::data: resize to " + std::to_string(height) + "x" + std::to_string(width) +
+                             " failed");
   return out;
 }
 
@@ -95,7 +99,8 @@ inline tensor<std::uint8_t> crop_image(const tensor<std::uint8_t>& img, std::siz
   out.values.resize(height * width * c);
   for (std::size_t y = 0; y < height; ++y) {
     const auto src = img.values.begin() + static_cast<std::ptrdiff_t>(((top + y) * img.shape[1] + left) * c);
-    std::copy(src, src + static_cast<std::ptrdiff_t>(width * c), out.values.begin() + static_cast<std::ptrdiff_t>(y * width * c));
+    std::copy(src, src + static_cast<std::ptrdiff_t>(width * c),
+              out.values.begin() + static_cast<std::ptrdiff_t>(y * width * c));
   }
   return out;
 }

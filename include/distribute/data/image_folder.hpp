@@ -68,7 +68,8 @@ class image_files : public dataset_base<image_files> {
 
   class cursor_type {
    public:
-    cursor_type(std::shared_ptr<const std::vector<std::size_t>> sel, std::uint64_t epoch) : sel_(std::move(sel)), epoch_(epoch) {}
+    cursor_type(std::shared_ptr<const std::vector<std::size_t>> sel, std::uint64_t epoch)
+        : sel_(std::move(sel)), epoch_(epoch) {}
     std::optional<image_file> next() {
       if (pos_ >= sel_->size()) return std::nullopt;
       return image_file{(*sel_)[pos_++], epoch_};
@@ -86,7 +87,8 @@ class image_files : public dataset_base<image_files> {
   std::size_t file_count() const noexcept { return selected_->size(); }
   image_files shard_files(std::size_t index, std::size_t count) const {
     if (count == 0 || index >= count)
-      throw std::invalid_argument("distribute::data: shard_files(" + std::to_string(index) + ", " + std::to_string(count) + ")");
+      throw std::invalid_argument("distribute::data: shard_files(" + std::to_string(index) + ", " +
+                                  std::to_string(count) + ")");
     if (selected_->size() < count)
       throw std::invalid_argument("distribute::data: " + listing_->dir + " has " + std::to_string(selected_->size()) +
                                   " files, fewer than the " + std::to_string(count) + " workers that shard it by file");
@@ -119,9 +121,10 @@ struct image_decoder {
     if (o.resize) {
       e.image = resize_image(e.image, o.resize->height, o.resize->width, o.limits);
     } else if (e.image.shape[0] != l.first_size.height || e.image.shape[1] != l.first_size.width) {
-      throw input_error(file.string(), "image is " + std::to_string(e.image.shape[0]) + "x" + std::to_string(e.image.shape[1]) +
-                                           " (height x width), but " + l.files[0].string() + " is " +
-                                           std::to_string(l.first_size.height) + "x" + std::to_string(l.first_size.width) +
+      throw input_error(file.string(), "image is " + std::to_string(e.image.shape[0]) + "x" +
+                                           std::to_string(e.image.shape[1]) + " (height x width), but " +
+                                           l.files[0].string() + " is " + std::to_string(l.first_size.height) + "x" +
+                                           std::to_string(l.first_size.width) +
                                            "; images of one folder must have one size, or pass resize");
     }
     if (o.random_crop || o.random_flip) {
@@ -194,7 +197,8 @@ class image_folder_dataset : public dataset_base<image_folder_dataset> {
       for (const auto& entry : std::filesystem::directory_iterator(classes[k])) {
         if (!entry.is_regular_file()) continue;
         std::string ext = entry.path().extension().string();
-        std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+        std::transform(ext.begin(), ext.end(), ext.begin(),
+                       [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
         if (ext == ".png" || ext == ".jpg" || ext == ".jpeg") files.push_back(entry.path());
       }
       std::sort(files.begin(), files.end());
@@ -212,8 +216,9 @@ class image_folder_dataset : public dataset_base<image_folder_dataset> {
                            static_cast<std::uint64_t>(options.resize->height) * options.resize->width *
                                    static_cast<std::uint64_t>(options.channels ? options.channels : 4) >
                                options.limits.max_image_bytes))
-      throw std::invalid_argument("distribute::data: image_folder: resize to " + std::to_string(options.resize->height) + "x" +
-                                  std::to_string(options.resize->width) + " is empty or larger than the limit of " +
+      throw std::invalid_argument("distribute::data: image_folder: resize to " +
+                                  std::to_string(options.resize->height) + "x" + std::to_string(options.resize->width) +
+                                  " is empty or larger than the limit of " +
                                   detail::mib(options.limits.max_image_bytes) + " (input_limits::max_image_bytes)");
     if (options.random_crop && !options.resize)
       throw std::invalid_argument("distribute::data: image_folder: random_crop needs resize (the size to crop from)");

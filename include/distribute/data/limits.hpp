@@ -21,7 +21,8 @@ struct input_limits {
 
 namespace detail {
 inline std::string mib(std::uint64_t bytes) {
-  return bytes % (std::uint64_t{1} << 20) == 0 ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes) + " bytes";
+  return bytes % (std::uint64_t{1} << 20) == 0 ? std::to_string(bytes >> 20) + " MiB"
+                                               : std::to_string(bytes) + " bytes";
 }
 }  // namespace detail
 

@@ -17,7 +17,9 @@ struct composed {
   F f;
   G g;
   template <class X>
-  decltype(auto) operator()(X&& x) const { return std::invoke(g, std::invoke(f, std::forward<X>(x))); }
+  decltype(auto) operator()(X&& x) const {
+    return std::invoke(g, std::invoke(f, std::forward<X>(x)));
+  }
 };
 }  // namespace detail
 
@@ -53,8 +55,14 @@ class map_dataset : public dataset_base<map_dataset<D, F>> {
     return map_dataset<D, H>(input_, H{fn_, std::move(g)});
   }
 
-  std::size_t file_count() const requires file_shardable<D> { return input_.file_count(); }
-  map_dataset shard_files(std::size_t index, std::size_t count) const requires file_shardable<D> {
+  std::size_t file_count() const
+    requires file_shardable<D>
+  {
+    return input_.file_count();
+  }
+  map_dataset shard_files(std::size_t index, std::size_t count) const
+    requires file_shardable<D>
+  {
     return {input_.shard_files(index, count), fn_};
   }
 
@@ -97,8 +105,14 @@ class filter_dataset : public dataset_base<filter_dataset<D, P>> {
     return input_.cardinality() == infinite_cardinality ? infinite_cardinality : unknown_cardinality;
   }
 
-  std::size_t file_count() const requires file_shardable<D> { return input_.file_count(); }
-  filter_dataset shard_files(std::size_t index, std::size_t count) const requires file_shardable<D> {
+  std::size_t file_count() const
+    requires file_shardable<D>
+  {
+    return input_.file_count();
+  }
+  filter_dataset shard_files(std::size_t index, std::size_t count) const
+    requires file_shardable<D>
+  {
     return {input_.shard_files(index, count), pred_};
   }
 

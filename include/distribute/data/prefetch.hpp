@@ -210,8 +210,14 @@ class prefetch_dataset : public dataset_base<prefetch_dataset<D>> {
   }
   std::int64_t cardinality() const { return input_.cardinality(); }
 
-  std::size_t file_count() const requires file_shardable<D> { return input_.file_count(); }
-  prefetch_dataset shard_files(std::size_t index, std::size_t count) const requires file_shardable<D> {
+  std::size_t file_count() const
+    requires file_shardable<D>
+  {
+    return input_.file_count();
+  }
+  prefetch_dataset shard_files(std::size_t index, std::size_t count) const
+    requires file_shardable<D>
+  {
     return {input_.shard_files(index, count), buffer_, threads_};
   }
 

@@ -65,8 +65,14 @@ class repeat_dataset : public dataset_base<repeat_dataset<D>> {
     return c < 0 ? c : c * count_;
   }
 
-  std::size_t file_count() const requires file_shardable<D> { return input_.file_count(); }
-  repeat_dataset shard_files(std::size_t index, std::size_t count) const requires file_shardable<D> {
+  std::size_t file_count() const
+    requires file_shardable<D>
+  {
+    return input_.file_count();
+  }
+  repeat_dataset shard_files(std::size_t index, std::size_t count) const
+    requires file_shardable<D>
+  {
     return {input_.shard_files(index, count), count_};
   }
 

@@ -17,13 +17,15 @@ class shuffle_dataset : public dataset_base<shuffle_dataset<D>> {
  public:
   using element_type = element_t<D>;
 
-  shuffle_dataset(D input, std::size_t buffer, std::uint64_t seed) : input_(std::move(input)), buffer_(buffer), seed_(seed) {
+  shuffle_dataset(D input, std::size_t buffer, std::uint64_t seed)
+      : input_(std::move(input)), buffer_(buffer), seed_(seed) {
     if (buffer == 0) throw std::invalid_argument("distribute::data: shuffle needs a buffer of at least 1 element");
   }
 
   class cursor_type {
    public:
-    cursor_type(cursor_t<D> in, std::size_t buffer, std::uint64_t seed) : in_(std::move(in)), capacity_(buffer), rng_{seed} {}
+    cursor_type(cursor_t<D> in, std::size_t buffer, std::uint64_t seed)
+        : in_(std::move(in)), capacity_(buffer), rng_{seed} {}
     std::optional<element_type> next() {
       while (!exhausted_ && buffer_.size() < capacity_) {
         if (auto e = in_.next()) {
@@ -51,8 +53,14 @@ class shuffle_dataset : public dataset_base<shuffle_dataset<D>> {
   cursor_type cursor(std::uint64_t epoch) const { return {input_.cursor(epoch), buffer_, detail::mix(seed_, epoch)}; }
   std::int64_t cardinality() const { return input_.cardinality(); }
 
-  std::size_t file_count() const requires file_shardable<D> { return input_.file_count(); }
-  shuffle_dataset shard_files(std::size_t index, std::size_t count) const requires file_shardable<D> {
+  std::size_t file_count() const
+    requires file_shardable<D>
+  {
+    return input_.file_count();
+  }
+  shuffle_dataset shard_files(std::size_t index, std::size_t count) const
+    requires file_shardable<D>
+  {
     return {input_.shard_files(index, count), buffer_, seed_};
   }
 

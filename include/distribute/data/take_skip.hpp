@@ -31,7 +31,9 @@ class take_dataset : public dataset_base<take_dataset<D>> {
   };
 
   cursor_type cursor(std::uint64_t epoch) const { return {input_.cursor(epoch), n_}; }
-  std::int64_t cardinality() const { return detail::min_cardinality(input_.cardinality(), static_cast<std::int64_t>(n_)); }
+  std::int64_t cardinality() const {
+    return detail::min_cardinality(input_.cardinality(), static_cast<std::int64_t>(n_));
+  }
 
  private:
   D input_;

@@ -53,15 +53,18 @@ inline shape nchw_shape_of(const std::vector<std::size_t>& s) {
     case 3: return shape::nchw(extent(0), 1, extent(1), extent(2));
     case 4: return shape::nchw(extent(0), extent(3), extent(1), extent(2));
     default:
-      throw std::invalid_argument("distribute::data: to_tensor takes [n], [n, features], [n, h, w] or [n, h, w, c] "
-                                  "values; got shape " + shape_string(s));
+      throw std::invalid_argument(
+          "distribute::data: to_tensor takes [n], [n, features], [n, h, w] or [n, h, w, c] "
+          "values; got shape " +
+          shape_string(s));
   }
 }
 }  // namespace detail
 
 // `values` ([n, ...], channels last) as an NCHW tensor on `device`.
 template <class T = float, device D = cpu, class U>
-distribute::tensor<T, D> to_tensor(const data::tensor<U>& values, const to_tensor_options& options = {}, const D& device = {}) {
+distribute::tensor<T, D> to_tensor(const data::tensor<U>& values, const to_tensor_options& options = {},
+                                   const D& device = {}) {
   const shape out = detail::nchw_shape_of(values.shape);
   if (static_cast<std::int64_t>(values.size()) != out.numel())
     throw std::invalid_argument("distribute::data: to_tensor got " + std::to_string(values.size()) +

@@ -38,7 +38,8 @@ class activity_scope {
   }
   ~activity_scope() {
     --depth();
-    if (outer_) activity_totals[static_cast<std::size_t>(A)].fetch_add(nanoseconds_since(t0_), std::memory_order_relaxed);
+    if (outer_)
+      activity_totals[static_cast<std::size_t>(A)].fetch_add(nanoseconds_since(t0_), std::memory_order_relaxed);
   }
   activity_scope(const activity_scope&) = delete;
   activity_scope& operator=(const activity_scope&) = delete;

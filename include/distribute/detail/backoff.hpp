@@ -133,7 +133,9 @@ class wake_word {
       syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word_), FUTEX_WAKE | FUTEX_PRIVATE_FLAG, INT_MAX, nullptr,
               nullptr, 0);
 #else
-    { std::lock_guard lk(mu_); }
+    {
+      std::lock_guard lk(mu_);
+    }
     cv_.notify_all();
 #endif
   }
@@ -152,7 +154,8 @@ class wake_word {
 // which a loaded machine makes longer.
 inline std::string timed_out_after(std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point started) {
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
-  return "timed out after " + std::to_string(timeout.count()) + " ms (waited " + std::to_string(waited.count()) + " ms)";
+  return "timed out after " + std::to_string(timeout.count()) + " ms (waited " + std::to_string(waited.count()) +
+         " ms)";
 }
 
 }  // namespace distribute::detail

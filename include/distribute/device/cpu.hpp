@@ -32,7 +32,8 @@ static_assert(device<cpu>);
 
 // `n` logical CPU devices, cpu:0 .. cpu:n-1: the replicas of a mirrored strategy on the CPU.
 inline std::vector<cpu> cpu_replicas(int n) {
-  if (n < 1) throw std::invalid_argument("distribute::cpu_replicas: need at least one replica, got " + std::to_string(n));
+  if (n < 1)
+    throw std::invalid_argument("distribute::cpu_replicas: need at least one replica, got " + std::to_string(n));
   std::vector<cpu> devices;
   devices.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) devices.emplace_back(i);

@@ -133,7 +133,6 @@ constexpr compute_precision default_precision(const compute_options& o) noexcept
   return o.precision == compute_precision::float32 && o.tf32 ? compute_precision::tf32 : o.precision;
 }
 
-
 // The name these options had before they were called compute options (the strategies' engines of
 // collectives are another thing: collective_engine()).
 using engine_options [[deprecated("distribute: engine_options is now compute_options")]] = compute_options;

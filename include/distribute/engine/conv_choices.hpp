@@ -54,11 +54,13 @@ struct conv_choice_record {
   // "forward [1x256x66x66 -> 256x64x64, ...] bfloat16, 2 threads: Winograd 8.10 ms, direct 20.50 ms: Winograd"
   std::string to_string() const {
     char times[96];
-    std::snprintf(times, sizeof times, ": Winograd %.2f ms, direct %.2f ms: ", winograd_seconds * 1e3, direct_seconds * 1e3);
+    std::snprintf(times, sizeof times, ": Winograd %.2f ms, direct %.2f ms: ", winograd_seconds * 1e3,
+                  direct_seconds * 1e3);
     return std::string(distribute::to_string(pass)) + " " + geometry.to_string() +
            (precision == compute_precision::bfloat16 ? " bfloat16, " : " float32, ") +
-           (from_file ? std::string("from an earlier run") : std::to_string(threads) + (threads == 1 ? " thread" : " threads")) + times +
-           (winograd ? "Winograd" : "direct");
+           (from_file ? std::string("from an earlier run")
+                      : std::to_string(threads) + (threads == 1 ? " thread" : " threads")) +
+           times + (winograd ? "Winograd" : "direct");
   }
 };
 
@@ -69,10 +71,10 @@ namespace detail {
 inline std::string conv_choice_line(const std::string& machine, const conv_choice_record& r) {
   const conv_geometry& g = r.geometry;
   std::ostringstream o;
-  o << machine << '\t' << static_cast<int>(r.pass) << ' ' << g.in_channels << ' ' << g.in_height << ' ' << g.in_width << ' '
-    << g.out_channels << ' ' << g.kernel << ' ' << g.stride << ' ' << g.pad << ' ' << g.out_height << ' ' << g.out_width << ' '
-    << static_cast<int>(r.precision) << ' ' << (r.winograd ? "winograd" : "direct") << ' ' << r.winograd_seconds * 1e3 << ' '
-    << r.direct_seconds * 1e3 << '\n';
+  o << machine << '\t' << static_cast<int>(r.pass) << ' ' << g.in_channels << ' ' << g.in_height << ' ' << g.in_width
+    << ' ' << g.out_channels << ' ' << g.kernel << ' ' << g.stride << ' ' << g.pad << ' ' << g.out_height << ' '
+    << g.out_width << ' ' << static_cast<int>(r.precision) << ' ' << (r.winograd ? "winograd" : "direct") << ' '
+    << r.winograd_seconds * 1e3 << ' ' << r.direct_seconds * 1e3 << '\n';
   return o.str();
 }
 inline bool parse_conv_choice_line(const std::string& line, const std::string& machine, conv_choice_record& r) {
@@ -83,16 +85,23 @@ inline bool parse_conv_choice_line(const std::string& line, const std::string& m
   std::string choice;
   conv_geometry g;
   double w_ms = 0, d_ms = 0;
-  if (!(in >> pass >> g.in_channels >> g.in_height >> g.in_width >> g.out_channels >> g.kernel >> g.stride >> g.pad >> g.out_height >>
-        g.out_width >> precision >> choice >> w_ms >> d_ms))
+  if (!(in >> pass >> g.in_channels >> g.in_height >> g.in_width >> g.out_channels >> g.kernel >> g.stride >> g.pad >>
+        g.out_height >> g.out_width >> precision >> choice >> w_ms >> d_ms))
     return false;
-  if (pass < 0 || pass > 2 || (precision != static_cast<int>(compute_precision::float32) &&
-                               precision != static_cast<int>(compute_precision::bfloat16)) ||
+  if (pass < 0 || pass > 2 ||
+      (precision != static_cast<int>(compute_precision::float32) &&
+       precision != static_cast<int>(compute_precision::bfloat16)) ||
       (choice != "winograd" && choice != "direct"))
     return false;
   g.batch = 1;
-  r = {.pass = static_cast<conv_pass>(pass), .geometry = g, .precision = static_cast<compute_precision>(precision), .threads = 0,
-       .winograd_seconds = w_ms / 1e3, .direct_seconds = d_ms / 1e3, .winograd = choice == "winograd", .from_file = true};
+  r = {.pass = static_cast<conv_pass>(pass),
+       .geometry = g,
+       .precision = static_cast<compute_precision>(precision),
+       .threads = 0,
+       .winograd_seconds = w_ms / 1e3,
+       .direct_seconds = d_ms / 1e3,
+       .winograd = choice == "winograd",
+       .from_file = true};
   return true;
 }
 
@@ -115,7 +124,8 @@ class conv_choice_table {
  public:
   conv_choice_table() = default;
   // A table that reads and appends `file`'s lines of `machine` (empty file: none).
-  conv_choice_table(std::filesystem::path file, std::string machine) : file_{std::move(file)}, machine_{std::move(machine)} {}
+  conv_choice_table(std::filesystem::path file, std::string machine)
+      : file_{std::move(file)}, machine_{std::move(machine)} {}
 
   // The record of `wanted`'s case, or null.
   const conv_choice_record* find(const conv_choice_record& wanted) {

@@ -90,11 +90,13 @@ inline std::string conv_choices_machine() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   for (std::string line; std::getline(cpuinfo, line);)
     if (line.starts_with("model name")) {
-      if (const auto colon = line.find(':'); colon != std::string::npos) model = line.substr(line.find_first_not_of(' ', colon + 1));
+      if (const auto colon = line.find(':'); colon != std::string::npos)
+        model = line.substr(line.find_first_not_of(' ', colon + 1));
       break;
     }
   std::replace(model.begin(), model.end(), '\t', ' ');
-  return model + ", " + dnnl_conv::isa() + ", " + dnnl_conv::library() + ", " + std::to_string(usable_hardware_threads()) + " threads";
+  return model + ", " + dnnl_conv::isa() + ", " + dnnl_conv::library() + ", " +
+         std::to_string(usable_hardware_threads()) + " threads";
 }
 }  // namespace detail
 #endif
@@ -152,12 +154,14 @@ class engine<cpu> {
   compute_precision precision() const noexcept { return precision_; }
   void use_precision(compute_precision p) {
     if (p == compute_precision::float16)
-      throw std::invalid_argument("distribute: the CPU engine computes in float32 or bfloat16, not float16; use bfloat16 on "
-                                  "a CPU with bf16 units, float16 on GPU replicas");
+      throw std::invalid_argument(
+          "distribute: the CPU engine computes in float32 or bfloat16, not float16; use bfloat16 on "
+          "a CPU with bf16 units, float16 on GPU replicas");
     if (p == compute_precision::bfloat16 && !detail::cpu_has_bf16_units())
-      throw std::invalid_argument("distribute: the CPU engine computes in bfloat16 only on a CPU with bf16 units (AVX512-BF16, "
-                                  "AMX-BF16); this CPU has none: half precision would be emulated, slower than float32; "
-                                  "keep float32 models on CPU replicas");
+      throw std::invalid_argument(
+          "distribute: the CPU engine computes in bfloat16 only on a CPU with bf16 units (AVX512-BF16, "
+          "AMX-BF16); this CPU has none: half precision would be emulated, slower than float32; "
+          "keep float32 models on CPU replicas");
     precision_ = p;
   }
   // What computes the convolutions, for logs: "oneDNN 2.6.3 (Winograd for wide 3x3 convolutions)" (the
@@ -169,12 +173,12 @@ class engine<cpu> {
     if (uses_dnnl<float>()) {
       convolutions = detail::dnnl_conv::library();
       if (options_.conv_winograd && detail::dnnl_conv::has_winograd())
-        convolutions += options_.cpu_conv_choice == conv_choice::rule ? " (Winograd for wide 3x3 convolutions)"
-                                                                       : " (Winograd for wide 3x3 convolutions where timed faster)";
+        convolutions += options_.cpu_conv_choice == conv_choice::rule
+                            ? " (Winograd for wide 3x3 convolutions)"
+                            : " (Winograd for wide 3x3 convolutions where timed faster)";
     }
 #endif
-    return convolutions + ", " +
-           std::to_string(threads_) + (threads_ == 1 ? " thread" : " threads") +
+    return convolutions + ", " + std::to_string(threads_) + (threads_ == 1 ? " thread" : " threads") +
 #if defined(_OPENMP)
            "";
 #else
@@ -189,7 +193,9 @@ class engine<cpu> {
   }
   // For tests: `timer(record, winograd)` gives the seconds each candidate takes in place of running
   // it, and this engine keeps its choices apart from the process's.
-  void set_conv_timer(std::function<double(const conv_choice_record&, bool winograd)> timer) { conv_timer_ = std::move(timer); }
+  void set_conv_timer(std::function<double(const conv_choice_record&, bool winograd)> timer) {
+    conv_timer_ = std::move(timer);
+  }
 
   // Scratch memory held, in bytes.
   std::size_t scratch_bytes() const noexcept { return arena_.bytes(); }
@@ -205,15 +211,17 @@ class engine<cpu> {
       T* yn = y + n * per_output(g);
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
-        if (use_dnnl(e) && through_dnnl(e, xn, w, detail::dnnl_conv::pass::forward, bias != nullptr,
-                                        [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
-              return d.forward(e, a, b, bias, yn, arena_, h, wino, round);
-            }))
+        if (use_dnnl(e) &&
+            through_dnnl(e, xn, w, detail::dnnl_conv::pass::forward, bias != nullptr,
+                         [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+                           return d.forward(e, a, b, bias, yn, arena_, h, wino, round);
+                         }))
           return;
 #endif
       enter_openmp();
       detail::reference_conv<T>::forward(e, input(xn, e.input_size(), detail::arena::src),
-                                         input(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e), threads_, active_);
+                                         input(w, e.weight_size(), detail::arena::weights), bias, yn, columns<T>(e),
+                                         threads_, active_);
     });
   }
   // dx = the data gradient of the convolution for dy (overwritten).
@@ -264,7 +272,8 @@ class engine<cpu> {
     const T* bs = aligned_operand(b, g.b_size(), detail::arena::weights);
     if (!options_.split_independent || g.m == 1) {
       const T* as = aligned_operand(a, g.a_size(), detail::arena::src);
-      T* cs = !g.accumulate && is_aligned(c) ? c : arena_.get<T>(detail::arena::dst, static_cast<std::size_t>(g.c_size()));
+      T* cs =
+          !g.accumulate && is_aligned(c) ? c : arena_.get<T>(detail::arena::dst, static_cast<std::size_t>(g.c_size()));
       gemm_geometry plain = g;
       plain.accumulate = false;
       enter_openmp();
@@ -282,8 +291,7 @@ class engine<cpu> {
     for (std::int64_t i = 0; i < g.m; ++i) {
       if (g.transpose_a)
         for (std::int64_t j = 0; j < g.k; ++j) as[j] = a[j * g.m + i];
-      else
-        std::copy(a + i * g.k, a + (i + 1) * g.k, as);
+      else std::copy(a + i * g.k, a + (i + 1) * g.k, as);
       if (half()) round_in_place(as, g.k);
       detail::gemm_in_parts(row, static_cast<const T*>(as), bs, cs, 1, 1);
       store(cs, c + i * g.n, g.n, g.accumulate);
@@ -361,37 +369,40 @@ class engine<cpu> {
 
   // The values of one example's input and output (a batch may be empty).
   static std::int64_t per_input(const conv_geometry& g) noexcept { return g.in_channels * g.in_height * g.in_width; }
-  static std::int64_t per_output(const conv_geometry& g) noexcept { return g.out_channels * g.out_height * g.out_width; }
+  static std::int64_t per_output(const conv_geometry& g) noexcept {
+    return g.out_channels * g.out_height * g.out_width;
+  }
   // One example's (or, unless split_independent, the whole batch's) data gradient and weight gradient.
   template <class T>
   void backward_data_of(const conv_geometry& e, const T* dy, const T* w, T* dx) {
 #if DISTRIBUTE_HAS_DNNL
     if constexpr (std::is_same_v<T, float>)
       if (use_dnnl(e) && through_dnnl(e, dy, w, detail::dnnl_conv::pass::backward_data, false,
-                                      [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
-                                        return d.backward_data(e, a, b, dx, arena_, h, wino, round);
-                                      }))
+                                      [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino,
+                                          bool round) { return d.backward_data(e, a, b, dx, arena_, h, wino, round); }))
         return;
 #endif
     enter_openmp();
     detail::reference_conv<T>::backward_data(e, input(dy, e.output_size(), detail::arena::dst),
-                                             input(w, e.weight_size(), detail::arena::weights), dx, columns<T>(e), threads_, active_);
+                                             input(w, e.weight_size(), detail::arena::weights), dx, columns<T>(e),
+                                             threads_, active_);
   }
   template <class T>
   void backward_weights_of(const conv_geometry& e, const T* x, const T* dy, T* dw, T* db) {
 #if DISTRIBUTE_HAS_DNNL
     if constexpr (std::is_same_v<T, float>)
-      if (use_dnnl(e) && through_dnnl(e, x, dy, detail::dnnl_conv::pass::backward_weights, db != nullptr,
-                                      [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
-            return d.backward_weights(e, a, b, dw, db, arena_, h, wino, round);
-          }))
+      if (use_dnnl(e) &&
+          through_dnnl(e, x, dy, detail::dnnl_conv::pass::backward_weights, db != nullptr,
+                       [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+                         return d.backward_weights(e, a, b, dw, db, arena_, h, wino, round);
+                       }))
         return;
 #endif
     // (In bfloat16 the bias gradient sums the rounded dy, as oneDNN's sums its bfloat16 copy.)
     enter_openmp();
     detail::reference_conv<T>::backward_weights(e, input(x, e.input_size(), detail::arena::src),
-                                                input(dy, e.output_size(), detail::arena::dst), dw, db, columns<T>(e), threads_,
-                                                active_);
+                                                input(dy, e.output_size(), detail::arena::dst), dw, db, columns<T>(e),
+                                                threads_, active_);
   }
 
   // The whole batch at once, or (split_independent) one example at a time.
@@ -455,12 +466,14 @@ class engine<cpu> {
     crowded_ = true;
     static std::atomic<bool> said{false};
     if (!said.exchange(true))
-      std::fprintf(stderr,
-                   "distribute: the CPU engine's %d threads waited %.2f s in all for a CPU in the last %.1f s: other programs are using "
-                   "these cores, and every parallel region waits for the thread that shares one (a step can run several "
-                   "times slower). This engine has compute_options::adapt_threads off; on (the default) it runs fewer threads "
-                   "while that lasts, with the same results (docs/nn.md, \"On a busy machine\"). (Said once.)\n",
-                   threads_, waited, wall);
+      std::fprintf(
+          stderr,
+          "distribute: the CPU engine's %d threads waited %.2f s in all for a CPU in the last %.1f s: other programs "
+          "are using "
+          "these cores, and every parallel region waits for the thread that shares one (a step can run several "
+          "times slower). This engine has compute_options::adapt_threads off; on (the default) it runs fewer threads "
+          "while that lasts, with the same results (docs/nn.md, \"On a busy machine\"). (Said once.)\n",
+          threads_, waited, wall);
   }
   void open_window(std::chrono::steady_clock::time_point now) {
     if (team_threads_ != active_) record_team();
@@ -543,38 +556,46 @@ class engine<cpu> {
   // The choice is kept for the process (conv_choices()), shared by every engine and every batch
   // size, so that all replicas of a run, and every later step, compute alike.
   bool winograd_for(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a, const float* b, bool bias) {
-    if (!options_.conv_winograd || !detail::dnnl_conv::winograd_pays(e) || !detail::dnnl_conv::has_winograd()) return false;
+    if (!options_.conv_winograd || !detail::dnnl_conv::winograd_pays(e) || !detail::dnnl_conv::has_winograd())
+      return false;
     if (options_.cpu_conv_choice == conv_choice::rule) return true;
-    const conv_choice_record wanted{static_cast<conv_pass>(which), e, precision_ == compute_precision::bfloat16 ? compute_precision::bfloat16
-                                                                                                          : compute_precision::float32,
-                                    threads_};
+    const conv_choice_record wanted{
+        static_cast<conv_pass>(which), e,
+        precision_ == compute_precision::bfloat16 ? compute_precision::bfloat16 : compute_precision::float32, threads_};
     if (conv_timer_) {
       if (const auto* known = own_choices_.find(wanted)) return known->winograd;
-      return own_choices_.decide(wanted, [&](conv_choice_record& r) {
-        r.winograd_seconds = conv_timer_(r, true);
-        r.direct_seconds = conv_timer_(r, false);
-        r.winograd = !(r.direct_seconds * 1.5 <= r.winograd_seconds);
-      }).winograd;
+      return own_choices_
+          .decide(wanted,
+                  [&](conv_choice_record& r) {
+                    r.winograd_seconds = conv_timer_(r, true);
+                    r.direct_seconds = conv_timer_(r, false);
+                    r.winograd = !(r.direct_seconds * 1.5 <= r.winograd_seconds);
+                  })
+          .winograd;
     }
     auto& table = detail::shared_conv_choices();
     table.name_machine(detail::conv_choices_machine());
     if (const auto* known = table.find(wanted)) return known->winograd;
-    return table.decide(wanted, [&](conv_choice_record& r) {
-      const auto [winograd_s, direct_s] = time_both(which, e, a, b, bias);
-      r.winograd_seconds = winograd_s;
-      r.direct_seconds = direct_s;
-      r.winograd = !(r.direct_seconds * 1.5 <= r.winograd_seconds);
-    }).winograd;
+    return table
+        .decide(wanted,
+                [&](conv_choice_record& r) {
+                  const auto [winograd_s, direct_s] = time_both(which, e, a, b, bias);
+                  r.winograd_seconds = winograd_s;
+                  r.direct_seconds = direct_s;
+                  r.winograd = !(r.direct_seconds * 1.5 <= r.winograd_seconds);
+                })
+        .winograd;
   }
   // The best times, in seconds, of Winograd and of the direct kernel for a pass of e on scratch
   // outputs: each run twice first (making its plans, touching its scratch, waking the threads), then
   // three times each, in turns (Winograd, direct, Winograd, ...), so that a change of the machine's
   // load or clock during the timing falls on both. Infinity for a kernel oneDNN does not have.
-  std::pair<double, double> time_both(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a, const float* b, bool bias) {
+  std::pair<double, double> time_both(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a,
+                                      const float* b, bool bias) {
     using pass = detail::dnnl_conv::pass;
-    std::vector<float> out(static_cast<std::size_t>(which == pass::forward          ? e.output_size()
+    std::vector<float> out(static_cast<std::size_t>(which == pass::forward         ? e.output_size()
                                                     : which == pass::backward_data ? e.input_size()
-                                                                                    : e.weight_size()),
+                                                                                   : e.weight_size()),
                            0.0f);
     std::vector<float> channels(static_cast<std::size_t>(e.out_channels), 0.0f);
     float* per_channel = bias ? channels.data() : nullptr;
@@ -584,9 +605,10 @@ class engine<cpu> {
       const std::pair<pass, bool> one{which, bias};
       detail::dnnl_conv& d = dnnl_now({&one, 1}, e, h, wino);
       const auto start = std::chrono::steady_clock::now();
-      const bool ran = which == pass::forward         ? d.forward(e, a, b, per_channel, out.data(), arena_, h, wino, round)
-                       : which == pass::backward_data ? d.backward_data(e, a, b, out.data(), arena_, h, wino, round)
-                                                      : d.backward_weights(e, a, b, out.data(), per_channel, arena_, h, wino, round);
+      const bool ran = which == pass::forward ? d.forward(e, a, b, per_channel, out.data(), arena_, h, wino, round)
+                       : which == pass::backward_data
+                           ? d.backward_data(e, a, b, out.data(), arena_, h, wino, round)
+                           : d.backward_weights(e, a, b, out.data(), per_channel, arena_, h, wino, round);
       return ran ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
                  : std::numeric_limits<double>::infinity();
     };
@@ -603,7 +625,8 @@ class engine<cpu> {
   // rounded to bfloat16 (`round`: oneDNN's layouts are written rounded, dnnl_conv.hpp). It runs on
   // the plans and threads dnnl_now picks for it.
   template <class Pass>
-  bool through_dnnl(const conv_geometry& e, const float* a, const float* b, detail::dnnl_conv::pass which, bool bias, Pass&& pass) {
+  bool through_dnnl(const conv_geometry& e, const float* a, const float* b, detail::dnnl_conv::pass which, bool bias,
+                    Pass&& pass) {
     const bool wino = winograd_for(which, e, a, b, bias);
     enter_openmp();
     const bool rounded = wino && half(), h = !wino && half();
@@ -614,13 +637,17 @@ class engine<cpu> {
   // once for both where Winograd runs on them; false where oneDNN has no kernel for either, where
   // their kernels were chosen apart (winograd_for), or where either pass must run on the configured
   // count while fewer are in use (dnnl_now): the caller then runs them one by one.
-  bool both_through_dnnl(const conv_geometry& e, const float* x, const float* dy, const float* w, float* dx, float* dw, float* db) {
+  bool both_through_dnnl(const conv_geometry& e, const float* x, const float* dy, const float* w, float* dx, float* dw,
+                         float* db) {
     using pass = detail::dnnl_conv::pass;
     const bool wino = winograd_for(pass::backward_weights, e, x, dy, db != nullptr);
     if (dx && winograd_for(pass::backward_data, e, dy, w, false) != wino) return false;  // (chosen apart)
     enter_openmp();
     const bool rounded = wino && half(), h = !wino && half();
-    const std::array<std::pair<pass, bool>, 2> both{{{pass::backward_weights, db != nullptr}, {pass::backward_data, false}}};
+    const std::array<std::pair<pass, bool>, 2> both{
+        { {pass::backward_weights, db != nullptr},
+          { pass::backward_data,
+            false } }};
     detail::dnnl_conv& d = dnnl_now(std::span{both}.first(dx ? 2 : 1), e, h, wino);
     if (&d != &dnnl(active_)) return false;
     return d.backward(e, x, dy, w, dx, dw, db, arena_, h, wino, rounded);
@@ -629,8 +656,8 @@ class engine<cpu> {
   // those of the count in use where every pass keeps its bits on any count (dnnl_conv's thread_rule)
   // with the kernel the configured count gets too; otherwise the configured count's, on all threads(),
   // so that no result follows the count in use (compute_options::adapt_threads).
-  detail::dnnl_conv& dnnl_now(std::span<const std::pair<detail::dnnl_conv::pass, bool>> passes, const conv_geometry& e, bool h,
-                              bool wino) {
+  detail::dnnl_conv& dnnl_now(std::span<const std::pair<detail::dnnl_conv::pass, bool>> passes, const conv_geometry& e,
+                              bool h, bool wino) {
     detail::dnnl_conv& now = dnnl(active_);
     if (active_ == threads_) return now;
     detail::dnnl_conv& configured = dnnl(threads_);
@@ -645,9 +672,9 @@ class engine<cpu> {
               now.implementation(which, e, bias, h, wino) == kernel;
     }
     if (keeps) return now;
-#if defined(_OPENMP)
+#  if defined(_OPENMP)
     omp_set_num_threads(threads_);
-#endif
+#  endif
     return configured;
   }
   // The plans of a thread count: oneDNN fixes a primitive's thread count when it makes it.
@@ -668,9 +695,9 @@ class engine<cpu> {
   int active_ = 1;  // the threads in use: threads_ unless adapt_threads found the machine busy
   // adapt_threads (empty otherwise): the decision, the team it watches and the current window.
   std::optional<detail::thread_governor> governor_;
-  bool watching_ = false;      // without adapt_threads: the windows only watch (pace, watch)
-  int crowded_windows_ = 0;    // crowded windows in a row while watching
-  bool crowded_ = false;       // saw_crowding()
+  bool watching_ = false;    // without adapt_threads: the windows only watch (pace, watch)
+  int crowded_windows_ = 0;  // crowded windows in a row while watching
+  bool crowded_ = false;     // saw_crowding()
   detail::team_run_delay team_;
   int team_threads_ = 0;  // the count team_ was recorded for
   std::chrono::steady_clock::time_point window_start_{};

@@ -28,8 +28,7 @@ class precision_scope {
   ~precision_scope() {
     try {
       e_.use_precision(saved_);  // a precision the engine had: accepted again
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   precision_scope(const precision_scope&) = delete;
   precision_scope& operator=(const precision_scope&) = delete;

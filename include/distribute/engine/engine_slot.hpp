@@ -24,8 +24,7 @@ class engine_slot {
     if (!instance_) {
       if constexpr (std::is_constructible_v<engine<D>, compute_options, int, D>)
         instance_ = std::make_shared<engine<D>>(options_, share_, device);
-      else
-        instance_ = std::make_shared<engine<D>>(options_, share_);
+      else instance_ = std::make_shared<engine<D>>(options_, share_);
     }
     return *instance_;
   }

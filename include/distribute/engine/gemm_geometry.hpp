@@ -22,10 +22,13 @@ struct gemm_geometry {
   std::int64_t b_size() const noexcept { return k * n; }
   std::int64_t c_size() const noexcept { return m * n; }
   // Multiply-adds, times two.
-  double flops() const noexcept { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
+  double flops() const noexcept {
+    return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  }
 
   void check() const {
-    if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("distribute: invalid matrix product geometry " + to_string());
+    if (m < 0 || n < 0 || k < 0)
+      throw std::invalid_argument("distribute: invalid matrix product geometry " + to_string());
   }
   std::string to_string() const {
     return "[" + std::to_string(m) + "x" + std::to_string(k) + (transpose_a ? " (a transposed)" : "") + " times " +

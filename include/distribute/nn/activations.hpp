@@ -16,8 +16,8 @@ namespace detail {
 template <class T, class D>
 void check_same_shape(const char* layer, const tensor<T, D>& dy, const tensor<T, D>& kept) {
   if (dy.shape() != kept.shape())
-    throw std::invalid_argument(std::string("distribute: ") + layer + " backward got dy of shape " + dy.shape().to_string() +
-                                ", expected " + kept.shape().to_string());
+    throw std::invalid_argument(std::string("distribute: ") + layer + " backward got dy of shape " +
+                                dy.shape().to_string() + ", expected " + kept.shape().to_string());
 }
 }  // namespace detail
 
@@ -42,7 +42,8 @@ class relu : public detail::stateless {
   tensor_type forward(R& r, const tensor_type& x, state_type& s) {
     s.input = x;
     tensor_type y{x.shape(), x.device(), uninitialized};
-    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::relu_forward<T>{x.data(), y.data()});
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()),
+                                     detail::kernels::relu_forward<T>{x.data(), y.data()});
     kept_.stamp(s, this);
     return y;
   }
@@ -101,8 +102,9 @@ class leaky_relu : public detail::stateless {
     detail::claim(r, s.stamp, this, "leaky_relu");
     detail::check_same_shape("leaky_relu", dy, s.input);
     tensor_type dx{dy.shape(), dy.device(), uninitialized};
-    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
-                                     detail::kernels::leaky_relu_backward<T>{s.input.data(), dy.data(), dx.data(), slope_});
+    detail::engine_of<D>(r).for_each(
+        static_cast<std::int64_t>(dy.size()),
+        detail::kernels::leaky_relu_backward<T>{s.input.data(), dy.data(), dx.data(), slope_});
     return dx;
   }
 
@@ -130,7 +132,8 @@ class tanh : public detail::stateless {
   template <class R>
   tensor_type forward(R& r, const tensor_type& x, state_type& s) {
     s.output = tensor_type{x.shape(), x.device(), uninitialized};
-    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::tanh_forward<T>{x.data(), s.output.data()});
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()),
+                                     detail::kernels::tanh_forward<T>{x.data(), s.output.data()});
     kept_.stamp(s, this);
     return s.output;
   }

@@ -66,8 +66,7 @@ class basic_batch_norm {
         gamma_{shape{o.channels}, init::scale, sub_seed(seed, 0), device},
         beta_{shape{o.channels}, init::zero, 0, device},
         running_mean_(static_cast<std::size_t>(o.channels), 0.0),
-        running_var_(static_cast<std::size_t>(o.channels), 1.0) {
-  }
+        running_var_(static_cast<std::size_t>(o.channels), 1.0) {}
 
   static batch_norm_options check(batch_norm_options o) {
     const batch_norm_options d{};
@@ -110,7 +109,8 @@ class basic_batch_norm {
       std::vector<moments> m(static_cast<std::size_t>(C));
       for (std::int64_t n = 0; n < s.n(); ++n)
         for (std::int64_t c = 0; c < C; ++c)
-          m[static_cast<std::size_t>(c)] = merge(m[static_cast<std::size_t>(c)], planes[static_cast<std::size_t>(n * C + c)]);
+          m[static_cast<std::size_t>(c)] =
+              merge(m[static_cast<std::size_t>(c)], planes[static_cast<std::size_t>(n * C + c)]);
       if constexpr (Sync && communicates<R>) merge_across_replicas(r, m);
       total_count_ = m[0].count;
       if (total_count_ == 0)
@@ -133,9 +133,9 @@ class basic_batch_norm {
     const auto mean_d = on_device_of(x, mean_), invstd_d = on_device_of(x, invstd_);
     state.xhat = tensor_type{s, device_, uninitialized};
     tensor_type y{s, device_, uninitialized};
-    e.for_each_in_segments(s.n() * C, plane, kernels::normalize<T>{x.data(), y.data(), state.xhat.data(), mean_d.data(),
-                                                                    invstd_d.data(), gamma_.value.data(),
-                                                                    beta_.value.data(), C, plane, true});
+    e.for_each_in_segments(s.n() * C, plane,
+                           kernels::normalize<T>{x.data(), y.data(), state.xhat.data(), mean_d.data(), invstd_d.data(),
+                                                 gamma_.value.data(), beta_.value.data(), C, plane, true});
     kept_.stamp(state, this);
     return y;
   }
@@ -195,8 +195,9 @@ class basic_batch_norm {
     }
     const auto coef_d = on_device_of(dy, coef);
     tensor_type dx{s, device_, uninitialized};
-    e.for_each_in_segments(s.n() * C, plane, kernels::normalized_input_gradient<T>{dy.data(), xhat_.data(), dx.data(),
-                                                                                   coef_d.data(), C, plane, true});
+    e.for_each_in_segments(
+        s.n() * C, plane,
+        kernels::normalized_input_gradient<T>{dy.data(), xhat_.data(), dx.data(), coef_d.data(), C, plane, true});
     return dx;
   }
 

@@ -63,7 +63,8 @@ loss_result<T, D> softmax_cross_entropy(E& e, const tensor<T, D>& logits, std::s
   loss_result<T, D> out{T(0), tensor<T, D>{logits.shape(), logits.device()}};
   if (n == 0) return out;
   const auto device_labels = tensor<std::int32_t, D>::from_host(shape{n}, labels, logits.device());
-  tensor<double, D> shift{shape{n}, logits.device()}, denominator{shape{n}, logits.device()}, losses{shape{n}, logits.device()};
+  tensor<double, D> shift{shape{n}, logits.device()}, denominator{shape{n}, logits.device()},
+      losses{shape{n}, logits.device()};
   e.for_each(n, kernels::row_max<T>{logits.data(), shift.data(), k});
   e.segmented_sum(n, k, kernels::shifted_exp<T>{logits.data(), shift.data(), k}, denominator.data());
   e.for_each(n, kernels::softmax_cross_entropy_value<T>{logits.data(), device_labels.data(), shift.data(),
@@ -112,20 +113,20 @@ loss_result<T> softmax_cross_entropy(const tensor<T>& logits, std::span<const st
 template <class R, class T, class D>
 loss_result<T, D> bce_with_logits(R& r, const tensor<T, D>& logits, const tensor<T, D>& targets,
                                   std::int64_t global_batch_size) {
-  return detail::per_example_loss<detail::kernels::sigmoid_cross_entropy>(r.engine(), logits, targets, global_batch_size,
-                                                                         "bce_with_logits");
+  return detail::per_example_loss<detail::kernels::sigmoid_cross_entropy>(r.engine(), logits, targets,
+                                                                          global_batch_size, "bce_with_logits");
 }
 template <class R, class T, class D>
 device_loss_result<T, D> bce_with_logits(R& r, const tensor<T, D>& logits, const tensor<T, D>& targets,
                                          std::int64_t global_batch_size, value_on_device_t) {
-  return detail::per_example_loss_on_device<detail::kernels::sigmoid_cross_entropy>(r.engine(), logits, targets,
-                                                                                   global_batch_size, "bce_with_logits");
+  return detail::per_example_loss_on_device<detail::kernels::sigmoid_cross_entropy>(
+      r.engine(), logits, targets, global_batch_size, "bce_with_logits");
 }
 template <class T>
 loss_result<T> bce_with_logits(const tensor<T>& logits, const tensor<T>& targets, std::int64_t global_batch_size) {
   serial_engine e;
   return detail::per_example_loss<detail::kernels::sigmoid_cross_entropy>(e, logits, targets, global_batch_size,
-                                                                         "bce_with_logits");
+                                                                          "bce_with_logits");
 }
 
 // The number of examples whose largest logit is at their label.

@@ -44,11 +44,10 @@ inline std::string describe(const conv2d_options& o) {
 }  // namespace detail
 
 template <class T = float, device D = cpu>
-class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
-               public detail::weight_and_bias<T, D> {
+class conv2d : public detail::optional_input_gradient<conv2d<T, D>>, public detail::weight_and_bias<T, D> {
   using weights = detail::weight_and_bias<T, D>;
-  using weights::weight_;
   using weights::bias_;
+  using weights::weight_;
 
  public:
   using scalar_type = T;
@@ -70,14 +69,15 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
   // The output shape for an input of `in`.
   shape output_shape(const shape& in) const {
     if (in.rank() != 4 || in.c() != o_.in_channels)
-      throw std::invalid_argument("distribute: conv2d " + detail::describe(o_) + " got a tensor of shape " + in.to_string());
+      throw std::invalid_argument("distribute: conv2d " + detail::describe(o_) + " got a tensor of shape " +
+                                  in.to_string());
     if (o_.pad_mode == padding_mode::reflect && (o_.padding >= in.h() || o_.padding >= in.w()))
       throw std::invalid_argument("distribute: conv2d " + detail::describe(o_) +
                                   ": reflection padding needs planes larger than the padding; got " + in.to_string());
     const std::int64_t h = in.h() + 2 * o_.padding - o_.kernel, w = in.w() + 2 * o_.padding - o_.kernel;
     if (h < 0 || w < 0)
-      throw std::invalid_argument("distribute: conv2d " + detail::describe(o_) + ": kernel larger than the padded input " +
-                                  in.to_string());
+      throw std::invalid_argument("distribute: conv2d " + detail::describe(o_) +
+                                  ": kernel larger than the padded input " + in.to_string());
     return shape::nchw(in.n(), o_.out_channels, h / o_.stride + 1, w / o_.stride + 1);
   }
 
@@ -100,7 +100,8 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
       input_ = x;
     }
     tensor_type y{out, device_, uninitialized};
-    e.conv_forward(geometry(input_), input_.data(), weight_.value.data(), o_.bias ? bias_.value.data() : nullptr, y.data());
+    e.conv_forward(geometry(input_), input_.data(), weight_.value.data(), o_.bias ? bias_.value.data() : nullptr,
+                   y.data());
     kept_.stamp(s, this);
     return y;
   }
@@ -126,16 +127,18 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>,
     tensor_type dx = input_gradient ? tensor_type{in_shape_, device_, uninitialized} : tensor_type{};
     tensor_type dpadded = fold ? tensor_type{input_.shape(), device_, uninitialized} : tensor_type{};
     T* const data_gradient = !input_gradient ? nullptr : (fold ? dpadded : dx).data();  // null: weights only
-    ::distribute::conv_backward(e, g, input_.data(), dy.data(), weight_.value.data(), data_gradient, weight_.grad.data(),
-                                o_.bias ? bias_.grad.data() : nullptr);
+    ::distribute::conv_backward(e, g, input_.data(), dy.data(), weight_.value.data(), data_gradient,
+                                weight_.grad.data(), o_.bias ? bias_.grad.data() : nullptr);
     if (!fold) return dx;
-    e.for_each_in_segments(in_shape_.n() * in_shape_.c(), in_shape_.h() * in_shape_.w(),
-                           detail::kernels::reflect_pad_backward<T>{dpadded.data(), dx.data(), in_shape_.h(),
-                                                                    in_shape_.w(), o_.padding});
+    e.for_each_in_segments(
+        in_shape_.n() * in_shape_.c(), in_shape_.h() * in_shape_.w(),
+        detail::kernels::reflect_pad_backward<T>{dpadded.data(), dx.data(), in_shape_.h(), in_shape_.w(), o_.padding});
     return dx;
   }
 
-  static shape weight_shape(const conv2d_options& o) { return shape{o.out_channels, o.in_channels, o.kernel, o.kernel}; }
+  static shape weight_shape(const conv2d_options& o) {
+    return shape{o.out_channels, o.in_channels, o.kernel, o.kernel};
+  }
   static conv2d_options check(conv2d_options o) {
     const conv2d_options d{};
     const detail::option_check c("conv2d", detail::describe(o));

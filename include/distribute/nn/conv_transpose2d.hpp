@@ -43,8 +43,8 @@ template <class T = float, device D = cpu>
 class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d<T, D>>,
                          public detail::weight_and_bias<T, D> {
   using weights = detail::weight_and_bias<T, D>;
-  using weights::weight_;
   using weights::bias_;
+  using weights::weight_;
 
  public:
   using scalar_type = T;
@@ -69,8 +69,8 @@ class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d
     const std::int64_t h = (in.h() - 1) * o_.stride - 2 * o_.padding + o_.kernel + o_.output_padding;
     const std::int64_t w = (in.w() - 1) * o_.stride - 2 * o_.padding + o_.kernel + o_.output_padding;
     if (h < 1 || w < 1)
-      throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) + ": output would be empty for " +
-                                  in.to_string());
+      throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) +
+                                  ": output would be empty for " + in.to_string());
     return shape::nchw(in.n(), o_.out_channels, h, w);
   }
 
@@ -86,8 +86,9 @@ class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d
     tensor_type y{out, device_, uninitialized};
     e.conv_backward_data(geometry(x.shape(), out), x.data(), weight_.value.data(), y.data());
     if (o_.bias)
-      e.for_each_in_segments(out.n() * out.c(), out.h() * out.w(),
-                             detail::kernels::add_channel_bias<T>{y.data(), bias_.value.data(), out.c(), out.h() * out.w()});
+      e.for_each_in_segments(
+          out.n() * out.c(), out.h() * out.w(),
+          detail::kernels::add_channel_bias<T>{y.data(), bias_.value.data(), out.c(), out.h() * out.w()});
     kept_.stamp(s, this);
     return y;
   }
@@ -104,8 +105,9 @@ class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d
     const tensor_type& input_ = s.input;
     const shape out = output_shape(input_.shape());
     if (dy.shape() != out)
-      throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) + " backward got dy of shape " +
-                                  dy.shape().to_string() + ", expected " + out.to_string());
+      throw std::invalid_argument("distribute: conv_transpose2d " + detail::describe(o_) +
+                                  " backward got dy of shape " + dy.shape().to_string() + ", expected " +
+                                  out.to_string());
     const conv_geometry g = geometry(input_.shape(), out);
     // Seen from the output, dy is the convolution's input and x its output's gradient.
     e.conv_backward_weights(g, dy.data(), input_.data(), weight_.grad.data(), static_cast<T*>(nullptr));
@@ -116,7 +118,9 @@ class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d
     return dx;
   }
 
-  static shape weight_shape(const conv_transpose2d_options& o) { return shape{o.in_channels, o.out_channels, o.kernel, o.kernel}; }
+  static shape weight_shape(const conv_transpose2d_options& o) {
+    return shape{o.in_channels, o.out_channels, o.kernel, o.kernel};
+  }
   static conv_transpose2d_options check(conv_transpose2d_options o) {
     const conv_transpose2d_options d{};
     const detail::option_check c("conv_transpose2d", detail::describe(o));
@@ -131,7 +135,8 @@ class conv_transpose2d : public detail::optional_input_gradient<conv_transpose2d
   }
   // Seen from the output: a convolution of the output planes (k, s, p) gives the input's H x W.
   conv_geometry geometry(const shape& in, const shape& out) const {
-    return {in.n(), o_.out_channels, out.h(), out.w(), o_.in_channels, o_.kernel, o_.stride, o_.padding, in.h(), in.w()};
+    return {in.n(),    o_.out_channels, out.h(),    out.w(), o_.in_channels,
+            o_.kernel, o_.stride,       o_.padding, in.h(),  in.w()};
   }
   // db[c] += the sum of dy over examples and positions: per-plane sums, then in example order.
   template <class E>

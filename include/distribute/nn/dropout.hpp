@@ -94,7 +94,8 @@ class dropout {
                                   dy.shape().to_string() + ", expected " + s.in_shape.to_string());
     if (!s.masked) return dy;
     tensor_type dx{dy.shape(), dy.device(), uninitialized};
-    e.for_each(static_cast<std::int64_t>(dy.size()), distribute::detail::kernels::multiply<T>{dy.data(), s.mask.data(), dx.data()});
+    e.for_each(static_cast<std::int64_t>(dy.size()),
+               distribute::detail::kernels::multiply<T>{dy.data(), s.mask.data(), dx.data()});
     return dx;
   }
 

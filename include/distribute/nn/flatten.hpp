@@ -63,8 +63,8 @@ class flatten : public detail::stateless {
     const shape out = output_shape(in_shape_);
     if (dy.shape() != out)
       throw std::invalid_argument("distribute: flatten backward got dy of shape " + dy.shape().to_string() +
-                                  ", expected " + out.to_string() + " (the forward input was " +
-                                  in_shape_.to_string() + ")");
+                                  ", expected " + out.to_string() + " (the forward input was " + in_shape_.to_string() +
+                                  ")");
     tensor_type dx = dy;
     dx.reshape(in_shape_);
     return dx;

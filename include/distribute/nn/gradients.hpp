@@ -63,7 +63,8 @@ double compute_gradients(R& r, M& model, const layer_tensor_t<M>& input, const l
       throw std::invalid_argument("distribute: compute_gradients' loss returned a gradient of shape " +
                                   l.grad.shape().to_string() + " for a prediction of shape " + y.shape().to_string());
     total += static_cast<double>(l.value);
-    if constexpr (requires { model.backward(r, l.grad, no_input_gradient); }) model.backward(r, l.grad, no_input_gradient);
+    if constexpr (requires { model.backward(r, l.grad, no_input_gradient); })
+      model.backward(r, l.grad, no_input_gradient);
     else model.backward(r, l.grad);
     offset += n;
   };

@@ -35,8 +35,8 @@ class instance_norm {
     detail::state_stamp stamp;
     tensor<double, D> stats;  // [mean | inverse standard deviation] per plane
     tensor_type xhat;
-    tensor_type affine;       // [scale | shift] per plane (kernels::plane_affine)
-    bool relu = false;        // a ReLU was fused into the output: backward applies its mask
+    tensor_type affine;  // [scale | shift] per plane (kernels::plane_affine)
+    bool relu = false;   // a ReLU was fused into the output: backward applies its mask
   };
   static constexpr const char* layer_name = "instance_norm";
 
@@ -44,14 +44,12 @@ class instance_norm {
       : o_{check(o)},
         device_{device},
         gamma_{shape{o.affine ? o.channels : 0}, init::scale, detail::sub_seed(seed, 0), device},
-        beta_{shape{o.affine ? o.channels : 0}, init::zero, 0, device} {
-  }
+        beta_{shape{o.affine ? o.channels : 0}, init::zero, 0, device} {}
 
   static instance_norm_options check(instance_norm_options o) {
     const instance_norm_options d{};
-    const detail::option_check c("instance_norm",
-                                 "{channels " + std::to_string(o.channels) + ", eps " + detail::short_number(o.eps) +
-                                     (o.affine ? ", affine}" : "}"));
+    const detail::option_check c("instance_norm", "{channels " + std::to_string(o.channels) + ", eps " +
+                                                      detail::short_number(o.eps) + (o.affine ? ", affine}" : "}"));
     c.at_least("channels", o.channels, d.channels, 1);
     c.positive("eps", o.eps, d.eps);
     return o;
@@ -93,8 +91,9 @@ class instance_norm {
     state.affine = tensor_type{shape{2 * planes}, device_, uninitialized};
     T* scale = state.affine.data();
     T* shift = scale + planes;
-    e.for_each(planes, detail::kernels::plane_affine<T>{o_.affine ? gamma_.value.data() : nullptr,
-                                                        o_.affine ? beta_.value.data() : nullptr, scale, shift, o_.channels});
+    e.for_each(planes,
+               detail::kernels::plane_affine<T>{o_.affine ? gamma_.value.data() : nullptr,
+                                                o_.affine ? beta_.value.data() : nullptr, scale, shift, o_.channels});
     state.xhat = tensor_type{s, device_, uninitialized};
     tensor_type y{s, device_, uninitialized};
     const double* mean = state.stats.data();
@@ -102,11 +101,13 @@ class instance_norm {
     const T* residual = then.residual ? then.residual->data() : nullptr;
     with_flag(then.relu, [&]<bool Relu> {
       if (residual)
-        e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T, Relu, true>{
-            x.data(), mean, invstd, scale, shift, state.xhat.data(), y.data(), residual, plane});
+        e.for_each_in_segments(planes, plane,
+                               detail::kernels::plane_norm_output<T, Relu, true>{
+                                   x.data(), mean, invstd, scale, shift, state.xhat.data(), y.data(), residual, plane});
       else
-        e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_output<T, Relu, false>{
-            x.data(), mean, invstd, scale, shift, state.xhat.data(), y.data(), nullptr, plane});
+        e.for_each_in_segments(planes, plane,
+                               detail::kernels::plane_norm_output<T, Relu, false>{
+                                   x.data(), mean, invstd, scale, shift, state.xhat.data(), y.data(), nullptr, plane});
     });
     kept_.stamp(state, this);
     return y;
@@ -130,17 +131,20 @@ class instance_norm {
     tensor<double, D> sums{shape{2 * planes}, device_, uninitialized};
     with_flag(state.relu, [&]<bool Relu> {
       e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient<T, Relu>{t, dy.data()}, sums.data());
-      e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient_times_xhat<T, Relu>{t, dy.data()}, sums.data() + planes);
+      e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient_times_xhat<T, Relu>{t, dy.data()},
+                      sums.data() + planes);
     });
     if (o_.affine)
-      e.for_each(C, detail::kernels::add_plane_sums_per_channel<T>{sums.data(), gamma_.grad.data(), beta_.grad.data(), planes, C});
+      e.for_each(C, detail::kernels::add_plane_sums_per_channel<T>{sums.data(), gamma_.grad.data(), beta_.grad.data(),
+                                                                   planes, C});
     tensor_type coef{shape{3 * planes}, device_, uninitialized};
-    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{o_.affine ? gamma_.value.data() : nullptr,
-                                                                      state.stats.data() + planes, sums.data(), coef.data(), planes, C,
-                                                                      static_cast<double>(plane)});
+    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{
+                           o_.affine ? gamma_.value.data() : nullptr, state.stats.data() + planes, sums.data(),
+                           coef.data(), planes, C, static_cast<double>(plane)});
     tensor_type dx{s, device_, uninitialized};
     with_flag(state.relu, [&]<bool Relu> {
-      e.for_each_in_segments(planes, plane, detail::kernels::plane_norm_input_gradient<T, Relu>{t, dy.data(), coef.data(), dx.data()});
+      e.for_each_in_segments(planes, plane,
+                             detail::kernels::plane_norm_input_gradient<T, Relu>{t, dy.data(), coef.data(), dx.data()});
     });
     return dx;
   }

@@ -36,11 +36,10 @@ inline std::string describe(const linear_options& o) {
 }  // namespace detail
 
 template <class T = float, device D = cpu>
-class linear : public detail::optional_input_gradient<linear<T, D>>,
-               public detail::weight_and_bias<T, D> {
+class linear : public detail::optional_input_gradient<linear<T, D>>, public detail::weight_and_bias<T, D> {
   using weights = detail::weight_and_bias<T, D>;
-  using weights::weight_;
   using weights::bias_;
+  using weights::weight_;
 
  public:
   using scalar_type = T;
@@ -61,8 +60,8 @@ class linear : public detail::optional_input_gradient<linear<T, D>>,
   // The output shape for an input of `in`: [N, out_features] for [N, in_features].
   shape output_shape(const shape& in) const {
     if (in.rank() != 2 || in[1] != o_.in_features)
-      throw std::invalid_argument("distribute: linear " + detail::describe(o_) + " got a tensor of shape " + in.to_string() +
-                                  "; it takes [N, " + std::to_string(o_.in_features) + "]" +
+      throw std::invalid_argument("distribute: linear " + detail::describe(o_) + " got a tensor of shape " +
+                                  in.to_string() + "; it takes [N, " + std::to_string(o_.in_features) + "]" +
                                   (in.rank() > 2 ? " (flatten the input first: nn::flatten)" : ""));
     return shape{in[0], o_.out_features};
   }
@@ -110,7 +109,8 @@ class linear : public detail::optional_input_gradient<linear<T, D>>,
     }
     if (!input_gradient) return tensor_type{};
     tensor_type dx{input_.shape(), device_, uninitialized};
-    e.gemm(gemm_geometry{.m = n, .n = o_.in_features, .k = o_.out_features}, dy.data(), weight_.value.data(), dx.data());
+    e.gemm(gemm_geometry{.m = n, .n = o_.in_features, .k = o_.out_features}, dy.data(), weight_.value.data(),
+           dx.data());
     return dx;
   }
 

@@ -44,8 +44,8 @@ T compute_average_loss(const std::vector<T>& per_example_losses, std::int64_t gl
 
 template <class T, device D = cpu>
 struct loss_result {
-  T value;             // this replica's share of the mean over the global batch
-  tensor<T, D> grad;   // d value / d prediction
+  T value;            // this replica's share of the mean over the global batch
+  tensor<T, D> grad;  // d value / d prediction
 };
 
 // Asks a loss to leave its value where it was computed (`nn::mse(r, y, t, batch, nn::value_on_device)`):
@@ -119,7 +119,8 @@ loss_result<T> mse(const tensor<T>& pred, const tensor<T>& target, std::int64_t 
 template <class R, class T, class D>
 device_loss_result<T, D> mse(R& r, const tensor<T, D>& pred, const tensor<T, D>& target, std::int64_t global_batch_size,
                              value_on_device_t) {
-  return detail::per_example_loss_on_device<detail::kernels::squared_error>(r.engine(), pred, target, global_batch_size, "mse");
+  return detail::per_example_loss_on_device<detail::kernels::squared_error>(r.engine(), pred, target, global_batch_size,
+                                                                            "mse");
 }
 
 // Mean absolute error per example; CycleGAN's cycle and identity losses. The gradient at 0 is 0.
@@ -130,7 +131,8 @@ loss_result<T, D> l1(R& r, const tensor<T, D>& pred, const tensor<T, D>& target,
 template <class R, class T, class D>
 device_loss_result<T, D> l1(R& r, const tensor<T, D>& pred, const tensor<T, D>& target, std::int64_t global_batch_size,
                             value_on_device_t) {
-  return detail::per_example_loss_on_device<detail::kernels::absolute_error>(r.engine(), pred, target, global_batch_size, "l1");
+  return detail::per_example_loss_on_device<detail::kernels::absolute_error>(r.engine(), pred, target,
+                                                                             global_batch_size, "l1");
 }
 template <class T>
 loss_result<T> l1(const tensor<T>& pred, const tensor<T>& target, std::int64_t global_batch_size) {

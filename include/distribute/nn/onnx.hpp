@@ -69,8 +69,8 @@ class onnx_graph {
   using value = onnx_value;
 
   // A node of `op` on `inputs` with one output, of shape `out`.
-  onnx_value node(std::string_view op, std::vector<std::string> inputs, distribute::shape out, std::vector<attribute> attributes = {},
-                  std::string output = {}) {
+  onnx_value node(std::string_view op, std::vector<std::string> inputs, distribute::shape out,
+                  std::vector<attribute> attributes = {}, std::string output = {}) {
     const std::string id = "n" + std::to_string(nodes_) + "_" + std::string(op);
     ++nodes_;
     if (output.empty()) output = id + "_out";
@@ -152,9 +152,10 @@ onnx_value onnx_library_layer(conv2d<T, D>& l, G& g, const onnx_value& x) {
   if (o.pad_mode == padding_mode::reflect && o.padding > 0) {
     const std::vector<std::int64_t> pads{0, 0, o.padding, o.padding, 0, 0, o.padding, o.padding};
     const auto padded = shape::nchw(x.shape.n(), x.shape.c(), x.shape.h() + 2 * o.padding, x.shape.w() + 2 * o.padding);
-    inputs[0] = g.node("Pad", {x.name, g.template initializer<std::int64_t>("pads", {8}, std::span<const std::int64_t>(pads))}, padded,
-                       {{"mode", std::string("reflect")}})
-                    .name;
+    inputs[0] =
+        g.node("Pad", {x.name, g.template initializer<std::int64_t>("pads", {8}, std::span<const std::int64_t>(pads))},
+               padded, {{"mode", std::string("reflect")}})
+            .name;
     pad = 0;
   }
   return g.node("Conv", std::move(inputs), out,
@@ -179,32 +180,42 @@ onnx_value onnx_library_layer(conv_transpose2d<T, D>& l, G& g, const onnx_value&
 template <class T, class D, class G>
 onnx_value onnx_library_layer(instance_norm<T, D>& l, G& g, const onnx_value& x) {
   const auto& o = l.options();
-  const std::string scale = o.affine ? g.initializer("weight", l.gamma().value) : g.constant_per_channel("ones", o.channels, 1.0);
-  const std::string bias = o.affine ? g.initializer("bias", l.beta().value) : g.constant_per_channel("zeros", o.channels, 0.0);
+  const std::string scale =
+      o.affine ? g.initializer("weight", l.gamma().value) : g.constant_per_channel("ones", o.channels, 1.0);
+  const std::string bias =
+      o.affine ? g.initializer("bias", l.beta().value) : g.constant_per_channel("zeros", o.channels, 0.0);
   return g.node("InstanceNormalization", {x.name, scale, bias}, x.shape, {{"epsilon", static_cast<float>(o.eps)}});
 }
 
 template <class T, class D, bool Sync, class G>
 onnx_value onnx_library_layer(basic_batch_norm<T, D, Sync>& l, G& g, const onnx_value& x) {
   const auto& o = l.options();
-  const std::vector<T> mean(l.running_mean().begin(), l.running_mean().end()), var(l.running_var().begin(), l.running_var().end());
+  const std::vector<T> mean(l.running_mean().begin(), l.running_mean().end()),
+      var(l.running_var().begin(), l.running_var().end());
   const std::int64_t c = o.channels;
-  std::vector<std::string> inputs{x.name, g.initializer("weight", l.gamma().value), g.initializer("bias", l.beta().value),
+  std::vector<std::string> inputs{x.name, g.initializer("weight", l.gamma().value),
+                                  g.initializer("bias", l.beta().value),
                                   g.template initializer<T>("running_mean", {c}, std::span<const T>(mean)),
                                   g.template initializer<T>("running_var", {c}, std::span<const T>(var))};
   return g.node("BatchNormalization", std::move(inputs), x.shape, {{"epsilon", static_cast<float>(o.eps)}});
 }
 
 template <class T, class D, class G>
-onnx_value onnx_library_layer(relu<T, D>&, G& g, const onnx_value& x) { return g.node("Relu", {x.name}, x.shape); }
+onnx_value onnx_library_layer(relu<T, D>&, G& g, const onnx_value& x) {
+  return g.node("Relu", {x.name}, x.shape);
+}
 template <class T, class D, class G>
 onnx_value onnx_library_layer(leaky_relu<T, D>& l, G& g, const onnx_value& x) {
   return g.node("LeakyRelu", {x.name}, x.shape, {{"alpha", static_cast<float>(l.negative_slope())}});
 }
 template <class T, class D, class G>
-onnx_value onnx_library_layer(nn::tanh<T, D>&, G& g, const onnx_value& x) { return g.node("Tanh", {x.name}, x.shape); }
+onnx_value onnx_library_layer(nn::tanh<T, D>&, G& g, const onnx_value& x) {
+  return g.node("Tanh", {x.name}, x.shape);
+}
 template <class T, class D, class G>
-onnx_value onnx_library_layer(dropout<T, D>&, G&, const onnx_value& x) { return x; }
+onnx_value onnx_library_layer(dropout<T, D>&, G&, const onnx_value& x) {
+  return x;
+}
 
 template <class T, class D, class G>
 onnx_value onnx_library_layer(linear<T, D>& l, G& g, const onnx_value& x) {
@@ -253,12 +264,14 @@ onnx_value onnx_graph<T>::layer(L& l, const onnx_value& x) {
       return detail::onnx_library_layer(l, *this, x);
     } catch (const std::invalid_argument& e) {  // a shape the layer refuses, from its output_shape
       throw interop_error("distribute: ONNX export of layer " + detail::layer_name<L>() +
-                          (place_.empty() ? "" : " at '" + place_.substr(0, place_.size() - 1) + "'") + ": " + e.what());
+                          (place_.empty() ? "" : " at '" + place_.substr(0, place_.size() - 1) + "'") + ": " +
+                          e.what());
     }
   } else {
     throw interop_error("distribute: ONNX export: layer " + detail::layer_name<L>() +
                         (place_.empty() ? "" : " at '" + place_.substr(0, place_.size() - 1) + "'") +
-                        " has no ONNX form; give it a member `template <class G> typename G::value to_onnx(G& g, const typename G::value& x)` "
+                        " has no ONNX form; give it a member `template <class G> typename G::value to_onnx(G& g, const "
+                        "typename G::value& x)` "
                         "(nn/onnx.hpp)");
   }
 }

@@ -43,7 +43,9 @@ struct parameter {
       : value{initial(s, how, seed, device)}, grad{s, device} {}
 
   template <class F>
-  void visit(F&& f) { f(value.values(), grad.values()); }
+  void visit(F&& f) {
+    f(value.values(), grad.values());
+  }
   void zero_grad() { grad.fill(T(0)); }
 
  private:

@@ -49,8 +49,8 @@ class avg_pool2d : public detail::stateless {
       throw std::invalid_argument("distribute: avg_pool2d " + detail::describe(o_) + " got a tensor of shape " +
                                   in.to_string() + "; it takes [N, C, H, W]");
     if (in.h() < o_.kernel || in.w() < o_.kernel)
-      throw std::invalid_argument("distribute: avg_pool2d " + detail::describe(o_) + ": kernel larger than the planes of " +
-                                  in.to_string());
+      throw std::invalid_argument("distribute: avg_pool2d " + detail::describe(o_) +
+                                  ": kernel larger than the planes of " + in.to_string());
     return shape::nchw(in.n(), in.c(), (in.h() - o_.kernel) / stride() + 1, (in.w() - o_.kernel) / stride() + 1);
   }
 

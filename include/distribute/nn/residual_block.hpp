@@ -25,8 +25,7 @@ class residual_block {
 
   residual_block(std::int64_t channels, std::uint64_t seed, const D& device = {})
       : body_{conv2d<T, D>{conv_options(channels), detail::sub_seed(seed, 0), device},
-              instance_norm<T, D>{{.channels = channels}, detail::sub_seed(seed, 1), device},
-              relu<T, D>{},
+              instance_norm<T, D>{{.channels = channels}, detail::sub_seed(seed, 1), device}, relu<T, D>{},
               conv2d<T, D>{conv_options(channels), detail::sub_seed(seed, 2), device},
               instance_norm<T, D>{{.channels = channels}, detail::sub_seed(seed, 3), device}} {}
 
@@ -52,19 +51,28 @@ class residual_block {
   }
 
   template <class F>
-  void for_each_parameter(F&& f) { body_.for_each_parameter(f); }
+  void for_each_parameter(F&& f) {
+    body_.for_each_parameter(f);
+  }
   // The body's buffers (its instance norms hold none): the enumeration every model offers to
   // checkpoints, broadcast and verify_mirrored.
   template <class F>
-  void for_each_buffer(F&& f) { body_.for_each_buffer(f); }
+  void for_each_buffer(F&& f) {
+    body_.for_each_buffer(f);
+  }
   void zero_grad() { body_.zero_grad(); }
   void set_training(bool on) { body_.set_training(on); }
   std::uint64_t state_digest() const { return body_.state_digest(); }
 
  private:
   static conv2d_options conv_options(std::int64_t channels) {
-    return {.in_channels = channels, .out_channels = channels, .kernel = 3, .stride = 1, .padding = 1,
-            .pad_mode = padding_mode::reflect, .bias = true};
+    return {.in_channels = channels,
+            .out_channels = channels,
+            .kernel = 3,
+            .stride = 1,
+            .padding = 1,
+            .pad_mode = padding_mode::reflect,
+            .bias = true};
   }
   body_type body_;
 };

@@ -22,24 +22,24 @@
 #if __has_include(<nlohmann/json.hpp>)
 #  define DISTRIBUTE_HAS_SAFETENSORS 1
 
-#include <distribute/checkpoint/atomic_write.hpp>
-#include <distribute/device/cpu.hpp>
-#include <distribute/nn/detail/host_copy.hpp>
-#include <distribute/nn/detail/safetensors_format.hpp>
-#include <distribute/nn/interop_error.hpp>
-#include <distribute/nn/state_dict.hpp>
+#  include <distribute/checkpoint/atomic_write.hpp>
+#  include <distribute/device/cpu.hpp>
+#  include <distribute/nn/detail/host_copy.hpp>
+#  include <distribute/nn/detail/safetensors_format.hpp>
+#  include <distribute/nn/interop_error.hpp>
+#  include <distribute/nn/state_dict.hpp>
 
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <filesystem>
-#include <functional>
-#include <set>
-#include <span>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <vector>
+#  include <cstddef>
+#  include <cstdint>
+#  include <cstring>
+#  include <filesystem>
+#  include <functional>
+#  include <set>
+#  include <span>
+#  include <string>
+#  include <string_view>
+#  include <type_traits>
+#  include <vector>
 
 namespace distribute::nn {
 
@@ -61,7 +61,7 @@ std::vector<std::byte> bytes_of(const std::vector<T>& v) {
 // What a model's named state expects of a file, and how to put the checked bytes in.
 struct expected_tensor {
   std::string name;
-  std::string_view dtype;               // the one written
+  std::string_view dtype;  // the one written
   std::vector<std::uint64_t> shape;
   bool is_buffer = false;
   std::function<void(std::span<const std::byte>, std::string_view dtype)> assign;
@@ -72,16 +72,22 @@ struct expected_collector {
   template <class T, class D>
   void parameter(const std::string& name, nn::parameter<T, D>& p) {
     std::vector<std::uint64_t> shape;
-    for (std::size_t i = 0; i < p.value.shape().rank(); ++i) shape.push_back(static_cast<std::uint64_t>(p.value.shape()[i]));
+    for (std::size_t i = 0; i < p.value.shape().rank(); ++i)
+      shape.push_back(static_cast<std::uint64_t>(p.value.shape()[i]));
     auto* value = &p.value;
-    out->push_back({name, safetensors_dtype<T>(), std::move(shape), false, [value](std::span<const std::byte> b, std::string_view) {
+    out->push_back({name, safetensors_dtype<T>(), std::move(shape), false,
+                    [value](std::span<const std::byte> b, std::string_view) {
                       std::vector<T> staged(b.size() / sizeof(T));  // aligned for T
                       std::memcpy(staged.data(), b.data(), b.size());
                       assign_from_host(*value, std::span<const T>(staged));
                     }});
   }
   void buffer(const std::string& name, std::span<double> b) {
-    out->push_back({name, "F64", {static_cast<std::uint64_t>(b.size())}, true, [b](std::span<const std::byte> bytes, std::string_view dtype) {
+    out->push_back({name,
+                    "F64",
+                    {static_cast<std::uint64_t>(b.size())},
+                    true,
+                    [b](std::span<const std::byte> bytes, std::string_view dtype) {
                       if (dtype == "F64") {
                         std::memcpy(b.data(), bytes.data(), bytes.size());
                       } else {  // F32: widened exactly
@@ -102,7 +108,8 @@ std::vector<expected_tensor> expected_tensors(M& model) {
   std::set<std::string_view> seen;
   for (const auto& e : out)
     if (!seen.insert(e.name).second)
-      throw std::invalid_argument("distribute: two tensors of the model are both named '" + e.name + "' (check its name_state members)");
+      throw std::invalid_argument("distribute: two tensors of the model are both named '" + e.name +
+                                  "' (check its name_state members)");
   return out;
 }
 
@@ -111,11 +118,13 @@ struct write_collector {
   template <class T, class D>
   void parameter(const std::string& name, nn::parameter<T, D>& p) {
     std::vector<std::uint64_t> shape;
-    for (std::size_t i = 0; i < p.value.shape().rank(); ++i) shape.push_back(static_cast<std::uint64_t>(p.value.shape()[i]));
+    for (std::size_t i = 0; i < p.value.shape().rank(); ++i)
+      shape.push_back(static_cast<std::uint64_t>(p.value.shape()[i]));
     out->push_back({name, std::string(safetensors_dtype<T>()), std::move(shape), bytes_of(host_copy(p.value))});
   }
   void buffer(const std::string& name, std::span<double> b) {
-    out->push_back({name, "F64", {static_cast<std::uint64_t>(b.size())}, bytes_of(std::vector<double>(b.begin(), b.end()))});
+    out->push_back(
+        {name, "F64", {static_cast<std::uint64_t>(b.size())}, bytes_of(std::vector<double>(b.begin(), b.end()))});
   }
 };
 
@@ -135,8 +144,7 @@ void load_safetensors_from(M& model, const Source& src) {
   for (const auto& t : ix.tensors) {
     if (wanted.contains(t.name)) continue;
     constexpr std::string_view counter = "num_batches_tracked";
-    if (t.name.ends_with(counter) &&
-        wanted.contains(t.name.substr(0, t.name.size() - counter.size()) + "running_mean"))
+    if (t.name.ends_with(counter) && wanted.contains(t.name.substr(0, t.name.size() - counter.size()) + "running_mean"))
       continue;
     safetensors::fail(origin, "tensor '" + t.name + "' of the file is not in the model");
   }
@@ -144,13 +152,16 @@ void load_safetensors_from(M& model, const Source& src) {
   staged.reserve(expected.size());
   for (const auto& e : expected) {
     const auto* t = ix.find(e.name);
-    if (!t) safetensors::fail(origin, "the file has no tensor '" + e.name + "' (the model's " + std::string(e.dtype) + " " + shape_text(e.shape) + ")");
+    if (!t)
+      safetensors::fail(origin, "the file has no tensor '" + e.name + "' (the model's " + std::string(e.dtype) + " " +
+                                    shape_text(e.shape) + ")");
     const bool dtype_ok = t->dtype == e.dtype || (e.is_buffer && t->dtype == "F32");
     if (!dtype_ok)
       safetensors::fail(origin, "tensor '" + e.name + "' is " + t->dtype + "; the model's is " + std::string(e.dtype) +
                                     (e.is_buffer ? " (or F32)" : ""));
     if (t->shape != e.shape)
-      safetensors::fail(origin, "tensor '" + e.name + "' has shape " + t->shape_text() + "; the model's has " + shape_text(e.shape));
+      safetensors::fail(
+          origin, "tensor '" + e.name + "' has shape " + t->shape_text() + "; the model's has " + shape_text(e.shape));
   }
   for (const auto& e : expected) {
     const auto* t = ix.find(e.name);
@@ -170,7 +181,8 @@ std::vector<std::byte> safetensors_bytes(M& model) {
   std::set<std::string_view> seen;
   for (const auto& t : tensors)
     if (!seen.insert(t.name).second)
-      throw std::invalid_argument("distribute: two tensors of the model are both named '" + t.name + "' (check its name_state members)");
+      throw std::invalid_argument("distribute: two tensors of the model are both named '" + t.name +
+                                  "' (check its name_state members)");
   return detail::safetensors::encode(tensors);
 }
 

@@ -76,7 +76,9 @@ class sequential {
   explicit sequential(Layers... layers) : layers_{std::move(layers)...} {}
 
   template <std::size_t I>
-  auto& get() noexcept { return std::get<I>(layers_); }
+  auto& get() noexcept {
+    return std::get<I>(layers_);
+  }
   static constexpr std::size_t size() noexcept { return sizeof...(Layers); }
 
   template <class R>
@@ -156,7 +158,9 @@ class sequential {
   }
   // For strategy.verify_mirrored: the bits of the parameters and of the buffers (running statistics),
   // which mirrored copies must keep identical alike (const in effect; enumeration is non-const).
-  std::uint64_t state_digest() const { return distribute::detail::digest_model(const_cast<sequential&>(*this)).state(); }
+  std::uint64_t state_digest() const {
+    return distribute::detail::digest_model(const_cast<sequential&>(*this)).state();
+  }
 
  private:
   template <class L, class F>
@@ -170,8 +174,7 @@ class sequential {
   static constexpr bool fuses_relu_after() {
     if constexpr (I + 1 < sizeof...(Layers))
       return detail::takes_norm_epilogue<layer_at<I>, R> && detail::relu_layer<layer_at<I + 1>>;
-    else
-      return false;
+    else return false;
   }
 
   template <class R>
@@ -192,8 +195,9 @@ class sequential {
   template <class R>
   static tensor_type plus(R& r, tensor_type y, const tensor_type& x) {
     if (y.shape() != x.shape())
-      throw std::invalid_argument("distribute: sequential with plus_input: its output has shape " + y.shape().to_string() +
-                                  ", its input " + x.shape().to_string() + "; a residual connection needs the same shape");
+      throw std::invalid_argument("distribute: sequential with plus_input: its output has shape " +
+                                  y.shape().to_string() + ", its input " + x.shape().to_string() +
+                                  "; a residual connection needs the same shape");
     detail::engine_of<device_type>(r).for_each(static_cast<std::int64_t>(y.size()),
                                                distribute::detail::kernels::add_to<scalar_type>{y.data(), x.data()});
     return y;
@@ -256,7 +260,8 @@ class sequential {
         else first.backward(r, d);
       } else {
         auto& s = std::get<0>(states.layers);
-        if constexpr (requires { first.backward(r, s, d, no_input_gradient); }) first.backward(r, s, d, no_input_gradient);
+        if constexpr (requires { first.backward(r, s, d, no_input_gradient); })
+          first.backward(r, s, d, no_input_gradient);
         else first.backward(r, s, d);
       }
     });
@@ -272,8 +277,8 @@ class sequential {
       std::string what = e.what();
       if (what.rfind("distribute: ", 0) == 0) what.erase(0, 12);
       throw std::invalid_argument("distribute: layer " + std::to_string(I) + " (" +
-                                  detail::layer_name<std::tuple_element_t<I, std::tuple<Layers...>>>() + ") of a sequential of " +
-                                  std::to_string(sizeof...(Layers)) + ": " + what);
+                                  detail::layer_name<std::tuple_element_t<I, std::tuple<Layers...>>>() +
+                                  ") of a sequential of " + std::to_string(sizeof...(Layers)) + ": " + what);
     }
   }
 

@@ -54,9 +54,7 @@ template <class L, class V>
 void name_state_of(L& layer, state_scope<V>& s);
 
 template <class L>
-concept unpacks_into_sequential = requires {
-  requires L::unpacks_into_sequential;
-};
+concept unpacks_into_sequential = requires { requires L::unpacks_into_sequential; };
 
 // The library's layers, named as their PyTorch counterparts (nn.Conv2d, nn.ConvTranspose2d,
 // nn.Linear: weight and bias in the same layout; nn.BatchNorm2d; nn.InstanceNorm2d).
@@ -82,7 +80,9 @@ template <class T, class D, class V>
 void name_library_state(dropout<T, D>&, state_scope<V>&) {}
 template <class... Layers, class V>
 void name_library_state(sequential<Layers...>& l, state_scope<V>& s) {
-  [&]<std::size_t... I>(std::index_sequence<I...>) { (s.next(l.template get<I>()), ...); }(std::index_sequence_for<Layers...>{});
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (s.next(l.template get<I>()), ...);
+  }(std::index_sequence_for<Layers...>{});
 }
 template <class T, class D, class V>
 void name_library_state(residual_block<T, D>& l, state_scope<V>& s) {
@@ -132,7 +132,9 @@ class state_scope {
     }
   }
   template <class L>
-  void same(L& layer) { detail::name_state_of(layer, *this); }
+  void same(L& layer) {
+    detail::name_state_of(layer, *this);
+  }
 
   const std::string& prefix() const noexcept { return prefix_; }
 
@@ -151,7 +153,8 @@ void name_state_of(L& layer, state_scope<V>& s) {
   } else if constexpr (requires { name_library_state(layer, s); }) {
     name_library_state(layer, s);
   } else if (has_state(layer)) {
-    throw std::invalid_argument("distribute: layer " + layer_name<L>() + (s.prefix().empty() ? "" : " at '" + s.prefix() + "'") +
+    throw std::invalid_argument("distribute: layer " + layer_name<L>() +
+                                (s.prefix().empty() ? "" : " at '" + s.prefix() + "'") +
                                 " has parameters or buffers but no names for them; give it a member "
                                 "`template <class S> void name_state(S& s)` (nn/state_dict.hpp)");
   }

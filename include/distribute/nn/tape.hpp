@@ -65,11 +65,11 @@ inline constexpr frozen_t frozen{};
 
 namespace detail {
 template <class L, class R, class Tensor>
-concept forward_state_value = requires { typename L::state_type; } &&
-                              requires(L& l, R& r, const Tensor& x, typename L::state_type& s) {
-                                { l.forward(r, x, s) } -> std::same_as<Tensor>;
-                                { l.backward(r, s, x) } -> std::same_as<Tensor>;
-                              };
+concept forward_state_value =
+    requires { typename L::state_type; } && requires(L& l, R& r, const Tensor& x, typename L::state_type& s) {
+      { l.forward(r, x, s) } -> std::same_as<Tensor>;
+      { l.backward(r, s, x) } -> std::same_as<Tensor>;
+    };
 }  // namespace detail
 
 template <class R, class T = float>
@@ -111,13 +111,18 @@ class tape {
   // for a tape (`model(tape, x)` records its own calls) is called so.
   template <class L>
   variable operator()(L& layer, variable x) {
-    if constexpr (requires { { layer(*this, x) } -> std::same_as<variable>; }) return layer(*this, x);
+    if constexpr (requires {
+                    { layer(*this, x) } -> std::same_as<variable>;
+                  })
+      return layer(*this, x);
     else return call(layer, x, false);
   }
   // The same, leaving the parameter gradients of the layer (of every layer the model calls) as they were.
   template <class L>
   variable operator()(L& layer, variable x, frozen_t) {
-    if constexpr (requires { { layer(*this, x) } -> std::same_as<variable>; }) {
+    if constexpr (requires {
+                    { layer(*this, x) } -> std::same_as<variable>;
+                  }) {
       ++frozen_depth_;
       struct thaw {
         int& depth;
@@ -135,11 +140,13 @@ class tape {
     check_mine(b, "concat");
     const std::int64_t ca = a.shape()[1];
     const variable y = result(nn::concat(r_, a.value(), b.value()), wants(a) || wants(b));
-    record([this, a, b, y, ca] {
-      auto [ga, gb] = nn::split(r_, at(y.id_).grad, ca);
-      accumulate(a, std::move(ga));
-      accumulate(b, std::move(gb));
-    }, y);
+    record(
+        [this, a, b, y, ca] {
+          auto [ga, gb] = nn::split(r_, at(y.id_).grad, ca);
+          accumulate(a, std::move(ga));
+          accumulate(b, std::move(gb));
+        },
+        y);
     return y;
   }
   // The first `channels` channels of x and the rest (nn::split).
@@ -148,14 +155,17 @@ class tape {
     auto [first, second] = nn::split(r_, x.value(), channels);
     const shape s1 = first.shape(), s2 = second.shape();
     const variable a = result(std::move(first), wants(x)), b = result(std::move(second), wants(x));
-    record([this, x, a, b, s1, s2] {
-      if (!wants(x)) return;
-      const tensor_type& ga = at(a.id_).grad;
-      const tensor_type& gb = at(b.id_).grad;
-      if (ga.empty() && gb.empty()) return;
-      // A part no gradient reached contributes zeros.
-      accumulate(x, nn::concat(r_, ga.empty() ? tensor_type{s1, r_.device()} : ga, gb.empty() ? tensor_type{s2, r_.device()} : gb));
-    }, a, b);
+    record(
+        [this, x, a, b, s1, s2] {
+          if (!wants(x)) return;
+          const tensor_type& ga = at(a.id_).grad;
+          const tensor_type& gb = at(b.id_).grad;
+          if (ga.empty() && gb.empty()) return;
+          // A part no gradient reached contributes zeros.
+          accumulate(x, nn::concat(r_, ga.empty() ? tensor_type{s1, r_.device()} : ga,
+                                   gb.empty() ? tensor_type{s2, r_.device()} : gb));
+        },
+        a, b);
     return {a, b};
   }
   // a + b (nn::add).
@@ -163,11 +173,13 @@ class tape {
     check_mine(a, "add");
     check_mine(b, "add");
     const variable y = result(nn::add(r_, a.value(), b.value()), wants(a) || wants(b));
-    record([this, a, b, y] {
-      const tensor_type& g = at(y.id_).grad;
-      if (wants(a)) accumulate(a, tensor_type{g});
-      if (wants(b)) accumulate(b, tensor_type{g});
-    }, y);
+    record(
+        [this, a, b, y] {
+          const tensor_type& g = at(y.id_).grad;
+          if (wants(a)) accumulate(a, tensor_type{g});
+          if (wants(b)) accumulate(b, tensor_type{g});
+        },
+        y);
     return y;
   }
   // k x (nn::scale).
@@ -182,11 +194,13 @@ class tape {
     check_mine(a, "mul");
     check_mine(b, "mul");
     const variable y = result(nn::mul(r_, a.value(), b.value()), wants(a) || wants(b));
-    record([this, a, b, y] {
-      const tensor_type& g = at(y.id_).grad;
-      if (wants(a)) accumulate(a, nn::mul(r_, g, b.value()));
-      if (wants(b)) accumulate(b, nn::mul(r_, g, a.value()));
-    }, y);
+    record(
+        [this, a, b, y] {
+          const tensor_type& g = at(y.id_).grad;
+          if (wants(a)) accumulate(a, nn::mul(r_, g, b.value()));
+          if (wants(b)) accumulate(b, nn::mul(r_, g, a.value()));
+        },
+        y);
     return y;
   }
 
@@ -216,7 +230,8 @@ class tape {
 
   // Every recorded backward, in reverse order. Once per tape.
   void backward() {
-    if (done_) throw std::logic_error("distribute: a tape's backward ran a second time; record a new tape for each step");
+    if (done_)
+      throw std::logic_error("distribute: a tape's backward ran a second time; record a new tape for each step");
     done_ = true;
     std::unordered_map<const void*, std::size_t> remaining = calls_;
     for (std::size_t i = nodes_.size(); i-- > 0;) {
@@ -339,16 +354,17 @@ class tape {
       return;
     }
     if (g.shape() != e.grad.shape())
-      throw std::logic_error("distribute: a tape got a gradient of shape " + g.shape().to_string() + " for a tensor of shape " +
-                             e.grad.shape().to_string());
+      throw std::logic_error("distribute: a tape got a gradient of shape " + g.shape().to_string() +
+                             " for a tensor of shape " + e.grad.shape().to_string());
     detail::engine_of<device_type>(r_).for_each(static_cast<std::int64_t>(g.size()),
-                                                 distribute::detail::kernels::add_to<T>{e.grad.data(), g.data()});
+                                                distribute::detail::kernels::add_to<T>{e.grad.data(), g.data()});
   }
 
   template <class L>
   variable call(L& layer, variable x, bool freeze) {
     freeze = freeze || frozen_depth_ > 0;
-    static_assert(std::is_same_v<typename L::scalar_type, T>, "distribute: a tape records layers of its own scalar type");
+    static_assert(std::is_same_v<typename L::scalar_type, T>,
+                  "distribute: a tape records layers of its own scalar type");
     static_assert(std::is_same_v<layer_device_t<L>, device_type>,
                   "distribute: a tape records layers on its replica's device");
     check_open("a layer call");
@@ -380,7 +396,8 @@ class tape {
       out = layer.forward(r_, x.value());
     }
     const variable y = result(std::move(out), wants(x) || !freeze);
-    auto f = [this, &layer, x, y, freeze, key, state = std::move(state)](std::unordered_map<const void*, std::size_t>& remaining) mutable {
+    auto f = [this, &layer, x, y, freeze, key,
+              state = std::move(state)](std::unordered_map<const void*, std::size_t>& remaining) mutable {
       // A frozen call writes the gradients too (and puts them back): they are final after it as well.
       const bool last = --remaining[key] == 0;
       const tensor_type& dy = at(y.id_).grad;
@@ -397,7 +414,8 @@ class tape {
             return layer.backward(r_, *state, dy);
           } else {
             if (!input)
-              if constexpr (requires { layer.backward(r_, dy, no_input_gradient); }) return layer.backward(r_, dy, no_input_gradient);
+              if constexpr (requires { layer.backward(r_, dy, no_input_gradient); })
+                return layer.backward(r_, dy, no_input_gradient);
             return layer.backward(r_, dy);
           }
         }();
@@ -462,10 +480,10 @@ class tape {
   R& r_;
   std::deque<entry> entries_;
   std::vector<std::unique_ptr<node>> nodes_;
-  std::vector<std::size_t> ends_;  // per node: the entries recorded up to it, its outputs the last
+  std::vector<std::size_t> ends_;                       // per node: the entries recorded up to it, its outputs the last
   std::unordered_map<const void*, std::size_t> calls_;  // calls per layer
   std::unordered_map<const void*, bool> applied_;       // layers without a state_type, called once
-  int frozen_depth_ = 0;  // inside a frozen call of a model written for a tape
+  int frozen_depth_ = 0;                                // inside a frozen call of a model written for a tape
   bool done_ = false;
 };
 

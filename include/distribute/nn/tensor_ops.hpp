@@ -52,7 +52,8 @@ tensor<T, D> concat(R& r, const tensor<T, D>& a, const tensor<T, D>& b) {
   tensor<T, D> y{out, a.device(), uninitialized};
   const std::int64_t ab = detail::per_example(a.shape()), bb = detail::per_example(b.shape());
   if (out.numel() > 0)
-    detail::engine_of<D>(r).for_each_in_segments(out[0], ab + bb, detail::kernels::concat_blocks<T>{a.data(), b.data(), y.data(), ab, bb});
+    detail::engine_of<D>(r).for_each_in_segments(
+        out[0], ab + bb, detail::kernels::concat_blocks<T>{a.data(), b.data(), y.data(), ab, bb});
   return y;
 }
 
@@ -61,7 +62,8 @@ template <class R, class T, class D>
 std::pair<tensor<T, D>, tensor<T, D>> split(R& r, const tensor<T, D>& x, std::int64_t channels) {
   const shape& s = x.shape();
   if (s.rank() < 2 || channels < 1 || channels >= s[1])
-    throw std::invalid_argument("distribute: split of a tensor of shape " + s.to_string() + " after " + std::to_string(channels) +
+    throw std::invalid_argument("distribute: split of a tensor of shape " + s.to_string() + " after " +
+                                std::to_string(channels) +
                                 " channels: it needs rank 2 to 4 and 1 to C - 1 channels in the first part");
   const shape first = detail::with_channels(s, channels), second = detail::with_channels(s, s[1] - channels);
   std::pair<tensor<T, D>, tensor<T, D>> out{tensor<T, D>{first, x.device(), uninitialized},
@@ -80,7 +82,8 @@ template <class R, class T, class D>
 tensor<T, D> add(R& r, const tensor<T, D>& a, const tensor<T, D>& b) {
   detail::check_same_shapes("add", a.shape(), b.shape());
   tensor<T, D> y{a.shape(), a.device(), uninitialized};
-  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(a.size()), detail::kernels::sum_of<T>{a.data(), b.data(), y.data()});
+  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(a.size()),
+                                   detail::kernels::sum_of<T>{a.data(), b.data(), y.data()});
   return y;
 }
 
@@ -88,7 +91,8 @@ tensor<T, D> add(R& r, const tensor<T, D>& a, const tensor<T, D>& b) {
 template <class R, class T, class D>
 tensor<T, D> scale(R& r, const tensor<T, D>& x, T k) {
   tensor<T, D> y{x.shape(), x.device(), uninitialized};
-  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), distribute::detail::kernels::scale<T>{x.data(), y.data(), k});
+  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()),
+                                   distribute::detail::kernels::scale<T>{x.data(), y.data(), k});
   return y;
 }
 
@@ -97,7 +101,8 @@ template <class R, class T, class D>
 tensor<T, D> mul(R& r, const tensor<T, D>& a, const tensor<T, D>& b) {
   detail::check_same_shapes("mul", a.shape(), b.shape());
   tensor<T, D> y{a.shape(), a.device(), uninitialized};
-  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(a.size()), distribute::detail::kernels::multiply<T>{a.data(), b.data(), y.data()});
+  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(a.size()),
+                                   distribute::detail::kernels::multiply<T>{a.data(), b.data(), y.data()});
   return y;
 }
 
@@ -105,7 +110,8 @@ tensor<T, D> mul(R& r, const tensor<T, D>& a, const tensor<T, D>& b) {
 template <class R, class T, class D>
 void axpy(R& r, T k, const tensor<T, D>& x, tensor<T, D>& y) {
   detail::check_same_shapes("axpy", x.shape(), y.shape());
-  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()), detail::kernels::axpy<T>{k, x.data(), y.data()});
+  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()),
+                                   detail::kernels::axpy<T>{k, x.data(), y.data()});
 }
 
 }  // namespace distribute::nn

@@ -40,7 +40,8 @@ class with_precision : public detail::model_wrapper<M>, public detail::state_typ
   using device_type = layer_device_t<M>;
   using tensor_type = tensor<scalar_type, device_type>;
 
-  with_precision(M model, compute_precision precision) : detail::model_wrapper<M>{std::move(model)}, precision_{precision} {}
+  with_precision(M model, compute_precision precision)
+      : detail::model_wrapper<M>{std::move(model)}, precision_{precision} {}
 
   compute_precision precision() const noexcept { return precision_; }
 

@@ -88,8 +88,9 @@ class adam : public detail::engine_steps<adam<T>, T> {
       T* m = m_.buffer_for(e, index, p.size());
       T* v = v_.buffer_for(e, index, p.size());
       ++index;
-      e.for_each(static_cast<std::int64_t>(p.size()),
-                 detail::kernels::adam_update<T>{p.data(), g.data(), m, v, b1, b2, wd, step_size, sqrt_bc2, eps, scalars});
+      e.for_each(
+          static_cast<std::int64_t>(p.size()),
+          detail::kernels::adam_update<T>{p.data(), g.data(), m, v, b1, b2, wd, step_size, sqrt_bc2, eps, scalars});
     });
   }
 

@@ -223,7 +223,8 @@ class loss_scaler {
   void load(std::istream& is) {
     char got[8]{};
     if (!is.read(got, 8)) throw std::runtime_error("distribute: truncated loss scaler state (no tag)");
-    if (!std::equal(got, got + 8, tag)) throw std::runtime_error("distribute: not a saved loss scaler state (wrong tag)");
+    if (!std::equal(got, got + 8, tag))
+      throw std::runtime_error("distribute: not a saved loss scaler state (wrong tag)");
     const auto scale = read<double>(is, "scale");
     const auto clean = read<std::int64_t>(is, "clean step count");
     const auto skipped = read<std::int64_t>(is, "skipped step count");
@@ -232,11 +233,11 @@ class loss_scaler {
                                ", not a finite positive number");
     if (scale < o_.min_scale || scale > o_.max_scale)
       throw std::runtime_error("distribute: loss scaler state with a scale of " + detail::scale_number(scale) +
-                               ", outside this scaler's [min_scale, max_scale] = [" + detail::scale_number(o_.min_scale) +
-                               ", " + detail::scale_number(o_.max_scale) + "]");
+                               ", outside this scaler's [min_scale, max_scale] = [" +
+                               detail::scale_number(o_.min_scale) + ", " + detail::scale_number(o_.max_scale) + "]");
     if (clean < 0 || skipped < 0)
-      throw std::runtime_error("distribute: corrupt loss scaler state: a negative step count (clean " + std::to_string(clean) +
-                               ", skipped " + std::to_string(skipped) + ")");
+      throw std::runtime_error("distribute: corrupt loss scaler state: a negative step count (clean " +
+                               std::to_string(clean) + ", skipped " + std::to_string(skipped) + ")");
     scale_ = scale;
     clean_ = clean;
     skipped_ = skipped;
@@ -254,8 +255,8 @@ class loss_scaler {
 
   static void check(const loss_scale_options& o) {
     auto fail = [](const char* name, double v, const std::string& rule) {
-      throw std::invalid_argument(std::string("distribute: loss_scaler: ") + name + " is " + detail::scale_number(v) + " but " +
-                                  rule);
+      throw std::invalid_argument(std::string("distribute: loss_scaler: ") + name + " is " + detail::scale_number(v) +
+                                  " but " + rule);
     };
     auto in_range = [&](const char* name, double v) {
       if (!(v >= lowest && v <= highest)) fail(name, v, "must be a finite positive float in [2^-126, 2^126]");
@@ -263,14 +264,17 @@ class loss_scaler {
     in_range("min_scale", o.min_scale);
     in_range("max_scale", o.max_scale);
     in_range("init_scale", o.init_scale);
-    if (o.min_scale > o.max_scale) fail("min_scale", o.min_scale, "must not exceed max_scale (" + detail::scale_number(o.max_scale) + ")");
+    if (o.min_scale > o.max_scale)
+      fail("min_scale", o.min_scale, "must not exceed max_scale (" + detail::scale_number(o.max_scale) + ")");
     if (o.init_scale < o.min_scale || o.init_scale > o.max_scale)
       fail("init_scale", o.init_scale,
-           "must lie in [min_scale, max_scale] = [" + detail::scale_number(o.min_scale) + ", " + detail::scale_number(o.max_scale) + "]");
-    if (!(o.growth_factor > 1.0 && std::isfinite(o.growth_factor))) fail("growth_factor", o.growth_factor, "must be finite and above 1");
-    if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0)) fail("backoff_factor", o.backoff_factor, "must be in (0, 1)");
-    if (o.growth_interval < 1)
-      fail("growth_interval", static_cast<double>(o.growth_interval), "must be at least 1");
+           "must lie in [min_scale, max_scale] = [" + detail::scale_number(o.min_scale) + ", " +
+               detail::scale_number(o.max_scale) + "]");
+    if (!(o.growth_factor > 1.0 && std::isfinite(o.growth_factor)))
+      fail("growth_factor", o.growth_factor, "must be finite and above 1");
+    if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0))
+      fail("backoff_factor", o.backoff_factor, "must be in (0, 1)");
+    if (o.growth_interval < 1) fail("growth_interval", static_cast<double>(o.growth_interval), "must be at least 1");
   }
 
   template <class V>
@@ -295,7 +299,8 @@ class loss_scaler {
     std::vector<std::span<T>> grads;
     model.for_each_parameter([&](std::span<T>, std::span<T> g) {
       grads.push_back(g);
-      e.for_each(static_cast<std::int64_t>(g.size()), distribute::detail::kernels::scale<T>{g.data(), g.data(), inverse});
+      e.for_each(static_cast<std::int64_t>(g.size()),
+                 distribute::detail::kernels::scale<T>{g.data(), g.data(), inverse});
     });
     return detail::count_non_finite(e, grads) > 0;
   }

@@ -82,9 +82,7 @@ namespace distribute {
 
 // A stage that hands out the state its last forward left for the backward, and takes it back.
 template <class S>
-concept stashable_stage = requires(S& s) {
-  s.restore(s.stash());
-};
+concept stashable_stage = requires(S& s) { s.restore(s.stash()); };
 
 template <class... Stages>
   requires(sizeof...(Stages) > 0)
@@ -244,7 +242,10 @@ class pipeline {
   template <class K>
   static std::size_t stash_bytes(const K& k) {
     if constexpr (std::is_same_v<K, tensor_type>) return k.size() * sizeof(scalar_type);
-    else if constexpr (requires { { k.bytes() } -> std::convertible_to<std::size_t>; }) return k.bytes();
+    else if constexpr (requires {
+                         { k.bytes() } -> std::convertible_to<std::size_t>;
+                       })
+      return k.bytes();
     else return 0;
   }
 
@@ -255,7 +256,8 @@ class pipeline {
       throw std::invalid_argument("distribute: pipeline_options::micro_batches must be at least 1, got " +
                                   std::to_string(o.micro_batches));
     if (o.copies < 1)
-      throw std::invalid_argument("distribute: pipeline_options::copies must be at least 1, got " + std::to_string(o.copies));
+      throw std::invalid_argument("distribute: pipeline_options::copies must be at least 1, got " +
+                                  std::to_string(o.copies));
     return o;
   }
   static int positions_of(int replicas, int copies) {
@@ -268,8 +270,9 @@ class pipeline {
 
   template <std::size_t... I, class... F>
   void make_stages(part& p, const device_type& device, int position, std::index_sequence<I...>, F&... factories) {
-    ((positions_ == 1 || position == static_cast<int>(I) ? (void)std::get<I>(p.stages).emplace(std::invoke(factories, device))
-                                                         : void()),
+    ((positions_ == 1 || position == static_cast<int>(I)
+          ? (void)std::get<I>(p.stages).emplace(std::invoke(factories, device))
+          : void()),
      ...);
   }
 
@@ -278,8 +281,9 @@ class pipeline {
     const int local = r.replica_id() - first_replica_;
     if (local < 0 || local >= static_cast<int>(parts_.size()) || r.num_replicas() != replicas_)
       throw std::logic_error("distribute: replica " + std::to_string(r.replica_id()) + " of " +
-                             std::to_string(r.num_replicas()) + " is not one of the replicas this pipeline was placed on (" +
-                             std::to_string(replicas_) + " replicas, " + std::to_string(parts_.size()) + " in this process)");
+                             std::to_string(r.num_replicas()) +
+                             " is not one of the replicas this pipeline was placed on (" + std::to_string(replicas_) +
+                             " replicas, " + std::to_string(parts_.size()) + " in this process)");
     return *parts_[static_cast<std::size_t>(local)];
   }
 
@@ -297,8 +301,8 @@ class pipeline {
   static auto loss_of(Loss& loss, R& r, const tensor_type& y, const tensor_type& target, std::int64_t global) {
     auto l = std::invoke(loss, r, y, target, global);
     if (l.grad.shape() != y.shape())
-      throw std::invalid_argument("distribute: a pipeline's loss returned a gradient of shape " + l.grad.shape().to_string() +
-                                  " for a prediction of shape " + y.shape().to_string());
+      throw std::invalid_argument("distribute: a pipeline's loss returned a gradient of shape " +
+                                  l.grad.shape().to_string() + " for a prediction of shape " + y.shape().to_string());
     return l;
   }
 
@@ -352,7 +356,6 @@ class pipeline {
     if constexpr (I > 0) backward_all<I - 1>(r, p, dx);
   }
 
-
   // Message tags: three per micro-batch (the header of its activations, the activations, their gradient).
   static int tag(int micro_batch, int kind) { return 3 * micro_batch + kind; }
   enum : int { header_tag = 0, activation_tag = 1, gradient_tag = 2 };
@@ -364,7 +367,8 @@ class pipeline {
                  pipeline_step_result& result) {
     using C = std::remove_reference_t<decltype(r.communicator())>;
     if constexpr (!point_to_point_communicator<C>) {
-      throw std::logic_error("distribute: a pipeline of stages on several replicas needs a communicator that passes messages");
+      throw std::logic_error(
+          "distribute: a pipeline of stages on several replicas needs a communicator that passes messages");
     } else {
       constexpr bool first = I == 0, last = I + 1 == sizeof...(Stages);
       auto& stage = *std::get<I>(p.stages);
@@ -449,7 +453,8 @@ class pipeline {
       if constexpr (last) {
         if (target_offset != batch_of(target))
           throw std::invalid_argument("distribute: a pipeline step got " + std::to_string(target_offset) +
-                                      " examples through its stages and " + std::to_string(batch_of(target)) + " targets");
+                                      " examples through its stages and " + std::to_string(batch_of(target)) +
+                                      " targets");
       }
     }
   }
@@ -458,7 +463,8 @@ class pipeline {
   tensor_type predict_stage(R& r, part& p, const tensor_type& input) {
     using C = std::remove_reference_t<decltype(r.communicator())>;
     if constexpr (!point_to_point_communicator<C>) {
-      throw std::logic_error("distribute: a pipeline of stages on several replicas needs a communicator that passes messages");
+      throw std::logic_error(
+          "distribute: a pipeline of stages on several replicas needs a communicator that passes messages");
     } else {
       constexpr bool last = I + 1 == sizeof...(Stages);
       auto& stage = *std::get<I>(p.stages);
@@ -606,7 +612,7 @@ class pipeline {
   int positions_;
   int first_replica_;
   std::vector<std::unique_ptr<part>> parts_;  // one per replica of this process
-  std::vector<std::string> labels_;  // what the messages between stages s and s + 1 are called
+  std::vector<std::string> labels_;           // what the messages between stages s and s + 1 are called
 };
 
 template <strategy S, class... F>

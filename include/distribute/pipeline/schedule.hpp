@@ -23,9 +23,7 @@ namespace distribute {
 
 enum class pipeline_schedule : std::uint8_t { gpipe, one_f_one_b };
 
-inline const char* to_string(pipeline_schedule s) noexcept {
-  return s == pipeline_schedule::gpipe ? "gpipe" : "1f1b";
-}
+inline const char* to_string(pipeline_schedule s) noexcept { return s == pipeline_schedule::gpipe ? "gpipe" : "1f1b"; }
 
 struct pipeline_op {
   enum class pass : std::uint8_t { forward, backward };

@@ -68,7 +68,8 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
 
   // One replica per hardware thread (CPU), per visible GPU (cuda).
   mirrored_strategy() : mirrored_strategy(group_type::all_devices()) {}
-  explicit mirrored_strategy(std::vector<D> devices, collective_options options = {}, collective_engine_choice engine = {})
+  explicit mirrored_strategy(std::vector<D> devices, collective_options options = {},
+                             collective_engine_choice engine = {})
       : state_{std::make_unique<state>(check_devices(std::move(devices)), options, engine)} {}
 
   int num_replicas_in_sync() const noexcept { return static_cast<int>(state_->replicas.size()); }
@@ -96,7 +97,9 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
   // engines are made anew, with empty caches.
   void set_compute_options(const compute_options& options) { state_->set_compute_options(options); }
   [[deprecated("distribute: set_engine_options is now set_compute_options")]]
-  void set_engine_options(const compute_options& options) { set_compute_options(options); }
+  void set_engine_options(const compute_options& options) {
+    set_compute_options(options);
+  }
 
   // Calls `fn(replica, args...)` on every replica concurrently; per-replica and mirrored arguments
   // are unwrapped to the replica's own element, anything else is shared by reference. Returns
@@ -150,19 +153,20 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
       for (auto& e : engines) e.reset(o, share);
       primary_engine.reset(o, 0);
     }
-    group_type group;  // the replicas' devices and their communicator group
+    group_type group;                     // the replicas' devices and their communicator group
     std::vector<engine_slot<D>> engines;  // one per replica; never resized (replicas point in)
     engine_slot<D> primary_engine;
     detail::step_clock clock;  // one collective meter per replica (replicas point in)
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
-    std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)
+    std::int64_t steps = 0;     // `run` calls started: collectives name their step (collective_origin.hpp)
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
   };
 
   static std::vector<D> check_devices(std::vector<D> devices) {
     if (devices.empty())
-      throw std::invalid_argument(std::string("distribute: ") + group_type::strategy_name + " needs at least one device");
+      throw std::invalid_argument(std::string("distribute: ") + group_type::strategy_name +
+                                  " needs at least one device");
     for (auto& d : devices) d = policy::checked(std::move(d), group_type::strategy_name);
     return devices;
   }

@@ -81,9 +81,10 @@ class agreed_steps_dataset;
 
 template <device D = cpu, class Comm = comm::mpi>
 class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_worker_mirrored_strategy<D, Comm>> {
-  static_assert(requires { sizeof(detail::worker_group<D, Comm>); },
-                "distribute: multi_worker_mirrored_strategy runs CPU replicas joined by MPI (<cpu, comm::mpi>) or GPUs "
-                "joined by NCCL (<cuda, comm::nccl>, in <distribute/cuda/strategy/multi_worker_mirrored_strategy.cuh>)");
+  static_assert(
+      requires { sizeof(detail::worker_group<D, Comm>); },
+      "distribute: multi_worker_mirrored_strategy runs CPU replicas joined by MPI (<cpu, comm::mpi>) or GPUs "
+      "joined by NCCL (<cuda, comm::nccl>, in <distribute/cuda/strategy/multi_worker_mirrored_strategy.cuh>)");
   using group_type = detail::worker_group<D, Comm>;
   using policy = detail::device_policy<D>;
 
@@ -164,7 +165,9 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   // engine uses its share of the cores (see state::set_compute_options). Between steps only.
   void set_compute_options(const compute_options& options) { state_->set_compute_options(options); }
   [[deprecated("distribute: set_engine_options is now set_compute_options")]]
-  void set_engine_options(const compute_options& options) { set_compute_options(options); }
+  void set_engine_options(const compute_options& options) {
+    set_compute_options(options);
+  }
 
   // Calls `fn(primary, args...)` once on this worker, on the calling thread, as a group of one on
   // its first device (collectives are no-ops). Every worker runs it; `broadcast` afterwards makes
@@ -204,7 +207,10 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
                                     " elements, replica " + std::to_string(first_replica_id() + static_cast<int>(i)) +
                                     " has " + std::to_string(std::ranges::size(values[i])));
       std::size_t j = 0;
-      for (const auto& x : values[i]) { acc[j] = detail::combine(partial, acc[j], static_cast<T>(x)); ++j; }
+      for (const auto& x : values[i]) {
+        acc[j] = detail::combine(partial, acc[j], static_cast<T>(x));
+        ++j;
+      }
     }
     across(op, std::span<T>(acc), "strategy.reduce");
     return acc;
@@ -218,7 +224,8 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     auto& g = state_->group;
     std::vector<T> out(static_cast<std::size_t>(num_replicas_in_sync()));
     std::vector<std::size_t> counts(static_cast<std::size_t>(num_workers()));
-    for (int w = 0; w < num_workers(); ++w) counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(g.replicas_of(w));
+    for (int w = 0; w < num_workers(); ++w)
+      counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(g.replicas_of(w));
     guarded([&] {
       const detail::api_scope origin("strategy.gather", last_step());
       g.cross().all_gather(std::span<const T>(mine), std::span<T>(out), std::span<const std::size_t>(counts));
@@ -252,10 +259,11 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   auto mirror(F&& factory) {
     static_assert(std::invocable<F&, D&>, "distribute: mirror(factory) calls factory(device&) once per replica");
     using T = std::decay_t<std::invoke_result_t<F&, D&>>;
-    static_assert(detail::broadcastable_state<T> || group_type::template broadcasts_in_step<T>,
-                  "distribute: multi_worker_mirrored_strategy::mirror sends the chief's copy to the other workers; T must "
-                  "be a model (for_each_parameter), stream its state (save/load), be trivially copyable, or be a "
-                  "contiguous sequence of trivially copyable elements");
+    static_assert(
+        detail::broadcastable_state<T> || group_type::template broadcasts_in_step<T>,
+        "distribute: multi_worker_mirrored_strategy::mirror sends the chief's copy to the other workers; T must "
+        "be a model (for_each_parameter), stream its state (save/load), be trivially copyable, or be a "
+        "contiguous sequence of trivially copyable elements");
     auto& devices = state_->group.devices();
     auto copies = this->template make<mirrored<T>>([&](std::size_t r) { return std::invoke(factory, devices[r]); });
     if constexpr (group_type::template broadcasts_in_step<T>) {
@@ -275,7 +283,8 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     if constexpr (group_type::template broadcasts_in_step<T>) {
       // A step of its own: every replica joins. The strategy's state is shared, so this is a const
       // operation on the strategy as the concept has it.
-      const_cast<multi_worker_mirrored_strategy&>(*this).run([from](auto& r, T& t) { r.broadcast(t.values(), from); }, value);
+      const_cast<multi_worker_mirrored_strategy&>(*this).run([from](auto& r, T& t) { r.broadcast(t.values(), from); },
+                                                             value);
     } else {
       const int owner = state_->group.worker_of(from);
       if (owner == worker_index() && from != first_replica_id()) {
@@ -290,16 +299,18 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   // and its buffers (running statistics); when copies differ, a second gather says which of the two.
   template <class T, std::size_t E>
   void verify_mirrored(const mirrored<T, E>& value) const {
-    static_assert(detail::digestible<T>,
-                  "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
-                  "copyable elements, a model (for_each_parameter) or to have a member `std::uint64_t state_digest() const`");
+    static_assert(
+        detail::digestible<T>,
+        "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
+        "copyable elements, a model (for_each_parameter) or to have a member `std::uint64_t state_digest() const`");
     check_count(value.size(), "verify_mirrored");
     check_usable("strategy.verify_mirrored");
     std::vector<std::uint64_t> mine;
     for (const auto& v : value) mine.push_back(detail::digest_of(v));
     std::vector<std::uint64_t> all(static_cast<std::size_t>(num_replicas_in_sync()));
     std::vector<std::size_t> counts(static_cast<std::size_t>(num_workers()));
-    for (int w = 0; w < num_workers(); ++w) counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(state_->group.replicas_of(w));
+    for (int w = 0; w < num_workers(); ++w)
+      counts[static_cast<std::size_t>(w)] = static_cast<std::size_t>(state_->group.replicas_of(w));
     guarded([&] {
       const detail::api_scope origin("strategy.verify_mirrored", last_step());
       state_->group.cross().all_gather(std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
@@ -327,24 +338,28 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   // index and count filled in for sharding: see <distribute/data/distribute.hpp>.
   template <class Ds, class Options = data::distribute_options>
   auto distribute(const Ds& dataset, Options options) const {
-    static_assert(requires { sizeof(data::distributor<Ds, extent>); },
-                  "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    static_assert(
+        requires { sizeof(data::distributor<Ds, extent>); },
+        "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
     const auto local = static_cast<std::size_t>(num_local_replicas());
     if (num_workers() > 1 && !same_replicas_everywhere()) {
       // Sharding by data with one share per replica of the job (rather than an equal share per worker):
       // every worker reads every global batch and keeps its replicas' shares.
       using policy = decltype(options.policy);
       if (options.policy == policy::file)
-        throw std::invalid_argument("distribute: shard_policy::file splits the files evenly over workers; with workers "
-                                    "holding different numbers of replicas use shard_policy::data (or automatic)");
+        throw std::invalid_argument(
+            "distribute: shard_policy::file splits the files evenly over workers; with workers "
+            "holding different numbers of replicas use shard_policy::data (or automatic)");
       if (options.policy != policy::off) {
         if (options.prefetch == 0 || options.prefetch_threads == 0)
-          throw std::invalid_argument("distribute::data: distribute needs a prefetch of at least 1 step on at least 1 thread");
+          throw std::invalid_argument(
+              "distribute::data: distribute needs a prefetch of at least 1 step on at least 1 thread");
         // Named through Ds so that it is looked up where <distribute/data.hpp> is included.
         using split = std::conditional_t<sizeof(Ds) != 0, data::detail::split_global_batch<extent>, void>;
         auto out = dataset
-            .map(split{local, static_cast<std::size_t>(num_replicas_in_sync()), static_cast<std::size_t>(first_replica_id())})
-            .prefetch(options.prefetch, options.prefetch_threads);
+                       .map(split{local, static_cast<std::size_t>(num_replicas_in_sync()),
+                                  static_cast<std::size_t>(first_replica_id())})
+                       .prefetch(options.prefetch, options.prefetch_threads);
         return data::detail::agreed_steps_dataset<decltype(out)>(std::move(out), census(), options.uneven,
                                                                  static_cast<std::size_t>(worker_index()),
                                                                  static_cast<std::size_t>(num_workers()), true);
@@ -355,25 +370,29 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   }
   template <class Ds, class Options = data::distribute_options>
   auto distribute(const Ds& dataset) const {
-    static_assert(requires { sizeof(Options); }, "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    static_assert(
+        requires { sizeof(Options); }, "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
     return distribute(dataset, Options{});
   }
   template <class F, class Options = data::distribute_options>
   auto distribute_from_function(const F& fn, Options options) const {
-    static_assert(requires { sizeof(data::function_distributor<F, extent>); },
-                  "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
+    static_assert(
+        requires { sizeof(data::function_distributor<F, extent>); },
+        "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
     if (num_workers() > 1 && !same_replicas_everywhere())
-      throw std::invalid_argument("distribute: distribute_from_function gives each worker's input pipeline an equal part "
-                                  "of the global batch; with workers holding different numbers of replicas use distribute "
-                                  "or scatter");
+      throw std::invalid_argument(
+          "distribute: distribute_from_function gives each worker's input pipeline an equal part "
+          "of the global batch; with workers holding different numbers of replicas use distribute "
+          "or scatter");
     fill_worker(options);
-    return data::function_distributor<F, extent>::distribute(fn, static_cast<std::size_t>(num_local_replicas()), options,
-                                                             census());
+    return data::function_distributor<F, extent>::distribute(fn, static_cast<std::size_t>(num_local_replicas()),
+                                                             options, census());
   }
   template <class F, class Options = data::distribute_options>
   auto distribute_from_function(const F& fn) const {
-    static_assert(requires { sizeof(Options); },
-                  "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
+    static_assert(
+        requires { sizeof(Options); },
+        "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
     return distribute_from_function(fn, Options{});
   }
 
@@ -395,8 +414,8 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
       const auto& devices = group.devices();
       replicas.reserve(devices.size());
       for (std::size_t r = 0; r < devices.size(); ++r)
-        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), static_cast<int>(r), group.worker_index(),
-                              &engines[r], clock.meter(r));
+        replicas.emplace_back(devices[r], group.endpoint(static_cast<int>(r)), static_cast<int>(r),
+                              group.worker_index(), &engines[r], clock.meter(r));
     }
     // Each replica's engine gets its share of the cores (the worker group says how many).
     void set_compute_options(const compute_options& o) {
@@ -404,14 +423,14 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
       for (auto& e : engines) e.reset(o, share);
       primary_engine.reset(o, primary);
     }
-    group_type group;  // this worker's devices and replicas' communicators, and the job around them
+    group_type group;                     // this worker's devices and replicas' communicators, and the job around them
     std::vector<engine_slot<D>> engines;  // one per local replica; never resized (replicas point in)
     engine_slot<D> primary_engine;
     detail::step_clock clock;  // one collective meter per local replica (replicas point in)
     std::vector<replica_type> replicas;
     std::atomic<bool> in_step{false};
-    std::int64_t steps = 0;  // `run` calls started: collectives name their step (collective_origin.hpp)
-    std::string failure;  // why this worker left the job
+    std::int64_t steps = 0;     // `run` calls started: collectives name their step (collective_origin.hpp)
+    std::string failure;        // why this worker left the job
     detail::replica_pool pool;  // last: its threads stop before the rest is destroyed
   };
 
@@ -458,7 +477,8 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   void check_usable(const char* op) const { check_usable(*state_, op); }
   static void check_usable(const state& st, const char* op) {
     if (!st.failure.empty())
-      throw collective_aborted(std::string("distribute: ") + op + " on worker " + std::to_string(st.group.worker_index()) +
+      throw collective_aborted(std::string("distribute: ") + op + " on worker " +
+                               std::to_string(st.group.worker_index()) +
                                " cannot run: this worker left the job after a failure: " + st.failure);
   }
 
@@ -482,9 +502,10 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
     check_usable(api);
     const detail::api_scope origin(api, last_step());
     if (num_workers() > 1) {
-      static_assert(detail::broadcastable_state<T>,
-                    "distribute: broadcast between workers needs T to be a model (for_each_parameter), stream its "
-                    "state (save/load), be trivially copyable, or be a contiguous sequence of trivially copyable elements");
+      static_assert(
+          detail::broadcastable_state<T>,
+          "distribute: broadcast between workers needs T to be a model (for_each_parameter), stream its "
+          "state (save/load), be trivially copyable, or be a contiguous sequence of trivially copyable elements");
       guarded([&] { detail::broadcast_state(state_->group.cross(), value[0], owner); });
     }
     for (std::size_t r = 1; r < value.size(); ++r) {

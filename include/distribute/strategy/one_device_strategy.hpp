@@ -49,7 +49,9 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   // core. Between steps only: the engine is made anew, with empty caches.
   void set_compute_options(const compute_options& options) { engine_.reset(options, 0); }
   [[deprecated("distribute: set_engine_options is now set_compute_options")]]
-  void set_engine_options(const compute_options& options) { set_compute_options(options); }
+  void set_engine_options(const compute_options& options) {
+    set_compute_options(options);
+  }
 
   // Calls `fn(replica, args...)` once; per-replica and mirrored arguments are unwrapped to their only
   // element. Returns per_replica<R, 1> (or nothing for a void fn).

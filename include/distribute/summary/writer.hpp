@@ -100,7 +100,8 @@ inline bool valid_utf8(std::string_view s) noexcept {
 inline void check_tag(std::string_view tag, const char* what) {
   if (tag.empty()) throw std::invalid_argument(std::string("summary::writer::") + what + ": the tag is empty");
   if (!valid_utf8(tag))
-    throw std::invalid_argument(std::string("summary::writer::") + what + ": the tag '" + std::string(tag) + "' is not valid UTF-8");
+    throw std::invalid_argument(std::string("summary::writer::") + what + ": the tag '" + std::string(tag) +
+                                "' is not valid UTF-8");
 }
 
 inline double wall_time_now() {
@@ -124,8 +125,7 @@ class writer {
 
   // Creates `directory` (and its parents) if missing and a new events file in it, and writes the
   // version record to it. Throws summary_error naming the directory or the file.
-  explicit writer(const std::filesystem::path& directory, writer_options options = {})
-      : s_{std::make_unique<state>()} {
+  explicit writer(const std::filesystem::path& directory, writer_options options = {}) : s_{std::make_unique<state>()} {
     s_->options = options;
     std::error_code ec;
     std::filesystem::create_directories(directory, ec);
@@ -135,8 +135,8 @@ class writer {
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
     const std::string host = detail::host_name();
     for (int attempt = 0;; ++attempt) {
-      s_->file = directory / ("events.out.tfevents." + std::to_string(seconds) + "." + host + "." + std::to_string(::getpid()) +
-                              "." + std::to_string(counter.fetch_add(1)));
+      s_->file = directory / ("events.out.tfevents." + std::to_string(seconds) + "." + host + "." +
+                              std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)));
       s_->fd = ::open(s_->file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
       if (s_->fd >= 0) break;
       if (errno != EEXIST || attempt == 1000) failure("cannot create", errno);
@@ -196,10 +196,12 @@ class writer {
       throw std::invalid_argument(where() + std::to_string(channels) + " channels (accepted: 1 grey, 3 RGB, 4 RGBA)");
     if (hwc == nullptr) throw std::invalid_argument(where() + "the pixels are a null pointer");
     // An event is a protobuf message, which readers take only below 2 GiB.
-    const std::uint64_t bytes = static_cast<std::uint64_t>(height) * static_cast<std::uint64_t>(width) * static_cast<std::uint64_t>(channels);
+    const std::uint64_t bytes =
+        static_cast<std::uint64_t>(height) * static_cast<std::uint64_t>(width) * static_cast<std::uint64_t>(channels);
     if (bytes > max_image_bytes)
-      throw std::invalid_argument(where() + "an image of " + std::to_string(height) + "x" + std::to_string(width) + "x" +
-                                  std::to_string(channels) + " bytes is too large (at most 1 GiB: an event must stay below 2 GiB)");
+      throw std::invalid_argument(where() + "an image of " + std::to_string(height) + "x" + std::to_string(width) +
+                                  "x" + std::to_string(channels) +
+                                  " bytes is too large (at most 1 GiB: an event must stay below 2 GiB)");
     if (!s_) return;
     const std::string png = detail::encode_png(height, width, channels, hwc);
     add(step, detail::image_value(tag, height, width, channels, png));
@@ -244,8 +246,8 @@ class writer {
     std::mutex mutex;
     std::filesystem::path file;
     int fd = -1;
-    std::string buffer;         // whole records not yet written
-    ::off_t written = 0;        // the file's size after its last whole record
+    std::string buffer;   // whole records not yet written
+    ::off_t written = 0;  // the file's size after its last whole record
     std::chrono::steady_clock::time_point last_write{};
     writer_options options;
 
@@ -260,7 +262,8 @@ class writer {
   writer() noexcept = default;
 
   static std::string message(const state& s, const char* what, int err) {
-    return "distribute: " + std::string(what) + " the TensorBoard events file " + s.file.string() + ": " + std::strerror(err);
+    return "distribute: " + std::string(what) + " the TensorBoard events file " + s.file.string() + ": " +
+           std::strerror(err);
   }
   [[noreturn]] void failure(const char* what, int err) const { throw summary_error(message(*s_, what, err)); }
 
@@ -289,7 +292,8 @@ class writer {
         if (errno == EINTR) continue;
         const int err = errno;
         s.buffer.clear();
-        [[maybe_unused]] const int cut = ::ftruncate(s.fd, s.written);  // if this fails too, readers stop at the torn record
+        [[maybe_unused]] const int cut =
+            ::ftruncate(s.fd, s.written);  // if this fails too, readers stop at the torn record
         throw summary_error(message(s, "cannot write", err));
       }
       rest.remove_prefix(static_cast<std::size_t>(n));

@@ -44,7 +44,9 @@ const_matrix_map<T> as_matrix(const tensor<T, cpu>& t, std::int64_t rows, std::i
   return const_matrix_map<T>(t.data() + offset, rows, cols);
 }
 template <class T>
-vector_map<T> as_vector(tensor<T, cpu>& t) { return vector_map<T>(t.data(), static_cast<Eigen::Index>(t.size())); }
+vector_map<T> as_vector(tensor<T, cpu>& t) {
+  return vector_map<T>(t.data(), static_cast<Eigen::Index>(t.size()));
+}
 template <class T>
 const_vector_map<T> as_vector(const tensor<T, cpu>& t) {
   return const_vector_map<T>(t.data(), static_cast<Eigen::Index>(t.size()));

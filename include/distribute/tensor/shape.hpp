@@ -45,7 +45,9 @@ class shape {
   constexpr std::size_t rank() const noexcept { return rank_; }
   constexpr std::int64_t operator[](std::size_t i) const noexcept { return extents_[i]; }
   std::int64_t at(std::size_t i) const {
-    if (i >= rank_) throw std::out_of_range("distribute: axis " + std::to_string(i) + " of a rank-" + std::to_string(rank_) + " shape");
+    if (i >= rank_)
+      throw std::out_of_range("distribute: axis " + std::to_string(i) + " of a rank-" + std::to_string(rank_) +
+                              " shape");
     return extents_[i];
   }
   // Elements in all.

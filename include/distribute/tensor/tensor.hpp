@@ -44,8 +44,9 @@ struct default_init_allocator : std::allocator<T> {
 // Refuses a range [offset, offset + count) that does not lie within `size` elements.
 inline void check_fill_range(std::size_t offset, std::size_t count, std::size_t size) {
   if (offset > size || count > size - offset)
-    throw std::out_of_range("distribute: a tensor fill of elements [" + std::to_string(offset) + ", " + std::to_string(offset) +
-                            " + " + std::to_string(count) + ") outside its " + std::to_string(size) + " elements");
+    throw std::out_of_range("distribute: a tensor fill of elements [" + std::to_string(offset) + ", " +
+                            std::to_string(offset) + " + " + std::to_string(count) + ") outside its " +
+                            std::to_string(size) + " elements");
 }
 }  // namespace detail
 

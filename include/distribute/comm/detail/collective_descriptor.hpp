@@ -44,9 +44,9 @@ struct descriptor {
   dtype type = dtype::float32;
   reduce_op op = reduce_op::sum;
   int root = 0;
-  std::size_t count = 0;           // elements: all buffers of an all_reduce together, or the input
-  std::size_t out_count = 0;       // elements of the output (reduce_scatter, all_gather)
-  const segment* segs = nullptr;   // the buffers of an all_reduce, or the buffer of a broadcast
+  std::size_t count = 0;          // elements: all buffers of an all_reduce together, or the input
+  std::size_t out_count = 0;      // elements of the output (reduce_scatter, all_gather)
+  const segment* segs = nullptr;  // the buffers of an all_reduce, or the buffer of a broadcast
   std::size_t n_segs = 0;
   const void* in = nullptr;
   void* out = nullptr;
@@ -77,7 +77,11 @@ inline std::string describe(const descriptor& d) {
       return s + " holding " + std::to_string(d.count) + " collective" + (d.count == 1 ? "" : "s") +
              distribute::detail::describe_origin(d.api, d.step, d.in_step);
     case collective_kind::all_reduce:
-    case collective_kind::reduce_scatter: s += "("; s += distribute::to_string(d.op); s += ")"; break;
+    case collective_kind::reduce_scatter:
+      s += "(";
+      s += distribute::to_string(d.op);
+      s += ")";
+      break;
     case collective_kind::broadcast: s += " from replica " + std::to_string(d.root); break;
     case collective_kind::all_gather: break;
   }

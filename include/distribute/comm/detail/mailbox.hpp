@@ -30,7 +30,9 @@ struct p2p_call {
   bool in_step = false;
 };
 
-inline bool same_payload(const p2p_call& a, const p2p_call& b) noexcept { return a.type == b.type && a.count == b.count; }
+inline bool same_payload(const p2p_call& a, const p2p_call& b) noexcept {
+  return a.type == b.type && a.count == b.count;
+}
 
 // This thread's call of a send to, or a recv from, `peer` of `count` elements of T.
 template <class T>
@@ -46,8 +48,8 @@ inline std::string payload(const p2p_call& c) {
 
 struct p2p_message {
   int src = 0;
-  p2p_call call;                  // the sender's call (`peer` is the destination)
-  std::vector<std::byte> bytes;   // a copy of the payload
+  p2p_call call;                 // the sender's call (`peer` is the destination)
+  std::vector<std::byte> bytes;  // a copy of the payload
 };
 
 struct mailbox {
@@ -55,7 +57,7 @@ struct mailbox {
   struct waiting {
     int src = -1;
     int tag = 0;
-    p2p_call call;                // the receiver's call
+    p2p_call call;  // the receiver's call
     void* data = nullptr;
     bool filled = false;
   };
@@ -63,7 +65,7 @@ struct mailbox {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<p2p_message> queue;
-  waiting wait;                   // `src` < 0: nobody waits
+  waiting wait;  // `src` < 0: nobody waits
 
   // The first queued message from `src` with `tag`, or end().
   std::vector<p2p_message>::iterator find(int src, int tag) {

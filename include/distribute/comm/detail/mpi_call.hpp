@@ -33,7 +33,8 @@ constexpr std::int64_t type_code() noexcept {
   if constexpr (element<T>) {
     return static_cast<std::int64_t>(dtype_of<T>);
   } else {
-    return 64 + (std::is_floating_point_v<T> ? 32 : 0) + (std::is_signed_v<T> ? 16 : 0) + static_cast<std::int64_t>(sizeof(T));
+    return 64 + (std::is_floating_point_v<T> ? 32 : 0) + (std::is_signed_v<T> ? 16 : 0) +
+           static_cast<std::int64_t>(sizeof(T));
   }
 }
 
@@ -65,8 +66,8 @@ struct mpi_call {
   }
 
   friend bool operator==(const mpi_call& a, const mpi_call& b) noexcept {
-    return a.kind == b.kind && a.type == b.type && a.op == b.op && a.count == b.count && a.root == b.root && a.seq == b.seq &&
-           std::strncmp(a.api, b.api, sizeof a.api) == 0;
+    return a.kind == b.kind && a.type == b.type && a.op == b.op && a.count == b.count && a.root == b.root &&
+           a.seq == b.seq && std::strncmp(a.api, b.api, sizeof a.api) == 0;
   }
 };
 

@@ -86,7 +86,8 @@ class mpi_node_window {
   // Collective over `comm` (rank `rank` of `size`). Null when some worker does not `want` it, when
   // the workers are not all on one machine, or when MPI could not make the window; every worker gets
   // the same answer, and the smallest chunk any worker asked for.
-  static std::unique_ptr<mpi_node_window> create(MPI_Comm comm, int rank, int size, bool want, std::size_t chunk_bytes) {
+  static std::unique_ptr<mpi_node_window> create(MPI_Comm comm, int rank, int size, bool want,
+                                                 std::size_t chunk_bytes) {
     if (size < 2) return nullptr;
     // Workers that disagree would otherwise wait in different collectives, or read each other's
     // slots at different offsets.
@@ -108,7 +109,8 @@ class mpi_node_window {
     // Each slot where its owner runs (first touch), rather than one block on one NUMA node.
     MPI_Info_set(info, "alloc_shared_noncontig", "true");
     void* base = nullptr;
-    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(slot_bytes(chunk_bytes)), 1, info, comm, &base, &w->win_);
+    const int rc =
+        MPI_Win_allocate_shared(static_cast<MPI_Aint>(slot_bytes(chunk_bytes)), 1, info, comm, &base, &w->win_);
     MPI_Info_free(&info);
     int ok = rc == MPI_SUCCESS ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
@@ -190,9 +192,10 @@ class mpi_node_window {
       T* const mine = in_half(r);
       for (int q = 0; q < P; ++q) {
         if (q == r) continue;
-        for_each_run_at(first, lo + seg(q), lo + seg(q + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
-          combine_lists(sum_op, locals, i, at, len, mine + seg(q) + off, srcs_.data());
-        });
+        for_each_run_at(first, lo + seg(q), lo + seg(q + 1), everything,
+                        [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
+                          combine_lists(sum_op, locals, i, at, len, mine + seg(q) + off, srcs_.data());
+                        });
       }
       if (c == 0) write_call(call);
       publish();
@@ -203,28 +206,33 @@ class mpi_node_window {
       // contribution is its lists combined first (as the others published theirs), so the grouping is
       // the same in every segment: the tree over workers of the trees over their lists
       // (reduce_kernel.hpp); this worker's own tree is combined chunk by chunk on the way.
-      for_each_run_at(first, lo + seg(r), lo + seg(r + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
-        T* const out = mine + seg(r) + off;
-        for (int q = 0; q < P; ++q) srcs_[static_cast<std::size_t>(q)] = q == r ? nullptr : in_half(q) + seg(r) + off;
-        gather(srcs_.data() + P, i, at);  // this worker's lists
-        auto reduce = [&](int n_dst) {
-          if (R == 1) {
-            srcs_[static_cast<std::size_t>(r)] = srcs_[static_cast<std::size_t>(P)];
-            reduce_range<T>(sum_op, srcs_.data(), P, 0, len, dsts_.data(), n_dst);
-          } else {
-            reduce_nested_range<T>(sum_op, srcs_.data(), P, r, srcs_.data() + P, static_cast<int>(R), 0, len, dsts_.data(), n_dst);
-          }
-        };
-        dsts_[0] = out;
-        if (op == reduce_op::mean) {
-          reduce(1);
-          for (std::size_t e = 0; e < len; ++e) out[e] = distribute::detail::finish(op, out[e], mean_over);
-          for (std::size_t l = 0; l < R; ++l) copy_bytes(locals[l][i].data() + at, out, len * sizeof(T));
-        } else {
-          gather(dsts_.data() + 1, i, at);
-          reduce(static_cast<int>(R) + 1);
-        }
-      });
+      for_each_run_at(first, lo + seg(r), lo + seg(r + 1), everything,
+                      [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
+                        T* const out = mine + seg(r) + off;
+                        for (int q = 0; q < P; ++q)
+                          srcs_[static_cast<std::size_t>(q)] = q == r ? nullptr : in_half(q) + seg(r) + off;
+                        gather(srcs_.data() + P, i, at);  // this worker's lists
+                        auto reduce = [&](int n_dst) {
+                          if (R == 1) {
+                            srcs_[static_cast<std::size_t>(r)] = srcs_[static_cast<std::size_t>(P)];
+                            reduce_range<T>(sum_op, srcs_.data(), P, 0, len, dsts_.data(), n_dst);
+                          } else {
+                            reduce_nested_range<T>(sum_op, srcs_.data(), P, r, srcs_.data() + P, static_cast<int>(R), 0,
+                                                   len, dsts_.data(), n_dst);
+                          }
+                        };
+                        dsts_[0] = out;
+                        if (op == reduce_op::mean) {
+                          reduce(1);
+                          for (std::size_t e = 0; e < len; ++e)
+                            out[e] = distribute::detail::finish(op, out[e], mean_over);
+                          for (std::size_t l = 0; l < R; ++l)
+                            copy_bytes(locals[l][i].data() + at, out, len * sizeof(T));
+                        } else {
+                          gather(dsts_.data() + 1, i, at);
+                          reduce(static_cast<int>(R) + 1);
+                        }
+                      });
       publish();
       wait_all(deadline, fail);
 
@@ -232,9 +240,11 @@ class mpi_node_window {
       for (int q = 0; q < P; ++q) {
         if (q == r) continue;
         const T* const from = in_half(q) + seg(q);
-        for_each_run_at(first, lo + seg(q), lo + seg(q + 1), everything, [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
-          for (std::size_t l = 0; l < R; ++l) copy_bytes(locals[l][i].data() + at, from + off, len * sizeof(T));
-        });
+        for_each_run_at(first, lo + seg(q), lo + seg(q + 1), everything,
+                        [&](std::size_t i, std::size_t at, std::size_t len, std::size_t off) {
+                          for (std::size_t l = 0; l < R; ++l)
+                            copy_bytes(locals[l][i].data() + at, from + off, len * sizeof(T));
+                        });
       }
       ++turn_;
     }
@@ -249,8 +259,9 @@ class mpi_node_window {
   static constexpr std::size_t small_bytes = std::size_t{128} << 10;
 
   template <class T, class Fail>
-  void small_all_reduce(reduce_op op, std::span<const std::span<const std::span<T>>> locals, std::size_t n, int mean_over,
-                        const mpi_call& call, std::chrono::steady_clock::time_point deadline, Fail& fail) {
+  void small_all_reduce(reduce_op op, std::span<const std::span<const std::span<T>>> locals, std::size_t n,
+                        int mean_over, const mpi_call& call, std::chrono::steady_clock::time_point deadline,
+                        Fail& fail) {
     const int P = size_;
     const std::size_t R = locals.size();
     const reduce_op sum_op = op == reduce_op::mean ? reduce_op::sum : op;
@@ -293,12 +304,16 @@ class mpi_node_window {
   };
   static constexpr std::size_t page = 4096;
   static constexpr std::size_t header_bytes = (sizeof(control) + page - 1) / page * page;
-  static constexpr std::size_t slot_bytes(std::size_t chunk_bytes) noexcept { return page + header_bytes + 2 * chunk_bytes; }
+  static constexpr std::size_t slot_bytes(std::size_t chunk_bytes) noexcept {
+    return page + header_bytes + 2 * chunk_bytes;
+  }
 
   mpi_node_window(int rank, int size, std::size_t chunk_bytes)
       : rank_{rank}, size_{size}, chunk_bytes_{chunk_bytes}, slots_(static_cast<std::size_t>(size)) {}
 
-  control& ctl(int q) noexcept { return *std::launder(reinterpret_cast<control*>(slots_[static_cast<std::size_t>(q)])); }
+  control& ctl(int q) noexcept {
+    return *std::launder(reinterpret_cast<control*>(slots_[static_cast<std::size_t>(q)]));
+  }
 
   void write_call(const mpi_call& call) noexcept { ctl(rank_).calls[calls_ & 1] = call; }
 
@@ -338,7 +353,8 @@ class mpi_node_window {
         continue;
       }
       for (int q = 0; q < size_; ++q)
-        if (q != rank_ && ctl(q).failed.load(std::memory_order_acquire) && ctl(q).phase.load(std::memory_order_acquire) < phase_)
+        if (q != rank_ && ctl(q).failed.load(std::memory_order_acquire) &&
+            ctl(q).phase.load(std::memory_order_acquire) < phase_)
           fail(window_failure{window_failure::kind::peer_failed, {}, q, std::string(ctl(q).message)});
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {

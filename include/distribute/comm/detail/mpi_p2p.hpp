@@ -54,7 +54,8 @@ struct p2p_header {
   std::string payload() const {
     const bool known = type >= 0 && type <= static_cast<std::int64_t>(dtype::bfloat16);
     return std::to_string(count) + " " +
-           (known ? std::string(distribute::to_string(static_cast<dtype>(type))) : "elements of type #" + std::to_string(type));
+           (known ? std::string(distribute::to_string(static_cast<dtype>(type)))
+                  : "elements of type #" + std::to_string(type));
   }
   // " from pipeline forward in step 2", or ""
   std::string origin() const {
@@ -75,8 +76,8 @@ struct p2p_send {
 
 // "worker 0's send of 80 float32, tag 3, to worker 1 from X in step 2"
 inline std::string describe_send(int from, int to, int tag, const p2p_header& h) {
-  return "worker " + std::to_string(from) + "'s send of " + h.payload() + ", tag " + std::to_string(tag) + ", to worker " +
-         std::to_string(to) + h.origin();
+  return "worker " + std::to_string(from) + "'s send of " + h.payload() + ", tag " + std::to_string(tag) +
+         ", to worker " + std::to_string(to) + h.origin();
 }
 
 }  // namespace distribute::comm::detail

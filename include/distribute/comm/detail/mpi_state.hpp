@@ -99,11 +99,11 @@ struct mpi_state {
   mpi_options options;
   std::int64_t seq = 0;
   std::vector<MPI_Request> requests;
-  std::vector<int> peers;  // the worker of each request
+  std::vector<int> peers;     // the worker of each request
   std::vector<int> expected;  // bytes a receive must get; -1 for a send
   std::vector<MPI_Status> statuses;
-  std::vector<std::byte> packed;    // a copy of a const input
-  std::vector<std::byte> incoming;  // the pieces being received, before they are combined
+  std::vector<std::byte> packed;                    // a copy of a const input
+  std::vector<std::byte> incoming;                  // the pieces being received, before they are combined
   std::unique_ptr<detail::mpi_node_window> window;  // when every worker is on this machine
   std::string failure;
   std::vector<int> names;  // how each rank is named in messages (split communicators); empty: by rank

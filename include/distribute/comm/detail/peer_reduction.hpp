@@ -65,7 +65,8 @@ inline constexpr std::size_t peer_slice_unit = 256;
 constexpr peer_slice slice_of(std::size_t total, int rank, int n) noexcept {
   const std::size_t units = (total + peer_slice_unit - 1) / peer_slice_unit;
   const auto r = static_cast<std::size_t>(rank), count = static_cast<std::size_t>(n);
-  return {std::min(total, units * r / count * peer_slice_unit), std::min(total, units * (r + 1) / count * peer_slice_unit)};
+  return {std::min(total, units * r / count * peer_slice_unit),
+          std::min(total, units * (r + 1) / count * peer_slice_unit)};
 }
 
 }  // namespace distribute::comm::detail

@@ -106,8 +106,8 @@ void reduce_nested_chunks(const void* const* outer, int n_outer, int at, const v
     const std::size_t m = std::min(chunk, end - c);
     const T* own = tree_of<T, Op, chunk>([&](int r) { return static_cast<const T*>(inner[r]) + c; }, n_inner, m,
                                          levels + tree_levels / 2);
-    const T* result = tree_of<T, Op, chunk>(
-        [&](int r) { return r == at ? own : static_cast<const T*>(outer[r]) + c; }, n_outer, m, levels);
+    const T* result = tree_of<T, Op, chunk>([&](int r) { return r == at ? own : static_cast<const T*>(outer[r]) + c; },
+                                            n_outer, m, levels);
     if (result != levels[0]) {
       copy_bytes(levels[0], result, m * sizeof(T));
       result = levels[0];
@@ -133,15 +133,19 @@ void reduce_range(reduce_op op, const void* const* srcs, int n_src, std::size_t 
 
 // reduce_range with source `at` replaced by the tree of `inner` (see reduce_nested_chunks).
 template <class T>
-void reduce_nested_range(reduce_op op, const void* const* outer, int n_outer, int at, const void* const* inner, int n_inner,
-                         std::size_t begin, std::size_t end, void* const* dsts, int n_dst) noexcept {
+void reduce_nested_range(reduce_op op, const void* const* outer, int n_outer, int at, const void* const* inner,
+                         int n_inner, std::size_t begin, std::size_t end, void* const* dsts, int n_dst) noexcept {
   if (begin >= end) return;
   switch (op) {
     case reduce_op::sum:
-    case reduce_op::mean: return reduce_nested_chunks<T, reduce_op::sum>(outer, n_outer, at, inner, n_inner, begin, end, dsts, n_dst);
-    case reduce_op::min: return reduce_nested_chunks<T, reduce_op::min>(outer, n_outer, at, inner, n_inner, begin, end, dsts, n_dst);
-    case reduce_op::max: return reduce_nested_chunks<T, reduce_op::max>(outer, n_outer, at, inner, n_inner, begin, end, dsts, n_dst);
-    case reduce_op::prod: return reduce_nested_chunks<T, reduce_op::prod>(outer, n_outer, at, inner, n_inner, begin, end, dsts, n_dst);
+    case reduce_op::mean:
+      return reduce_nested_chunks<T, reduce_op::sum>(outer, n_outer, at, inner, n_inner, begin, end, dsts, n_dst);
+    case reduce_op::min:
+      return reduce_nested_chunks<T, reduce_op::min>(outer, n_outer, at, inner, n_inner, begin, end, dsts, n_dst);
+    case reduce_op::max:
+      return reduce_nested_chunks<T, reduce_op::max>(outer, n_outer, at, inner, n_inner, begin, end, dsts, n_dst);
+    case reduce_op::prod:
+      return reduce_nested_chunks<T, reduce_op::prod>(outer, n_outer, at, inner, n_inner, begin, end, dsts, n_dst);
   }
 }
 

@@ -22,7 +22,6 @@
 #include <optional>
 #include <string>
 
-
 namespace distribute::comm::detail {
 
 class rendezvous {
@@ -36,9 +35,7 @@ class rendezvous {
   // Why a wait ended without the barrier completing.
   enum class outcome { completed, aborted, departed, timed_out };
 
-  explicit rendezvous(int n) : n_{static_cast<std::uint64_t>(n)} {
-    spin_ = distribute::detail::may_spin(n);
-  }
+  explicit rendezvous(int n) : n_{static_cast<std::uint64_t>(n)} { spin_ = distribute::detail::may_spin(n); }
 
   // Forget everything: called between steps, when no replica is inside a collective.
   void reset() noexcept {
@@ -59,8 +56,7 @@ class rendezvous {
     for (;;) {
       if (may_fail && (s & aborted_bit)) return outcome::aborted;
       const std::uint64_t arrivals = (s & count_mask) + 1;
-      const std::uint64_t next = arrivals == n_ ? ((((s & gen_mask) + gen_one) & gen_mask) | (s & aborted_bit))
-                                                : s + 1;
+      const std::uint64_t next = arrivals == n_ ? ((((s & gen_mask) + gen_one) & gen_mask) | (s & aborted_bit)) : s + 1;
       if (state_.compare_exchange_weak(s, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
         if (arrivals == n_) {
           wake_all();
@@ -160,7 +156,6 @@ class rendezvous {
   }
 
   void wake_all() { wake_.wake_all(); }
-
 
   const std::uint64_t n_;
   bool spin_ = false;

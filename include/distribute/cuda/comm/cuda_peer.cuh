@@ -69,8 +69,9 @@ class cuda_peer_group {
   static std::vector<cuda> check(std::vector<cuda> devices) {
     if (devices.empty()) throw std::invalid_argument("distribute: a cuda_peer group needs at least one device");
     if (devices.size() > static_cast<std::size_t>(detail::max_peer_replicas))
-      throw std::invalid_argument("distribute: a cuda_peer group holds at most " + std::to_string(detail::max_peer_replicas) +
-                                  " replicas, got " + std::to_string(devices.size()));
+      throw std::invalid_argument("distribute: a cuda_peer group holds at most " +
+                                  std::to_string(detail::max_peer_replicas) + " replicas, got " +
+                                  std::to_string(devices.size()));
     return devices;
   }
 
@@ -126,8 +127,12 @@ class cuda_peer {
     std::vector<detail::segment> segs;
     segs.reserve(bufs.size());
     for (std::size_t i = 0; i < bufs.size(); ++i) segs.push_back({st.stage(i, true, true, stream()), bufs[i].size()});
-    detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
-                         .segs = segs.data(), .n_segs = segs.size()};
+    detail::descriptor d{.kind = detail::collective_kind::all_reduce,
+                         .type = dtype_of<T>,
+                         .op = op,
+                         .count = total,
+                         .segs = segs.data(),
+                         .n_segs = segs.size()};
     collective(d, [&](std::uint64_t seq) {
       // This replica's slice of the flattened buffers (comm/detail/peer_reduction.hpp).
       const int n = size();
@@ -156,8 +161,13 @@ class cuda_peer {
     st.begin({{in.data(), in.size_bytes()}, {out.data(), out.size_bytes()}}, stream(), "reduce_scatter");
     const void* din = st.stage(0, true, false, stream());
     void* dout = st.stage(1, false, true, stream());
-    detail::descriptor d{.kind = detail::collective_kind::reduce_scatter, .type = dtype_of<T>, .op = op,
-                         .count = in.size(), .out_count = out.size(), .in = din, .out = dout};
+    detail::descriptor d{.kind = detail::collective_kind::reduce_scatter,
+                         .type = dtype_of<T>,
+                         .op = op,
+                         .count = in.size(),
+                         .out_count = out.size(),
+                         .in = din,
+                         .out = dout};
     collective(d, [&](std::uint64_t seq) {
       const std::size_t m = out.size();
       detail::peer_pointers<T> p{};
@@ -177,8 +187,12 @@ class cuda_peer {
     st.begin({{in.data(), in.size_bytes()}, {out.data(), out.size_bytes()}}, stream(), "all_gather");
     const void* din = st.stage(0, true, false, stream());
     void* dout = st.stage(1, false, true, stream());
-    detail::descriptor d{.kind = detail::collective_kind::all_gather, .type = dtype_of<T>, .count = in.size(),
-                         .out_count = out.size(), .in = din, .out = dout};
+    detail::descriptor d{.kind = detail::collective_kind::all_gather,
+                         .type = dtype_of<T>,
+                         .count = in.size(),
+                         .out_count = out.size(),
+                         .in = din,
+                         .out = dout};
     collective(d, [&](std::uint64_t seq) {
       const std::size_t bytes = in.size_bytes();
       for (int q = 0; q < size(); ++q)
@@ -195,12 +209,16 @@ class cuda_peer {
     const auto guard = current();
     st.begin({{buf.data(), buf.size_bytes()}}, stream(), "broadcast");
     detail::segment seg{st.stage(0, rank_ == root, rank_ != root, stream()), buf.size()};
-    detail::descriptor d{.kind = detail::collective_kind::broadcast, .type = dtype_of<T>, .root = root,
-                         .count = buf.size(), .segs = &seg, .n_segs = 1};
+    detail::descriptor d{.kind = detail::collective_kind::broadcast,
+                         .type = dtype_of<T>,
+                         .root = root,
+                         .count = buf.size(),
+                         .segs = &seg,
+                         .n_segs = 1};
     collective(d, [&](std::uint64_t seq) {
       if (rank_ == root) return;
-      detail::copy_device(seg.data, device().index(), meeting().posted(root, seq).segs[0].data, g_->device(root).index(),
-                          buf.size_bytes(), stream(), device().index());
+      detail::copy_device(seg.data, device().index(), meeting().posted(root, seq).segs[0].data,
+                          g_->device(root).index(), buf.size_bytes(), stream(), device().index());
     });
     unstage();
   }

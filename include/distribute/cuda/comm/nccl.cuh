@@ -46,7 +46,8 @@
 #include <distribute/reduce_op.hpp>
 
 #if !DISTRIBUTE_HAS_NCCL
-#  error "<distribute/cuda/comm/nccl.cuh> needs <nccl.h> (NCCL; link distribute::cuda, which links NCCL::NCCL when found)"
+#  error \
+      "<distribute/cuda/comm/nccl.cuh> needs <nccl.h> (NCCL; link distribute::cuda, which links NCCL::NCCL when found)"
 #endif
 
 #include <cuda_bf16.h>
@@ -111,20 +112,25 @@ class nccl {
     std::vector<detail::segment> segs;
     segs.reserve(bufs.size());
     for (std::size_t i = 0; i < bufs.size(); ++i) segs.push_back({st.stage(i, true, true, stream()), bufs[i].size()});
-    detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
-                         .segs = segs.data(), .n_segs = segs.size()};
+    detail::descriptor d{.kind = detail::collective_kind::all_reduce,
+                         .type = dtype_of<T>,
+                         .op = op,
+                         .count = total,
+                         .segs = segs.data(),
+                         .n_segs = segs.size()};
     collective(
         d,
         [&] {
           for (const auto& s : segs)
             if (s.size != 0)
-              detail::nccl_check(ncclAllReduce(s.data, s.data, s.size, detail::nccl_type<T>(), detail::nccl_op<T>(op, size()), comm(),
-                                               stream()),
+              detail::nccl_check(ncclAllReduce(s.data, s.data, s.size, detail::nccl_type<T>(),
+                                               detail::nccl_op<T>(op, size()), comm(), stream()),
                                  "ncclAllReduce", comm());
         },
         [&] {
           if (detail::divide_after_nccl<T>(op, size()))
-            for (const auto& s : segs) detail::launch_divide(static_cast<T*>(s.data), s.size, size(), device().index(), stream());
+            for (const auto& s : segs)
+              detail::launch_divide(static_cast<T*>(s.data), s.size, size(), device().index(), stream());
         });
   }
 
@@ -179,12 +185,12 @@ class nccl {
     const auto guard = current();
     auto& meeting = g_->meeting_;
     const auto deadline = std::chrono::steady_clock::now() + meeting.options().timeout;
-    const std::string what = std::to_string(started) + " all-reduce" + (started == 1 ? "" : "s") + " started on replica " +
-                             std::to_string(rank()) + "'s communication stream (all_reduce_gradients, overlapped)";
+    const std::string what = std::to_string(started) + " all-reduce" + (started == 1 ? "" : "s") +
+                             " started on replica " + std::to_string(rank()) +
+                             "'s communication stream (all_reduce_gradients, overlapped)";
     auto give_up = [&](bool timed_out) {
       abort_own();
-      if (!timed_out)
-        throw collective_aborted("distribute: " + what + " abandoned because " + meeting.abort_reason());
+      if (!timed_out) throw collective_aborted("distribute: " + what + " abandoned because " + meeting.abort_reason());
       meeting.fail_waiting(what, timeout_reason());
     };
     after_issue([&] {
@@ -244,14 +250,19 @@ class nccl {
     st.begin({{in.data(), in.size_bytes()}, {out.data(), out.size_bytes()}}, stream(), "reduce_scatter");
     const void* din = st.stage(0, true, false, stream());
     void* dout = st.stage(1, false, true, stream());
-    detail::descriptor d{.kind = detail::collective_kind::reduce_scatter, .type = dtype_of<T>, .op = op,
-                         .count = in.size(), .out_count = out.size(), .in = din, .out = dout};
+    detail::descriptor d{.kind = detail::collective_kind::reduce_scatter,
+                         .type = dtype_of<T>,
+                         .op = op,
+                         .count = in.size(),
+                         .out_count = out.size(),
+                         .in = din,
+                         .out = dout};
     collective(
         d,
         [&] {
           if (!out.empty())
-            detail::nccl_check(ncclReduceScatter(din, dout, out.size(), detail::nccl_type<T>(), detail::nccl_op<T>(op, size()), comm(),
-                                                 stream()),
+            detail::nccl_check(ncclReduceScatter(din, dout, out.size(), detail::nccl_type<T>(),
+                                                 detail::nccl_op<T>(op, size()), comm(), stream()),
                                "ncclReduceScatter", comm());
         },
         [&] {
@@ -268,13 +279,18 @@ class nccl {
     st.begin({{in.data(), in.size_bytes()}, {out.data(), out.size_bytes()}}, stream(), "all_gather");
     const void* din = st.stage(0, true, false, stream());
     void* dout = st.stage(1, false, true, stream());
-    detail::descriptor d{.kind = detail::collective_kind::all_gather, .type = dtype_of<T>, .count = in.size(),
-                         .out_count = out.size(), .in = din, .out = dout};
+    detail::descriptor d{.kind = detail::collective_kind::all_gather,
+                         .type = dtype_of<T>,
+                         .count = in.size(),
+                         .out_count = out.size(),
+                         .in = din,
+                         .out = dout};
     collective(
         d,
         [&] {
           if (!in.empty())
-            detail::nccl_check(ncclAllGather(din, dout, in.size(), detail::nccl_type<T>(), comm(), stream()), "ncclAllGather", comm());
+            detail::nccl_check(ncclAllGather(din, dout, in.size(), detail::nccl_type<T>(), comm(), stream()),
+                               "ncclAllGather", comm());
         },
         [] {});
   }
@@ -286,14 +302,19 @@ class nccl {
     auto& st = staging();
     st.begin({{buf.data(), buf.size_bytes()}}, stream(), "broadcast");
     detail::segment seg{st.stage(0, rank() == root, rank() != root, stream()), buf.size()};
-    detail::descriptor d{.kind = detail::collective_kind::broadcast, .type = dtype_of<T>, .root = root,
-                         .count = buf.size(), .segs = &seg, .n_segs = 1};
+    detail::descriptor d{.kind = detail::collective_kind::broadcast,
+                         .type = dtype_of<T>,
+                         .root = root,
+                         .count = buf.size(),
+                         .segs = &seg,
+                         .n_segs = 1};
     collective(
         d,
         [&] {
           if (!buf.empty())
-            detail::nccl_check(ncclBroadcast(seg.data, seg.data, buf.size(), detail::nccl_type<T>(), root, comm(), stream()),
-                               "ncclBroadcast", comm());
+            detail::nccl_check(
+                ncclBroadcast(seg.data, seg.data, buf.size(), detail::nccl_type<T>(), root, comm(), stream()),
+                "ncclBroadcast", comm());
         },
         [] {});
   }
@@ -304,7 +325,10 @@ class nccl {
     int* flag = static_cast<int*>(g_->flags_[static_cast<std::size_t>(local_)].get());
     collective(
         detail::descriptor{.kind = detail::collective_kind::barrier},
-        [&] { detail::nccl_check(ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm(), stream()), "ncclAllReduce (barrier)", comm()); },
+        [&] {
+          detail::nccl_check(ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm(), stream()),
+                             "ncclAllReduce (barrier)", comm());
+        },
         [] {});
   }
 
@@ -346,23 +370,26 @@ class nccl {
     void* header = g_->headers_[static_cast<std::size_t>(local_)].get();
     p2p(
         [&] {
-          detail::nccl_check(ncclRecv(header, sizeof(detail::nccl_p2p_header), ncclInt8, src, comm(), stream()), "ncclRecv",
-                             comm());
+          detail::nccl_check(ncclRecv(header, sizeof(detail::nccl_p2p_header), ncclInt8, src, comm(), stream()),
+                             "ncclRecv", comm());
           if (!buf.empty())
-            detail::nccl_check(ncclRecv(data, buf.size(), detail::nccl_type<T>(), src, comm(), stream()), "ncclRecv", comm());
+            detail::nccl_check(ncclRecv(data, buf.size(), detail::nccl_type<T>(), src, comm(), stream()), "ncclRecv",
+                               comm());
         },
         [&] {
           return "distribute: " + me + " waited " + std::to_string(g_->meeting_.options().timeout.count()) +
                  " ms for a message from " + from + " (recv of " + mine.payload() + ", tag " + std::to_string(tag) +
-                 mine.origin() + ") that was never sent, or was sent with another count; the NCCL communicator was aborted";
+                 mine.origin() +
+                 ") that was never sent, or was sent with another count; the NCCL communicator was aborted";
         });
     detail::nccl_p2p_header theirs;
-    distribute::detail::cuda_check(cudaMemcpy(&theirs, header, sizeof theirs, cudaMemcpyDeviceToHost), "cudaMemcpy (recv header)",
-                                   device().index());
+    distribute::detail::cuda_check(cudaMemcpy(&theirs, header, sizeof theirs, cudaMemcpyDeviceToHost),
+                                   "cudaMemcpy (recv header)", device().index());
     if (theirs.tag != mine.tag || theirs.type != mine.type || theirs.count != mine.count)
-      p2p_failure(collective_mismatch("distribute: " + me + "'s recv of " + mine.payload() + " from " + from + " (tag " +
-                                      std::to_string(tag) + ")" + mine.origin() + " met " + from + "'s send of " +
-                                      theirs.payload() + " (tag " + std::to_string(theirs.tag) + ")" + theirs.origin() +
+      p2p_failure(collective_mismatch("distribute: " + me + "'s recv of " + mine.payload() + " from " + from +
+                                      " (tag " + std::to_string(tag) + ")" + mine.origin() + " met " + from +
+                                      "'s send of " + theirs.payload() + " (tag " + std::to_string(theirs.tag) + ")" +
+                                      theirs.origin() +
                                       " (NCCL delivers the messages of two ranks in the order they were sent, whatever "
                                       "their tags); the NCCL communicator was aborted"));
     if (staging().finish(stream()))
@@ -375,10 +402,11 @@ class nccl {
     refuse_in_capture("flush (NCCL sends)");
     refuse_if_broken();
     const auto guard = current();
-    p2p([] {}, [&] {
-      return "distribute: replica " + std::to_string(rank()) + "'s sends were not received within " +
-             std::to_string(g_->meeting_.options().timeout.count()) + " ms; the NCCL communicator was aborted";
-    });
+    p2p([] {},
+        [&] {
+          return "distribute: replica " + std::to_string(rank()) + "'s sends were not received within " +
+                 std::to_string(g_->meeting_.options().timeout.count()) + " ms; the NCCL communicator was aborted";
+        });
   }
 
  private:
@@ -422,8 +450,8 @@ class nccl {
     auto give_up = [&](bool out_of_time) {
       if (out_of_time) p2p_failure(collective_timeout(timed_out()));
       abort_own();
-      throw collective_aborted("distribute: point-to-point on replica " + std::to_string(rank()) + " was abandoned because " +
-                               meeting.abort_reason());
+      throw collective_aborted("distribute: point-to-point on replica " + std::to_string(rank()) +
+                               " was abandoned because " + meeting.abort_reason());
     };
     issue_in_group(issue);
     after_issue([&] {
@@ -502,7 +530,8 @@ class nccl {
     auto& side = g_->sides_[static_cast<std::size_t>(local_)];
     side.open(device().index());
     distribute::detail::cuda_check(cudaEventRecord(side.ready, stream()), "cudaEventRecord", device().index());
-    distribute::detail::cuda_check(cudaStreamWaitEvent(side.stream.get(), side.ready, 0), "cudaStreamWaitEvent", device().index());
+    distribute::detail::cuda_check(cudaStreamWaitEvent(side.stream.get(), side.ready, 0), "cudaStreamWaitEvent",
+                                   device().index());
     return side.stream.get();
   }
 
@@ -511,20 +540,25 @@ class nccl {
   void start_on_side(reduce_op op, std::span<const detail::segment> segs, cudaStream_t s) {
     std::size_t total = 0;
     for (const auto& seg : segs) total += seg.size;
-    detail::descriptor d{.kind = detail::collective_kind::all_reduce, .type = dtype_of<T>, .op = op, .count = total,
-                         .segs = segs.data(), .n_segs = segs.size()};
+    detail::descriptor d{.kind = detail::collective_kind::all_reduce,
+                         .type = dtype_of<T>,
+                         .op = op,
+                         .count = total,
+                         .segs = segs.data(),
+                         .n_segs = segs.size()};
     collective(
         d, s, /*wait=*/false,
         [&] {
           for (const auto& seg : segs)
             if (seg.size != 0)
-              detail::nccl_check(ncclAllReduce(seg.data, seg.data, seg.size, detail::nccl_type<T>(), detail::nccl_op<T>(op, size()),
-                                               comm(), s),
+              detail::nccl_check(ncclAllReduce(seg.data, seg.data, seg.size, detail::nccl_type<T>(),
+                                               detail::nccl_op<T>(op, size()), comm(), s),
                                  "ncclAllReduce", comm());
         },
         [&] {
           if (detail::divide_after_nccl<T>(op, size()))
-            for (const auto& seg : segs) detail::launch_divide(static_cast<T*>(seg.data), seg.size, size(), device().index(), s);
+            for (const auto& seg : segs)
+              detail::launch_divide(static_cast<T*>(seg.data), seg.size, size(), device().index(), s);
         });
     ++g_->sides_[static_cast<std::size_t>(local_)].started;
   }

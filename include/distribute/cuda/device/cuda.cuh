@@ -71,7 +71,8 @@ inline bool primary_context_active(int ordinal) noexcept {
   static const get_state fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
         found != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
       return get_state{nullptr};
@@ -189,7 +190,8 @@ inline int cuda_device_count() {
   if (rc == cudaSuccess) return n;
   (void)cudaGetLastError();
   if (detail::means_no_gpu(rc, detail::driver_library_present())) return 0;
-  std::string msg = std::string("distribute: cudaGetDeviceCount failed: ") + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+  std::string msg = std::string("distribute: cudaGetDeviceCount failed: ") + cudaGetErrorName(rc) + " (" +
+                    cudaGetErrorString(rc) + ")";
   if (rc == cudaErrorInsufficientDriver)
     msg += "; the installed NVIDIA driver is older than this CUDA " + std::to_string(CUDART_VERSION / 1000) +
            " runtime needs (update the driver, or build with an older toolkit)";
@@ -200,7 +202,8 @@ inline int cuda_device_count() {
 inline std::vector<cuda> all_cuda_devices() {
   const int n = cuda_device_count();
   if (n == 0)
-    throw std::runtime_error("distribute: no CUDA device is visible (check the driver, nvidia-smi and CUDA_VISIBLE_DEVICES)");
+    throw std::runtime_error(
+        "distribute: no CUDA device is visible (check the driver, nvidia-smi and CUDA_VISIBLE_DEVICES)");
   std::vector<cuda> devices;
   for (int i = 0; i < n; ++i) devices.emplace_back(i);
   return devices;
@@ -209,7 +212,8 @@ inline std::vector<cuda> all_cuda_devices() {
 // `n` logical replicas sharing GPU `ordinal`: for testing data-parallel code on one GPU, and for
 // running several small replicas where one would not fill the device.
 inline std::vector<cuda> cuda_replicas(int n, int ordinal = 0) {
-  if (n < 1) throw std::invalid_argument("distribute::cuda_replicas: need at least one replica, got " + std::to_string(n));
+  if (n < 1)
+    throw std::invalid_argument("distribute::cuda_replicas: need at least one replica, got " + std::to_string(n));
   return std::vector<cuda>(static_cast<std::size_t>(n), cuda{ordinal});
 }
 

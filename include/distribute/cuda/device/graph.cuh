@@ -80,7 +80,8 @@ class deferred_frees {
 class cuda_graph {
  public:
   cuda_graph() = default;
-  cuda_graph(cuda_graph&& o) noexcept : ordinal_{o.ordinal_}, graph_{std::exchange(o.graph_, nullptr)}, exec_{std::exchange(o.exec_, nullptr)} {}
+  cuda_graph(cuda_graph&& o) noexcept
+      : ordinal_{o.ordinal_}, graph_{std::exchange(o.graph_, nullptr)}, exec_{std::exchange(o.exec_, nullptr)} {}
   cuda_graph& operator=(cuda_graph&& o) noexcept {
     if (this != &o) {
       reset();
@@ -118,7 +119,8 @@ class cuda_graph {
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     deferred_frees::instance().release();
-    if (failure.empty() && ended != cudaSuccess) failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
+    if (failure.empty() && ended != cudaSuccess)
+      failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
     (void)cudaGetLastError();  // a capture's errors (invalidated, unsupported) are not the program's
     if (!failure.empty()) {
       if (graph != nullptr) (void)cudaGraphDestroy(graph);

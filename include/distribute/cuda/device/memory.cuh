@@ -48,9 +48,9 @@ namespace distribute {
 
 // Bytes of one GPU's memory held by the library's pool (above), now and at the high-water marks.
 struct cuda_memory_stats {
-  std::uint64_t in_use = 0;         // in live allocations
-  std::uint64_t reserved = 0;       // taken from the driver: in use, or cached for reuse
-  std::uint64_t peak_in_use = 0;    // since the pool was made or the peaks were last reset
+  std::uint64_t in_use = 0;       // in live allocations
+  std::uint64_t reserved = 0;     // taken from the driver: in use, or cached for reuse
+  std::uint64_t peak_in_use = 0;  // since the pool was made or the peaks were last reset
   std::uint64_t peak_reserved = 0;
 };
 
@@ -109,8 +109,8 @@ class library_pools {
  private:
   static void check_ordinal(int ordinal) {
     if (ordinal < 0 || ordinal >= max_devices)
-      throw std::invalid_argument("distribute: no CUDA device cuda:" + std::to_string(ordinal) + " (the library's memory pools cover " +
-                                  std::to_string(max_devices) + " devices)");
+      throw std::invalid_argument("distribute: no CUDA device cuda:" + std::to_string(ordinal) +
+                                  " (the library's memory pools cover " + std::to_string(max_devices) + " devices)");
   }
   static std::atomic<cudaMemPool_t>& slot(int ordinal) {
     static std::array<std::atomic<cudaMemPool_t>, max_devices> pools{};
@@ -155,10 +155,10 @@ inline void* allocate_from_pool(int ordinal, std::size_t bytes, cudaStream_t str
     constexpr double mib = 1024.0 * 1024.0;
     auto in_mib = [&](double b) { return std::to_string(static_cast<long long>(b / mib + 0.5)) + " MiB"; };
     throw cuda_error(rc, "distribute: out of memory on cuda:" + std::to_string(ordinal) + " allocating " +
-                             in_mib(static_cast<double>(bytes)) + " (" + std::to_string(bytes) + " bytes): the library's pool holds " +
-                             in_mib(static_cast<double>(reserved)) + ", " + in_mib(static_cast<double>(in_use)) +
-                             " of it in use; the device has " + in_mib(static_cast<double>(free)) + " free of " +
-                             in_mib(static_cast<double>(total)));
+                             in_mib(static_cast<double>(bytes)) + " (" + std::to_string(bytes) +
+                             " bytes): the library's pool holds " + in_mib(static_cast<double>(reserved)) + ", " +
+                             in_mib(static_cast<double>(in_use)) + " of it in use; the device has " +
+                             in_mib(static_cast<double>(free)) + " free of " + in_mib(static_cast<double>(total)));
   }
   cuda_check(rc, ("cudaMallocFromPoolAsync of " + std::to_string(bytes) + " bytes").c_str(), ordinal);
   return p;
@@ -310,9 +310,11 @@ class pinned_allocation {
  public:
   pinned_allocation() = default;
   explicit pinned_allocation(std::size_t bytes) : bytes_{bytes} {
-    if (bytes != 0) cuda_check(cudaMallocHost(&ptr_, bytes), ("cudaMallocHost of " + std::to_string(bytes) + " bytes").c_str());
+    if (bytes != 0)
+      cuda_check(cudaMallocHost(&ptr_, bytes), ("cudaMallocHost of " + std::to_string(bytes) + " bytes").c_str());
   }
-  pinned_allocation(pinned_allocation&& o) noexcept : bytes_{std::exchange(o.bytes_, 0)}, ptr_{std::exchange(o.ptr_, nullptr)} {}
+  pinned_allocation(pinned_allocation&& o) noexcept
+      : bytes_{std::exchange(o.bytes_, 0)}, ptr_{std::exchange(o.ptr_, nullptr)} {}
   pinned_allocation& operator=(pinned_allocation&& o) noexcept {
     if (this != &o) {
       if (ptr_) (void)cudaFreeHost(ptr_);
@@ -339,9 +341,9 @@ inline cuda_memory_stats cuda_memory_usage(int ordinal) {
   const cudaMemPool_t pool = detail::library_pools::existing(ordinal);
   if (pool == nullptr) return {};
   return cuda_memory_stats{.in_use = detail::pool_attribute(pool, cudaMemPoolAttrUsedMemCurrent, ordinal),
-          .reserved = detail::pool_attribute(pool, cudaMemPoolAttrReservedMemCurrent, ordinal),
-          .peak_in_use = detail::pool_attribute(pool, cudaMemPoolAttrUsedMemHigh, ordinal),
-          .peak_reserved = detail::pool_attribute(pool, cudaMemPoolAttrReservedMemHigh, ordinal)};
+                           .reserved = detail::pool_attribute(pool, cudaMemPoolAttrReservedMemCurrent, ordinal),
+                           .peak_in_use = detail::pool_attribute(pool, cudaMemPoolAttrUsedMemHigh, ordinal),
+                           .peak_reserved = detail::pool_attribute(pool, cudaMemPoolAttrReservedMemHigh, ordinal)};
 }
 
 // Starts the high-water marks of `cuda_memory_usage(ordinal)` again: afterwards they count the
@@ -350,8 +352,8 @@ inline void cuda_reset_memory_peaks(int ordinal) {
   const cudaMemPool_t pool = detail::library_pools::existing(ordinal);
   if (pool == nullptr) return;
   cuuint64_t zero = 0;  // the only value these attributes can be set to
-  detail::cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero), "cudaMemPoolSetAttribute (peak in use)",
-                     ordinal);
+  detail::cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero),
+                     "cudaMemPoolSetAttribute (peak in use)", ordinal);
   detail::cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero),
                      "cudaMemPoolSetAttribute (peak reserved)", ordinal);
 }

@@ -78,7 +78,8 @@ namespace detail {
 inline void cublas_check(cublasStatus_t rc, const char* call, int ordinal) {
   if (rc == CUBLAS_STATUS_SUCCESS) return;
   throw cuda_error(cudaErrorUnknown, std::string("distribute: ") + call + " on cuda:" + std::to_string(ordinal) +
-                                         " failed: " + cublasGetStatusName(rc) + " (" + cublasGetStatusString(rc) + ")");
+                                         " failed: " + cublasGetStatusName(rc) + " (" + cublasGetStatusString(rc) +
+                                         ")");
 }
 
 // A cuBLAS handle bound to one stream, destroyed with its engine.
@@ -194,7 +195,8 @@ class engine<cuda> {
   // a column-major c^T, so it computes c^T = op(b)^T op(a)^T with the operands' roles swapped.
   template <class T>
   void gemm(const gemm_geometry& g, const T* a, const T* b, T* c) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "distribute: the GPU engine's gemm is float or double");
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                  "distribute: the GPU engine's gemm is float or double");
     g.check();
     if (g.m == 0 || g.n == 0) return;
     const detail::device_guard current(device_.index());  // cuBLAS's handle and Thrust's launches are the device's
@@ -226,8 +228,8 @@ class engine<cuda> {
         const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
         const cublasHandle_t h = blas();
         blas_->set_mode(CUBLAS_DEFAULT_MATH);
-        detail::cublas_check(cublasGemmEx(h, op_b, op_a, n, m, k, &alpha, hb, type, ldb, ha, type, lda, &beta, c, CUDA_R_32F,
-                                          n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        detail::cublas_check(cublasGemmEx(h, op_b, op_a, n, m, k, &alpha, hb, type, ldb, ha, type, lda, &beta, c,
+                                          CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                              bf16 ? "cublasGemmEx (bfloat16)" : "cublasGemmEx (float16)", device_.index());
         return;
       }
@@ -288,7 +290,8 @@ class engine<cuda> {
     }
     const auto chunk_starts =
         thrust::make_transform_iterator(first, detail::chunk_start{plan.length, plan.chunks, plan.chunk});
-    const auto chunk_ends = thrust::make_transform_iterator(first, detail::chunk_end{plan.length, plan.chunks, plan.chunk});
+    const auto chunk_ends =
+        thrust::make_transform_iterator(first, detail::chunk_end{plan.length, plan.chunks, plan.chunk});
     const detail::device_allocation partial(device_.index(), static_cast<std::size_t>(plan.blocks()) * sizeof(double),
                                             stream());
     double* sums = static_cast<double*>(partial.get());
@@ -300,10 +303,11 @@ class engine<cuda> {
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {
     if (n == 0) return;
-    detail::refuse_while_capturing(stream(), device_.index(), "reading device values on the host (engine<cuda>::to_host)");
+    detail::refuse_while_capturing(stream(), device_.index(),
+                                   "reading device values on the host (engine<cuda>::to_host)");
     const detail::device_guard current(device_.index());
-    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (to host)",
-                       device_.index());
+    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream()),
+                       "cudaMemcpyAsync (to host)", device_.index());
     detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", device_.index());
   }
 
@@ -345,8 +349,9 @@ class engine<cuda> {
     detail::cuda_check(cub::DeviceSegmentedReduce::Sum(nullptr, bytes, values, out, segments, begins, ends, stream()),
                        "cub::DeviceSegmentedReduce::Sum (sizing)", device_.index());
     const detail::device_allocation scratch(device_.index(), bytes, stream());
-    detail::cuda_check(cub::DeviceSegmentedReduce::Sum(scratch.get(), bytes, values, out, segments, begins, ends, stream()),
-                       "cub::DeviceSegmentedReduce::Sum", device_.index());
+    detail::cuda_check(
+        cub::DeviceSegmentedReduce::Sum(scratch.get(), bytes, values, out, segments, begins, ends, stream()),
+        "cub::DeviceSegmentedReduce::Sum", device_.index());
     check_launch("segmented_sum");
   }
 
@@ -365,7 +370,8 @@ class engine<cuda> {
   }
 
   static int checked_int(std::int64_t v, const gemm_geometry& g) {
-    if (v > INT32_MAX) throw std::length_error("distribute: a matrix product beyond cuBLAS's 32-bit sizes " + g.to_string());
+    if (v > INT32_MAX)
+      throw std::length_error("distribute: a matrix product beyond cuBLAS's 32-bit sizes " + g.to_string());
     return static_cast<int>(v);
   }
 
@@ -417,9 +423,10 @@ class engine<cuda> {
   };
   template <class T>
   no_convolutions convolutions(const char* pass, const conv_geometry& g) {
-    throw std::runtime_error(std::string("distribute: ") + pass + " " + g.to_string() + " on " + device_.name() +
-                             ": this build has no cuDNN (the GPU engine's convolutions need cuDNN and the cudnn-frontend "
-                             "headers; scripts/setup.sh fetches them where CUDA is installed)");
+    throw std::runtime_error(
+        std::string("distribute: ") + pass + " " + g.to_string() + " on " + device_.name() +
+        ": this build has no cuDNN (the GPU engine's convolutions need cuDNN and the cudnn-frontend "
+        "headers; scripts/setup.sh fetches them where CUDA is installed)");
   }
 #endif
 
@@ -427,7 +434,7 @@ class engine<cuda> {
   cuda device_;
   compute_precision precision_;
   std::unique_ptr<detail::cublas_handle> blas_;
-  int capability_major_ = -1;  // the device's compute capability (major), once asked
+  int capability_major_ = -1;      // the device's compute capability (major), once asked
   detail::scratch_buffer halves_;  // 16-bit operands of mixed-precision products
 };
 

@@ -64,8 +64,10 @@ namespace detail {
 
 inline graph_options check_graph_options(graph_options o, const char* who) {
   if (o.warmup_passes < 1)
-    throw std::invalid_argument(std::string("distribute: ") + who + " needs warmup_passes >= 1 (an eager pass builds what a "
-                                "capture cannot), got " + std::to_string(o.warmup_passes));
+    throw std::invalid_argument(std::string("distribute: ") + who +
+                                " needs warmup_passes >= 1 (an eager pass builds what a "
+                                "capture cannot), got " +
+                                std::to_string(o.warmup_passes));
   return o;
 }
 

@@ -78,7 +78,8 @@ class graphed_step {
   using tensor_type = tensor<T, cuda>;
 
   // graph_options::warmup_passes counts eager steps here.
-  explicit graphed_step(graph_options options = {}) : options_{detail::check_graph_options(options, "nn::graphed_step")} {}
+  explicit graphed_step(graph_options options = {})
+      : options_{detail::check_graph_options(options, "nn::graphed_step")} {}
   graphed_step(const graphed_step&) = delete;
   graphed_step& operator=(const graphed_step&) = delete;
 

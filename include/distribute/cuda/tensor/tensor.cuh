@@ -68,7 +68,8 @@ class tensor<T, cuda> {
     }
   }
   // Values left unset, for an output that is about to be overwritten in full (no memset).
-  tensor(distribute::shape s, cuda device, uninitialized_t) : device_{device}, shape_{s}, storage_{allocate(device, s)} {}
+  tensor(distribute::shape s, cuda device, uninitialized_t)
+      : device_{device}, shape_{s}, storage_{allocate(device, s)} {}
 
   // The values of a host tensor, uploaded to `device`.
   static tensor from_host(const tensor<T, cpu>& host, cuda device = {}) {
@@ -92,7 +93,9 @@ class tensor<T, cuda> {
   }
 
   tensor(const tensor& o)
-      : device_{o.device_}, shape_{o.shape_}, storage_{o.empty() ? detail::device_allocation{} : allocate(o.device_, o.shape_)} {
+      : device_{o.device_},
+        shape_{o.shape_},
+        storage_{o.empty() ? detail::device_allocation{} : allocate(o.device_, o.shape_)} {
     copy_device_values(o);
   }
   tensor& operator=(const tensor& o) {
@@ -210,7 +213,6 @@ class tensor<T, cuda> {
   }
 
  private:
-
   // In the order of the tensor's stream: neither allocating nor freeing waits for the device.
   static detail::device_allocation allocate(const cuda& device, const distribute::shape& s) {
     return detail::device_allocation(device.index(), static_cast<std::size_t>(s.numel()) * sizeof(T), device.stream());
@@ -225,8 +227,9 @@ class tensor<T, cuda> {
 
   void check_host_size(std::size_t n, const char* op) const {
     if (n != size())
-      throw std::invalid_argument(std::string("distribute: ") + op + " of a CUDA tensor of shape " + shape_.to_string() +
-                                  " needs " + std::to_string(size()) + " elements, got " + std::to_string(n));
+      throw std::invalid_argument(std::string("distribute: ") + op + " of a CUDA tensor of shape " +
+                                  shape_.to_string() + " needs " + std::to_string(size()) + " elements, got " +
+                                  std::to_string(n));
   }
 
   // Same device: an ordinary copy on this tensor's stream, after the source's stream has finished
@@ -260,8 +263,9 @@ class tensor<T, cuda> {
       detail::cuda_check(cudaMemcpyAsync(data(), o.data(), bytes(), cudaMemcpyDeviceToDevice, device_.stream()),
                          "cudaMemcpyAsync (device to device)", device_.index());
     } else {
-      detail::cuda_check(cudaMemcpyPeerAsync(data(), device_.index(), o.data(), o.device_.index(), bytes(), device_.stream()),
-                         "cudaMemcpyPeerAsync", device_.index());
+      detail::cuda_check(
+          cudaMemcpyPeerAsync(data(), device_.index(), o.data(), o.device_.index(), bytes(), device_.stream()),
+          "cudaMemcpyPeerAsync", device_.index());
     }
     device_.synchronize();
   }
@@ -307,7 +311,8 @@ class pinned_staging {
       throw std::invalid_argument("distribute: pinned upload of " + std::to_string(host.size()) +
                                   " elements into a CUDA tensor of shape " + dst.shape().to_string());
     if (dst.device().index() != device_.index())
-      throw std::invalid_argument("distribute: pinned upload for " + device_.name() + " into a tensor on " + dst.device().name());
+      throw std::invalid_argument("distribute: pinned upload for " + device_.name() + " into a tensor on " +
+                                  dst.device().name());
     if (host.empty()) return;
     const std::size_t k = next_;
     next_ ^= 1;

@@ -42,7 +42,8 @@ struct batching<example<T>> {
         throw std::invalid_argument("distribute::data: batch: element " + std::to_string(i) + " has shape " +
                                     shape_string(e.image.shape) + ", element 0 has " + shape_string(shape) +
                                     " (resize the images or batch elements of one shape)");
-      std::copy(e.image.values.begin(), e.image.values.end(), b.images.values.begin() + static_cast<std::ptrdiff_t>(i * row));
+      std::copy(e.image.values.begin(), e.image.values.end(),
+                b.images.values.begin() + static_cast<std::ptrdiff_t>(i * row));
       b.labels.push_back(e.label);
     }
     return b;

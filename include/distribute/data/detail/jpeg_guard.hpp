@@ -48,7 +48,7 @@ inline void check_jpeg_tables(std::span<const std::uint8_t> b, const std::string
       continue;
     }
     i += 2;
-    if (m == 0xD9) return;                                                      // end of image
+    if (m == 0xD9) return;                                                          // end of image
     if (m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7) || m == 0x00) continue;  // no length
     if (i + 2 > size) return;
     const std::size_t length = std::size_t{b[i]} << 8 | b[i + 1];
@@ -60,7 +60,8 @@ inline void check_jpeg_tables(std::span<const std::uint8_t> b, const std::string
         std::size_t n = 0;
         for (std::size_t k = 1; k <= 16; ++k) n += at + k < size ? b[at + k] : 0;  // as stb: 0 past the end
         if (n > 256)
-          throw input_error(name, "corrupt JPEG: a Huffman table declares " + std::to_string(n) + " codes (at most 256)");
+          throw input_error(name,
+                            "corrupt JPEG: a Huffman table declares " + std::to_string(n) + " codes (at most 256)");
         at += 17 + n;
         left -= static_cast<long>(17 + n);
       }

@@ -24,7 +24,8 @@ inline void check_png_data(std::span<const std::uint8_t> b, const std::string& n
   for (std::size_t i = 0; i < 8; ++i)
     if (b[i] != signature[i]) return;  // not a PNG
   auto be32 = [&](std::size_t at) {
-    return std::uint32_t{b[at]} << 24 | std::uint32_t{b[at + 1]} << 16 | std::uint32_t{b[at + 2]} << 8 | std::uint32_t{b[at + 3]};
+    return std::uint32_t{b[at]} << 24 | std::uint32_t{b[at + 1]} << 16 | std::uint32_t{b[at + 2]} << 8 |
+           std::uint32_t{b[at + 3]};
   };
   std::size_t at = 8;
   std::uint64_t allowed = 0;
@@ -45,7 +46,12 @@ inline void check_png_data(std::span<const std::uint8_t> b, const std::string& n
     if (type == 0x49484452u && length >= 13) {  // IHDR
       const std::uint64_t w = be32(at + 8), h = be32(at + 12);
       const unsigned depth = data[8], colour = data[9];
-      const unsigned samples = colour == 0 ? 1 : colour == 2 ? 3 : colour == 3 ? 1 : colour == 4 ? 2 : colour == 6 ? 4 : 4;
+      const unsigned samples = colour == 0   ? 1
+                               : colour == 2 ? 3
+                               : colour == 3 ? 1
+                               : colour == 4 ? 2
+                               : colour == 6 ? 4
+                                             : 4;
       const std::uint64_t row = (w * samples * (depth ? depth : 16) + 7) / 8 + 1;
       // Interlaced images hold 7 reduced passes, each row with its filter byte: at most this much more.
       allowed = row * h + 7 * (h + 8) * 2 + 64;

@@ -94,7 +94,8 @@ class memory_reader {
 // bytes to `out`. `head` receives the first header_bytes bytes when given.
 template <class Reader>
 std::uint64_t inflate_gzip(Reader& in, const std::string& name, std::uint64_t limit, std::uint8_t* out,
-                                  std::uint64_t expected, std::vector<std::uint8_t>* head, const header_check* early = nullptr) {
+                           std::uint64_t expected, std::vector<std::uint8_t>* head,
+                           const header_check* early = nullptr) {
   z_stream z{};
   if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) throw input_error(name, "cannot read: zlib failed to start");
   struct end_guard {
@@ -124,7 +125,9 @@ std::uint64_t inflate_gzip(Reader& in, const std::string& name, std::uint64_t li
     std::uint8_t probe = 0;  // once `out` is full: any further byte means the file changed
     const bool full = out && total == expected;
     std::uint8_t* dst = !out ? scratch.data() : full ? &probe : out + total;
-    const auto room = static_cast<uInt>(!out ? scratch.size() : full ? 1 : std::min<std::uint64_t>(expected - total, 1u << 30));
+    const auto room = static_cast<uInt>(!out   ? scratch.size()
+                                        : full ? 1
+                                               : std::min<std::uint64_t>(expected - total, 1u << 30));
     z.next_out = dst;
     z.avail_out = room;
     const int rc = inflate(&z, Z_NO_FLUSH);
@@ -150,11 +153,14 @@ std::uint64_t inflate_gzip(Reader& in, const std::string& name, std::uint64_t li
   return total;
 }
 
-inline bool is_gzip(std::span<const std::uint8_t> head) { return head.size() >= 2 && head[0] == 0x1f && head[1] == 0x8b; }
+inline bool is_gzip(std::span<const std::uint8_t> head) {
+  return head.size() >= 2 && head[0] == 0x1f && head[1] == 0x8b;
+}
 
 // Both passes over a gzip source: the count (refused beyond the limit), the check, then the bytes.
 template <class Reader>
-std::vector<std::uint8_t> gunzip_bounded(Reader& in, const std::string& name, const input_limits& limits, const header_check& check) {
+std::vector<std::uint8_t> gunzip_bounded(Reader& in, const std::string& name, const input_limits& limits,
+                                         const header_check& check) {
   std::vector<std::uint8_t> inflated_head;
   const std::uint64_t total = inflate_gzip(in, name, limits.max_file_bytes, nullptr, 0, &inflated_head, &check);
   if (total > limits.max_file_bytes)
@@ -168,7 +174,8 @@ std::vector<std::uint8_t> gunzip_bounded(Reader& in, const std::string& name, co
 }
 
 // Gunzips bytes in memory under the same limit.
-inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name, const input_limits& limits = {}) {
+inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name,
+                                        const input_limits& limits = {}) {
   memory_reader in(bytes);
   return gunzip_bounded(in, name, limits, {});
 }
@@ -191,8 +198,8 @@ inline std::vector<std::uint8_t> read_file(const std::filesystem::path& path, co
   in.rewind();
   if (!is_gzip(head)) {
     if (disk > limits.max_file_bytes)
-      throw input_error(name, "has " + std::to_string(disk) + " bytes, more than the limit of " + mib(limits.max_file_bytes) +
-                                  " (input_limits::max_file_bytes)");
+      throw input_error(name, "has " + std::to_string(disk) + " bytes, more than the limit of " +
+                                  mib(limits.max_file_bytes) + " (input_limits::max_file_bytes)");
     if (check) check(head, disk);
     std::vector<std::uint8_t> out(static_cast<std::size_t>(disk));
     if (in.read(out.data(), out.size()) != out.size()) throw input_error(name, "changed while being read");

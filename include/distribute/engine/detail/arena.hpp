@@ -18,7 +18,20 @@ class arena {
   // rounded_a, rounded_b, rounded_c: copies of a convolution's inputs rounded to bfloat16 where it computes in float32
   // on them (dnnl_conv.hpp's `round`: Winograd in bfloat16), beside the slots its library uses.
   // swapped: a window turned for a swapped convolution's pass, or its weight gradient (dnnl_conv.hpp).
-  enum slot : std::size_t { src, weights, dst, workspace, gradient, bias_gradient, columns, rounded_a, rounded_b, rounded_c, swapped, count };
+  enum slot : std::size_t {
+    src,
+    weights,
+    dst,
+    workspace,
+    gradient,
+    bias_gradient,
+    columns,
+    rounded_a,
+    rounded_b,
+    rounded_c,
+    swapped,
+    count
+  };
 
   // At least `n` elements of T in slot `s`: valid until the next request for the same slot. Contents
   // are unspecified.

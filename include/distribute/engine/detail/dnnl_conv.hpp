@@ -75,8 +75,8 @@ class dnnl_conv : public dnnl_conv_planner {
 
   // y = conv(x, w) + bias (bias may be null). False (nothing done) where `half` has no kernel.
   // With `round`, on x and w rounded to bfloat16 (dnnl_memory.hpp).
-  bool forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a, bool half = false,
-               bool winograd = false, bool round = false) {
+  bool forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a,
+               bool half = false, bool winograd = false, bool round = false) {
     plan* found = plan_for(pass::forward, g, bias != nullptr, half, winograd);
     if (!found) return false;
     plan& p = *found;
@@ -139,8 +139,8 @@ class dnnl_conv : public dnnl_conv_planner {
   // weight gradient runs first and the data gradient reads its copy). False (nothing done) where
   // `half` has no kernel for either pass, and for a convolution whose gradients are its swapped
   // convolution's passes (swaps_sides); the caller then runs them one by one.
-  bool backward(const conv_geometry& g, const float* x, const float* dy, const float* w, float* dx, float* dw, float* db,
-                arena& a, bool half = false, bool winograd = false, bool round = false) {
+  bool backward(const conv_geometry& g, const float* x, const float* dy, const float* w, float* dx, float* dw,
+                float* db, arena& a, bool half = false, bool winograd = false, bool round = false) {
     // The swapped convolution's passes read dy in different roles: the caller runs them one by one.
     if (swaps_sides(g)) return false;
     plan* weights_plan = plan_for(pass::backward_weights, g, db != nullptr, half, winograd);
@@ -150,7 +150,8 @@ class dnnl_conv : public dnnl_conv_planner {
     run_backward_weights(*weights_plan, g, x, dy, dw, db, a, round);
     if (!data_plan) return true;
     plan& p = *data_plan;
-    dnnl_memory_t ddst = shared ? p.a.reordered(a, arena::dst) : p.a.in(stream(), dy, a, arena::dst, round, arena::rounded_b);
+    dnnl_memory_t ddst =
+        shared ? p.a.reordered(a, arena::dst) : p.a.in(stream(), dy, a, arena::dst, round, arena::rounded_b);
     run_backward_data(p, g, ddst, dy, w, dx, a, round);
     return true;
   }
@@ -212,8 +213,8 @@ class dnnl_conv : public dnnl_conv_planner {
 
   // The data gradient of geometry g by plan `p` (g's own, or its inside's) from `ddst` (dy as the
   // primitive reads it) into dx.
-  void run_backward_data(plan& p, const conv_geometry& g, dnnl_memory_t ddst, const float* dy, const float* w, float* dx,
-                         arena& a, bool round) {
+  void run_backward_data(plan& p, const conv_geometry& g, dnnl_memory_t ddst, const float* dy, const float* w,
+                         float* dx, arena& a, bool round) {
     const bool inside = p.window.lib_bytes > 0;
     float* written = inside ? dx + g.in_width + 1 : dx;  // the inside starts at row 1, column 1
     dnnl_memory_t wei = p.b.in(stream(), w, a, arena::weights, round, arena::rounded_c);
@@ -224,7 +225,9 @@ class dnnl_conv : public dnnl_conv_planner {
     check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
     // Rounded, the edges read the weights' rounded copy (in() left it in rounded_c: the weights are
     // never blocked16) and round dy's rows and columns as they gather them.
-    if (inside) edges(p, g, dy, round ? a.get<float>(arena::rounded_c, static_cast<std::size_t>(g.weight_size())) : w, dx, a, round);
+    if (inside)
+      edges(p, g, dy, round ? a.get<float>(arena::rounded_c, static_cast<std::size_t>(g.weight_size())) : w, dx, a,
+            round);
   }
 
   // The outermost rows and columns of a split data gradient (splits_border) into dx: row 0 of the
@@ -270,7 +273,8 @@ class dnnl_conv : public dnnl_conv_planner {
         std::fill(out, out + C * P, 0.0f);
         const std::int64_t kw = edge == 2 ? 0 : 2;
         for (std::int64_t kh = 0; kh < 3; ++kh)
-          check(dnnl_sgemm('N', 'N', C, H, K, 1.0f, window + (kh * 3 + kw) * C * K, K, line, L, 1.0f, out + kh, P), "dnnl_sgemm");
+          check(dnnl_sgemm('N', 'N', C, H, K, 1.0f, window + (kh * 3 + kw) * C * K, K, line, L, 1.0f, out + kh, P),
+                "dnnl_sgemm");
         const std::int64_t x = edge == 2 ? 0 : Q - 1;
         for (std::int64_t c = 0; c < C; ++c)
           for (std::int64_t i = 1; i < P - 1; ++i) dxn[(c * P + i) * Q + x] = out[c * P + i];
@@ -279,8 +283,8 @@ class dnnl_conv : public dnnl_conv_planner {
   }
   // The weight gradient of plan `p`, added to dw (and db where not null). dy's copy in the
   // primitive's layout, where it needs one, is left in the arena's `dst` slot (backward reads it).
-  void run_backward_weights(plan& p, const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a,
-                            bool round) {
+  void run_backward_weights(plan& p, const conv_geometry& g, const float* x, const float* dy, float* dw, float* db,
+                            arena& a, bool round) {
     dnnl_memory_t src = p.a.in(stream(), x, a, arena::src, round, arena::rounded_a);
     dnnl_memory_t ddst = p.b.in(stream(), dy, a, arena::dst, round, arena::rounded_b);
     if (p.sliced) {
@@ -307,21 +311,19 @@ class dnnl_conv : public dnnl_conv_planner {
       for (std::int64_t i = 0; i < g.out_channels; ++i) db[i] += db_user[i];
   }
 
-
   // A window [outs][ins][k][k] turned half a turn and transposed into [ins][outs][k][k]: to[i][o][a][b]
   // = from[o][i][k-1-a][k-1-b], or with `add` to[...] += from[...]. Turning a turned window back is
   // turn_window(ins, outs, ...).
-  static void turn_window(std::int64_t outs, std::int64_t ins, std::int64_t k, const float* from, float* to, bool add = false) noexcept {
+  static void turn_window(std::int64_t outs, std::int64_t ins, std::int64_t k, const float* from, float* to,
+                          bool add = false) noexcept {
     const std::int64_t k2 = k * k;
     for (std::int64_t o = 0; o < outs; ++o)
       for (std::int64_t i = 0; i < ins; ++i) {
         const float* f = from + (o * ins + i) * k2;
         float* t = to + (i * outs + o) * k2 + k2 - 1;
         for (std::int64_t q = 0; q < k2; ++q) {
-          if (add)
-            t[-q] += f[q];
-          else
-            t[-q] = f[q];
+          if (add) t[-q] += f[q];
+          else t[-q] = f[q];
         }
       }
   }

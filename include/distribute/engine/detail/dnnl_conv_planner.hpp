@@ -45,7 +45,8 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
   // transforms more costly than the multiplications they save. The rule reads no batch size, so an
   // example computes alike however a batch is split between replicas.
   static bool winograd_pays(const conv_geometry& g) noexcept {
-    return g.kernel == 3 && g.stride == 1 && g.in_channels >= 32 && g.out_channels >= 32 && g.out_height * g.out_width >= 1024;
+    return g.kernel == 3 && g.stride == 1 && g.in_channels >= 32 && g.out_channels >= 32 &&
+           g.out_height * g.out_width >= 1024;
   }
 
   // Where a Winograd data gradient is computed as its inside and its edges (dnnl_conv.hpp): a 3x3
@@ -66,8 +67,8 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
   }
   // The swapped convolution of g (dnnl_conv.hpp): g's output plane in, g's input plane out, padding k-1-p.
   static conv_geometry swapped(const conv_geometry& g) noexcept {
-    return {g.batch, g.out_channels, g.out_height, g.out_width, g.in_channels, g.kernel, 1, g.kernel - 1 - g.pad,
-            g.in_height, g.in_width};
+    return {g.batch, g.out_channels,       g.out_height, g.out_width, g.in_channels, g.kernel,
+            1,       g.kernel - 1 - g.pad, g.in_height,  g.in_width};
   }
 
  protected:
@@ -91,9 +92,9 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
     thread_rule rule = thread_rule::fixed_count;
     std::size_t scratchpad_bytes = 0;
     memory scratchpad, bias;
-    operand a, b, c;  // forward: src, weights, dst; data gradient: diff_dst, weights, diff_src;
-                      // weight gradient: src, diff_dst, diff_weights
-    operand window;   // a data gradient's inside (splits_border): the weights as [kh][kw][in][out]
+    operand a, b, c;                 // forward: src, weights, dst; data gradient: diff_dst, weights, diff_src;
+                                     // weight gradient: src, diff_dst, diff_weights
+    operand window;                  // a data gradient's inside (splits_border): the weights as [kh][kw][in][out]
     std::unique_ptr<pieces> sliced;  // a weight gradient in pieces (a, b: x and dy; no c)
   };
   using key = std::array<std::int64_t, 15>;
@@ -120,7 +121,8 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
   plan* plan_of(pass which, const conv_geometry& g, bool bias, bool half, bool winograd) {
     if (which == pass::forward || !swaps_sides(g)) return plan_for(which, g, bias, half, winograd);
     if (which == pass::backward_data) return plan_for(pass::forward, swapped(g), false, half, false);
-    return plan_for(which, swapped(g), false, false, false);  // (on rounded float32 copies in bfloat16: backward_weights)
+    return plan_for(which, swapped(g), false, false,
+                    false);  // (on rounded float32 copies in bfloat16: backward_weights)
   }
 
   // The plan of a pass, made on first use; null where `half` has no kernel (remembered too). Asked
@@ -128,11 +130,25 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
   // With `inside`, the plan of a split data gradient's inside (splits_border): Winograd only, null
   // where oneDNN has no such kernel.
   plan* plan_for(pass which, const conv_geometry& g, bool bias, bool half, bool winograd, bool inside = false) {
-    const key k{static_cast<std::int64_t>(which), bias, half, winograd, inside, g.batch, g.in_channels, g.in_height,
-                g.in_width, g.out_channels, g.kernel, g.stride, g.pad, g.out_height, g.out_width};
+    const key k{static_cast<std::int64_t>(which),
+                bias,
+                half,
+                winograd,
+                inside,
+                g.batch,
+                g.in_channels,
+                g.in_height,
+                g.in_width,
+                g.out_channels,
+                g.kernel,
+                g.stride,
+                g.pad,
+                g.out_height,
+                g.out_width};
     auto it = plans_.find(k);
     if (it != plans_.end()) return it->second.get();
-    std::unique_ptr<plan> made = winograd ? make_plan(which, g, bias, half, dnnl_convolution_winograd, inside) : nullptr;
+    std::unique_ptr<plan> made =
+        winograd ? make_plan(which, g, bias, half, dnnl_convolution_winograd, inside) : nullptr;
     if (!made && !inside) made = make_plan(which, g, bias, half, dnnl_convolution_direct);
     return plans_.emplace(k, std::move(made)).first->second.get();
   }
@@ -146,10 +162,10 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
   // With `inside` (a data gradient, splits_border): the plan of its inside, the same convolution with
   // padding 1 over the output's plane, writing into the input plane from row 1, column 1; and the
   // window's reorder for the edges.
-  std::unique_ptr<plan> make_plan(pass which, const conv_geometry& whole, bool bias, bool half, dnnl_alg_kind_t algorithm,
-                                  bool inside = false) {
-    const conv_geometry g = inside ? conv_geometry::of(whole.batch, whole.in_channels, whole.out_height, whole.out_width,
-                                                       whole.out_channels, 3, 1, 1)
+  std::unique_ptr<plan> make_plan(pass which, const conv_geometry& whole, bool bias, bool half,
+                                  dnnl_alg_kind_t algorithm, bool inside = false) {
+    const conv_geometry g = inside ? conv_geometry::of(whole.batch, whole.in_channels, whole.out_height,
+                                                       whole.out_width, whole.out_channels, 3, 1, 1)
                                    : whole;
     const bool may_lack = half || algorithm != dnnl_convolution_direct;
     // A weight gradient in pieces reads x and dy in the layouts oneDNN chooses for the whole pass,
@@ -160,11 +176,13 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
     const std::vector<dnnl_dim_t> src{g.batch, g.in_channels, g.in_height, g.in_width};
     const std::vector<dnnl_dim_t> wei{g.out_channels, g.in_channels, g.kernel, g.kernel};
     const std::vector<dnnl_dim_t> dst{g.batch, g.out_channels, g.out_height, g.out_width};
-    const window win{{g.stride, g.stride}, {g.pad, g.pad},
+    const window win{{g.stride, g.stride},
+                     {g.pad, g.pad},
                      {right_pad(g.in_height, g.out_height, g), right_pad(g.in_width, g.out_width, g)}};
     // What each operand is in: the pass's two inputs in bfloat16 with `half`, everything else float32.
     const dnnl_data_type_t in_type = half ? dnnl_bf16 : dnnl_f32;
-    const bool src_in = which != pass::backward_data, wei_in = which != pass::backward_weights, dst_in = which != pass::forward;
+    const bool src_in = which != pass::backward_data, wei_in = which != pass::backward_weights,
+               dst_in = which != pass::forward;
     const memory_desc src_any = md(src, dnnl_format_tag_any, src_in ? in_type : dnnl_f32),
                       wei_any = md(wei, dnnl_format_tag_any, wei_in ? in_type : dnnl_f32),
                       dst_any = md(dst, dnnl_format_tag_any, dst_in ? in_type : dnnl_f32);
@@ -185,8 +203,8 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
     const memory_desc fwd_src = md(src, dnnl_format_tag_any, in_type), fwd_wei = md(wei, dnnl_format_tag_any, in_type);
     const memory_desc fwd_dst = md(dst, dnnl_format_tag_any);
     const md_ptr bias_or_null = bias ? bias_md.get() : nullptr;
-    desc_handle fwd = primitive_desc(pass::forward, algorithm, fwd_src.get(), fwd_wei.get(), bias_or_null, fwd_dst.get(), win,
-                                     attr_raw, nullptr, may_lack);
+    desc_handle fwd = primitive_desc(pass::forward, algorithm, fwd_src.get(), fwd_wei.get(), bias_or_null,
+                                     fwd_dst.get(), win, attr_raw, nullptr, may_lack);
     if (!fwd) return nullptr;
     auto p = std::make_unique<plan>();
     p->bias.make(engine_raw_, bias_md.get());
@@ -204,8 +222,8 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
         // channels, 7x7, on AVX2).
         const bool plain = g.in_channels < 8;
         bwd = primitive_desc(pass::backward_data, algorithm, (plain ? src_plain : src_any).get(),
-                             (plain ? wei_plain : wei_any).get(), nullptr, (plain ? dst_plain : dst_any).get(), win, attr_raw,
-                             fwd.get(), may_lack);
+                             (plain ? wei_plain : wei_any).get(), nullptr, (plain ? dst_plain : dst_any).get(), win,
+                             attr_raw, fwd.get(), may_lack);
         if (!bwd) return nullptr;
         pd = bwd.get();
         p->a.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_, false, dst);
@@ -215,17 +233,18 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
           break;
         }
         // The inside of the whole input plane: rows and columns 1 to its extent - 2.
-        const memory_desc in_place(src, {whole.in_channels * whole.in_height * whole.in_width, whole.in_height * whole.in_width,
-                                         whole.in_width, 1},
-                                   dnnl_f32);
+        const memory_desc in_place(
+            src,
+            {whole.in_channels * whole.in_height * whole.in_width, whole.in_height * whole.in_width, whole.in_width, 1},
+            dnnl_f32);
         p->c.set(engine_raw_, in_place.get(), query(pd, dnnl_query_diff_src_md), false, reorders_);
         const memory_desc hwio = md(wei, dnnl_hwio);
         p->window.set(engine_raw_, wei_user.get(), hwio.get(), true, reorders_);
         break;
       }
       case pass::backward_weights:
-        bwd = primitive_desc(pass::backward_weights, algorithm, src_any.get(), wei_any.get(), bias_or_null, dst_any.get(), win,
-                             attr_raw, fwd.get(), may_lack);
+        bwd = primitive_desc(pass::backward_weights, algorithm, src_any.get(), wei_any.get(), bias_or_null,
+                             dst_any.get(), win, attr_raw, fwd.get(), may_lack);
         if (!bwd) return nullptr;
         pd = bwd.get();
         if (pieces_ > 1 && make_pieces(*p, g, bias, half, algorithm, pd, attr_raw, win)) return p;
@@ -260,11 +279,13 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
       std::int64_t block = 1;  // channels a layout block holds (0: the channels cannot be split)
     };
     const auto layout = [&](md_ptr d, const std::vector<dnnl_dim_t>& dims) {
-      for (const chosen c : {chosen{dnnl_nchw, 1}, chosen{dnnl_nChw8c, 8}, chosen{dnnl_nChw16c, 16}, chosen{dnnl_nhwc, 0}})
+      for (const chosen c :
+           {chosen{dnnl_nchw, 1}, chosen{dnnl_nChw8c, 8}, chosen{dnnl_nChw16c, 16}, chosen{dnnl_nhwc, 0}})
         if (dnnl_memory_desc_equal(d, md(dims, c.tag, in_type).get())) return c;
       return chosen{};
     };
-    const chosen x_layout = layout(query(whole, dnnl_query_src_md), src), dy_layout = layout(query(whole, dnnl_query_diff_dst_md), dst);
+    const chosen x_layout = layout(query(whole, dnnl_query_src_md), src),
+                 dy_layout = layout(query(whole, dnnl_query_diff_dst_md), dst);
     if (x_layout.tag == dnnl_format_tag_undef || dy_layout.tag == dnnl_format_tag_undef) return false;
     const dnnl_format_tag_t x_tag = x_layout.tag, dy_tag = dy_layout.tag;
     auto q = std::make_unique<pieces>();
@@ -275,7 +296,9 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
     if (q->shape.count() < pieces_) return false;
     q->out_channels = g.out_channels / q->shape.out_blocks;
     q->in_channels = g.in_channels / q->shape.in_blocks;
-    const auto padded = [](std::int64_t c, const chosen& l) { return l.block > 1 ? (c + l.block - 1) / l.block * l.block : c; };
+    const auto padded = [](std::int64_t c, const chosen& l) {
+      return l.block > 1 ? (c + l.block - 1) / l.block * l.block : c;
+    };
     q->x_channels = padded(g.in_channels, x_layout);
     q->dy_channels = padded(g.out_channels, dy_layout);
     q->x_plane = g.in_height * g.in_width;
@@ -283,43 +306,51 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
     q->value_bytes = half ? 2 : 4;
     // A run of examples whose channels are whole is one primitive over the run (its examples are
     // contiguous in any of the layouts above); split channels are not, and go one example at a time.
-    q->examples = q->shape.in_blocks == 1 && q->shape.out_blocks == 1 && g.batch % q->shape.runs == 0 ? g.batch / q->shape.runs : 1;
+    q->examples = q->shape.in_blocks == 1 && q->shape.out_blocks == 1 && g.batch % q->shape.runs == 0
+                      ? g.batch / q->shape.runs
+                      : 1;
     const std::vector<dnnl_dim_t> piece_src{q->examples, q->in_channels, g.in_height, g.in_width};
     const std::vector<dnnl_dim_t> piece_dst{q->examples, q->out_channels, g.out_height, g.out_width};
     const std::vector<dnnl_dim_t> piece_wei{q->out_channels, q->in_channels, g.kernel, g.kernel};
     const memory_desc x_md = md(piece_src, x_tag, in_type), dy_md = md(piece_dst, dy_tag, in_type);
-    const memory_desc wei_any = md(piece_wei, dnnl_format_tag_any, in_type), dwei_any = md(piece_wei, dnnl_format_tag_any);
+    const memory_desc wei_any = md(piece_wei, dnnl_format_tag_any, in_type),
+                      dwei_any = md(piece_wei, dnnl_format_tag_any);
     const memory_desc bias_md = md({q->out_channels}, dnnl_x);
     const memory_desc fwd_dst = md(piece_dst, dnnl_format_tag_any);
     // Made for one thread: oneDNN fixes a primitive's thread count (and the split of its sums) here.
     const one_openmp_thread alone;
     const bool may_lack = true;
-    desc_handle fwd = primitive_desc(pass::forward, algorithm, x_md.get(), wei_any.get(), bias ? bias_md.get() : nullptr, fwd_dst.get(),
-                                     win, attr, nullptr, may_lack);
+    desc_handle fwd = primitive_desc(pass::forward, algorithm, x_md.get(), wei_any.get(),
+                                     bias ? bias_md.get() : nullptr, fwd_dst.get(), win, attr, nullptr, may_lack);
     if (!fwd) return false;
-    desc_handle plain = primitive_desc(pass::backward_weights, algorithm, x_md.get(), dwei_any.get(), nullptr, dy_md.get(), win, attr,
-                                       fwd.get(), may_lack);
-    desc_handle with_bias = bias ? primitive_desc(pass::backward_weights, algorithm, x_md.get(), dwei_any.get(), bias_md.get(),
-                                                  dy_md.get(), win, attr, fwd.get(), may_lack)
+    desc_handle plain = primitive_desc(pass::backward_weights, algorithm, x_md.get(), dwei_any.get(), nullptr,
+                                       dy_md.get(), win, attr, fwd.get(), may_lack);
+    desc_handle with_bias = bias ? primitive_desc(pass::backward_weights, algorithm, x_md.get(), dwei_any.get(),
+                                                  bias_md.get(), dy_md.get(), win, attr, fwd.get(), may_lack)
                                  : desc_handle{};
     if (!plain || (bias && !with_bias)) return false;
     const std::string whole_impl = impl_of(whole), piece_impl = impl_of(plain.get());
     const auto reference = [](const std::string& impl) { return impl.find("ref") != std::string::npos; };
     if (reference(piece_impl) && !reference(whole_impl)) return false;
     const md_ptr gradient = query(plain.get(), dnnl_query_diff_weights_md);
-    if (with_bias && !dnnl_memory_desc_equal(gradient, query(with_bias.get(), dnnl_query_diff_weights_md))) return false;
+    if (with_bias && !dnnl_memory_desc_equal(gradient, query(with_bias.get(), dnnl_query_diff_weights_md)))
+      return false;
     q->gradient_bytes = dnnl_memory_desc_get_size(gradient);
     const md_ptr scratch_plain = query(plain.get(), dnnl_query_scratchpad_md);
     q->scratchpad_bytes = dnnl_memory_desc_get_size(scratch_plain);
-    if (with_bias) q->scratchpad_bytes = std::max(q->scratchpad_bytes, dnnl_memory_desc_get_size(query(with_bias.get(), dnnl_query_scratchpad_md)));
+    if (with_bias)
+      q->scratchpad_bytes =
+          std::max(q->scratchpad_bytes, dnnl_memory_desc_get_size(query(with_bias.get(), dnnl_query_scratchpad_md)));
     // The piece's gradient added into its block of the caller's [out][in][k][k] weights.
     // (A kernel with plain weights, oneDNN's gemm-based ones, writes the block's own layout where the
     // input channels are whole: the reorder then only adds.)
-    const memory_desc block(piece_wei, {g.in_channels * g.kernel * g.kernel, g.kernel * g.kernel, g.kernel, 1}, dnnl_f32);
+    const memory_desc block(piece_wei, {g.in_channels * g.kernel * g.kernel, g.kernel * g.kernel, g.kernel, 1},
+                            dnnl_f32);
     q->plain = make_primitive(plain.get(), "dnnl_primitive_create (a weight gradient's piece)");
     if (with_bias) q->with_bias = make_primitive(with_bias.get(), "dnnl_primitive_create (a weight gradient's piece)");
     q->back = make_reorder(engine_raw_, gradient, block.get(), true);
-    const memory_desc scratch_md = md({static_cast<dnnl_dim_t>(std::max<std::size_t>(q->scratchpad_bytes, 1))}, dnnl_x, dnnl_u8);
+    const memory_desc scratch_md =
+        md({static_cast<dnnl_dim_t>(std::max<std::size_t>(q->scratchpad_bytes, 1))}, dnnl_x, dnnl_u8);
     q->threads.resize(static_cast<std::size_t>(pieces_));
     for (auto& ts : q->threads) {
       dnnl_stream_t raw = nullptr;
@@ -359,23 +390,24 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
     switch (which) {
       case pass::forward:
         s = dnnl_convolution_forward_primitive_desc_create(&raw, engine_raw_, dnnl_forward_training, algorithm, src,
-                                                           wei, bias, dst, w.strides, no_dilation, w.pad_l, w.pad_r, attr);
+                                                           wei, bias, dst, w.strides, no_dilation, w.pad_l, w.pad_r,
+                                                           attr);
         break;
       case pass::backward_data:
-        s = dnnl_convolution_backward_data_primitive_desc_create(&raw, engine_raw_, algorithm, src, wei, dst,
-                                                                 w.strides, no_dilation, w.pad_l, w.pad_r, hint, attr);
+        s = dnnl_convolution_backward_data_primitive_desc_create(&raw, engine_raw_, algorithm, src, wei, dst, w.strides,
+                                                                 no_dilation, w.pad_l, w.pad_r, hint, attr);
         break;
       case pass::backward_weights:
-        s = dnnl_convolution_backward_weights_primitive_desc_create(&raw, engine_raw_, algorithm, src, wei, bias,
-                                                                    dst, w.strides, no_dilation, w.pad_l, w.pad_r, hint, attr);
+        s = dnnl_convolution_backward_weights_primitive_desc_create(
+            &raw, engine_raw_, algorithm, src, wei, bias, dst, w.strides, no_dilation, w.pad_l, w.pad_r, hint, attr);
         break;
     }
 #else
     dnnl_convolution_desc_t op;
     switch (which) {
       case pass::forward:
-        check(dnnl_convolution_forward_desc_init(&op, dnnl_forward_training, algorithm, src, wei, bias, dst,
-                                                 w.strides, w.pad_l, w.pad_r),
+        check(dnnl_convolution_forward_desc_init(&op, dnnl_forward_training, algorithm, src, wei, bias, dst, w.strides,
+                                                 w.pad_l, w.pad_r),
               "dnnl_convolution_forward_desc_init");
         break;
       case pass::backward_data:

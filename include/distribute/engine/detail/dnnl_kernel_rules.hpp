@@ -88,7 +88,7 @@ struct dnnl_kernel_rules {
   static std::string impl_of(const_dnnl_primitive_desc_t pd) {
     const char* impl = nullptr;
     return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl ? std::string(impl)
-                                                                                                    : std::string();
+                                                                                                     : std::string();
   }
 };
 

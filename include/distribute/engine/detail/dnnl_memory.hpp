@@ -37,7 +37,8 @@ class dnnl_memory {
  protected:
   static void check(dnnl_status_t s, const char* what) {
     if (s != dnnl_success)
-      throw std::runtime_error(std::string("distribute: oneDNN's ") + what + " failed with status " + std::to_string(static_cast<int>(s)));
+      throw std::runtime_error(std::string("distribute: oneDNN's ") + what + " failed with status " +
+                               std::to_string(static_cast<int>(s)));
   }
   template <class T, dnnl_status_t (*Destroy)(T)>
   struct deleter {
@@ -65,8 +66,9 @@ class dnnl_memory {
     }
     memory_desc(const std::vector<dnnl_dim_t>& dims, const std::vector<dnnl_dim_t>& strides, dnnl_data_type_t type) {
       dnnl_memory_desc_t raw = nullptr;
-      check(dnnl_memory_desc_create_with_strides(&raw, static_cast<int>(dims.size()), dims.data(), type, strides.data()),
-            "dnnl_memory_desc_create_with_strides");
+      check(
+          dnnl_memory_desc_create_with_strides(&raw, static_cast<int>(dims.size()), dims.data(), type, strides.data()),
+          "dnnl_memory_desc_create_with_strides");
       d_.reset(raw);
     }
     md_ptr get() const noexcept { return d_.get(); }
@@ -102,7 +104,6 @@ class dnnl_memory {
     if (!d) throw std::runtime_error("distribute: oneDNN returned no memory descriptor for a convolution operand");
     return d;
   }
-
 
   // A memory object of a fixed descriptor, pointed at new data on each call.
   struct memory {
@@ -239,7 +240,8 @@ class dnnl_memory {
   }
   // An [n, c, hw] tensor rounded into nChw16c (c a multiple of 16): block b's position p holds its 16
   // channels' values at p. One pass in place of a rounded copy and oneDNN's reorder of it.
-  static void round_into_blocks(const float* from, float* to, std::int64_t n, std::int64_t c, std::int64_t hw) noexcept {
+  static void round_into_blocks(const float* from, float* to, std::int64_t n, std::int64_t c,
+                                std::int64_t hw) noexcept {
     constexpr std::int64_t run = 64;  // positions per work item: 16 rows of 256 contiguous bytes read
     const std::int64_t blocks = n * (c / 16), runs = (hw + run - 1) / run;
 #if defined(_OPENMP)

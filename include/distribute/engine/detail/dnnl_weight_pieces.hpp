@@ -52,7 +52,7 @@ class dnnl_weight_pieces : public dnnl_memory {
   struct pieces {
     grid shape;
     std::int64_t out_channels = 0, in_channels = 0;  // of one piece
-    std::int64_t examples = 1;                        // of one primitive call: a whole run, or one
+    std::int64_t examples = 1;                       // of one primitive call: a whole run, or one
     // The layouts of x and dy as a piece reads them: channels (padded to blocks of 16 where blocked)
     // and plane size, and the bytes of a value, to find an example's block in the whole tensor.
     std::int64_t x_channels = 0, x_plane = 0, dy_channels = 0, dy_plane = 0;
@@ -69,18 +69,22 @@ class dnnl_weight_pieces : public dnnl_memory {
 
   // A weight gradient in pieces (above), added to dw (and db where not null) from x and dy in the
   // pieces' layouts (`xs`, `dys`), on the calling thread's OpenMP threads (at most one per piece).
-  void run_pieces(pieces& q, const conv_geometry& g, const std::byte* xs, const std::byte* dys, float* dw, float* db, arena& a) {
+  void run_pieces(pieces& q, const conv_geometry& g, const std::byte* xs, const std::byte* dys, float* dw, float* db,
+                  arena& a) {
     const grid shape = q.shape;
     const std::int64_t items = shape.count(), weights = g.weight_size(), window = g.kernel * g.kernel;
     // With more than one run of examples each run sums into its own [weights, bias] buffer.
     const std::int64_t run_size = weights + g.out_channels;
-    float* sums = shape.runs > 1 ? a.get<float>(arena::gradient, static_cast<std::size_t>(shape.runs * run_size)) : nullptr;
+    float* sums =
+        shape.runs > 1 ? a.get<float>(arena::gradient, static_cast<std::size_t>(shape.runs * run_size)) : nullptr;
     if (sums) std::fill(sums, sums + shape.runs * run_size, 0.0f);
-    const int team = static_cast<int>(std::min<std::int64_t>({openmp_threads(), static_cast<std::int64_t>(q.threads.size()), items}));
+    const int team = static_cast<int>(
+        std::min<std::int64_t>({openmp_threads(), static_cast<std::int64_t>(q.threads.size()), items}));
     const auto aligned = [](std::size_t bytes) { return (bytes + 63) / 64 * 64; };
     const std::size_t scratch_step = aligned(q.scratchpad_bytes), gradient_step = aligned(q.gradient_bytes),
                       bias_step = aligned(static_cast<std::size_t>(q.out_channels) * sizeof(float));
-    std::byte* scratch = a.get<std::byte>(arena::workspace, std::max<std::size_t>(scratch_step, 64) * static_cast<std::size_t>(team));
+    std::byte* scratch =
+        a.get<std::byte>(arena::workspace, std::max<std::size_t>(scratch_step, 64) * static_cast<std::size_t>(team));
     std::byte* gradients = a.get<std::byte>(arena::weights, gradient_step * static_cast<std::size_t>(team));
     std::byte* biases = a.get<std::byte>(arena::bias_gradient, bias_step * static_cast<std::size_t>(team));
     parallel_items(items, team, [&](std::int64_t item) {
@@ -90,8 +94,8 @@ class dnnl_weight_pieces : public dnnl_memory {
       const int t = 0;
 #endif
       auto& ts = q.threads[static_cast<std::size_t>(t)];
-      const std::int64_t run = item / (shape.out_blocks * shape.in_blocks), o = item / shape.in_blocks % shape.out_blocks,
-                         i = item % shape.in_blocks;
+      const std::int64_t run = item / (shape.out_blocks * shape.in_blocks),
+                         o = item / shape.in_blocks % shape.out_blocks, i = item % shape.in_blocks;
       float* to = sums ? sums + run * run_size : dw;
       float* to_bias = sums ? sums + run * run_size + weights : db;
       const bool bias = db && i == 0;
@@ -102,14 +106,17 @@ class dnnl_weight_pieces : public dnnl_memory {
       for (std::int64_t n = first; n < last; n += q.examples) {
         std::array<dnnl_exec_arg_t, 5> args{
             {{DNNL_ARG_SRC,
-              ts.src.point(xs + static_cast<std::size_t>((n * q.x_channels + i * q.in_channels) * q.x_plane) * q.value_bytes)},
+              ts.src.point(xs + static_cast<std::size_t>((n * q.x_channels + i * q.in_channels) * q.x_plane) *
+                                    q.value_bytes)},
              {DNNL_ARG_DIFF_DST,
-              ts.ddst.point(dys + static_cast<std::size_t>((n * q.dy_channels + o * q.out_channels) * q.dy_plane) * q.value_bytes)},
+              ts.ddst.point(dys + static_cast<std::size_t>((n * q.dy_channels + o * q.out_channels) * q.dy_plane) *
+                                      q.value_bytes)},
              {DNNL_ARG_DIFF_WEIGHTS, gradient}}};
         int used = 3;
         if (bias) args[static_cast<std::size_t>(used++)] = {DNNL_ARG_DIFF_BIAS, ts.bias.point(bias_out)};
         if (q.scratchpad_bytes > 0)
-          args[static_cast<std::size_t>(used++)] = {DNNL_ARG_SCRATCHPAD, ts.scratchpad.point(scratch + scratch_step * static_cast<std::size_t>(t))};
+          args[static_cast<std::size_t>(used++)] = {
+              DNNL_ARG_SCRATCHPAD, ts.scratchpad.point(scratch + scratch_step * static_cast<std::size_t>(t))};
         check(dnnl_primitive_execute((bias ? q.with_bias : q.plain).get(), ts.stream.get(), used, args.data()),
               "convolution (a weight gradient's piece)");
         const dnnl_exec_arg_t back[2] = {{DNNL_ARG_FROM, gradient}, {DNNL_ARG_TO, block}};

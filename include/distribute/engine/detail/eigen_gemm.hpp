@@ -24,18 +24,19 @@ namespace distribute::detail {
 // c = op(a) op(b) for `g` (c += with g.accumulate) on the calling thread, rows of a, b and c lda,
 // ldb and ldc values apart. float and double.
 template <class T>
-void eigen_gemm(const gemm_geometry& g, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T* c, std::int64_t ldc);
+void eigen_gemm(const gemm_geometry& g, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T* c,
+                std::int64_t ldc);
 
-extern template void eigen_gemm<float>(const gemm_geometry&, const float*, std::int64_t, const float*, std::int64_t, float*,
-                                       std::int64_t);
-extern template void eigen_gemm<double>(const gemm_geometry&, const double*, std::int64_t, const double*, std::int64_t, double*,
-                                        std::int64_t);
+extern template void eigen_gemm<float>(const gemm_geometry&, const float*, std::int64_t, const float*, std::int64_t,
+                                       float*, std::int64_t);
+extern template void eigen_gemm<double>(const gemm_geometry&, const double*, std::int64_t, const double*, std::int64_t,
+                                        double*, std::int64_t);
 
 }  // namespace distribute::detail
 
 #else
 
-#include <distribute/detail/eigen_core.hpp>
+#  include <distribute/detail/eigen_core.hpp>
 
 namespace distribute::detail {
 
@@ -43,7 +44,8 @@ namespace distribute::detail {
 // ldb and ldc values apart. Eigen runs it on one thread where the calling thread's OpenMP count is
 // one or it is inside a parallel region (gemm_in_parts sees to both).
 template <class T>
-void eigen_gemm(const gemm_geometry& g, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T* c, std::int64_t ldc) {
+void eigen_gemm(const gemm_geometry& g, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T* c,
+                std::int64_t ldc) {
   using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using stride = Eigen::OuterStride<>;
   using cmap = Eigen::Map<const matrix, 0, stride>;

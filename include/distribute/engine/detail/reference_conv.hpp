@@ -79,9 +79,10 @@ class reference_conv {
   // (DISTRIBUTE_PRECOMPILED) takes the float and double instantiations from it.
   static void forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf, int parts_for = 1,
                       int threads = 1);
-  static void backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf, int parts_for = 1, int threads = 1);
-  static void backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf, int parts_for = 1,
-                               int threads = 1);
+  static void backward_data(const conv_geometry& g, const T* dy, const T* w, T* dx, T* colbuf, int parts_for = 1,
+                            int threads = 1);
+  static void backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf,
+                               int parts_for = 1, int threads = 1);
 };
 
 #if defined(DISTRIBUTE_REFERENCE_CONV_DEFINED)
@@ -89,8 +90,8 @@ template <class T>
 using reference_matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 template <class T>
-void reference_conv<T>::forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf, int parts_for,
-                                int threads) {
+void reference_conv<T>::forward(const conv_geometry& g, const T* x, const T* w, const T* bias, T* y, T* colbuf,
+                                int parts_for, int threads) {
   const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
   const gemm_geometry product{.m = g.out_channels, .n = plane, .k = rows};
   const int parts = gemm_parts(product, parts_for);
@@ -119,8 +120,8 @@ void reference_conv<T>::backward_data(const conv_geometry& g, const T* dy, const
 }
 
 template <class T>
-void reference_conv<T>::backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf, int parts_for,
-                                         int threads) {
+void reference_conv<T>::backward_weights(const conv_geometry& g, const T* x, const T* dy, T* dw, T* db, T* colbuf,
+                                         int parts_for, int threads) {
   const std::int64_t rows = g.in_channels * g.kernel * g.kernel, plane = g.out_height * g.out_width;
   const gemm_geometry product{.m = g.out_channels, .n = rows, .k = plane, .transpose_b = true, .accumulate = true};
   const int parts = gemm_parts(product, parts_for);

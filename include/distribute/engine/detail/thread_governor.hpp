@@ -46,7 +46,8 @@ class thread_governor {
  public:
   using settings = thread_governor_settings;
 
-  explicit thread_governor(int most, settings s = {}) : most_{std::max(1, most)}, threads_{most_}, s_{s}, wait_{s.first_probe_s} {}
+  explicit thread_governor(int most, settings s = {})
+      : most_{std::max(1, most)}, threads_{most_}, s_{s}, wait_{s.first_probe_s} {}
 
   int threads() const noexcept { return threads_; }
   int most() const noexcept { return most_; }

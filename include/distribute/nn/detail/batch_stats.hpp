@@ -47,8 +47,8 @@ moments channel_moments(const T* x, long long n, long long channels, long long p
 // dx = k (dy - mean(dy) - xhat mean(dy xhat)), with k = gamma * invstd. Batch norm and instance norm
 // differ only in which values the means run over.
 template <class Out, class In, class T>
-void normalized_input_gradient(Out& dx, const In& dy, const In& xhat, long long off, long long n,
-                               T k, T mean_dy, T mean_dyx) noexcept {
+void normalized_input_gradient(Out& dx, const In& dy, const In& xhat, long long off, long long n, T k, T mean_dy,
+                               T mean_dyx) noexcept {
   for (long long i = 0; i < n; ++i) {
     const auto j = static_cast<unsigned long long>(off + i);
     dx[j] = k * (dy[j] - mean_dy - xhat[j] * mean_dyx);

@@ -67,9 +67,7 @@ template <class State>
 class kept_state {
  public:
   // For `forward(r, x, s)`: stamps `s` as the next forward of `owner`.
-  void stamp(State& s, const void* owner) noexcept {
-    s.stamp = state_stamp{owner, ++generation_, true};
-  }
+  void stamp(State& s, const void* owner) noexcept { s.stamp = state_stamp{owner, ++generation_, true}; }
   // For the stateful `forward(r, x)`: the layer's own state, about to be overwritten.
   State& next() noexcept {
     ++unpaired_;
@@ -79,17 +77,15 @@ class kept_state {
   template <class R>
   State& last(const R& r, const void* owner, const char* layer) {
     if (!capturing_graph(r) && (!state_.stamp.pending || state_.stamp.owner != owner)) {
-      std::string why = generation_ == 0 || state_.stamp.owner != owner
-                            ? std::string(" without a forward pass")
-                            : " with no forward since its last backward";
+      std::string why = generation_ == 0 || state_.stamp.owner != owner ? std::string(" without a forward pass")
+                                                                        : " with no forward since its last backward";
       if (overwritten_ > 0)
         why += ": the forward before that backward ran " + std::to_string(overwritten_ + 1) +
                " times in a row, and the stateful pair keeps the last forward's state only, so the earlier "
                "forwards' states were overwritten and that backward used another forward's state; apply a layer "
                "several times with one state per application (forward(r, x, state), backward(r, state, dy)) or "
                "record the calls on an nn::tape";
-      else
-        why += "; a forward's state serves one backward";
+      else why += "; a forward's state serves one backward";
       throw forward_state_error(std::string("distribute: ") + layer + "::backward called" + why);
     }
     overwritten_ = unpaired_ > 0 ? unpaired_ - 1 : 0;

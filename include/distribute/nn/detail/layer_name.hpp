@@ -17,7 +17,8 @@ std::string layer_name() {
   std::string name = typeid(L).name();
 #if __has_include(<cxxabi.h>)
   int status = 0;
-  const std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status), std::free);
+  const std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status),
+                                                         std::free);
   if (status == 0 && demangled) name = demangled.get();
 #endif
   if (const auto lt = name.find('<'); lt != std::string::npos) name.resize(lt);

@@ -15,10 +15,14 @@ class model_wrapper {
   const M& model() const noexcept { return model_; }
 
   template <class F>
-  void for_each_parameter(F&& f) { model_.for_each_parameter(f); }
+  void for_each_parameter(F&& f) {
+    model_.for_each_parameter(f);
+  }
   template <class F>
     requires requires(M& m, F& f) { m.for_each_buffer(f); }
-  void for_each_buffer(F&& f) { model_.for_each_buffer(f); }
+  void for_each_buffer(F&& f) {
+    model_.for_each_buffer(f);
+  }
   void zero_grad() { model_.zero_grad(); }
   void set_training(bool on) { model_.set_training(on); }
   std::uint64_t state_digest() const

@@ -18,10 +18,10 @@ struct norm_epilogue {
 
 // A layer whose forward takes a norm_epilogue (instance_norm), with the caller's state or its own.
 template <class L, class R>
-concept takes_norm_epilogue = requires(L& l, R& r, const layer_tensor_t<L>& x,
-                                       norm_epilogue<typename L::scalar_type, layer_device_t<L>> e) {
-  { l.forward(r, x, e) } -> std::same_as<layer_tensor_t<L>>;
-};
+concept takes_norm_epilogue =
+    requires(L& l, R& r, const layer_tensor_t<L>& x, norm_epilogue<typename L::scalar_type, layer_device_t<L>> e) {
+      { l.forward(r, x, e) } -> std::same_as<layer_tensor_t<L>>;
+    };
 // nn::relu, which such a layer can take in (its forward and backward both).
 template <class L>
 concept relu_layer = requires { requires L::is_relu; };

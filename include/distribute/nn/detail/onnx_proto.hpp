@@ -26,7 +26,8 @@
 
 namespace distribute::nn::detail::onnx {
 
-static_assert(std::endian::native == std::endian::little, "distribute: ONNX raw_data is little-endian; this writer copies bytes as they are");
+static_assert(std::endian::native == std::endian::little,
+              "distribute: ONNX raw_data is little-endian; this writer copies bytes as they are");
 
 using distribute::detail::protobuf::message;
 
@@ -77,8 +78,9 @@ inline message attribute_proto(const attribute& a) {
   return m;
 }
 
-inline message node_proto(std::string_view op, const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
-                          std::string_view name, const std::vector<attribute>& attributes) {
+inline message node_proto(std::string_view op, const std::vector<std::string>& inputs,
+                          const std::vector<std::string>& outputs, std::string_view name,
+                          const std::vector<attribute>& attributes) {
   message n;
   for (const auto& i : inputs) n.bytes(1, i);
   for (const auto& o : outputs) n.bytes(2, o);

@@ -29,20 +29,24 @@ class option_check {
     if (value < least) fail(name, value, fallback, "must be at least " + std::to_string(least));
   }
   // ... and below `bound` (another option, `bound_name`).
-  void below(const char* name, std::int64_t value, std::int64_t fallback, const char* bound_name, std::int64_t bound) const {
-    if (value >= bound) fail(name, value, fallback, "must be below " + std::string(bound_name) + " (" + std::to_string(bound) + ")");
+  void below(const char* name, std::int64_t value, std::int64_t fallback, const char* bound_name,
+             std::int64_t bound) const {
+    if (value >= bound)
+      fail(name, value, fallback, "must be below " + std::string(bound_name) + " (" + std::to_string(bound) + ")");
   }
   void positive(const char* name, double value, double fallback) const {
     if (!(value > 0)) fail(name, short_number(value), value == fallback, "must be positive");
   }
   void within(const char* name, double value, double fallback, double lo, double hi) const {
     if (!(value >= lo && value <= hi))
-      fail(name, short_number(value), value == fallback, "must be in [" + short_number(lo) + ", " + short_number(hi) + "]");
+      fail(name, short_number(value), value == fallback,
+           "must be in [" + short_number(lo) + ", " + short_number(hi) + "]");
   }
   // ... in [lo, hi).
   void within_below(const char* name, double value, double fallback, double lo, double hi) const {
     if (!(value >= lo && value < hi))
-      fail(name, short_number(value), value == fallback, "must be in [" + short_number(lo) + ", " + short_number(hi) + ")");
+      fail(name, short_number(value), value == fallback,
+           "must be in [" + short_number(lo) + ", " + short_number(hi) + ")");
   }
   // Any other rule, said in `rule` ("must be at least 1 (or 0: the kernel size)").
   void require(bool ok, const char* name, std::int64_t value, std::int64_t fallback, const std::string& rule) const {

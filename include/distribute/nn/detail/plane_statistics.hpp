@@ -63,7 +63,8 @@ void plane_normalization_statistics(E& e, const tensor<T, D>& x, std::int64_t pl
 // Host values on the device of `like`.
 template <class V, class T, class D>
 tensor<V, D> on_device_of(const tensor<T, D>& like, const std::vector<V>& values) {
-  return tensor<V, D>::from_host(shape{static_cast<std::int64_t>(values.size())}, std::span<const V>(values), like.device());
+  return tensor<V, D>::from_host(shape{static_cast<std::int64_t>(values.size())}, std::span<const V>(values),
+                                 like.device());
 }
 
 }  // namespace distribute::nn::detail

@@ -47,9 +47,22 @@ inline constexpr std::size_t max_rank = 16;
 
 // Bytes per element of the format's dtypes; 0 for a name it does not have.
 inline std::size_t element_size(std::string_view dtype) {
-  static constexpr std::array<std::pair<std::string_view, std::size_t>, 16> sizes{{
-      {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
-      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8}, {"C64", 8}}};
+  static constexpr std::array<std::pair<std::string_view, std::size_t>, 16> sizes{{{"BOOL", 1},
+                                                                                   {"U8", 1},
+                                                                                   {"I8", 1},
+                                                                                   {"F8_E5M2", 1},
+                                                                                   {"F8_E4M3", 1},
+                                                                                   {"I16", 2},
+                                                                                   {"U16", 2},
+                                                                                   {"F16", 2},
+                                                                                   {"BF16", 2},
+                                                                                   {"I32", 4},
+                                                                                   {"U32", 4},
+                                                                                   {"F32", 4},
+                                                                                   {"F64", 8},
+                                                                                   {"I64", 8},
+                                                                                   {"U64", 8},
+                                                                                   {"C64", 8}}};
   for (const auto& [name, size] : sizes)
     if (name == dtype) return size;
   return 0;
@@ -134,8 +147,10 @@ class header_handler : public nlohmann::json_sax<nlohmann::json> {
       if (k == "dtype" && !seen_dtype_) field_ = field::dtype;
       else if (k == "shape" && !seen_shape_) field_ = field::shape;
       else if (k == "data_offsets" && !seen_offsets_) field_ = field::offsets;
-      else return fail("tensor '" + tensors.back().name + "' has " + (k == "dtype" || k == "shape" || k == "data_offsets" ? "a second " : "an unknown field ") +
-                       "'" + k + "'");
+      else
+        return fail("tensor '" + tensors.back().name + "' has " +
+                    (k == "dtype" || k == "shape" || k == "data_offsets" ? "a second " : "an unknown field ") + "'" +
+                    k + "'");
       return true;
     }
     return refuse("a key");
@@ -144,7 +159,9 @@ class header_handler : public nlohmann::json_sax<nlohmann::json> {
     if (depth_ == 2) {
       if (!in_metadata_ && !(seen_dtype_ && seen_shape_ && seen_offsets_))
         return fail("tensor '" + tensors.back().name + "' lacks " +
-                    (!seen_dtype_ ? "its dtype" : !seen_shape_ ? "its shape" : "its data_offsets"));
+                    (!seen_dtype_   ? "its dtype"
+                     : !seen_shape_ ? "its shape"
+                                    : "its data_offsets"));
       in_metadata_ = false;
       return (depth_ = 1, true);
     }
@@ -163,7 +180,8 @@ class header_handler : public nlohmann::json_sax<nlohmann::json> {
     if (field_ == field::shape) {
       seen_shape_ = true;
     } else {
-      if (count_ != 2) return fail("tensor '" + tensors.back().name + "' has " + std::to_string(count_) + " data_offsets, not 2");
+      if (count_ != 2)
+        return fail("tensor '" + tensors.back().name + "' has " + std::to_string(count_) + " data_offsets, not 2");
       seen_offsets_ = true;
     }
     field_ = field::none;
@@ -171,7 +189,8 @@ class header_handler : public nlohmann::json_sax<nlohmann::json> {
     return true;
   }
   bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
-    if (error.empty()) error = "malformed JSON at byte " + std::to_string(position) + " of the header (" + e.what() + ")";
+    if (error.empty())
+      error = "malformed JSON at byte " + std::to_string(position) + " of the header (" + e.what() + ")";
     return false;
   }
 
@@ -182,7 +201,8 @@ class header_handler : public nlohmann::json_sax<nlohmann::json> {
     if (depth_ != 3) return refuse("a number");
     auto& t = tensors.back();
     if (field_ == field::shape) {
-      if (t.shape.size() == max_rank) return fail("tensor '" + t.name + "' has more than " + std::to_string(max_rank) + " dimensions");
+      if (t.shape.size() == max_rank)
+        return fail("tensor '" + t.name + "' has more than " + std::to_string(max_rank) + " dimensions");
       t.shape.push_back(v);
     } else {
       if (count_ == 0) t.begin = v;
@@ -192,8 +212,8 @@ class header_handler : public nlohmann::json_sax<nlohmann::json> {
     return true;
   }
   bool refuse(const char* what) {
-    std::string where = depth_ == 0   ? "at the top level"
-                        : depth_ == 1 ? "as the value of '" + key_ + "' (a tensor's entry is an object)"
+    std::string where = depth_ == 0    ? "at the top level"
+                        : depth_ == 1  ? "as the value of '" + key_ + "' (a tensor's entry is an object)"
                         : in_metadata_ ? "in __metadata__"
                                        : "in tensor '" + tensors.back().name + "'";
     return fail(std::string(what) + " is out of place " + where);
@@ -218,8 +238,10 @@ class header_handler : public nlohmann::json_sax<nlohmann::json> {
 // The header's tensors, checked against each other and against `data_size` bytes of data.
 inline index parse_header(std::string_view json_text, std::uint64_t data_size, std::string_view origin) {
   header_handler h;
-  const bool ok = nlohmann::json::sax_parse(json_text.begin(), json_text.end(), &h, nlohmann::json::input_format_t::json, true);
-  if (!ok || !h.error.empty()) fail(origin, "not a safetensors header: " + (h.error.empty() ? std::string("malformed JSON") : h.error));
+  const bool ok =
+      nlohmann::json::sax_parse(json_text.begin(), json_text.end(), &h, nlohmann::json::input_format_t::json, true);
+  if (!ok || !h.error.empty())
+    fail(origin, "not a safetensors header: " + (h.error.empty() ? std::string("malformed JSON") : h.error));
   index ix;
   ix.data_size = data_size;
   ix.tensors = std::move(h.tensors);
@@ -231,17 +253,19 @@ inline index parse_header(std::string_view json_text, std::uint64_t data_size, s
   for (const auto& t : ix.tensors) {
     const std::size_t width = element_size(t.dtype);
     if (width == 0) fail(origin, "tensor '" + t.name + "' has an unknown dtype '" + t.dtype + "'");
-    if (t.begin > t.end) fail(origin, "tensor '" + t.name + "' has data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") that end before they begin");
+    if (t.begin > t.end)
+      fail(origin, "tensor '" + t.name + "' has data_offsets [" + std::to_string(t.begin) + ", " +
+                       std::to_string(t.end) + ") that end before they begin");
     if (t.end > data_size)
-      fail(origin, "tensor '" + t.name + "' ends at byte " + std::to_string(t.end) + " of the data, past its end (" + std::to_string(data_size) +
-                       " bytes: a truncated file?)");
+      fail(origin, "tensor '" + t.name + "' ends at byte " + std::to_string(t.end) + " of the data, past its end (" +
+                       std::to_string(data_size) + " bytes: a truncated file?)");
     std::uint64_t bytes = width;
     bool overflow = false;
     for (const auto d : t.shape) overflow = overflow || __builtin_mul_overflow(bytes, d, &bytes);
     if (overflow || bytes != t.end - t.begin)
       fail(origin, "tensor '" + t.name + "' of shape " + t.shape_text() + " and dtype " + t.dtype + " needs " +
-                       (overflow ? std::string("over 2^64 bytes") : std::to_string(bytes) + " bytes") + "; its data_offsets give " +
-                       std::to_string(t.end - t.begin));
+                       (overflow ? std::string("over 2^64 bytes") : std::to_string(bytes) + " bytes") +
+                       "; its data_offsets give " + std::to_string(t.end - t.begin));
   }
   // The ranges tile the data: sorted by start, each begins where the one before ends.
   std::stable_sort(ix.tensors.begin(), ix.tensors.end(), [](const tensor_entry& a, const tensor_entry& b) {
@@ -251,15 +275,18 @@ inline index parse_header(std::string_view json_text, std::uint64_t data_size, s
   const tensor_entry* last = nullptr;
   for (const auto& t : ix.tensors) {
     if (t.begin < at)
-      fail(origin, "tensor '" + t.name + "' [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") overlaps tensor '" + last->name +
-                       "' [" + std::to_string(last->begin) + ", " + std::to_string(last->end) + ")");
+      fail(origin, "tensor '" + t.name + "' [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                       ") overlaps tensor '" + last->name + "' [" + std::to_string(last->begin) + ", " +
+                       std::to_string(last->end) + ")");
     if (t.begin > at)
-      fail(origin, "bytes [" + std::to_string(at) + ", " + std::to_string(t.begin) + ") of the data belong to no tensor");
+      fail(origin,
+           "bytes [" + std::to_string(at) + ", " + std::to_string(t.begin) + ") of the data belong to no tensor");
     at = t.end;
     last = &t;
   }
   if (at != data_size)
-    fail(origin, "bytes [" + std::to_string(at) + ", " + std::to_string(data_size) + ") at the end of the data belong to no tensor");
+    fail(origin, "bytes [" + std::to_string(at) + ", " + std::to_string(data_size) +
+                     ") at the end of the data belong to no tensor");
   return ix;
 }
 
@@ -286,7 +313,9 @@ class file_source {
     while (!out.empty()) {
       const ::ssize_t n = ::pread(fd_, out.data(), out.size(), static_cast<::off_t>(offset));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail(origin_, n == 0 ? std::string("the file ended early (changed while read?)") : std::string("cannot read: ") + std::strerror(errno));
+      if (n <= 0)
+        fail(origin_, n == 0 ? std::string("the file ended early (changed while read?)")
+                             : std::string("cannot read: ") + std::strerror(errno));
       out = out.subspan(static_cast<std::size_t>(n));
       offset += static_cast<std::uint64_t>(n);
     }
@@ -317,16 +346,19 @@ class memory_source {
 template <class Source>
 index read_index(const Source& src) {
   const auto& origin = src.origin();
-  if (src.size() < 8) fail(origin, "not a safetensors file: " + std::to_string(src.size()) + " bytes, fewer than the 8 of its header's length");
+  if (src.size() < 8)
+    fail(origin,
+         "not a safetensors file: " + std::to_string(src.size()) + " bytes, fewer than the 8 of its header's length");
   std::array<std::byte, 8> prefix{};
   src.read(0, prefix);
   std::uint64_t n = 0;
   std::memcpy(&n, prefix.data(), 8);
   if (n > src.size() - 8)
-    fail(origin, "the header's length (" + std::to_string(n) + " bytes) runs past the end of the file (" + std::to_string(src.size()) +
-                     " bytes): not a safetensors file, or a truncated one");
+    fail(origin, "the header's length (" + std::to_string(n) + " bytes) runs past the end of the file (" +
+                     std::to_string(src.size()) + " bytes): not a safetensors file, or a truncated one");
   if (n > max_header_bytes)
-    fail(origin, "a header of " + std::to_string(n) + " bytes, over the format's limit of " + std::to_string(max_header_bytes));
+    fail(origin,
+         "a header of " + std::to_string(n) + " bytes, over the format's limit of " + std::to_string(max_header_bytes));
   if (n < 2) fail(origin, "a header of " + std::to_string(n) + " bytes cannot be a JSON object");
   std::string text(static_cast<std::size_t>(n), '\0');
   src.read(8, std::as_writable_bytes(std::span<char>(text)));

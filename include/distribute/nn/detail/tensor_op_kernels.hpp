@@ -29,7 +29,9 @@ struct slice_block {
   const T* x;
   T* out;
   std::int64_t x_block, offset, block;
-  DISTRIBUTE_HOST_DEVICE void operator()(std::int64_t n, std::int64_t i) const { out[n * block + i] = x[n * x_block + offset + i]; }
+  DISTRIBUTE_HOST_DEVICE void operator()(std::int64_t n, std::int64_t i) const {
+    out[n * block + i] = x[n * x_block + offset + i];
+  }
 };
 // out = a + b.
 template <class T>

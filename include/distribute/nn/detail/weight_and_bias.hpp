@@ -30,7 +30,8 @@ class weight_and_bias {
  protected:
   // `bias_size` 0: no bias.
   weight_and_bias(shape weight_shape, std::int64_t bias_size, std::uint64_t seed, const D& device)
-      : weight_{weight_shape, init::normal, sub_seed(seed, 0), device}, bias_{shape{bias_size}, init::zero, 0, device} {}
+      : weight_{weight_shape, init::normal, sub_seed(seed, 0), device},
+        bias_{shape{bias_size}, init::zero, 0, device} {}
 
   parameter<T, D> weight_, bias_;
 };

@@ -19,10 +19,11 @@ template <class E>
 void refuse_capture(const E& e, const char* who) {
   if constexpr (requires { e.capturing(); }) {
     if (e.capturing())
-      throw graph_capture_error(std::string("distribute: ") + who +
-                                " was stepped while its replica's stream was being captured into a CUDA graph, but its "
-                                "step count and learning rate are host values that the graph would freeze; construct it "
-                                "with capturable = true");
+      throw graph_capture_error(
+          std::string("distribute: ") + who +
+          " was stepped while its replica's stream was being captured into a CUDA graph, but its "
+          "step count and learning rate are host values that the graph would freeze; construct it "
+          "with capturable = true");
   }
 }
 

@@ -89,7 +89,8 @@ class device_state_on final : public device_state<T> {
     if (host.size() != buffers_.size()) return false;
     for (std::size_t i = 0; i < host.size(); ++i)
       if (host[i].size() != buffers_[i].size()) return false;
-    for (std::size_t i = 0; i < host.size(); ++i) buffers_[i].copy_from_host(std::span<const T>(host[i].data(), host[i].size()));
+    for (std::size_t i = 0; i < host.size(); ++i)
+      buffers_[i].copy_from_host(std::span<const T>(host[i].data(), host[i].size()));
     return true;
   }
 
@@ -181,7 +182,8 @@ class state_buffers {
 
   template <device D>
   device_state_on<T, D>& on_device(const D& d) {
-    if (auto* held = dynamic_cast<device_state_on<T, D>*>(device_.get()); held != nullptr && held->device() == d) return *held;
+    if (auto* held = dynamic_cast<device_state_on<T, D>*>(device_.get()); held != nullptr && held->device() == d)
+      return *held;
     // Uploaded from the host (a device-to-device move goes through it too); the old state is kept
     // until the new one is in place.
     auto moved = device_ ? std::make_unique<device_state_on<T, D>>(d, device_->to_host())
@@ -192,7 +194,7 @@ class state_buffers {
     return held;
   }
 
-  std::vector<std::vector<T>> host_;        // the state, when device_ is empty
+  std::vector<std::vector<T>> host_;         // the state, when device_ is empty
   std::unique_ptr<device_state<T>> device_;  // the state, when it is on a device
 };
 

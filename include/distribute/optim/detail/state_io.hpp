@@ -13,11 +13,14 @@
 namespace distribute::optim::detail {
 
 template <class V>
-void write_pod(std::ostream& os, const V& v) { os.write(reinterpret_cast<const char*>(&v), sizeof v); }
+void write_pod(std::ostream& os, const V& v) {
+  os.write(reinterpret_cast<const char*>(&v), sizeof v);
+}
 template <class V>
 V read_pod(std::istream& is) {
   V v{};
-  if (!is.read(reinterpret_cast<char*>(&v), sizeof v)) throw std::runtime_error("distribute: truncated optimiser state");
+  if (!is.read(reinterpret_cast<char*>(&v), sizeof v))
+    throw std::runtime_error("distribute: truncated optimiser state");
   return v;
 }
 
@@ -37,7 +40,8 @@ std::vector<std::vector<T>> read_buffers(std::istream& is) {
   std::vector<std::vector<T>> buffers;
   for (std::uint64_t i = 0; i < n; ++i) {
     const auto size = read_pod<std::uint64_t>(is);
-    if (size > (std::uint64_t{1} << 40) / sizeof(T)) throw std::runtime_error("distribute: corrupt optimiser state (buffer size)");
+    if (size > (std::uint64_t{1} << 40) / sizeof(T))
+      throw std::runtime_error("distribute: corrupt optimiser state (buffer size)");
     std::vector<T> b(static_cast<std::size_t>(size));
     if (!is.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(b.size() * sizeof(T))))
       throw std::runtime_error("distribute: truncated optimiser state");
@@ -55,8 +59,8 @@ inline void read_tag(std::istream& is, const char (&tag)[8]) {
 
 // Parameter `index` of the model has `size` elements, which its state does not (or it has no state).
 [[noreturn]] inline void throw_state_mismatch(std::size_t index, std::size_t size) {
-  throw std::invalid_argument("distribute: optimiser state does not match the model (parameter " + std::to_string(index) +
-                              " has " + std::to_string(size) + " elements)");
+  throw std::invalid_argument("distribute: optimiser state does not match the model (parameter " +
+                              std::to_string(index) + " has " + std::to_string(size) + " elements)");
 }
 
 // Buffers are created on the first step, one per parameter in enumeration order; a later step must

@@ -35,10 +35,9 @@ class multi_worker_base {
   // of the job, as evenly as possible, and returns this worker's replicas' shares.
   template <class T>
   per_replica<std::vector<T>> scatter(std::span<const T> batch, std::size_t example_size = 1) const {
-    return batch_shares<per_replica<std::vector<T>>>(batch, example_size,
-                                                     static_cast<std::size_t>(self().num_replicas_in_sync()),
-                                                     static_cast<std::size_t>(self().first_replica_id()),
-                                                     static_cast<std::size_t>(self().num_local_replicas()));
+    return batch_shares<per_replica<std::vector<T>>>(
+        batch, example_size, static_cast<std::size_t>(self().num_replicas_in_sync()),
+        static_cast<std::size_t>(self().first_replica_id()), static_cast<std::size_t>(self().num_local_replicas()));
   }
   template <std::ranges::contiguous_range B>
     requires std::ranges::sized_range<B>
@@ -52,7 +51,8 @@ class multi_worker_base {
     requires std::invocable<F&, int>
   auto values_from_function(F&& fn) const {
     using T = std::decay_t<std::invoke_result_t<F&, int>>;
-    return make<per_replica<T>>([&](std::size_t r) { return std::invoke(fn, self().first_replica_id() + static_cast<int>(r)); });
+    return make<per_replica<T>>(
+        [&](std::size_t r) { return std::invoke(fn, self().first_replica_id() + static_cast<int>(r)); });
   }
 
  protected:

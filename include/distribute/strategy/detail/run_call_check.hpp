@@ -26,12 +26,13 @@ struct run_arguments_at {};
 
 template <class Positions, std::size_t FnParameters, std::size_t RunArguments>
 struct strategy_run_cannot_call_fn {
-  static_assert(sizeof(Positions) == 0,
-                "distribute: strategy.run(fn, args...) calls fn(replica, args...), in that order, with each per_replica "
-                "or mirrored argument unwrapped to the replica's own element, and fn cannot be called so: the positions "
-                "in run_arguments_at<...> above (1 = run's first argument after fn) do not fit fn's parameters there; "
-                "the numbers after it are fn's parameter count (replica included; 0: not known, fn is generic) and "
-                "run's argument count. Check their order and count.");
+  static_assert(
+      sizeof(Positions) == 0,
+      "distribute: strategy.run(fn, args...) calls fn(replica, args...), in that order, with each per_replica "
+      "or mirrored argument unwrapped to the replica's own element, and fn cannot be called so: the positions "
+      "in run_arguments_at<...> above (1 = run's first argument after fn) do not fit fn's parameters there; "
+      "the numbers after it are fn's parameter count (replica included; 0: not known, fn is generic) and "
+      "run's argument count. Check their order and count.");
 };
 
 template <class A>
@@ -45,11 +46,11 @@ struct call_parameters {
 template <class F>
   requires requires { &F::operator(); }
 struct call_parameters<F> : call_parameters<decltype(&F::operator())> {};
-#define DISTRIBUTE_CALL_PARAMETERS(QUALIFIERS)                   \
-  template <class C, class Ret, class... P>                      \
-  struct call_parameters<Ret (C::*)(P...) QUALIFIERS> {          \
-    static constexpr bool known = true;                          \
-    using type = std::tuple<P...>;                               \
+#define DISTRIBUTE_CALL_PARAMETERS(QUALIFIERS)          \
+  template <class C, class Ret, class... P>             \
+  struct call_parameters<Ret (C::*)(P...) QUALIFIERS> { \
+    static constexpr bool known = true;                 \
+    using type = std::tuple<P...>;                      \
   };
 DISTRIBUTE_CALL_PARAMETERS()
 DISTRIBUTE_CALL_PARAMETERS(const)
@@ -80,7 +81,8 @@ constexpr auto unfit_positions(std::index_sequence<I...>) {
   (
       [&] {
         if constexpr (I + 1 < n) {
-          if (!std::is_convertible_v<std::tuple_element_t<I, Args>, std::tuple_element_t<I + 1, Params>>) out.at[out.size++] = I + 1;
+          if (!std::is_convertible_v<std::tuple_element_t<I, Args>, std::tuple_element_t<I + 1, Params>>)
+            out.at[out.size++] = I + 1;
         } else {
           out.at[out.size++] = I + 1;  // no parameter there
         }

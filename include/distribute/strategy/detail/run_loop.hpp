@@ -35,7 +35,8 @@ class exclusive_step {
  public:
   exclusive_step(std::atomic<bool>& in_step, const char* strategy) : in_step_{in_step} {
     if (in_step_.exchange(true))
-      throw std::logic_error(std::string("distribute: ") + strategy + "::run called while a step of the same strategy is "
+      throw std::logic_error(std::string("distribute: ") + strategy +
+                             "::run called while a step of the same strategy is "
                              "running (from inside a replica, or from two threads at once)");
   }
   ~exclusive_step() { in_step_.store(false); }
@@ -73,8 +74,8 @@ struct no_replica_hooks {
 //   step_failed(e)       on the calling thread when the step failed, before `e` is rethrown
 template <class Replica, class Group, class Hooks, class F, class... A>
   requires run_callable<F, Replica, A...>
-auto run_replicas(replica_pool& pool, std::vector<Replica>& replicas, Group& group, std::int64_t step, Hooks& hooks, F& fn,
-                  A&... args) {
+auto run_replicas(replica_pool& pool, std::vector<Replica>& replicas, Group& group, std::int64_t step, Hooks& hooks,
+                  F& fn, A&... args) {
   using R = std::invoke_result_t<F&, Replica&, decltype(unwrap_for(args, 0))...>;
   using stored = std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>;
   const auto n = replicas.size();
@@ -119,7 +120,8 @@ auto run_one(Replica& replica, F& fn, A&... args) {
   if constexpr (std::is_void_v<R>) {
     std::invoke(fn, replica, unwrap_for(args, 0)...);
   } else {
-    return per_replica<std::decay_t<R>, 1>(std::array<std::decay_t<R>, 1>{std::invoke(fn, replica, unwrap_for(args, 0)...)});
+    return per_replica<std::decay_t<R>, 1>(
+        std::array<std::decay_t<R>, 1>{std::invoke(fn, replica, unwrap_for(args, 0)...)});
   }
 }
 

@@ -38,8 +38,8 @@ concept contiguous_state = std::ranges::contiguous_range<T> && std::ranges::size
                            std::is_trivially_copyable_v<std::ranges::range_value_t<T>>;
 
 template <class T>
-concept broadcastable_state = gradient_enumerable<T> || streams_state<T> || std::is_trivially_copyable_v<T> ||
-                              contiguous_state<T>;
+concept broadcastable_state =
+    gradient_enumerable<T> || streams_state<T> || std::is_trivially_copyable_v<T> || contiguous_state<T>;
 
 template <class Cross, class T>
 void broadcast_bytes(Cross& cross, T* data, std::size_t n, int root) {
@@ -97,7 +97,8 @@ void broadcast_state(Cross& cross, T& value, int root) {
       if constexpr (requires { value.resize(std::size_t{}); }) {
         value.resize(static_cast<std::size_t>(size));
       } else {
-        throw std::invalid_argument("distribute: broadcast of a sequence of " + std::to_string(std::ranges::size(value)) +
+        throw std::invalid_argument("distribute: broadcast of a sequence of " +
+                                    std::to_string(std::ranges::size(value)) +
                                     " elements from a worker whose copy has " + std::to_string(size));
       }
     }

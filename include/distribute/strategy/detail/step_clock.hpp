@@ -70,7 +70,8 @@ class step_clock {
  private:
   static double seconds(std::int64_t ns) noexcept { return static_cast<double>(ns) * 1e-9; }
   void copy_from(const step_clock& o) noexcept {
-    for (std::size_t r = 0; r < replicas_; ++r) meters_[r].ns.store(o.meters_[r].ns.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    for (std::size_t r = 0; r < replicas_; ++r)
+      meters_[r].ns.store(o.meters_[r].ns.load(std::memory_order_relaxed), std::memory_order_relaxed);
     start_ = o.start_;
     in_steps_ns_ = o.in_steps_ns_;
     runs_ = o.runs_;

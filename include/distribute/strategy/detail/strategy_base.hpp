@@ -51,15 +51,18 @@ concept arithmetic_sequence = std::ranges::sized_range<const T> && arithmetic<st
 // sequences of them, any type with a member `state_digest()` returning std::uint64_t (which then
 // decides what its state is), or a model on the host (its parameters and its buffers).
 template <class T>
-concept digestible = std::is_trivially_copyable_v<T> ||
-                     (std::ranges::contiguous_range<const T> &&
-                      std::is_trivially_copyable_v<std::ranges::range_value_t<T>>) ||
-                     requires(const T& t) { { t.state_digest() } -> std::convertible_to<std::uint64_t>; } ||
-                     gradient_enumerable<T>;
+concept digestible =
+    std::is_trivially_copyable_v<T> ||
+    (std::ranges::contiguous_range<const T> && std::is_trivially_copyable_v<std::ranges::range_value_t<T>>) ||
+    requires(const T& t) {
+      { t.state_digest() } -> std::convertible_to<std::uint64_t>;
+    } || gradient_enumerable<T>;
 
 template <digestible T>
 std::uint64_t digest_of(const T& value) {
-  if constexpr (requires { { value.state_digest() } -> std::convertible_to<std::uint64_t>; }) {
+  if constexpr (requires {
+                  { value.state_digest() } -> std::convertible_to<std::uint64_t>;
+                }) {
     return value.state_digest();
   } else if constexpr (gradient_enumerable<T>) {
     return digest_model(const_cast<T&>(value)).state();  // enumeration is non-const, reading is not
@@ -83,7 +86,8 @@ void assign_state(T& to, T& from) {
     std::size_t i = 0;
     to.for_each_parameter([&](std::span<S> v, std::span<S>) {
       if (i >= source.size() || source[i].size() != v.size())
-        throw std::invalid_argument("distribute: broadcast between copies of a model whose parameters differ in count or size");
+        throw std::invalid_argument(
+            "distribute: broadcast between copies of a model whose parameters differ in count or size");
       copy_parameter_values<T>(source[i].data(), v.size(), v.data());
       ++i;
     });
@@ -93,20 +97,24 @@ void assign_state(T& to, T& from) {
       std::size_t k = 0;
       to.for_each_buffer([&](std::span<double> b) {
         if (k >= buffers.size() || buffers[k].size() != b.size())
-          throw std::invalid_argument("distribute: broadcast between copies of a model whose buffers differ in count or size");
+          throw std::invalid_argument(
+              "distribute: broadcast between copies of a model whose buffers differ in count or size");
         std::copy(buffers[k].begin(), buffers[k].end(), b.begin());
         ++k;
       });
     }
   } else {
-    static_assert(std::is_copy_assignable_v<T>, "distribute: broadcast of mirrored<T> between local replicas copy-assigns T; T must be copy-assignable");
+    static_assert(
+        std::is_copy_assignable_v<T>,
+        "distribute: broadcast of mirrored<T> between local replicas copy-assigns T; T must be copy-assignable");
     to = from;
   }
 }
 
 // The replicas (after the first) whose digest differs from the first's, as "1, 3"; empty if none.
 // `digests` holds `stride` digests per replica, in replica order; `at` picks one of them.
-inline std::string replicas_differing(std::span<const std::uint64_t> digests, std::size_t stride = 1, std::size_t at = 0) {
+inline std::string replicas_differing(std::span<const std::uint64_t> digests, std::size_t stride = 1,
+                                      std::size_t at = 0) {
   std::string differ;
   for (std::size_t i = stride + at; i < digests.size(); i += stride)
     if (digests[i] != digests[at]) differ += (differ.empty() ? "" : ", ") + std::to_string(i / stride);
@@ -192,7 +200,10 @@ class strategy_base {
                                     std::to_string(acc.size()) + " elements, replica " + std::to_string(i) + " has " +
                                     std::to_string(std::ranges::size(values[i])));
       std::size_t j = 0;
-      for (const auto& x : values[i]) { acc[j] = detail::combine(op, acc[j], static_cast<T>(x)); ++j; }
+      for (const auto& x : values[i]) {
+        acc[j] = detail::combine(op, acc[j], static_cast<T>(x));
+        ++j;
+      }
     }
     for (auto& x : acc) x = detail::finish(op, x, static_cast<int>(values.size()));
     return acc;
@@ -275,13 +286,16 @@ class strategy_base {
   // across workers as `options` say, and prefetches: see <distribute/data/distribute.hpp>.
   template <class D, class Options = data::distribute_options>
   auto distribute(const D& dataset, const Options& options) const {
-    static_assert(requires { sizeof(data::distributor<D, Extent>); },
-                  "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
-    return data::distributor<D, Extent>::distribute(dataset, static_cast<std::size_t>(self().num_replicas_in_sync()), options);
+    static_assert(
+        requires { sizeof(data::distributor<D, Extent>); },
+        "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    return data::distributor<D, Extent>::distribute(dataset, static_cast<std::size_t>(self().num_replicas_in_sync()),
+                                                    options);
   }
   template <class D, class Options = data::distribute_options>
   auto distribute(const D& dataset) const {
-    static_assert(requires { sizeof(Options); }, "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
+    static_assert(
+        requires { sizeof(Options); }, "distribute: strategy.distribute(dataset) needs #include <distribute/data.hpp>");
     return distribute(dataset, Options{});
   }
 
@@ -289,15 +303,17 @@ class strategy_base {
   // per-replica batches, which go to the replicas in turn: see <distribute/data/distribute.hpp>.
   template <class F, class Options = data::distribute_options>
   auto distribute_from_function(const F& fn, const Options& options) const {
-    static_assert(requires { sizeof(data::function_distributor<F, Extent>); },
-                  "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
-    return data::function_distributor<F, Extent>::distribute(fn, static_cast<std::size_t>(self().num_replicas_in_sync()),
-                                                             options);
+    static_assert(
+        requires { sizeof(data::function_distributor<F, Extent>); },
+        "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
+    return data::function_distributor<F, Extent>::distribute(
+        fn, static_cast<std::size_t>(self().num_replicas_in_sync()), options);
   }
   template <class F, class Options = data::distribute_options>
   auto distribute_from_function(const F& fn) const {
-    static_assert(requires { sizeof(Options); },
-                  "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
+    static_assert(
+        requires { sizeof(Options); },
+        "distribute: strategy.distribute_from_function(fn) needs #include <distribute/data.hpp>");
     return distribute_from_function(fn, Options{});
   }
 
@@ -306,9 +322,10 @@ class strategy_base {
   // covers its parameters and its buffers (running statistics); the message says which differ.
   template <class T, std::size_t E>
   void verify_mirrored(const mirrored<T, E>& value) const {
-    static_assert(detail::digestible<T>,
-                  "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
-                  "copyable elements, a model (for_each_parameter) or to have a member `std::uint64_t state_digest() const`");
+    static_assert(
+        detail::digestible<T>,
+        "distribute: verify_mirrored needs T to be trivially copyable, a contiguous range of trivially "
+        "copyable elements, a model (for_each_parameter) or to have a member `std::uint64_t state_digest() const`");
     check_count(value.size(), "verify_mirrored");
     std::vector<std::uint64_t> digests;
     for (const auto& v : value) digests.push_back(detail::digest_of(v));

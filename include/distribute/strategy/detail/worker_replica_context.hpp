@@ -18,20 +18,30 @@ class worker_replica_context : public replica_context<D, C> {
  public:
   worker_replica_context(D device, C comm, int local_index, int worker_index, engine_slot<D>* slot = nullptr,
                          collective_meter* meter = nullptr)
-      : replica_context<D, C>(std::move(device), std::move(comm), slot, meter), local_index_{local_index}, worker_index_{worker_index} {}
+      : replica_context<D, C>(std::move(device), std::move(comm), slot, meter),
+        local_index_{local_index},
+        worker_index_{worker_index} {}
 
   // This replica's index among its worker's replicas, and the worker's index among the workers.
   int local_replica_id() const noexcept { return local_index_; }
   int worker_index() const noexcept { return worker_index_; }
 
   template <class T, std::size_t E>
-  T& local(per_replica<T, E>& v) const { return v[index()]; }
+  T& local(per_replica<T, E>& v) const {
+    return v[index()];
+  }
   template <class T, std::size_t E>
-  const T& local(const per_replica<T, E>& v) const { return v[index()]; }
+  const T& local(const per_replica<T, E>& v) const {
+    return v[index()];
+  }
   template <class T, std::size_t E>
-  T& local(mirrored<T, E>& v) const { return v[index()]; }
+  T& local(mirrored<T, E>& v) const {
+    return v[index()];
+  }
   template <class T, std::size_t E>
-  const T& local(const mirrored<T, E>& v) const { return v[index()]; }
+  const T& local(const mirrored<T, E>& v) const {
+    return v[index()];
+  }
 
  private:
   std::size_t index() const noexcept { return static_cast<std::size_t>(local_index_); }

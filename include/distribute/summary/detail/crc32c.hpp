@@ -10,10 +10,10 @@
 #include <span>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#include <distribute/detail/x86_intrinsics.hpp>  // before <immintrin.h>: GCC 12's AVX-512 warnings
-#include <immintrin.h>
-#define DISTRIBUTE_SUMMARY_CRC32C_SSE42 1
+#  include <cpuid.h>
+#  include <distribute/detail/x86_intrinsics.hpp>  // before <immintrin.h>: GCC 12's AVX-512 warnings
+#  include <immintrin.h>
+#  define DISTRIBUTE_SUMMARY_CRC32C_SSE42 1
 #endif
 
 namespace distribute::summary::detail {
@@ -44,7 +44,7 @@ __attribute__((target("sse4.2"))) inline std::uint32_t crc32c_extend_sse42(std::
   const std::byte* p = data.data();
   std::size_t n = data.size();
   std::uint32_t c = ~crc;
-#if defined(__x86_64__)
+#  if defined(__x86_64__)
   std::uint64_t c64 = c;
   for (; n >= 8; n -= 8, p += 8) {
     std::uint64_t word;
@@ -52,7 +52,7 @@ __attribute__((target("sse4.2"))) inline std::uint32_t crc32c_extend_sse42(std::
     c64 = _mm_crc32_u64(c64, word);
   }
   c = static_cast<std::uint32_t>(c64);
-#endif
+#  endif
   for (; n >= 4; n -= 4, p += 4) {
     std::uint32_t word;
     std::memcpy(&word, p, 4);
@@ -84,7 +84,9 @@ inline std::uint32_t crc32c(std::span<const std::byte> data) noexcept { return c
 
 // TFRecord's (and LevelDB's) mask: a CRC stored inside data that is itself checksummed would
 // otherwise make the outer CRC degenerate.
-inline constexpr std::uint32_t mask_crc(std::uint32_t crc) noexcept { return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u; }
+inline constexpr std::uint32_t mask_crc(std::uint32_t crc) noexcept {
+  return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
 
 inline std::uint32_t masked_crc32c(std::span<const std::byte> data) noexcept { return mask_crc(crc32c(data)); }
 

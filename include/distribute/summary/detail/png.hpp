@@ -94,11 +94,12 @@ inline std::string encode_png(int height, int width, int channels, const std::ui
 
   uLongf packed_size = ::compressBound(static_cast<uLong>(raw.size()));
   std::string packed(static_cast<std::size_t>(packed_size), '\0');
-  const int rc = ::compress2(reinterpret_cast<Bytef*>(packed.data()), &packed_size, raw.data(), static_cast<uLong>(raw.size()),
-                             Z_DEFAULT_COMPRESSION);
+  const int rc = ::compress2(reinterpret_cast<Bytef*>(packed.data()), &packed_size, raw.data(),
+                             static_cast<uLong>(raw.size()), Z_DEFAULT_COMPRESSION);
   if (rc == Z_MEM_ERROR) throw std::bad_alloc();
-  if (rc != Z_OK) throw std::runtime_error("distribute: zlib could not compress a " + std::to_string(height) + "x" +
-                                           std::to_string(width) + " image (zlib error " + std::to_string(rc) + ")");
+  if (rc != Z_OK)
+    throw std::runtime_error("distribute: zlib could not compress a " + std::to_string(height) + "x" +
+                             std::to_string(width) + " image (zlib error " + std::to_string(rc) + ")");
   packed.resize(static_cast<std::size_t>(packed_size));
 
   std::string png("\x89PNG\r\n\x1a\n", 8);
@@ -106,7 +107,7 @@ inline std::string encode_png(int height, int width, int channels, const std::ui
   append_be32(ihdr, static_cast<std::uint32_t>(width));
   append_be32(ihdr, static_cast<std::uint32_t>(height));
   const char colour_type = channels == 1 ? 0 : channels == 3 ? 2 : 6;  // grey, RGB, RGBA
-  ihdr += {8, colour_type, 0, 0, 0};                                    // 8 bits, deflate, filters, no interlace
+  ihdr += {8, colour_type, 0, 0, 0};                                   // 8 bits, deflate, filters, no interlace
   append_png_chunk(png, "IHDR", ihdr);
   constexpr std::size_t max_chunk = std::size_t{1} << 30;  // a chunk holds at most 2^31 - 1 bytes
   const std::string_view all = packed;

@@ -78,12 +78,15 @@ class bfloat16_wire {
 
 // The blocking form for a communicator whose collectives run on `stream` of `device`.
 template <class C>
-void all_reduce_as_bfloat16(C& comm, reduce_op op, std::span<const std::span<float>> bufs, int device, cudaStream_t stream) {
+void all_reduce_as_bfloat16(C& comm, reduce_op op, std::span<const std::span<float>> bufs, int device,
+                            cudaStream_t stream) {
   switch (place_of(bufs, device)) {
     case bucket_place::host: return distribute::comm::all_reduce_narrowed_on_host<__nv_bfloat16>(comm, op, bufs);
     case bucket_place::mixed:
-      throw std::invalid_argument("distribute: a bfloat16 gradient all-reduce got a bucket of both device and host buffers "
-                                  "on GPU " + std::to_string(device));
+      throw std::invalid_argument(
+          "distribute: a bfloat16 gradient all-reduce got a bucket of both device and host buffers "
+          "on GPU " +
+          std::to_string(device));
     case bucket_place::device: break;
   }
   const bfloat16_wire wire(bufs, device, stream);

@@ -31,8 +31,14 @@
 namespace distribute {
 
 // Half precision joins the collective element types where CUDA defines it.
-template <> struct dtype_traits<__half> { static constexpr dtype value = dtype::float16; };
-template <> struct dtype_traits<__nv_bfloat16> { static constexpr dtype value = dtype::bfloat16; };
+template <>
+struct dtype_traits<__half> {
+  static constexpr dtype value = dtype::float16;
+};
+template <>
+struct dtype_traits<__nv_bfloat16> {
+  static constexpr dtype value = dtype::bfloat16;
+};
 
 namespace comm::detail {
 
@@ -69,9 +75,12 @@ __device__ __forceinline__ void reduce_element(const peer_pointers<T>& p, int n_
 // (up to that boundary) and the tail are done one by one. Sources and destinations may be the same
 // buffers: a thread reads all of its elements before writing them, and no other thread touches them.
 template <class T, reduce_op Op>
-__global__ void reduce_kernel(peer_pointers<T> p, int n_src, int n_dst, std::size_t count, std::size_t head, bool vectorised) {
+__global__ void reduce_kernel(peer_pointers<T> p, int n_src, int n_dst, std::size_t count, std::size_t head,
+                              bool vectorised) {
   constexpr int width = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-  struct alignas(16) pack { T v[width]; };
+  struct alignas(16) pack {
+    T v[width];
+  };
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (!vectorised) head = 0;
@@ -126,7 +135,8 @@ inline unsigned grid_for(std::size_t items, int ordinal) {
     cached_sms = sms;
   }
   const std::size_t wanted = (items + 255) / 256;
-  return static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(wanted, static_cast<std::size_t>(cached_sms) * 8)));
+  return static_cast<unsigned>(
+      std::max<std::size_t>(1, std::min<std::size_t>(wanted, static_cast<std::size_t>(cached_sms) * 8)));
 }
 
 template <class T>
@@ -139,14 +149,25 @@ void launch_reduce(reduce_op op, const peer_pointers<T>& p, int n_src, int n_dst
   for (int d = 0; d < n_dst; ++d) addresses[n++] = reinterpret_cast<std::uintptr_t>(p.dst[d]);
   const std::size_t head = vector_head<T>(addresses, n, count);
   const bool vectorised = head <= count;
-  const unsigned grid = grid_for(vectorised ? head + (count - head) / std::max<std::size_t>(1, 16 / sizeof(T)) : count, ordinal);
+  const unsigned grid =
+      grid_for(vectorised ? head + (count - head) / std::max<std::size_t>(1, 16 / sizeof(T)) : count, ordinal);
   const std::size_t h = vectorised ? head : 0;
   switch (op) {
-    case reduce_op::sum: reduce_kernel<T, reduce_op::sum><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
-    case reduce_op::mean: reduce_kernel<T, reduce_op::mean><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
-    case reduce_op::min: reduce_kernel<T, reduce_op::min><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
-    case reduce_op::max: reduce_kernel<T, reduce_op::max><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
-    case reduce_op::prod: reduce_kernel<T, reduce_op::prod><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised); break;
+    case reduce_op::sum:
+      reduce_kernel<T, reduce_op::sum><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised);
+      break;
+    case reduce_op::mean:
+      reduce_kernel<T, reduce_op::mean><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised);
+      break;
+    case reduce_op::min:
+      reduce_kernel<T, reduce_op::min><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised);
+      break;
+    case reduce_op::max:
+      reduce_kernel<T, reduce_op::max><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised);
+      break;
+    case reduce_op::prod:
+      reduce_kernel<T, reduce_op::prod><<<grid, 256, 0, stream>>>(p, n_src, n_dst, count, h, vectorised);
+      break;
   }
   distribute::detail::cuda_check(cudaGetLastError(), "launching the cuda_peer reduction kernel", ordinal);
 }
@@ -163,7 +184,8 @@ inline void copy_device(void* dst, int dst_ordinal, const void* src, int src_ord
                         cudaStream_t stream, int ordinal) {
   if (bytes == 0 || dst == src) return;
   if (dst_ordinal == src_ordinal)
-    distribute::detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync", ordinal);
+    distribute::detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
+                                   "cudaMemcpyAsync", ordinal);
   else
     distribute::detail::cuda_check(cudaMemcpyPeerAsync(dst, dst_ordinal, src, src_ordinal, bytes, stream),
                                    "cudaMemcpyPeerAsync", ordinal);
@@ -218,8 +240,8 @@ class host_staging {
       return;
     }
     if (scratch_.bytes() < need)
-      scratch_ = distribute::detail::device_allocation(ordinal_, std::min(retained_limit, std::max(need, scratch_.bytes() * 2)),
-                                                       stream);
+      scratch_ = distribute::detail::device_allocation(
+          ordinal_, std::min(retained_limit, std::max(need, scratch_.bytes() * 2)), stream);
   }
   void begin(std::initializer_list<buffer> buffers, cudaStream_t stream, const char* op) {
     begin(std::span<const buffer>(buffers.begin(), buffers.size()), stream, op);
@@ -231,7 +253,8 @@ class host_staging {
     const buffer& b = buffers_[i];
     if (b.bytes == 0 || on_device_[i]) return const_cast<void*>(b.data);
     auto& area = once_.get() != nullptr ? once_ : scratch_;
-    if (used_ + b.bytes > area.bytes()) throw std::logic_error("distribute: host staging area sized too small for this collective");
+    if (used_ + b.bytes > area.bytes())
+      throw std::logic_error("distribute: host staging area sized too small for this collective");
     void* d = static_cast<char*>(area.get()) + used_;
     used_ += (b.bytes + 255) / 256 * 256;
     if (in)

@@ -33,7 +33,10 @@ class gpu_meeting {
   // `size` replicas of this process; `first_replica` is the number of the first of them among all
   // replicas in sync (non-zero under several workers), used to name replicas in messages.
   gpu_meeting(int size, collective_options options, int first_replica = 0)
-      : size_{check_size(size)}, first_{first_replica}, options_{options}, rendezvous_{size},
+      : size_{check_size(size)},
+        first_{first_replica},
+        options_{options},
+        rendezvous_{size},
         slots_(static_cast<std::size_t>(size)) {}
   gpu_meeting(const gpu_meeting&) = delete;
   gpu_meeting& operator=(const gpu_meeting&) = delete;
@@ -156,7 +159,8 @@ class gpu_meeting {
     if (all_same) return std::nullopt;
     std::vector<std::pair<const descriptor*, std::vector<int>>> groups;
     for (int q = 0; q < size_; ++q) {
-      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& gr) { return same_call(*gr.first, posted(q, seq)); });
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& gr) { return same_call(*gr.first, posted(q, seq)); });
       if (it == groups.end()) groups.push_back({&posted(q, seq), {q}});
       else it->second.push_back(q);
     }

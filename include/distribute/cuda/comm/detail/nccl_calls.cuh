@@ -29,7 +29,8 @@ namespace comm::detail {
 inline std::string nccl_message(ncclResult_t rc, const char* call, ncclComm_t comm) {
   std::string msg = std::string("distribute: ") + call + " failed: " + ncclGetErrorString(rc);
   if (comm != nullptr) {
-    if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
+    if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0')
+      msg += std::string(" (") + last + ")";
   }
   return msg;
 }

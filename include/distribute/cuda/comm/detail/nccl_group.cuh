@@ -66,7 +66,8 @@ class nccl_group {
 
   // Several processes: this process's devices are ranks first_rank .. first_rank+devices.size()-1 of
   // `world`, and every process passes the same `id` (made by one of them with `new_unique_id()`).
-  nccl_group(std::vector<cuda> devices, const ncclUniqueId& id, int first_rank, int world, collective_options options = {})
+  nccl_group(std::vector<cuda> devices, const ncclUniqueId& id, int first_rank, int world,
+             collective_options options = {})
       : nccl_group(std::move(devices), id, first_rank, world, options, /*owns_bootstrap=*/false) {}
 
   nccl_group(const nccl_group&) = delete;
@@ -123,8 +124,9 @@ class nccl_group {
     if (!outside_ || meeting_.aborted()) return;
     const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
     if (now < next_outside_poll_.load(std::memory_order_relaxed)) return;
-    next_outside_poll_.store(now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::milliseconds(1)).count(),
-                             std::memory_order_relaxed);
+    next_outside_poll_.store(
+        now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::milliseconds(1)).count(),
+        std::memory_order_relaxed);
     if (auto why = outside_()) {
       const collective_aborted error("distribute: " + *why);
       meeting_.abort(std::make_exception_ptr(error), *why);
@@ -143,8 +145,9 @@ class nccl_group {
     // A group spanning processes needs every process to agree on a new id; one process alone (a
     // single worker) makes its own.
     if (!owns_bootstrap_ && world_ != local_size())
-      throw collective_aborted("distribute: the NCCL communicators spanning processes were aborted after a failure and "
-                               "cannot be rebuilt by one process; create the strategy again on every worker");
+      throw collective_aborted(
+          "distribute: the NCCL communicators spanning processes were aborted after a failure and "
+          "cannot be rebuilt by one process; create the strategy again on every worker");
     destroy(/*graceful=*/false);
     // Messages of the failed step do not go out on the new communicators.
     for (auto& p : pending_) p.clear();
@@ -165,7 +168,8 @@ class nccl_group {
         meeting_{static_cast<int>(devices_.size()), options, first_rank} {
     if (first_ < 0 || first_ + local_size() > world_)
       throw std::invalid_argument("distribute: NCCL ranks " + std::to_string(first_) + ".." +
-                                  std::to_string(first_ + local_size() - 1) + " do not fit a world of " + std::to_string(world_));
+                                  std::to_string(first_ + local_size() - 1) + " do not fit a world of " +
+                                  std::to_string(world_));
     for (const auto& d : devices_) {
       staging_.emplace_back(d.index());
       flags_.emplace_back(d.index(), sizeof(int));
@@ -226,8 +230,8 @@ class nccl_group {
         }
         if (std::chrono::steady_clock::now() >= deadline) {
           abort_all();
-          throw collective_timeout("distribute: creating the NCCL communicators of ranks " + std::to_string(first_) + ".." +
-                                   std::to_string(first_ + local_size() - 1) + " of " + std::to_string(world_) +
+          throw collective_timeout("distribute: creating the NCCL communicators of ranks " + std::to_string(first_) +
+                                   ".." + std::to_string(first_ + local_size() - 1) + " of " + std::to_string(world_) +
                                    " timed out after " + std::to_string(limit.count()) +
                                    " ms (did every worker start and reach the strategy's construction?)");
         }
@@ -285,7 +289,7 @@ class nccl_group {
   bool owns_bootstrap_;
   detail::gpu_meeting meeting_;
   std::vector<detail::host_staging> staging_;
-  std::vector<distribute::detail::device_allocation> flags_;  // the buffer of `barrier`
+  std::vector<distribute::detail::device_allocation> flags_;    // the buffer of `barrier`
   std::vector<distribute::detail::device_allocation> headers_;  // where `recv` takes a message's header
   // Per local rank: sends not yet issued, and those issued by the group call in progress.
   std::vector<std::vector<detail::nccl_pending_send>> pending_;

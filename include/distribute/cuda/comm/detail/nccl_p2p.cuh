@@ -76,7 +76,8 @@ struct nccl_p2p_header {
   std::string payload() const {
     const bool known = type >= 0 && type <= static_cast<std::int64_t>(dtype::bfloat16);
     return std::to_string(count) + " " +
-           (known ? std::string(distribute::to_string(static_cast<dtype>(type))) : "elements of type #" + std::to_string(type));
+           (known ? std::string(distribute::to_string(static_cast<dtype>(type)))
+                  : "elements of type #" + std::to_string(type));
   }
   std::string origin() const {
     const std::string label(api, strnlen(api, sizeof api));
@@ -93,7 +94,8 @@ static_assert(sizeof(nccl_p2p_header) <= nccl_p2p_data_offset);
 inline void check_p2p(const char* what, int rank, int size, int peer, int tag, int tag_limit) {
   if (tag < 0 || tag >= tag_limit)
     throw std::invalid_argument(std::string("distribute: ") + what + " on replica " + std::to_string(rank) +
-                                " needs a tag 0 <= tag < " + std::to_string(tag_limit) + ", got " + std::to_string(tag));
+                                " needs a tag 0 <= tag < " + std::to_string(tag_limit) + ", got " +
+                                std::to_string(tag));
   if (peer < 0 || peer >= size || peer == rank)
     throw std::invalid_argument(std::string("distribute: ") + what + " on replica " + std::to_string(rank) + " (tag " +
                                 std::to_string(tag) + ") names rank " + std::to_string(peer) +
@@ -112,8 +114,9 @@ struct nccl_pending_send {
   template <element T>
   static nccl_pending_send copy_of(std::span<const T> buf, int dst, int tag, int ordinal, cudaStream_t stream) {
     const auto header = nccl_p2p_header::of<T>(tag, buf.size(), distribute::detail::current_origin);
-    nccl_pending_send m{dst, nccl_type<T>(), buf.size(),
-                        distribute::detail::device_allocation(ordinal, nccl_p2p_data_offset + buf.size_bytes(), stream)};
+    nccl_pending_send m{
+        dst, nccl_type<T>(), buf.size(),
+        distribute::detail::device_allocation(ordinal, nccl_p2p_data_offset + buf.size_bytes(), stream)};
     auto* base = static_cast<char*>(m.memory.get());
     distribute::detail::cuda_check(cudaMemcpyAsync(base, &header, sizeof header, cudaMemcpyHostToDevice, stream),
                                    "cudaMemcpyAsync (send header)", ordinal);
@@ -122,11 +125,12 @@ struct nccl_pending_send {
       if (where.on_device && where.ordinal != ordinal)
         throw std::invalid_argument("distribute: send on cuda:" + std::to_string(ordinal) +
                                     " got a buffer in the memory of cuda:" + std::to_string(where.ordinal));
-      distribute::detail::cuda_check(cudaMemcpyAsync(base + nccl_p2p_data_offset, buf.data(), buf.size_bytes(),
-                                                     cudaMemcpyDefault, stream),
-                                     "cudaMemcpyAsync (send data)", ordinal);
+      distribute::detail::cuda_check(
+          cudaMemcpyAsync(base + nccl_p2p_data_offset, buf.data(), buf.size_bytes(), cudaMemcpyDefault, stream),
+          "cudaMemcpyAsync (send data)", ordinal);
       // Host memory may be page-locked, and then copied later: the caller may reuse `buf` at once.
-      if (!where.on_device) distribute::detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", ordinal);
+      if (!where.on_device)
+        distribute::detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", ordinal);
     }
     return m;
   }

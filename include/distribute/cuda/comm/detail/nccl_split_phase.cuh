@@ -43,7 +43,8 @@ struct nccl_side_stream {
     if (ready != nullptr) return;
     distribute::detail::device_guard g(ordinal);
     distribute::detail::owned_stream s(ordinal);
-    distribute::detail::cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", ordinal);
+    distribute::detail::cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+                                   ordinal);
     stream = std::move(s);
   }
 };

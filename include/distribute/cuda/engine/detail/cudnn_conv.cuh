@@ -84,35 +84,35 @@
 
 #if DISTRIBUTE_HAS_CUDNN
 
-#include <distribute/cuda/device/cuda.cuh>
-#include <distribute/cuda/tensor/tensor.cuh>
-#include <distribute/engine/conv_geometry.hpp>
-#include <distribute/engine/detail/conv_engine_filter.hpp>
-#include <distribute/engine/engine.hpp>
+#  include <distribute/cuda/device/cuda.cuh>
+#  include <distribute/cuda/tensor/tensor.cuh>
+#  include <distribute/engine/conv_geometry.hpp>
+#  include <distribute/engine/detail/conv_engine_filter.hpp>
+#  include <distribute/engine/engine.hpp>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <cudnn.h>
-#include <cudnn_frontend.h>
-#include <thrust/system/cuda/execution_policy.h>
-#include <thrust/transform.h>
+#  include <cuda_bf16.h>
+#  include <cuda_fp16.h>
+#  include <cuda_runtime.h>
+#  include <cudnn.h>
+#  include <cudnn_frontend.h>
+#  include <thrust/system/cuda/execution_policy.h>
+#  include <thrust/transform.h>
 
-#include <algorithm>
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <exception>
-#include <initializer_list>
-#include <map>
-#include <memory>
-#include <new>
-#include <stdexcept>
-#include <string>
-#include <type_traits>
-#include <unordered_map>
-#include <utility>
-#include <vector>
+#  include <algorithm>
+#  include <array>
+#  include <cstddef>
+#  include <cstdint>
+#  include <exception>
+#  include <initializer_list>
+#  include <map>
+#  include <memory>
+#  include <new>
+#  include <stdexcept>
+#  include <string>
+#  include <type_traits>
+#  include <unordered_map>
+#  include <utility>
+#  include <vector>
 
 namespace distribute::detail {
 
@@ -300,8 +300,9 @@ class cudnn_convolutions {
       void* scratch = nullptr;
       std::unordered_map<std::int64_t, void*> pack{{uid_x, const_cast<float*>(x)}, {uid_y, const_cast<float*>(dy)}};
       execute(pass::backward_weights, g, p, pack, static_cast<std::size_t>(n) * sizeof(float), &scratch);
-      cudnn_conv_kernels::accumulate<float><<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(
-          dw, static_cast<const float*>(scratch), n);
+      cudnn_conv_kernels::accumulate<float>
+          <<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(
+              dw, static_cast<const float*>(scratch), n);
       check_launch(pass::backward_weights, g, "the kernel adding the weight gradient");
     }
     if (db != nullptr) {
@@ -368,12 +369,12 @@ class cudnn_convolutions {
 
   struct plan {
     std::unique_ptr<cudnn_frontend::graph::Graph> graph;
-    std::int64_t workspace = 0;  // bytes cuDNN needs
-    bool fused_bias = false;     // the graph adds the bias (forward with a bias)
-    std::string unfused_because;  // why not, where it was asked for
+    std::int64_t workspace = 0;                                // bytes cuDNN needs
+    bool fused_bias = false;                                   // the graph adds the bias (forward with a bias)
+    std::string unfused_because;                               // why not, where it was asked for
     compute_precision precision = compute_precision::float32;  // what the plan computes in
-    std::string fallback_because;  // a 16-bit plan was asked for: why this one is TF32
-    std::string over_workspace_limit_because;  // no engine within conv_workspace_limit built: why
+    std::string fallback_because;                              // a 16-bit plan was asked for: why this one is TF32
+    std::string over_workspace_limit_because;                  // no engine within conv_workspace_limit built: why
     // How many engines were timed (conv_autotune; every one built at least one). 0: not timed yet,
     // or no autotune (the heuristics' first choice).
     std::int64_t tuned_from = 0;
@@ -419,8 +420,9 @@ class cudnn_convolutions {
   }
   void add_bias(const conv_geometry& g, const float* bias, float* y) {
     const std::int64_t n = g.output_size();
-    cudnn_conv_kernels::add_channel_bias<float><<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(
-        y, bias, n, g.out_height * g.out_width, g.out_channels);
+    cudnn_conv_kernels::add_channel_bias<float>
+        <<<cudnn_conv_kernels::blocks_for(n), cudnn_conv_kernels::threads, 0, stream_>>>(
+            y, bias, n, g.out_height * g.out_width, g.out_channels);
     check_launch(pass::forward, g, "the bias kernel");
   }
 
@@ -441,7 +443,8 @@ class cudnn_convolutions {
     };
     const std::size_t need = round(a) + round(b) + round(c);
     char* base = static_cast<char*>(halves_.get(ordinal_, need, stream_));
-    return {reinterpret_cast<H*>(base), reinterpret_cast<H*>(base + round(a)), reinterpret_cast<H*>(base + round(a) + round(b))};
+    return {reinterpret_cast<H*>(base), reinterpret_cast<H*>(base + round(a)),
+            reinterpret_cast<H*>(base + round(a) + round(b))};
   }
   template <class H>
   void narrow_into(const float* from, std::int64_t n, H* to) {
@@ -469,9 +472,8 @@ class cudnn_convolutions {
   }
 
   plan& plan_for(pass p, const conv_geometry& g, bool bias, bool aligned16, compute_precision precision) {
-    const plan_key key{g.batch,      g.in_channels, g.in_height, g.in_width,          g.out_channels,
-                       g.kernel,     g.stride,      g.pad,       g.out_height,         g.out_width,
-                       int(p),       int(bias),     int(aligned16), int(precision)};
+    const plan_key key{g.batch, g.in_channels, g.in_height, g.in_width, g.out_channels, g.kernel,       g.stride,
+                       g.pad,   g.out_height,  g.out_width, int(p),     int(bias),      int(aligned16), int(precision)};
     if (const auto it = plans_.find(key); it != plans_.end()) return *it->second;
     std::unique_ptr<plan> made;
     if (is_half(precision)) {
@@ -502,7 +504,8 @@ class cudnn_convolutions {
 
   // A plan with the engines conv_engine_filter allows; where the workspace limit leaves none that
   // builds, without the limit.
-  std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16, compute_precision precision) const {
+  std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16,
+                              compute_precision precision) const {
     const conv_engine_filter filter = conv_engine_filter_for(precision, options_);
     if (filter.workspace_limit == 0) return build(p, g, fuse_bias, aligned16, precision, filter);
     try {
@@ -513,8 +516,8 @@ class cudnn_convolutions {
       return made;
     }
   }
-  std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16, compute_precision precision,
-                              const conv_engine_filter& filter) const {
+  std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16,
+                              compute_precision precision, const conv_engine_filter& filter) const {
     namespace fe = cudnn_frontend;
     using tensor = fe::graph::Tensor_attributes;
     auto result = std::make_unique<plan>();
@@ -522,10 +525,12 @@ class cudnn_convolutions {
     result->graph = std::make_unique<fe::graph::Graph>();
     fe::graph::Graph& graph = *result->graph;
     // The tensors' type: float, or the 16-bit copies under mixed precision; the arithmetic is float.
-    const fe::DataType_t io = precision == compute_precision::bfloat16 ? fe::DataType_t::BFLOAT16
+    const fe::DataType_t io = precision == compute_precision::bfloat16  ? fe::DataType_t::BFLOAT16
                               : precision == compute_precision::float16 ? fe::DataType_t::HALF
                                                                         : fe::DataType_t::FLOAT;
-    graph.set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
+    graph.set_io_data_type(io)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
     const std::int64_t alignment = aligned16 ? 16 : static_cast<std::int64_t>(sizeof(float));
     // A logical NCHW tensor, contiguous.
     const auto describe = [&](tensor& t, const char* label, std::int64_t uid, std::int64_t n, std::int64_t c,
@@ -608,9 +613,8 @@ class cudnn_convolutions {
 
     step(p, g, "validate", [&] { return graph.validate(); });
     step(p, g, "build_operation_graph", [&] { return graph.build_operation_graph(handle_); });
-    step(p, g, "create_execution_plans", [&] {
-      return graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
-    });
+    step(p, g, "create_execution_plans",
+         [&] { return graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); });
     // No TF32 unless asked for; no engine whose sums depend on timing unless determinism is off; no
     // workspace beyond the limit (see the top of this file). The heuristics' order stays.
     try {
@@ -626,7 +630,8 @@ class cudnn_convolutions {
     // With autotune, timed at the first eager run: every engine that builds, the heuristics' first
     // one chosen until then.
     step(p, g, "build_plans", [&] {
-      return graph.build_plans(filter.build_all ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+      return graph.build_plans(filter.build_all ? fe::BuildPlanPolicy_t::ALL
+                                                : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
     });
     step(p, g, "get_workspace_size", [&] { return graph.get_workspace_size(result->workspace); });
     return result;
@@ -650,9 +655,8 @@ class cudnn_convolutions {
       *scratch = base + offset;
       pack[uid_w] = *scratch;
     }
-    step(ps, g, p.unfused_because.empty() ? "execute" : "execute (the bias unfused)", [&] {
-      return p.graph->execute(handle_, pack, p.workspace > 0 ? static_cast<void*>(base) : nullptr);
-    });
+    step(ps, g, p.unfused_because.empty() ? "execute" : "execute (the bias unfused)",
+         [&] { return p.graph->execute(handle_, pack, p.workspace > 0 ? static_cast<void*>(base) : nullptr); });
   }
 
   // The workspace, grown to `need` bytes where it is smaller (a scratch_buffer: one a CUDA graph

@@ -12,7 +12,8 @@
 // The calls of one pass are independent (the functors' contract), so their order is the policy's.
 
 #if !__has_include(<thrust/for_each.h>)
-#  error "distribute/cuda/engine/detail/thrust_for_each.hpp needs Thrust's headers (the CUDA toolkit's include/ or include/cccl/)"
+#  error \
+      "distribute/cuda/engine/detail/thrust_for_each.hpp needs Thrust's headers (the CUDA toolkit's include/ or include/cccl/)"
 #endif
 
 #include <distribute/config.hpp>

@@ -142,14 +142,17 @@ struct device_policy<cuda> {
       for (const auto& d : devices) ordinals.insert(d.index());
       const bool distinct = ordinals.size() == devices.size();
       if (requested == cuda_collective_engine::nccl && !DISTRIBUTE_HAS_NCCL)
-        throw std::invalid_argument("distribute: mirrored_strategy<cuda> was asked for NCCL, which this build lacks (<nccl.h>)");
+        throw std::invalid_argument(
+            "distribute: mirrored_strategy<cuda> was asked for NCCL, which this build lacks (<nccl.h>)");
       if (requested == cuda_collective_engine::nccl && !distinct)
-        throw std::invalid_argument("distribute: NCCL takes one replica per GPU, and the device list repeats a GPU "
-                                    "(use cuda_collective_engine::cuda_peer, or automatic, for logical replicas on one GPU)");
+        throw std::invalid_argument(
+            "distribute: NCCL takes one replica per GPU, and the device list repeats a GPU "
+            "(use cuda_collective_engine::cuda_peer, or automatic, for logical replicas on one GPU)");
       if (requested != cuda_collective_engine::automatic) return requested;
       // One replica talks to nobody: cuda_peer's collectives are then its own buffers, where an NCCL
       // communicator of one rank would cost its start-up and device memory for nothing.
-      return distinct && devices.size() >= 2 && DISTRIBUTE_HAS_NCCL ? cuda_collective_engine::nccl : cuda_collective_engine::cuda_peer;
+      return distinct && devices.size() >= 2 && DISTRIBUTE_HAS_NCCL ? cuda_collective_engine::nccl
+                                                                    : cuda_collective_engine::cuda_peer;
     }
 
     std::vector<owned_stream> streams_;

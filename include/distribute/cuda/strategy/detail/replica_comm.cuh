@@ -101,50 +101,67 @@ class cuda_replica {
   bool captures() const noexcept { return uses_nccl(); }
   template <element T>
   void start_all_reduce(reduce_op op, std::span<const std::span<T>> bufs) {
-    std::visit([&](auto& e) {
-      if constexpr (requires { e.start_all_reduce(op, bufs); }) e.start_all_reduce(op, bufs);
-      else e.all_reduce(op, bufs);
-    }, e_);
+    std::visit(
+        [&](auto& e) {
+          if constexpr (requires { e.start_all_reduce(op, bufs); }) e.start_all_reduce(op, bufs);
+          else e.all_reduce(op, bufs);
+        },
+        e_);
   }
   void start_all_reduce_as_bfloat16(reduce_op op, std::span<const std::span<float>> bufs) {
-    std::visit([&](auto& e) {
-      if constexpr (requires { e.start_all_reduce_as_bfloat16(op, bufs); }) e.start_all_reduce_as_bfloat16(op, bufs);
-      else e.all_reduce_as_bfloat16(op, bufs);
-    }, e_);
+    std::visit(
+        [&](auto& e) {
+          if constexpr (requires { e.start_all_reduce_as_bfloat16(op, bufs); })
+            e.start_all_reduce_as_bfloat16(op, bufs);
+          else e.all_reduce_as_bfloat16(op, bufs);
+        },
+        e_);
   }
   void finish_started() {
-    std::visit([](auto& e) {
-      if constexpr (requires { e.finish_started(); }) e.finish_started();
-    }, e_);
+    std::visit(
+        [](auto& e) {
+          if constexpr (requires { e.finish_started(); }) e.finish_started();
+        },
+        e_);
   }
   void abandon_started() noexcept {
-    std::visit([](auto& e) {
-      if constexpr (requires { e.abandon_started(); }) e.abandon_started();
-    }, e_);
+    std::visit(
+        [](auto& e) {
+          if constexpr (requires { e.abandon_started(); }) e.abandon_started();
+        },
+        e_);
   }
   std::size_t take_captured() noexcept {
-    return std::visit([](auto& e) -> std::size_t {
-      if constexpr (requires { e.take_captured(); }) return e.take_captured();
-      else return 0;
-    }, e_);
+    return std::visit(
+        [](auto& e) -> std::size_t {
+          if constexpr (requires { e.take_captured(); }) return e.take_captured();
+          else return 0;
+        },
+        e_);
   }
   std::uint64_t generation() const noexcept {
-    return std::visit([](const auto& e) -> std::uint64_t {
-      if constexpr (requires { e.generation(); }) return e.generation();
-      else return 0;
-    }, e_);
+    return std::visit(
+        [](const auto& e) -> std::uint64_t {
+          if constexpr (requires { e.generation(); }) return e.generation();
+          else return 0;
+        },
+        e_);
   }
   void hold_graph(std::weak_ptr<std::function<void()>> destroy) {
-    std::visit([&](auto& e) {
-      if constexpr (requires { e.hold_graph(destroy); }) e.hold_graph(std::move(destroy));
-    }, e_);
+    std::visit(
+        [&](auto& e) {
+          if constexpr (requires { e.hold_graph(destroy); }) e.hold_graph(std::move(destroy));
+        },
+        e_);
   }
   template <class Launch>
   void replay_captured(std::size_t collectives, Launch&& launch) {
-    std::visit([&](auto& e) {
-      if constexpr (requires { e.replay_captured(collectives, launch); }) e.replay_captured(collectives, launch);
-      else launch();
-    }, e_);
+    std::visit(
+        [&](auto& e) {
+          if constexpr (requires { e.replay_captured(collectives, launch); }) e.replay_captured(collectives, launch);
+          else launch();
+        },
+        e_);
   }
 
  private:

@@ -40,6 +40,7 @@ struct cuda_replica_hooks {
 };
 
 template <class Abort, class Failed>
-cuda_replica_hooks(const std::vector<cuda>&, std::chrono::milliseconds, Abort, Failed) -> cuda_replica_hooks<Abort, Failed>;
+cuda_replica_hooks(const std::vector<cuda>&, std::chrono::milliseconds, Abort, Failed)
+    -> cuda_replica_hooks<Abort, Failed>;
 
 }  // namespace distribute::detail

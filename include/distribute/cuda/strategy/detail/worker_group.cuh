@@ -62,7 +62,8 @@ struct multi_worker_cuda_options {
 namespace detail {
 
 inline void mpi_checked(int rc, const char* call) {
-  if (rc != MPI_SUCCESS) throw collective_error(std::string("distribute: ") + call + " failed: " + comm::mpi_error_string(rc));
+  if (rc != MPI_SUCCESS)
+    throw collective_error(std::string("distribute: ") + call + " failed: " + comm::mpi_error_string(rc));
 }
 
 // The out-of-band failure notice between GPU workers. A worker whose step failed sends every other
@@ -116,7 +117,8 @@ class worker_failure_notice {
     for (int w = 0; w < workers_; ++w) {
       if (w == me) continue;
       MPI_Request r = MPI_REQUEST_NULL;
-      if (MPI_Isend(out_.get(), static_cast<int>(sizeof *out_), MPI_BYTE, w, 0, comm_, &r) == MPI_SUCCESS) sends_.push_back(r);
+      if (MPI_Isend(out_.get(), static_cast<int>(sizeof *out_), MPI_BYTE, w, 0, comm_, &r) == MPI_SUCCESS)
+        sends_.push_back(r);
     }
   }
 
@@ -233,8 +235,8 @@ class worker_group<cuda, comm::nccl> {
   }
   template <class F>
   auto hooks(F failed) {
-    return cuda_replica_hooks{devices_, meeting().options().timeout, [this](int rank) noexcept { nccl_->abort_replica(rank); },
-                              std::move(failed)};
+    return cuda_replica_hooks{devices_, meeting().options().timeout,
+                              [this](int rank) noexcept { nccl_->abort_replica(rank); }, std::move(failed)};
   }
 
   // Another worker's failure, announced while this one was not waiting for it: this worker's
@@ -279,7 +281,8 @@ class worker_group<cuda, comm::nccl> {
       problem = std::string("cannot use its GPUs (") + e.what() + ")";
     }
     MPI_Comm node = MPI_COMM_NULL;
-    mpi_checked(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    mpi_checked(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+                "MPI_Comm_split_type");
     int local_rank = 0;
     MPI_Comm_rank(node, &local_rank);
     MPI_Comm_free(&node);
@@ -289,7 +292,8 @@ class worker_group<cuda, comm::nccl> {
       const int d = ordinals[i];
       const auto before = ordinals.begin() + static_cast<std::ptrdiff_t>(i);
       if (d < 0 || d >= visible)
-        problem = "was given cuda:" + std::to_string(d) + ", but " + std::to_string(visible) + " CUDA device(s) are visible";
+        problem =
+            "was given cuda:" + std::to_string(d) + ", but " + std::to_string(visible) + " CUDA device(s) are visible";
       else if (std::find(ordinals.begin(), before, d) != before)
         problem = "was given cuda:" + std::to_string(d) + " twice (NCCL takes one rank per GPU)";
     }
@@ -299,10 +303,11 @@ class worker_group<cuda, comm::nccl> {
       cross_.all_reduce(reduce_op::min, std::span<int>(&ok, 1));
     }
     if (!problem.empty())
-      throw std::invalid_argument(std::string("distribute: ") + strategy_name + " on worker " + std::to_string(worker_index()) +
-                                  " " + problem);
+      throw std::invalid_argument(std::string("distribute: ") + strategy_name + " on worker " +
+                                  std::to_string(worker_index()) + " " + problem);
     if (!ok)
-      throw std::runtime_error(std::string("distribute: ") + strategy_name + ": another worker could not start (it reports why)");
+      throw std::runtime_error(std::string("distribute: ") + strategy_name +
+                               ": another worker could not start (it reports why)");
     return ordinals;
   }
 
