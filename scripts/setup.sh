@@ -85,7 +85,7 @@ install_packages() {
   check_packages "demo: ${demo_packages[*]} (Debian, about 130 MB to download): the compiler, and the libraries and data set the example builds and trains on" \
     "${demo_packages[@]}"
   if [[ $purpose == test ]]; then
-    check_packages "test: ${test_packages[*]} (Debian, about 65 MB to download): Boost.Test, Open MPI, JSON for safetensors, the Python environments below, and clang-format 19 for the style test" \
+    check_packages "test: ${test_packages[*]} (Debian, about 60 MB to download, 50 MB more for clang-format 19 where clang 19 is not installed): Boost.Test, Open MPI, JSON for safetensors, the Python environments below, and clang-format 19 for the style test" \
       "${test_packages[@]}"
     if have_cuda; then
       check_packages "test: ${gpu_test_packages[*]} (Debian, about 55 MB to download; where CUDA is installed): the second compiler, with which the test gpu_syntax.clang reads the GPU code" \
