@@ -1,6 +1,10 @@
 #pragma once
 // Collectives between the replica threads of one process.
 //
+// This header is over 600 lines for two classes that stay together: the group's meeting and the
+// endpoint's collectives share one failure path (a rank that fails or leaves releases the others'
+// waits), and the endpoint works on the group's private state.
+//
 // Every rank publishes where its buffers are, the ranks meet, and then each rank does its own share
 // of the work directly on the others' memory: for an all-reduce, rank r owns one slice of the
 // (flattened) buffers, reads that slice from every rank, combines the contributions in rank order
