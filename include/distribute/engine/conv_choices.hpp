@@ -43,6 +43,11 @@ struct conv_choice_record {
   bool winograd = true;    // the choice
   bool from_file = false;  // made by an earlier run on this machine (the choices file), not timed here
 
+  // The timed choice: Winograd unless the direct kernel takes at most two thirds of its time
+  // (compute_options::cpu_conv_choice).
+  static bool winograd_wins(double winograd_seconds, double direct_seconds) noexcept {
+    return !(direct_seconds * 1.5 <= winograd_seconds);
+  }
   // A choice holds for a pass, a geometry and a precision, whatever the batch and the thread count,
   // as the rule it replaces did: an example computes alike however a batch is split between replicas
   // or engines, and on any configured count.

@@ -569,7 +569,7 @@ class engine<cpu> {
                   [&](conv_choice_record& r) {
                     r.winograd_seconds = conv_timer_(r, true);
                     r.direct_seconds = conv_timer_(r, false);
-                    r.winograd = !(r.direct_seconds * 1.5 <= r.winograd_seconds);
+                    r.winograd = conv_choice_record::winograd_wins(r.winograd_seconds, r.direct_seconds);
                   })
           .winograd;
     }
@@ -582,7 +582,7 @@ class engine<cpu> {
                   const auto [winograd_s, direct_s] = time_both(which, e, a, b, bias);
                   r.winograd_seconds = winograd_s;
                   r.direct_seconds = direct_s;
-                  r.winograd = !(r.direct_seconds * 1.5 <= r.winograd_seconds);
+                  r.winograd = conv_choice_record::winograd_wins(r.winograd_seconds, r.direct_seconds);
                 })
         .winograd;
   }
