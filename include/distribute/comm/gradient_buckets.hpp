@@ -1,7 +1,7 @@
 #pragma once
 // Gradient aggregation by fused buckets: the gradients of a model are packed, in reverse enumeration
 // order, into buckets of about `bucket_bytes`, and each bucket is one all-reduce. The buckets are
-// lists of spans over the gradients themselves: the shared-memory engine reduces them in place
+// lists of spans over the gradients themselves: the shared-memory communicator reduces them in place
 // (zero-copy fusion), so a bucket costs one meeting of the replicas instead of one per tensor.
 //
 // It lives with the collectives and knows models only through `gradient_enumerable`
@@ -74,7 +74,7 @@ namespace comm {
 // buckets of at most `first_bucket_bytes` for the first and `bucket_bytes` for the others (a larger
 // gradient alone); empty gradients are skipped. `sink(std::vector<std::span<T>>)` gets each bucket.
 // The blocking and the overlapped all-reduce use this one plan, so they run the same collectives
-// over the same buffers and their results have the same bits on every engine.
+// over the same buffers and their results have the same bits on every communicator.
 template <gradient_enumerable M, class Sink>
 void for_each_gradient_bucket(M& model, const gradient_reduction& options, Sink&& sink) {
   using T = typename M::scalar_type;

@@ -11,7 +11,7 @@
 //
 // What it computes is what `r.all_reduce_gradients(model)` for each added model, in the order they
 // were added, computes: the same buckets over the same buffers in the same order (the plan is one
-// function), so the results have the same bits on every engine. Only when the collectives run
+// function), so the results have the same bits on every communicator. Only when the collectives run
 // changes.
 //
 // How:
@@ -22,7 +22,7 @@
 // - On a CPU replica the collectives run on a thread of the replica's own, in the order the replica
 //   issued them. Every other collective this replica calls while the overlap is open (a
 //   sync_batch_norm's inside backward, a loss reduction) joins that same queue and is waited for, so
-//   every replica still issues one sequence of collectives and no engine sees two at once from one
+//   every replica still issues one sequence of collectives and no communicator sees two at once from one
 //   replica (MPI needs no more than MPI_THREAD_SERIALIZED).
 // - On a GPU replica whose communicator has a split phase (NCCL: `start_all_reduce`,
 //   `finish_started`), each bucket is queued on the replica's communication stream behind an event of
@@ -30,7 +30,7 @@
 //   stream, and `wait` waits for the communication stream. Another collective called while the
 //   overlap is open first waits for the buckets started, so the communicator still sees one order.
 // - Other communicators (cuda_peer: several replicas on one GPU) all-reduce the buckets in `wait`, as
-//   the blocking call would: correct, not overlapped. mirrored_strategy<cuda> chooses its engine when
+//   the blocking call would: correct, not overlapped. mirrored_strategy<cuda> chooses its collective engine when
 //   it is built, and its replicas' communicator says which at run time (`splits()`).
 // - Under one device there is nothing to combine: nothing is enumerated, nothing runs.
 //
@@ -173,7 +173,7 @@ class gradient_overlap final : comm::overlap_hook {
   std::size_t held_back() const noexcept { return held_back_; }
 
  private:
-  // Whether C has a split phase, and whether this communicator uses it (one that chooses its engine
+  // Whether C has a split phase, and whether this communicator uses it (one that chooses its collective engine
   // at run time says so with `splits()`: cuda_replica, NCCL or cuda_peer).
   static constexpr bool can_split = comm::split_phase_communicator<C>;
   static constexpr bool can_split_compressed = requires(C& c, std::span<const std::span<float>> buffers) {

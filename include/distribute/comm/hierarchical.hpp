@@ -6,7 +6,7 @@
 //   all_reduce   local reduction -> cross-worker reduction of the local results -> copy to every local
 //                replica. A mean is summed in both stages and divided once, by the replica count.
 //                Or, with `local_reduction::first_replica`, local replica 0 does all three for the
-//                worker in one pass (the cross engine's all_reduce_each reads and writes every local
+//                worker in one pass (the cross communicator's all_reduce_each reads and writes every local
 //                replica's buffers), while the others wait: better when the replicas outnumber the
 //                cores, where a reduction inside the process only passes cores back and forth.
 //   all_gather   local gather into this worker's blocks -> cross-worker gather of the blocks -> copy
@@ -16,11 +16,11 @@
 // Replicas are numbered across the job: worker w holds replicas first(w) .. first(w) + count(w) - 1,
 // and workers may hold different numbers of replicas.
 //
-// `Cross` is the engine between workers (comm::mpi): it provides rank/size, all_reduce(op, buffers,
+// `Cross` is the communicator between workers (comm::mpi): it provides rank/size, all_reduce(op, buffers,
 // mean_over), all_gather(in, out, counts) and broadcast/barrier.
 //
 // Point-to-point (send, recv) and split, where `Cross` has them, work when every worker holds exactly
-// one replica: replica q is then worker q, and they are the cross engine's, with its semantics (and
+// one replica: replica q is then worker q, and they are the cross communicator's, with its semantics (and
 // `split` returns a `Cross`). With several replicas on some worker they throw std::logic_error. A
 // failure of one is a failure of the replica, as a collective's is: the strategy takes the worker
 // out of the job.
@@ -54,7 +54,7 @@ class hierarchical;
 
 // How the replicas of a worker take part in an all-reduce across workers.
 enum class local_reduction {
-  // first_replica when the cross engine reads other processes' memory directly (comm::mpi with
+  // first_replica when the cross communicator reads other processes' memory directly (comm::mpi with
   // every worker on one machine) and the replicas outnumber the hardware threads: this worker's
   // replicas those it may run on (its affinity mask), or the job's those of the machine; otherwise
   // parallel.
@@ -85,7 +85,7 @@ class hierarchical_group {
         published_(static_cast<std::size_t>(local_replicas)) {
     if constexpr (detail::reduces_several_lists<Cross, float>) {
       if (how == local_reduction::automatic) {
-        // All workers are on this machine when the engine shares memory: too few cores either for
+        // All workers are on this machine when the communicator shares memory: too few cores either for
         // this worker's replicas (its affinity mask) or for the job's (the machine's threads).
         const unsigned mine = distribute::detail::usable_hardware_threads(),
                        machine = std::thread::hardware_concurrency();
@@ -259,7 +259,7 @@ class hierarchical {
     g_->cross_.recv(buf, src, tag);
   }
 
-  // A collective of every replica: the cross engine's communicator of the replicas (workers) that
+  // A collective of every replica: the cross communicator's communicator of the replicas (workers) that
   // passed the same `color`. One replica per worker only.
   template <class C = Cross>
     requires requires(C& c) { c.split(0, 0); }

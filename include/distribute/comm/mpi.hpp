@@ -20,11 +20,12 @@
 // deterministic: each slice of the result is combined once, in a fixed order, and then copied to
 // every worker, so every worker holds the same bits, run after run.
 //
-// With `check_fingerprints` (on by default in builds without NDEBUG), every collective starts with an
-// exchange (through the shared-memory window when there is one) of what each worker called (kind,
-// element type, op, count, root, sequence number); workers that disagree all get a `collective_mismatch` naming each worker's call, before any data
-// moves. Without it, a size mismatch is still an error (a message longer or shorter than the
-// receiver expects), but an op mismatch is not seen. All workers must use the same setting.
+// With `check_fingerprints` (on by default in builds without NDEBUG), every collective starts with
+// an exchange (through the shared-memory window when there is one) of what each worker called
+// (kind, element type, op, count, root, sequence number); workers that disagree all get a
+// `collective_mismatch` naming each worker's call, before any data moves. Without it, a size
+// mismatch is still an error (a message longer or shorter than the receiver expects), but an op
+// mismatch is not seen. All workers must use the same setting.
 //
 // When every worker runs on one machine, all-reduce does not pass messages at all: the workers share
 // an MPI window (MPI_Win_allocate_shared) and reduce by reading each other's memory, which is several
@@ -147,7 +148,7 @@ class mpi {
   void all_reduce(reduce_op op, std::span<T> buf) {
     all_reduce(op, buf, size());
   }
-  // `mean` divides by `mean_over` contributions instead of the worker count: for engines that reduce
+  // `mean` divides by `mean_over` contributions instead of the worker count: for communicators that reduce
   // several replicas per worker first.
   template <detail::mpi_value T>
   void all_reduce(reduce_op op, std::span<T> buf, int mean_over) {

@@ -418,7 +418,7 @@ class shared_memory {
     return shared_memory(sub, static_cast<int>(me));
   }
 
-  // An all-reduce that rank 0 carries out for the group with another engine: every rank posts its
+  // An all-reduce that rank 0 carries out for the group with another communicator: every rank posts its
   // buffers and meets the others (a mismatch between ranks is found as in all_reduce); rank 0 calls
   // `work` with every rank's buffers, in rank order, while the others wait at a barrier. When `work`
   // throws on rank 0, the others' wait ends as any failed meeting does (the caller aborts the group).

@@ -1,6 +1,6 @@
 #pragma once
 // A communicator is one rank's endpoint of a group that runs collectives together. The concept is
-// deliberately small; engines (shared memory, MPI, NCCL) differ in everything else.
+// deliberately small; communicators (shared memory, MPI, NCCL) differ in everything else.
 //
 // Every collective is called by every rank of the group, in the same order, with matching arguments:
 //   all_reduce(op, buf)        in place; buf is the same length on every rank

@@ -23,8 +23,8 @@
 
 namespace distribute::comm::detail {
 
-// Element types the MPI engine moves: collective elements, and for the strategy's cross-worker
-// reductions any other arithmetic type (the engine reduces itself and sends bytes).
+// Element types the MPI communicator moves: collective elements, and for the strategy's cross-worker
+// reductions any other arithmetic type (the communicator reduces itself and sends bytes).
 template <class T>
 concept mpi_value = element<T> || std::is_arithmetic_v<T>;
 

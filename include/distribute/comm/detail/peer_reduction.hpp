@@ -1,7 +1,7 @@
 #pragma once
-// The arithmetic of the GPU replicas' own all-reduce (comm/cuda_peer.cuh), in a plain header so that
+// The arithmetic of the GPU replicas' own all-reduce (cuda/comm/cuda_peer.cuh), in a plain header so that
 // the CPU checks it: which slice of the flattened buffers each replica reduces, and the order in
-// which one element's contributions are combined. That order must be the CPU engine's tree over rank
+// which one element's contributions are combined. That order must be the shared-memory communicator's tree over rank
 // order (comm/detail/reduce_kernel.hpp: sources split at the largest power of two below their count,
 // ((0 + 1) + (2 + 3)) + 4 for five), not a left-to-right fold: the two agree up to three replicas and
 // differ in the last bits of a floating-point sum from four on.

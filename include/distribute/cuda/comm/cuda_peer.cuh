@@ -3,13 +3,14 @@
 // buffers. It serves what NCCL cannot: several logical replicas on ONE GPU (NCCL refuses two ranks on
 // one device), and GPUs of one process that can read each other's memory (peer access).
 //
-// The protocol is the CPU engine's (comm/shared_memory.hpp), with GPU kernels as the work: every
-// replica waits for its stream (its buffers are then final), posts where its buffers are, meets the
-// others (timeouts, failures and mismatches as on the CPU, see detail/gpu_meeting.hpp), reduces its
-// own slice of the flattened buffers over every replica's copy, in the CPU engine's tree over replica
-// order, writing the result into every copy, waits for its kernel and meets again. Results are bit-identical on every replica
-// and from run to run, and each element is combined in the CPU engine's order, so they are also the
-// CPU engine's bits.
+// The protocol is the shared-memory communicator's (comm/shared_memory.hpp), with GPU kernels as
+// the work: every replica waits for its stream (its buffers are then final), posts where its
+// buffers are, meets the others (timeouts, failures and mismatches as on the CPU, see
+// detail/gpu_meeting.hpp), reduces its own slice of the flattened buffers over every replica's
+// copy, in the shared-memory communicator's tree over replica order, writing the result into every
+// copy, waits for its kernel and meets again. Results are bit-identical on every replica and from
+// run to run, and each element is combined in the shared-memory communicator's order, so they are
+// also the shared-memory communicator's bits.
 //
 // Buffers are spans of device memory on the replica's own GPU, used in place, or of host memory,
 // staged through the device. Every collective has completed when it returns.

@@ -14,7 +14,7 @@
 //
 // Buffers are spans of device memory on the replica's GPU, used in place, or of host memory, staged
 // through the device. Every collective has completed when it returns. `mean` has the bits of a sum
-// followed by one division, as in every other engine of this library (NCCL's ncclAvg where that is
+// followed by one division, as in every other communicator of this library (NCCL's ncclAvg where that is
 // exact, see detail/nccl_calls.cuh).
 //
 // The rest is told beside its code: the group of a process's communicators, how it is made,

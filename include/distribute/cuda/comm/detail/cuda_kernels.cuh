@@ -1,5 +1,5 @@
 #pragma once
-// What the GPU engines share: half-precision element types, the reduction kernel of `cuda_peer`, the
+// What the GPU communicators share: half-precision element types, the reduction kernel of `cuda_peer`, the
 // division that finishes a mean, the staging of host buffers through device memory, and the wait for
 // queued GPU work that gives up at a deadline instead of hanging.
 
@@ -68,9 +68,9 @@ __device__ __forceinline__ void reduce_element(const peer_pointers<T>& p, int n_
   for (int d = 0; d < n_dst; ++d) p.dst[d][i] = acc;
 }
 
-// Element i of the result is src[0][i], ..., src[n-1][i] combined in the CPU engine's tree over rank
+// Element i of the result is src[0][i], ..., src[n-1][i] combined in the shared-memory communicator's tree over rank
 // order (comm/detail/peer_reduction.hpp), whichever thread computes it: the same bits on every
-// replica, from run to run, and as the CPU engine's. Works in 16-byte
+// replica, from run to run, and as the shared-memory communicator's. Works in 16-byte
 // vectors when every pointer has the same offset from a 16-byte boundary: the first `head` elements
 // (up to that boundary) and the tail are done one by one. Sources and destinations may be the same
 // buffers: a thread reads all of its elements before writing them, and no other thread touches them.
@@ -115,7 +115,7 @@ std::size_t vector_head(const std::uintptr_t* addresses, int n, std::size_t coun
   return std::min<std::size_t>(count, (16 - offset) % 16 / sizeof(T));
 }
 
-// The final step of a mean done by an engine that only sums (NCCL): once, on the complete sum.
+// The final step of a mean done by a communicator that only sums (NCCL): once, on the complete sum.
 template <class T>
 __global__ void divide_kernel(T* data, std::size_t count, int n) {
   const T d = static_cast<T>(n);

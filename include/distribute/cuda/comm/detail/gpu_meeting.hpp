@@ -1,6 +1,6 @@
 #pragma once
 // The host-side meeting of the GPU replicas of one process, shared by the `cuda_peer` and `nccl`
-// engines. It gives GPU collectives the failure semantics of the CPU ones (comm/shared_memory.hpp)
+// communicators. It gives GPU collectives the failure semantics of the CPU ones (comm/shared_memory.hpp)
 // before any GPU work is queued: every replica posts what it is about to call, the replicas meet
 // (with the group's timeout, and at once when a replica has failed or has left the step without
 // joining), and they compare the posts, so that a mismatch is a `collective_mismatch` naming the

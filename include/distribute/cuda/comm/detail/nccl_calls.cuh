@@ -2,7 +2,7 @@
 // What every NCCL call of the communicator (cuda/comm/nccl.cuh) shares: `nccl_error`, thrown when an
 // NCCL call fails, the check of a call's result with NCCL's own message, and the library's element
 // types and reductions as NCCL's. A `mean` keeps the bits of a sum followed by one division, as in
-// every other engine of this library: NCCL's ncclAvg is used only where that is exact
+// every other communicator of this library: NCCL's ncclAvg is used only where that is exact
 // (nccl_average_is_exact), and our division follows NCCL's sum elsewhere (divide_after_nccl).
 
 #include <distribute/dtype.hpp>
@@ -15,7 +15,7 @@
 
 namespace distribute {
 
-// An NCCL call failed (other than by the time-outs and aborts every engine reports).
+// An NCCL call failed (other than by the time-outs and aborts every communicator reports).
 struct nccl_error : collective_error {
   nccl_error(ncclResult_t code, const std::string& what) : collective_error(what), code_{code} {}
   ncclResult_t code() const noexcept { return code_; }
@@ -55,7 +55,7 @@ constexpr ncclDataType_t nccl_type() noexcept {
 }
 
 // `mean`: NCCL's ncclAvg where it gives the same bits as a sum followed by one division (what every
-// other engine of this library computes), else NCCL's sum and our division. ncclAvg multiplies every
+// other communicator of this library computes), else NCCL's sum and our division. ncclAvg multiplies every
 // input by 1/n before summing (floating point): with n a power of two that scaling is exact and
 // commutes with each rounding of the sum, so the result is the sum divided by n, bit for bit, unless
 // scaled values fall below the normal range (float16's starts at 6e-5, too near gradients' values:

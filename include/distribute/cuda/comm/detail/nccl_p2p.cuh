@@ -6,7 +6,7 @@
 // `send(buf, dst, tag)` and `recv(buf, src, tag)` between two ranks, with ncclSend /
 // ncclRecv on the replica's stream, time-bounded as the collectives are. NCCL's own send waits on
 // the GPU until its receiver is there, so a send here is deferred instead, to keep the contract of
-// the other engines that `send` never waits for its receiver:
+// the other communicators that `send` never waits for its receiver:
 // - `send` copies `buf` (the copy is taken before it returns) and returns without issuing anything.
 //   This replica's pending sends are issued, in one NCCL group together with it, by its next `recv`,
 //   collective, barrier or `flush()`, which then also waits until they are received (NCCL completes
