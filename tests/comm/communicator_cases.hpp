@@ -56,6 +56,7 @@
 #include <boost/mpl/list.hpp>
 #include <boost/mpl/placeholders.hpp>
 #include <boost/mpl/push_front.hpp>
+#include <boost/test/execution_monitor.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include <cstddef>
@@ -67,6 +68,20 @@
 #include <vector>
 
 namespace distribute::test::communicator_cases {
+
+// f(g) for one group of several a case checks (a Groups' for_each), so that one group's failure hides
+// no other's: a failed requirement (already reported) or an exception (reported here, naming the
+// group) ends this group's checks, and the next group runs. For groups whose ranks are threads of this
+// process; under MPI a rank that left a case early would leave the others waiting in it.
+template <class Group, class F>
+void each_on_its_own(Group& g, F& f) {
+  try {
+    f(g);
+  } catch (const boost::execution_aborted&) {
+  } catch (const std::exception& e) {
+    BOOST_ERROR(g.name() << ": " << e.what());
+  }
+}
 
 // Lists of types, for the cases' Cartesian products and filters.
 template <class... Ts>

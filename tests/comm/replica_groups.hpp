@@ -108,7 +108,7 @@ struct shared_memory_groups : cpu_groups {
         return mirrored_strategy<>(cpu_replicas(n), collective_options{.timeout = std::chrono::minutes(1)});
       });
       static_assert(std::is_same_v<typename decltype(g)::communicator, communicator>);
-      f(g);
+      communicator_cases::each_on_its_own(g, f);
     }
   }
 };
