@@ -34,13 +34,10 @@ class engine_slot {
     share_ = share;
     instance_.reset();
   }
-  const compute_options& options() const noexcept { return options_; }
-  // Threads when options().threads is 0; 0: every core.
-  int share() const noexcept { return share_; }
 
  private:
   compute_options options_{};
-  int share_ = 0;
+  int share_ = 0;  // threads when options_.threads is 0; 0: every core
   std::shared_ptr<engine<D>> instance_;
 };
 
