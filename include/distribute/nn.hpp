@@ -8,10 +8,12 @@
 
 #include <distribute/nn/activations.hpp>
 #include <distribute/nn/batch_norm.hpp>
+#include <distribute/nn/broadcasting.hpp>
 #include <distribute/nn/classification_losses.hpp>
 #include <distribute/nn/conv2d.hpp>
 #include <distribute/nn/conv_transpose2d.hpp>
 #include <distribute/nn/dropout.hpp>
+#include <distribute/nn/elementwise.hpp>
 #include <distribute/nn/flatten.hpp>
 #include <distribute/nn/gradients.hpp>
 #include <distribute/nn/instance_norm.hpp>
@@ -20,8 +22,11 @@
 #include <distribute/nn/losses.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/nn/pooling.hpp>
+#include <distribute/nn/reductions.hpp>
 #include <distribute/nn/residual_block.hpp>
 #include <distribute/nn/sequential.hpp>
+#include <distribute/nn/shape_ops.hpp>
 #include <distribute/nn/tape.hpp>
+#include <distribute/nn/tape_ops.hpp>
 #include <distribute/nn/tensor_ops.hpp>
 #include <distribute/nn/with_precision.hpp>

@@ -15,11 +15,14 @@
 //   t.backward();                                     // G's gradients, through D
 //   r.all_reduce_gradients(gen);
 //
-// What it records: layer calls (`t(layer, x)`), `concat`/`split` along the channels, `add`,
-// `scale`, `mul`, `stop_gradient` (PyTorch's detach: the value, through which nothing flows back),
-// and losses (`loss(prediction, f, weight)`: f returns an nn::loss_result, whose weighted gradient
-// starts the backward there). `backward()` runs once; `gradient(x)` then gives the gradient of a
-// `watch`ed input (empty if none reached it).
+// What it records: layer calls (`t(layer, x)`), models written for a tape, of one input or several
+// (`t(model, x, y)`, `t(model, x, y, nn::frozen)`), `concat`/`split` along the channels, the
+// broadcasting `add`, `sub`, `mul`, `div`, `scale`, `stop_gradient` (PyTorch's detach: the value,
+// through which nothing flows back), the operations of nn/tape_ops.hpp (reshape, reductions,
+// element-wise functions), an operation of the caller's (`record_operation`), and losses
+// (`loss(prediction, f, weight)`: f returns an nn::loss_result, whose weighted gradient starts the
+// backward there). `backward()` runs once (`backward(loss)` from a one-element loss built on the
+// tape); `gradient(x)` then gives the gradient of a `watch`ed input (empty if none reached it).
 //
 // A layer applied several times (a discriminator on fake and on real) keeps one forward state per
 // call where its state is a value (layer.hpp's `state_type`, every layer of the library); a layer
@@ -37,8 +40,10 @@
 
 #include <distribute/detail/element_kernels.hpp>
 #include <distribute/nn/detail/layer_name.hpp>
+#include <distribute/nn/detail/tape_calls.hpp>
 #include <distribute/nn/detail/tensor_op_kernels.hpp>
 #include <distribute/nn/layer.hpp>
+#include <distribute/nn/broadcasting.hpp>
 #include <distribute/nn/tensor_ops.hpp>
 
 #include <concepts>
@@ -49,6 +54,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -62,15 +68,6 @@ struct frozen_t {
   explicit constexpr frozen_t() = default;
 };
 inline constexpr frozen_t frozen{};
-
-namespace detail {
-template <class L, class R, class Tensor>
-concept forward_state_value =
-    requires { typename L::state_type; } && requires(L& l, R& r, const Tensor& x, typename L::state_type& s) {
-      { l.forward(r, x, s) } -> std::same_as<Tensor>;
-      { l.backward(r, s, x) } -> std::same_as<Tensor>;
-    };
-}  // namespace detail
 
 template <class R, class T = float>
 class tape {
@@ -133,6 +130,31 @@ class tape {
       return call(layer, x, true);
     }
   }
+  // A model of several inputs, written for a tape (`model(tape, x, y, ...)` records its own calls),
+  // and the same with `nn::frozen` last: every layer it calls leaves its parameter gradients as they were.
+  template <class L, class... A>
+    requires(sizeof...(A) > 0 && !(sizeof...(A) == 1 && (std::same_as<A, frozen_t> && ...)) &&
+             ((std::same_as<A, variable> || std::same_as<A, frozen_t>) && ...))
+  variable operator()(L& model, variable x, A... rest) {
+    constexpr bool freeze = std::same_as<detail::last_of_t<A...>, frozen_t>;
+    if constexpr (freeze) {
+      ++frozen_depth_;
+      struct thaw {
+        int& depth;
+        ~thaw() { --depth; }
+      } scope{frozen_depth_};
+      return call_without_last(model, x, std::make_index_sequence<sizeof...(A) - 1>{}, rest...);
+    } else {
+      static_assert(
+          requires {
+            { model(*this, x, rest...) } -> std::same_as<variable>;
+          },
+          "distribute: a model called on a tape with several inputs needs a call operator "
+          "`variable operator()(nn::tape<R, T>& t, variable x, variable y, ...)` that records its own "
+          "layer calls (t(layer, x), ...); layers of one input are called as t(layer, x)");
+      return model(*this, x, rest...);
+    }
+  }
 
   // [a | b] along the channels (nn::concat).
   variable concat(variable a, variable b) {
@@ -168,10 +190,11 @@ class tape {
         a, b);
     return {a, b};
   }
-  // a + b (nn::add).
+  // a + b (nn::add; broadcasting, nn/broadcasting.hpp).
   variable add(variable a, variable b) {
     check_mine(a, "add");
     check_mine(b, "add");
+    if (a.shape() != b.shape()) return broadcast_op<detail::kernels::add_op>("add", a, b);
     const variable y = result(nn::add(r_, a.value(), b.value()), wants(a) || wants(b));
     record(
         [this, a, b, y] {
@@ -182,6 +205,9 @@ class tape {
         y);
     return y;
   }
+  // a - b, a / b (nn::sub, nn::div; broadcasting).
+  variable sub(variable a, variable b) { return broadcast_op<detail::kernels::sub_op>("sub", a, b); }
+  variable div(variable a, variable b) { return broadcast_op<detail::kernels::div_op>("div", a, b); }
   // k x (nn::scale).
   variable scale(variable x, T k) {
     check_mine(x, "scale");
@@ -189,10 +215,11 @@ class tape {
     record([this, x, y, k] { accumulate(x, nn::scale(r_, at(y.id_).grad, k)); }, y);
     return y;
   }
-  // a * b element by element (nn::mul).
+  // a * b element by element (nn::mul; broadcasting).
   variable mul(variable a, variable b) {
     check_mine(a, "mul");
     check_mine(b, "mul");
+    if (a.shape() != b.shape()) return broadcast_op<detail::kernels::mul_op>("mul", a, b);
     const variable y = result(nn::mul(r_, a.value(), b.value()), wants(a) || wants(b));
     record(
         [this, a, b, y] {
@@ -203,6 +230,41 @@ class tape {
         y);
     return y;
   }
+
+  // An operation of the caller's (nn/tape_ops.hpp records the library's so): `y` computed from x,
+  // and `dx_of(dy)` returning dL/dx from dL/dy when the backward reaches y (not called where no
+  // gradient flows into x).
+  template <class F>
+  variable record_operation(tensor_type y, variable x, F dx_of) {
+    check_mine(x, "record_operation");
+    check_open("an operation");
+    const variable out = result(std::move(y), wants(x));
+    record(
+        [this, x, out, f = std::move(dx_of)] {
+          if (wants(x)) accumulate(x, f(at(out.id_).grad));
+        },
+        out);
+    return out;
+  }
+  // The same of two inputs: `grads_of(dy, want_a, want_b)` returns the pair (dL/da, dL/db), either
+  // left empty where not wanted.
+  template <class F>
+  variable record_operation(tensor_type y, variable a, variable b, F grads_of) {
+    check_mine(a, "record_operation");
+    check_mine(b, "record_operation");
+    check_open("an operation");
+    const variable out = result(std::move(y), wants(a) || wants(b));
+    record(
+        [this, a, b, out, f = std::move(grads_of)] {
+          auto [ga, gb] = f(at(out.id_).grad, wants(a), wants(b));
+          if (wants(a)) accumulate(a, std::move(ga));
+          if (wants(b)) accumulate(b, std::move(gb));
+        },
+        out);
+    return out;
+  }
+  // The replica the tape computes on.
+  R& replica() const { return r_; }
 
   // A loss of `prediction`: `f(prediction's value)` returns an nn::loss_result (or device_loss_result)
   // whose gradient, times `weight`, starts the backward at `prediction`. Returns f's result as f gave
@@ -246,6 +308,18 @@ class tape {
   void backward(variable y, tensor_type dy) {
     seed(y, std::move(dy));
     backward();
+  }
+  // From a loss of one element built on the tape (nn::mean(t, ...)): dL/dL = 1, as PyTorch's
+  // loss.backward().
+  void backward(variable loss) {
+    check_mine(loss, "backward");
+    if (loss.shape().numel() != 1)
+      throw std::invalid_argument("distribute: a tape's backward from a tensor of shape " + loss.shape().to_string() +
+                                  " without its gradient: only a loss of one element starts alone (reduce it with "
+                                  "nn::sum or nn::mean, or give dL/dy)");
+    tensor_type one{loss.shape(), r_.device(), uninitialized};
+    one.fill(T(1), 0, 1);
+    backward(loss, std::move(one));
   }
 
   // The gradient backward gave `v`, an input (`watch`; empty if none reached it). Those of the
@@ -345,6 +419,28 @@ class tape {
     ends_.push_back(entries_.size());
   }
 
+  template <template <class> class Op>
+  variable broadcast_op(const char* name, variable a, variable b) {
+    check_mine(a, name);
+    check_mine(b, name);
+    tensor_type y = detail::broadcast_apply<Op>(r_, name, a.value(), b.value());
+    return record_operation(std::move(y), a, b, [this, name, a, b](const tensor_type& dy, bool wa, bool wb) {
+      return detail::broadcast_gradients<Op>(r_, name, a.value(), b.value(), dy, wa, wb);
+    });
+  }
+  template <class L, std::size_t... I, class... A>
+  variable call_without_last(L& model, variable x, std::index_sequence<I...>, A... rest) {
+    const std::tuple<A...> args{rest...};
+    static_assert(
+        requires {
+          { model(*this, x, std::get<I>(args)...) } -> std::same_as<variable>;
+        },
+        "distribute: a model called on a tape with several inputs and nn::frozen needs a call operator "
+        "`variable operator()(nn::tape<R, T>& t, variable x, variable y, ...)` that records its own "
+        "layer calls");
+    return model(*this, x, std::get<I>(args)...);
+  }
+
   // Adds g to v's gradient: the first one is moved in, the next ones are summed by the engine.
   void accumulate(variable v, tensor_type g) {
     entry& e = at(v.id_);
@@ -363,6 +459,11 @@ class tape {
   template <class L>
   variable call(L& layer, variable x, bool freeze) {
     freeze = freeze || frozen_depth_ > 0;
+    static_assert(
+        requires(const tensor_type& v) { layer.forward(r_, v); } || records_state<L>,
+        "distribute: t(model, x) takes a layer (forward and backward, nn/layer.hpp) or a model written "
+        "for a tape (`variable operator()(nn::tape<R, T>& t, variable x)`); a model of several inputs is "
+        "called t(model, x, y, ...), and t(model, x, y, nn::frozen) to freeze it");
     static_assert(std::is_same_v<typename L::scalar_type, T>,
                   "distribute: a tape records layers of its own scalar type");
     static_assert(std::is_same_v<layer_device_t<L>, device_type>,

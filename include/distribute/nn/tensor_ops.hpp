@@ -1,8 +1,8 @@
 #pragma once
 // Tensor operations a model needs between its layers, computed by the replica's engine (so on the
 // CPU and on a GPU alike): concatenation and splitting along the channels (a U-Net's skips, a
-// conditional discriminator's input; torch.cat(dim=1), tf.concat(axis=-1) in channels-last), sums,
-// scaling, products, and `axpy` in place. Each refuses operands whose shapes do not fit, naming both.
+// conditional discriminator's input; torch.cat(dim=1), tf.concat(axis=-1) in channels-last), scaling
+// and `axpy` in place; sums and products broadcast (nn/broadcasting.hpp). Each refuses operands whose shapes do not fit, naming both.
 // Recorded on an nn::tape, their gradients are routed too (nn/tape.hpp).
 //
 //   auto both = nn::concat(r, noisy, fake);               // [N, 1 + 1, H, W]
@@ -10,6 +10,7 @@
 //   nn::axpy(r, 100.0f, l1.grad, d_fake);                 // d_fake += 100 * l1.grad
 
 #include <distribute/detail/element_kernels.hpp>
+#include <distribute/nn/broadcasting.hpp>
 #include <distribute/nn/detail/tensor_op_kernels.hpp>
 #include <distribute/nn/layer.hpp>
 
@@ -77,32 +78,12 @@ std::pair<tensor<T, D>, tensor<T, D>> split(R& r, const tensor<T, D>& x, std::in
   return out;
 }
 
-// a + b, of equal shapes.
-template <class R, class T, class D>
-tensor<T, D> add(R& r, const tensor<T, D>& a, const tensor<T, D>& b) {
-  detail::check_same_shapes("add", a.shape(), b.shape());
-  tensor<T, D> y{a.shape(), a.device(), uninitialized};
-  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(a.size()),
-                                   detail::kernels::sum_of<T>{a.data(), b.data(), y.data()});
-  return y;
-}
-
 // k x.
 template <class R, class T, class D>
 tensor<T, D> scale(R& r, const tensor<T, D>& x, T k) {
   tensor<T, D> y{x.shape(), x.device(), uninitialized};
   detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()),
                                    distribute::detail::kernels::scale<T>{x.data(), y.data(), k});
-  return y;
-}
-
-// a * b element by element, of equal shapes.
-template <class R, class T, class D>
-tensor<T, D> mul(R& r, const tensor<T, D>& a, const tensor<T, D>& b) {
-  detail::check_same_shapes("mul", a.shape(), b.shape());
-  tensor<T, D> y{a.shape(), a.device(), uninitialized};
-  detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(a.size()),
-                                   distribute::detail::kernels::multiply<T>{a.data(), b.data(), y.data()});
   return y;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <ostream>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -41,6 +42,17 @@ class shape {
     }
   }
   static shape nchw(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) { return {n, c, h, w}; }
+  // The shape of extents computed at run time (an operation's result).
+  static shape from_extents(std::span<const std::int64_t> extents) {
+    if (extents.size() > max_rank)
+      throw std::invalid_argument("distribute: a shape has at most 4 extents, not " + std::to_string(extents.size()));
+    shape s;
+    for (auto e : extents) {
+      if (e < 0) throw std::invalid_argument("distribute: negative extent " + std::to_string(e) + " in a shape");
+      s.extents_[s.rank_++] = e;
+    }
+    return s;
+  }
 
   constexpr std::size_t rank() const noexcept { return rank_; }
   constexpr std::int64_t operator[](std::size_t i) const noexcept { return extents_[i]; }

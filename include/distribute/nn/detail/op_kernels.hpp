@@ -1,0 +1,245 @@
+#pragma once
+// The element-wise arithmetic of the operations between layers (nn/elementwise.hpp,
+// nn/broadcasting.hpp, nn/reductions.hpp, nn/shape_ops.hpp): functors any engine runs, on the CPU in
+// its loops and on a GPU through Thrust, so nothing from the standard library but <cmath>'s
+// functions, which CUDA provides on the device too.
+//
+// Every pass is parallel over the elements of its output (a reduction's output element is a segment
+// of the engine's segmented_sum, whose terms the engine spreads itself); the one exception, the
+// maximum, reduces in chunks of `max_chunk` terms per work item, one pass per factor of `max_chunk`,
+// so that no work item walks a whole row.
+
+#include <distribute/config.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace distribute::nn::detail {
+
+// A row-major walk over `extents` (rank at most 4) read through `strides`: the offset of linear
+// index i. A stride of 0 repeats an axis (broadcasting); an extent of 1 drops one (a reduction's
+// other half).
+struct strided_map {
+  std::int64_t extents[4] = {1, 1, 1, 1};
+  std::int64_t strides[4] = {0, 0, 0, 0};
+  DISTRIBUTE_HOST_DEVICE std::int64_t operator()(std::int64_t i) const {
+    std::int64_t offset = 0;
+    for (int k = 3; k >= 0; --k) {
+      const std::int64_t c = i % extents[k];
+      i /= extents[k];
+      offset += c * strides[k];
+    }
+    return offset;
+  }
+};
+
+namespace kernels {
+
+using index = std::int64_t;
+
+// The unary operations: value(x) and dy/dx from x and y = value(x).
+template <class T>
+struct square_op {
+  DISTRIBUTE_HOST_DEVICE T value(T x) const { return x * x; }
+  DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return T(2) * x; }
+};
+template <class T>
+struct sqrt_op {
+  DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::sqrt(x); }
+  // 1 / (2 sqrt(x)): infinite at 0, as PyTorch's.
+  DISTRIBUTE_HOST_DEVICE T derivative(T, T y) const { return T(1) / (T(2) * y); }
+};
+template <class T>
+struct exp_op {
+  DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::exp(x); }
+  DISTRIBUTE_HOST_DEVICE T derivative(T, T y) const { return y; }
+};
+template <class T>
+struct log_op {
+  DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::log(x); }
+  DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return T(1) / x; }
+};
+template <class T>
+struct pow_op {
+  T p;
+  DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::pow(x, p); }
+  // p x^(p - 1); 0 for p = 0, where PyTorch's is 0 too (not 0 * inf at x = 0).
+  DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return p == T(0) ? T(0) : p * std::pow(x, p - T(1)); }
+};
+template <class T>
+struct abs_op {
+  DISTRIBUTE_HOST_DEVICE T value(T x) const { return x < T(0) ? -x : x; }
+  // sign(x), 0 at 0 (PyTorch's).
+  DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0)); }
+};
+template <class T>
+struct clamp_op {
+  T low, high;
+  DISTRIBUTE_HOST_DEVICE T value(T x) const { return x < low ? low : (x > high ? high : x); }
+  // 1 within [low, high], both ends included (PyTorch's), 0 outside.
+  DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return x >= low && x <= high ? T(1) : T(0); }
+};
+template <class T>
+struct sigmoid_op {
+  DISTRIBUTE_HOST_DEVICE T value(T x) const { return T(1) / (T(1) + std::exp(-x)); }
+  DISTRIBUTE_HOST_DEVICE T derivative(T, T y) const { return y * (T(1) - y); }
+};
+// log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's Softplus).
+template <class T>
+struct softplus_op {
+  T beta, threshold;
+  DISTRIBUTE_HOST_DEVICE T value(T x) const { return beta * x > threshold ? x : std::log1p(std::exp(beta * x)) / beta; }
+  DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const {
+    return beta * x > threshold ? T(1) : T(1) / (T(1) + std::exp(-beta * x));
+  }
+};
+
+template <class T, class Op>
+struct unary_forward {
+  const T* x;
+  T* y;
+  Op op;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { y[i] = op.value(x[i]); }
+};
+template <class T, class Op>
+struct unary_backward {
+  const T* x;
+  const T* y;
+  const T* dy;
+  T* dx;
+  Op op;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { dx[i] = dy[i] * op.derivative(x[i], y[i]); }
+};
+
+// The binary operations: value(a, b) and its partial derivatives.
+template <class T>
+struct add_op {
+  DISTRIBUTE_HOST_DEVICE T value(T a, T b) const { return a + b; }
+  DISTRIBUTE_HOST_DEVICE T d_a(T, T) const { return T(1); }
+  DISTRIBUTE_HOST_DEVICE T d_b(T, T) const { return T(1); }
+};
+template <class T>
+struct sub_op {
+  DISTRIBUTE_HOST_DEVICE T value(T a, T b) const { return a - b; }
+  DISTRIBUTE_HOST_DEVICE T d_a(T, T) const { return T(1); }
+  DISTRIBUTE_HOST_DEVICE T d_b(T, T) const { return T(-1); }
+};
+template <class T>
+struct mul_op {
+  DISTRIBUTE_HOST_DEVICE T value(T a, T b) const { return a * b; }
+  DISTRIBUTE_HOST_DEVICE T d_a(T, T b) const { return b; }
+  DISTRIBUTE_HOST_DEVICE T d_b(T a, T) const { return a; }
+};
+template <class T>
+struct div_op {
+  DISTRIBUTE_HOST_DEVICE T value(T a, T b) const { return a / b; }
+  DISTRIBUTE_HOST_DEVICE T d_a(T, T b) const { return T(1) / b; }
+  DISTRIBUTE_HOST_DEVICE T d_b(T a, T b) const { return -a / (b * b); }
+};
+
+// out[i] = op(a[map_a(i)], b[map_b(i)]) over the broadcast shape.
+template <class T, class Op>
+struct broadcast_binary {
+  const T* a;
+  const T* b;
+  T* out;
+  strided_map map_a, map_b;
+  Op op;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { out[i] = op.value(a[map_a(i)], b[map_b(i)]); }
+};
+// g[i] = dy[i] * d op / d (a or b) at element i of the broadcast shape: the gradient before its sum
+// over the axes the operand was broadcast along.
+template <class T, class Op, bool First>
+struct broadcast_partial {
+  const T* a;
+  const T* b;
+  const T* dy;
+  T* g;
+  strided_map map_a, map_b;
+  Op op;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const {
+    const T va = a[map_a(i)], vb = b[map_b(i)];
+    g[i] = dy[i] * (First ? op.d_a(va, vb) : op.d_b(va, vb));
+  }
+};
+
+// The term (s, i) of a reduction: element i of the reduced axes of output element s.
+template <class T>
+struct reduction_term {
+  const T* x;
+  strided_map kept, reduced;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    return static_cast<double>(x[kept(s) + reduced(i)]);
+  }
+};
+// out[i] = T(sums[i] * k).
+template <class T>
+struct scaled_from_double {
+  const double* sums;
+  T* out;
+  double k;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { out[i] = static_cast<T>(sums[i] * k); }
+};
+// out[i] = x[map(i)]: a broadcast, a permutation or any strided gather, one element per work item.
+template <class T>
+struct gather {
+  const T* x;
+  T* out;
+  strided_map map;
+  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { out[i] = x[map(i)]; }
+};
+
+// The maximum in chunks: work item (s, c) takes terms [c * chunk, (c + 1) * chunk) of output s
+// (from x through kept/reduced on the first pass, from the previous pass's [segments, length] rows
+// after) and writes their maximum and its index. The first maximum wins a tie, and a NaN wins over
+// every number (PyTorch's max propagates NaN).
+template <class T>
+struct max_chunk_pass {
+  const T* x;  // the first pass's input, or null
+  strided_map kept, reduced;
+  const T* values;             // a later pass's input rows, or null
+  const std::int64_t* places;  // their indices into the reduced axes
+  std::int64_t length, chunk;
+  T* out_values;
+  std::int64_t* out_places;
+  std::int64_t chunks;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index c) const {
+    const std::int64_t begin = c * chunk;
+    const std::int64_t end = begin + chunk < length ? begin + chunk : length;
+    T best{};
+    std::int64_t where = -1;
+    for (std::int64_t i = begin; i < end; ++i) {
+      const T v = x ? x[kept(s) + reduced(i)] : values[s * length + i];
+      const bool nan = v != v, best_nan = where >= 0 && best != best;
+      if (where < 0 || (!best_nan && (nan || v > best))) {
+        best = v;
+        where = x ? i : places[s * length + i];
+      }
+    }
+    out_values[s * chunks + c] = best;
+    out_places[s * chunks + c] = where;
+  }
+};
+// dx[kept(s) + reduced(place[s])] = dy[s]: the maximum's gradient, into a zeroed dx.
+template <class T>
+struct scatter_to_places {
+  const T* dy;
+  const std::int64_t* places;
+  T* dx;
+  strided_map kept, reduced;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s) const { dx[kept(s) + reduced(places[s])] = dy[s]; }
+};
+
+// out[n, k] = (k == labels[n]) for [N, classes].
+template <class T>
+struct one_hot_rows {
+  const std::int64_t* labels;
+  T* out;
+  std::int64_t classes;
+  DISTRIBUTE_HOST_DEVICE void operator()(index n, index k) const {
+    out[n * classes + k] = labels[n] == k ? T(1) : T(0);
+  }
+};
+
+}  // namespace kernels
+}  // namespace distribute::nn::detail

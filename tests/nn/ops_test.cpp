@@ -1,0 +1,385 @@
+// The operations between layers (nn/shape_ops.hpp, reductions.hpp, broadcasting.hpp,
+// elementwise.hpp) by hand and on a tape (nn/tape_ops.hpp): values against plain loops, gradients
+// against central differences in double, the shape errors, and models of several inputs on a tape.
+
+#include "nn_test_support.hpp"
+
+#include <distribute/nn/linear.hpp>
+#include <distribute/nn/tape_ops.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dist = distribute;
+namespace nn = distribute::nn;
+using dist::shape;
+using dist::tensor;
+using dist::test::error_of;
+using dist::test::mentions;
+using dist::test::random_tensor;
+
+namespace {
+
+using replica = nn::local_replica;
+using tape_d = nn::tape<replica, double>;
+using var = tape_d::variable;
+
+// Each input's gradient by the tape, of L = sum(w * f(inputs)) for fixed random w, against central
+// differences of the same L (relative error, with a floor of 1e-6 of the largest gradient).
+void check_tape_gradients(const std::function<var(tape_d&, const std::vector<var>&)>& f, std::vector<tensor<double>> xs,
+                          const std::string& what, std::uint32_t seed = 7) {
+  auto r = nn::local();
+  auto loss = [&](const std::vector<tensor<double>>& in, std::vector<tensor<double>>* grads) {
+    tape_d t{r};
+    std::vector<var> vs;
+    for (const auto& x : in) vs.push_back(t.watch(x));
+    const var y = f(t, vs);
+    const tensor<double> w = random_tensor<double>(y.shape(), seed);
+    double l = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) l += w.data()[i] * y.value().data()[i];
+    if (grads) {
+      t.backward(y, w);
+      for (const auto& v : vs) grads->push_back(t.gradient(v));
+    }
+    return l;
+  };
+  std::vector<tensor<double>> analytic;
+  loss(xs, &analytic);
+  for (std::size_t k = 0; k < xs.size(); ++k) {
+    BOOST_TEST_CONTEXT(what << ", input " << k) {
+      BOOST_REQUIRE_EQUAL(analytic[k].shape(), xs[k].shape());
+      double largest = 0, worst = 0;
+      std::vector<double> numeric(xs[k].size());
+      for (std::size_t i = 0; i < xs[k].size(); ++i) {
+        const double h = 1e-6 * std::max(1.0, std::abs(xs[k].data()[i]));
+        auto plus = xs, minus = xs;
+        plus[k].data()[i] += h;
+        minus[k].data()[i] -= h;
+        numeric[i] = (loss(plus, nullptr) - loss(minus, nullptr)) / (2 * h);
+        largest = std::max(largest, std::abs(numeric[i]));
+      }
+      BOOST_TEST(largest > 0.0, "the gradient is zero everywhere: the check would prove nothing");
+      for (std::size_t i = 0; i < numeric.size(); ++i)
+        worst = std::max(worst, std::abs(analytic[k].data()[i] - numeric[i]) /
+                                    std::max({std::abs(numeric[i]), 1e-6 * largest, 1e-12}));
+      BOOST_TEST(worst <= 1e-6, "worst relative error " << worst);
+    }
+  }
+}
+void check_unary(const std::function<var(tape_d&, var)>& f, const tensor<double>& x, const std::string& what) {
+  check_tape_gradients([&](tape_d& t, const std::vector<var>& v) { return f(t, v[0]); }, {x}, what);
+}
+
+// Values in [lo, hi] kept `gap` away from each of `avoid` (kinks, bounds).
+tensor<double> away_from(shape s, std::uint32_t seed, double lo, double hi, std::vector<double> avoid,
+                         double gap = 0.05) {
+  auto x = random_tensor<double>(s, seed, lo, hi);
+  for (auto& v : std::span<double>(x.data(), x.size()))
+    for (double a : avoid)
+      if (std::abs(v - a) < gap) v = a + (v < a ? -gap : gap);
+  return x;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(operations)
+
+BOOST_AUTO_TEST_CASE(functions_match_their_formulas_and_differences) {
+  auto r = nn::local();
+  const auto x = away_from(shape{2, 3, 4}, 1, -2.0, 2.0, {0.0, -0.5, 0.5});
+  const auto pos = random_tensor<double>(shape{2, 3, 4}, 2, 0.2, 3.0);
+  auto check_value = [&](const tensor<double>& in, const tensor<double>& out, double (*f)(double), const char* name) {
+    for (std::size_t i = 0; i < in.size(); ++i) BOOST_TEST(out.data()[i] == f(in.data()[i]), name << " at " << i);
+  };
+  check_value(x, nn::square(r, x), [](double v) { return v * v; }, "square");
+  check_value(pos, nn::sqrt(r, pos), [](double v) { return std::sqrt(v); }, "sqrt");
+  check_value(x, nn::exp(r, x), [](double v) { return std::exp(v); }, "exp");
+  check_value(pos, nn::log(r, pos), [](double v) { return std::log(v); }, "log");
+  check_value(x, nn::abs(r, x), [](double v) { return std::abs(v); }, "abs");
+  check_value(x, nn::sigmoid(r, x), [](double v) { return 1 / (1 + std::exp(-v)); }, "sigmoid");
+  check_value(x, nn::softplus(r, x), [](double v) { return std::log1p(std::exp(v)); }, "softplus");
+  check_value(x, nn::clamp(r, x, -0.5, 0.5), [](double v) { return std::clamp(v, -0.5, 0.5); }, "clamp");
+  check_value(pos, nn::pow(r, pos, 2.5), [](double v) { return std::pow(v, 2.5); }, "pow");
+  // Softplus past its threshold is x itself (PyTorch's), also for another beta.
+  const tensor<double> big{shape{2}, std::vector<double>{30.0, 11.0}};
+  const auto sp = nn::softplus(r, big, 2.0, 20.0);
+  BOOST_TEST(sp.data()[0] == 30.0);
+  BOOST_TEST(sp.data()[1] == 11.0);
+  // The gradient conventions at the edges: abs' at 0 is 0, clamp passes at both bounds.
+  const tensor<double> edges{shape{3}, std::vector<double>{0.0, -0.5, 0.5}};
+  const tensor<double> ones{shape{3}, std::vector<double>{1, 1, 1}};
+  const auto dabs = nn::abs_backward(r, edges, nn::abs(r, edges), ones);
+  BOOST_TEST(dabs.data()[0] == 0.0);
+  const auto dclamp = nn::clamp_backward(r, edges, nn::clamp(r, edges, -0.5, 0.5), ones, -0.5, 0.5);
+  BOOST_TEST((dclamp.data()[1] == 1.0 && dclamp.data()[2] == 1.0));
+
+  check_unary([](tape_d& t, var v) { return nn::square(t, v); }, x, "square");
+  check_unary([](tape_d& t, var v) { return nn::sqrt(t, v); }, pos, "sqrt");
+  check_unary([](tape_d& t, var v) { return nn::exp(t, v); }, x, "exp");
+  check_unary([](tape_d& t, var v) { return nn::log(t, v); }, pos, "log");
+  check_unary([](tape_d& t, var v) { return nn::abs(t, v); }, x, "abs");
+  check_unary([](tape_d& t, var v) { return nn::sigmoid(t, v); }, x, "sigmoid");
+  check_unary([](tape_d& t, var v) { return nn::softplus(t, v); }, x, "softplus");
+  check_unary([](tape_d& t, var v) { return nn::softplus(t, v, 3.0, 2.0); }, x, "softplus, beta 3, threshold 2");
+  check_unary([](tape_d& t, var v) { return nn::clamp(t, v, -0.5, 0.5); }, x, "clamp");
+  check_unary([](tape_d& t, var v) { return nn::pow(t, v, 2.5); }, pos, "pow 2.5");
+  check_unary([](tape_d& t, var v) { return nn::pow(t, v, -1.0); }, pos, "pow -1");
+
+  // By hand, the backward functions give what the tape gives.
+  const auto dy = random_tensor<double>(x.shape(), 9);
+  const auto by_hand = nn::sigmoid_backward(r, x, nn::sigmoid(r, x), dy);
+  tape_d t{r};
+  const var v = t.watch(x);
+  t.backward(nn::sigmoid(t, v), dy);
+  BOOST_TEST(dist::test::relative_error_of<double>({by_hand.data(), by_hand.size()},
+                                                   {t.gradient(v).data(), t.gradient(v).size()}) < 1e-15);
+}
+
+BOOST_AUTO_TEST_CASE(broadcasting_follows_numpy_and_sums_the_gradients_back) {
+  auto r = nn::local();
+  const auto a = random_tensor<double>(shape{2, 3, 4, 5}, 3);
+  struct pair_case {
+    shape other;
+    const char* name;
+  };
+  for (const auto& c :
+       {pair_case{shape{3, 1, 1}, "[C,1,1]"}, pair_case{shape{2, 3, 1, 1}, "[N,C,1,1]"},
+        pair_case{shape{2, 1, 4, 5}, "[N,1,H,W]"}, pair_case{shape{1}, "[1]"}, pair_case{shape{5}, "[W]"}}) {
+    const auto b = random_tensor<double>(c.other, 4, 0.5, 1.5);
+    // Values: element (n, ch, h, w) pairs with b at the same place where b's extent is not 1.
+    const auto sum = nn::add(r, a, b), diff = nn::sub(r, b, a), prod = nn::mul(r, a, b), quot = nn::div(r, a, b);
+    BOOST_REQUIRE_EQUAL(sum.shape(), a.shape());
+    BOOST_REQUIRE_EQUAL(diff.shape(), a.shape());
+    const auto bm = nn::detail::broadcast_map(b.shape(), a.shape());
+    for (std::int64_t i = 0; i < a.shape().numel(); ++i) {
+      const double va = a.data()[i], vb = b.data()[bm(i)];
+      BOOST_TEST(sum.data()[i] == va + vb);
+      BOOST_TEST(diff.data()[i] == vb - va);
+      BOOST_TEST(prod.data()[i] == va * vb);
+      BOOST_TEST(quot.data()[i] == va / vb);
+    }
+  }
+  // Gradients, on a smaller [N, C, H, W] against each kind of operand.
+  const auto ap = random_tensor<double>(shape{2, 3, 2, 2}, 5);
+  for (const auto& c : {pair_case{shape{3, 1, 1}, "[C,1,1]"}, pair_case{shape{2, 3, 1, 1}, "[N,C,1,1]"},
+                        pair_case{shape{2, 1, 2, 2}, "[N,1,H,W]"}, pair_case{shape{1}, "[1]"},
+                        pair_case{shape{2}, "[W]"}, pair_case{shape{2, 3, 2, 2}, "the same shape"}}) {
+    const auto bp = random_tensor<double>(c.other, 6, 0.5, 1.5);
+    for (auto [name, op] : {std::pair<const char*, int>{"add", 0}, {"sub", 1}, {"mul", 2}, {"div", 3}}) {
+      auto f = [op](tape_d& t, var u, var v) {
+        return op == 0 ? nn::add(t, u, v) : op == 1 ? nn::sub(t, u, v) : op == 2 ? nn::mul(t, u, v) : nn::div(t, u, v);
+      };
+      check_tape_gradients([&](tape_d& t, const std::vector<var>& v) { return f(t, v[0], v[1]); }, {ap, bp},
+                           std::string(name) + " with " + c.name);
+      check_tape_gradients([&](tape_d& t, const std::vector<var>& v) { return f(t, v[1], v[0]); }, {ap, bp},
+                           std::string(name) + " with " + c.name + " first");
+    }
+  }
+  // Both operands broadcast: [2, 1, 3] and [4, 1] give [2, 4, 3].
+  const auto p = random_tensor<double>(shape{2, 1, 3}, 7), q = random_tensor<double>(shape{4, 1}, 8, 0.5, 1.5);
+  BOOST_TEST(nn::mul(r, p, q).shape() == (shape{2, 4, 3}));
+  check_tape_gradients([](tape_d& t, const std::vector<var>& v) { return nn::mul(t, v[0], v[1]); }, {p, q},
+                       "mul of [2,1,3] and [4,1]");
+  // By hand: mul_backward gives the operands' shapes.
+  const auto [da, db] = nn::mul_backward(r, p, q, random_tensor<double>(shape{2, 4, 3}, 9));
+  BOOST_TEST(da.shape() == p.shape());
+  BOOST_TEST(db.shape() == q.shape());
+
+  const std::string e = error_of([&] { nn::add(r, a, random_tensor<double>(shape{3, 4, 4}, 1)); });
+  BOOST_TEST(mentions(e, "add"), e);
+  BOOST_TEST(mentions(e, "(2, 3, 4, 5)"), e);
+  BOOST_TEST(mentions(e, "(3, 4, 4)"), e);
+  BOOST_TEST(mentions(e, "broadcast"), e);
+}
+
+BOOST_AUTO_TEST_CASE(reductions_over_chosen_axes_with_and_without_keepdim) {
+  auto r = nn::local();
+  const auto x = random_tensor<double>(shape{2, 3, 4, 5}, 11);
+  auto at = [&](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+    return x.data()[((n * 3 + c) * 4 + h) * 5 + w];
+  };
+  const auto s = nn::sum(r, x, {2, 3}, true);
+  BOOST_TEST(s.shape() == (shape{2, 3, 1, 1}));
+  const auto s2 = nn::sum(r, x, {-1, -2});
+  BOOST_TEST(s2.shape() == (shape{2, 3}));
+  const auto m = nn::mean(r, x, 1);
+  BOOST_TEST(m.shape() == (shape{2, 4, 5}));
+  const auto mx = nn::max(r, x, {0, 2}, true);
+  BOOST_TEST(mx.shape() == (shape{1, 3, 1, 5}));
+  for (std::int64_t n = 0; n < 2; ++n)
+    for (std::int64_t c = 0; c < 3; ++c) {
+      double plane = 0;
+      for (std::int64_t h = 0; h < 4; ++h)
+        for (std::int64_t w = 0; w < 5; ++w) plane += at(n, c, h, w);
+      BOOST_TEST(std::abs(s.data()[n * 3 + c] - plane) < 1e-12);
+      BOOST_TEST(s2.data()[n * 3 + c] == s.data()[n * 3 + c]);
+    }
+  for (std::int64_t c = 0; c < 3; ++c)
+    for (std::int64_t w = 0; w < 5; ++w) {
+      double best = -1e300;
+      for (std::int64_t n = 0; n < 2; ++n)
+        for (std::int64_t h = 0; h < 4; ++h) best = std::max(best, at(n, c, h, w));
+      BOOST_TEST(mx.data()[c * 5 + w] == best);
+    }
+  for (std::int64_t n = 0; n < 2; ++n)
+    for (std::int64_t h = 0; h < 4; ++h)
+      for (std::int64_t w = 0; w < 5; ++w)
+        BOOST_TEST(std::abs(m.data()[(n * 4 + h) * 5 + w] - (at(n, 0, h, w) + at(n, 1, h, w) + at(n, 2, h, w)) / 3) <
+                   1e-12);
+  // Over all: rank 0, one element.
+  const auto all = nn::sum(r, x);
+  BOOST_TEST(all.shape().rank() == 0u);
+  BOOST_TEST(all.size() == 1u);
+  BOOST_TEST(std::abs(nn::mean(r, x).data()[0] - all.data()[0] / 120) < 1e-14);
+  BOOST_TEST(nn::max(r, x).data()[0] == *std::max_element(x.data(), x.data() + x.size()));
+
+  // argmax: the first of equal maxima; over more terms than one chunk (the passes of 256) too.
+  const tensor<float> logits{shape{2, 4}, std::vector<float>{0, 3, 3, 1, -1, -2, -0.5f, -3}};
+  const auto am = nn::argmax(r, logits, 1);
+  BOOST_TEST(am.shape() == (shape{2}));
+  BOOST_TEST((am.data()[0] == 1 && am.data()[1] == 2));
+  std::vector<float> long_row(70'000, 0.0f);
+  long_row[51'234] = 5;
+  long_row[60'000] = 5;
+  const tensor<float> lr{shape{1, 70'000}, long_row};
+  BOOST_TEST(nn::argmax(r, lr, 1).data()[0] == 51'234);
+  BOOST_TEST(nn::argmax(r, lr).data()[0] == 51'234);
+  BOOST_TEST(nn::max(r, lr, 1).data()[0] == 5.0f);
+  // A large sum against a double loop.
+  double total = 0;
+  for (float v : long_row) total += v;
+  BOOST_TEST(nn::sum(r, lr).data()[0] == static_cast<float>(total));
+
+  // Gradients.
+  const auto small = random_tensor<double>(shape{2, 3, 2, 3}, 12);
+  check_unary([](tape_d& t, var v) { return nn::sum(t, v, {2, 3}, true); }, small, "sum over H, W, keepdim");
+  check_unary([](tape_d& t, var v) { return nn::sum(t, v, 1); }, small, "sum over C");
+  check_unary([](tape_d& t, var v) { return nn::sum(t, v); }, small, "sum over all");
+  check_unary([](tape_d& t, var v) { return nn::mean(t, v, {0, -1}); }, small, "mean over N and W");
+  check_unary([](tape_d& t, var v) { return nn::mean(t, v); }, small, "mean over all");
+  check_unary([](tape_d& t, var v) { return nn::max(t, v, 1, true); }, small, "max over C, keepdim");
+  check_unary([](tape_d& t, var v) { return nn::max(t, v, {2, 3}); }, small, "max over H, W");
+  check_unary([](tape_d& t, var v) { return nn::max(t, v); }, small, "max over all");
+
+  std::string e = error_of([&] { nn::sum(r, x, 4); });
+  BOOST_TEST((mentions(e, "sum") && mentions(e, "axis 4") && mentions(e, "(2, 3, 4, 5)")), e);
+  e = error_of([&] { nn::mean(r, x, {1, -3}); });
+  BOOST_TEST((mentions(e, "twice") && mentions(e, "(2, 3, 4, 5)")), e);
+  e = error_of([&] { nn::sum_to(r, x, shape{4, 4}); });
+  BOOST_TEST((mentions(e, "(2, 3, 4, 5)") && mentions(e, "(4, 4)")), e);
+}
+
+BOOST_AUTO_TEST_CASE(reshape_permute_and_transpose) {
+  auto r = nn::local();
+  const auto x = random_tensor<double>(shape{2, 3, 4, 5}, 13);
+  BOOST_TEST(nn::reshape(r, x, {-1, 20}).shape() == (shape{6, 20}));
+  BOOST_TEST(nn::view(r, x, {2, -1}).shape() == (shape{2, 60}));
+  const auto p = nn::permute(r, x, {0, 2, 3, 1});
+  BOOST_TEST(p.shape() == (shape{2, 4, 5, 3}));
+  const auto tr = nn::transpose(r, x, 1, -1);
+  BOOST_TEST(tr.shape() == (shape{2, 5, 4, 3}));
+  for (std::int64_t n = 0; n < 2; ++n)
+    for (std::int64_t c = 0; c < 3; ++c)
+      for (std::int64_t h = 0; h < 4; ++h)
+        for (std::int64_t w = 0; w < 5; ++w) {
+          const double v = x.data()[((n * 3 + c) * 4 + h) * 5 + w];
+          BOOST_TEST(p.data()[((n * 4 + h) * 5 + w) * 3 + c] == v);
+          BOOST_TEST(tr.data()[((n * 5 + w) * 4 + h) * 3 + c] == v);
+        }
+  const auto small = random_tensor<double>(shape{2, 3, 2}, 14);
+  check_unary([](tape_d& t, var v) { return nn::reshape(t, v, {3, -1}); }, small, "reshape");
+  check_unary([](tape_d& t, var v) { return nn::permute(t, v, {2, 0, 1}); }, small, "permute");
+  check_unary([](tape_d& t, var v) { return nn::transpose(t, v, 0, 2); }, small, "transpose");
+
+  std::string e = error_of([&] { nn::reshape(r, x, {7, -1}); });
+  BOOST_TEST((mentions(e, "reshape") && mentions(e, "(2, 3, 4, 5)") && mentions(e, "(7, -1)")), e);
+  e = error_of([&] { nn::reshape(r, x, {-1, -1}); });
+  BOOST_TEST(mentions(e, "two -1s"), e);
+  e = error_of([&] { nn::permute(r, x, {0, 1, 1, 2}); });
+  BOOST_TEST((mentions(e, "permute") && mentions(e, "(0, 1, 1, 2)") && mentions(e, "(2, 3, 4, 5)")), e);
+}
+
+BOOST_AUTO_TEST_CASE(one_hot_rows_and_their_errors) {
+  auto r = nn::local();
+  const auto y = nn::one_hot<float>(r, std::vector<int>{2, 0, 1}, 3);
+  BOOST_TEST(y.shape() == (shape{3, 3}));
+  const std::vector<float> want{0, 0, 1, 1, 0, 0, 0, 1, 0};
+  BOOST_TEST(std::vector<float>(y.data(), y.data() + y.size()) == want, boost::test_tools::per_element());
+  const std::string e = error_of([&] { nn::one_hot<float>(r, std::vector<int>{1, 3}, 3); });
+  BOOST_TEST((mentions(e, "label 3") && mentions(e, "position 1") && mentions(e, "[0, 3)")), e);
+}
+
+BOOST_AUTO_TEST_CASE(a_loss_written_from_operations_trains_a_layer) {
+  // A projection term and a softplus loss, written from the operations on a tape, in float; the
+  // backward from the one-element mean (dL/dL = 1) reaches the layer's parameters.
+  auto r = nn::local();
+  nn::linear<float> lin{{.in_features = 4, .out_features = 3}, 5};
+  const auto x = random_tensor<float>(shape{6, 4}, 15), e = random_tensor<float>(shape{6, 3}, 16);
+  nn::tape t{r};
+  const auto h = t(lin, t.constant(x));
+  const auto score = nn::sum(t, nn::mul(t, h, t.constant(e)), 1);
+  const auto loss = nn::mean(t, nn::softplus(t, nn::scale(t, score, -1.0)));
+  BOOST_TEST(loss.shape().rank() == 0u);
+  t.backward(loss);
+  double norm = 0;
+  lin.for_each_parameter([&](std::span<float>, std::span<float> g) {
+    for (float v : g) norm += std::abs(v);
+  });
+  BOOST_TEST(norm > 0.0);
+  nn::tape t2{r};
+  const auto v = t2.watch(x);
+  const std::string err = error_of([&] { t2.backward(v); });
+  BOOST_TEST((mentions(err, "(6, 4)") && mentions(err, "one element")), err);
+}
+
+namespace {
+// A model of two inputs written for a tape: out = linear(x) + <embed(y), linear(x)> per example.
+struct two_input_model {
+  nn::linear<double> features{{.in_features = 3, .out_features = 4}, 21};
+  nn::linear<double> embed{{.in_features = 2, .out_features = 4, .bias = false}, 22};
+  var operator()(tape_d& t, var x, var y) {
+    const var h = t(features, x);
+    return nn::sum(t, nn::mul(t, h, t(embed, y)), 1, true);
+  }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    features.for_each_parameter(f);
+    embed.for_each_parameter(f);
+  }
+};
+std::vector<double> all_gradients(two_input_model& m) {
+  std::vector<double> g;
+  m.for_each_parameter([&](std::span<double>, std::span<double> grad) { g.insert(g.end(), grad.begin(), grad.end()); });
+  return g;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(models_of_several_inputs_and_their_frozen_calls) {
+  auto r = nn::local();
+  two_input_model m;
+  const auto x = random_tensor<double>(shape{5, 3}, 23), y = random_tensor<double>(shape{5, 2}, 24);
+  // Its input gradients, against differences.
+  check_tape_gradients([&m](tape_d& t, const std::vector<var>& v) { return t(m, v[0], v[1]); }, {x, y},
+                       "a model of two inputs");
+  // Not frozen: the parameters get gradients.
+  {
+    tape_d t{r};
+    t.backward(t(m, t.constant(x), t.constant(y)), random_tensor<double>(shape{5, 1}, 25));
+  }
+  const auto trained = all_gradients(m);
+  BOOST_TEST(std::any_of(trained.begin(), trained.end(), [](double g) { return g != 0.0; }));
+  // Frozen: every layer the model calls leaves its gradients as they were; the inputs' still flow.
+  tape_d t{r};
+  const var vx = t.watch(x);
+  t.backward(t(m, vx, t.constant(y), nn::frozen), random_tensor<double>(shape{5, 1}, 25));
+  BOOST_TEST(all_gradients(m) == trained, boost::test_tools::per_element());
+  BOOST_TEST(!t.gradient(vx).empty());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
