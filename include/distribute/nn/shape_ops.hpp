@@ -97,7 +97,7 @@ tensor<T, D> permuted(R& r, const tensor<T, D>& x, const std::array<int, shape::
     m.strides[po.offset + i] = px.strides[px.offset + static_cast<std::size_t>(order[i])];
   }
   tensor<T, D> y{os, x.device(), uninitialized};
-  if (os.numel() > 0) engine_of<D>(r).for_each(os.numel(), kernels::gather<T>{x.data(), y.data(), m});
+  if (os.numel() > 0) engine_of<D>(r).for_each(os.numel(), kernels::gather<T>{x.data(), y.data(), simplified(m)});
   return y;
 }
 inline std::array<int, shape::max_rank> inverse_order(const std::array<int, shape::max_rank>& order, std::size_t rank) {

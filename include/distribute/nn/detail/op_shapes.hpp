@@ -80,6 +80,31 @@ inline padded_shape pad(const shape& s) {
   return p;
 }
 
+// The same walk over fewer axes: those of extent 1 dropped, and an axis merged into the next inner
+// one where it continues it (its stride is the inner one's times the inner extent; two axes of
+// stride 0 continue each other too).
+inline strided_map simplified(const strided_map& m) {
+  std::int64_t e[4], st[4];
+  int n = 0;  // axes kept, innermost first
+  for (int k = 3; k >= 0; --k) {
+    if (m.extents[k] == 1) continue;
+    if (n > 0 && m.strides[k] == st[n - 1] * e[n - 1]) {
+      e[n - 1] *= m.extents[k];
+      continue;
+    }
+    e[n] = m.extents[k];
+    st[n] = m.strides[k];
+    ++n;
+  }
+  strided_map out;
+  out.axes = n;
+  for (int j = 0; j < n; ++j) {
+    out.extents[3 - j] = e[j];
+    out.strides[3 - j] = st[j];
+  }
+  return out;
+}
+
 // NumPy's rule: aligned at the last axis, each pair of extents equal or one of them 1.
 inline shape broadcast_shape(const char* op, const shape& a, const shape& b) {
   const padded_shape pa = pad(a), pb = pad(b);
@@ -105,7 +130,7 @@ inline strided_map broadcast_map(const shape& in, const shape& out) {
     m.extents[k] = po.extents[k];
     m.strides[k] = pi.extents[k] == 1 ? 0 : pi.strides[k];
   }
-  return m;
+  return simplified(m);
 }
 
 // A reduction of `in` over the axes where `kept_mask` is false: the walk over the output elements
@@ -127,6 +152,8 @@ inline reduction_maps reduction_of(const shape& in, const std::array<bool, 4>& r
       r.segments *= p.extents[k];
     }
   }
+  r.kept = simplified(r.kept);
+  r.reduced = simplified(r.reduced);
   return r;
 }
 
