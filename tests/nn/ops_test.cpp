@@ -4,6 +4,7 @@
 
 #include "nn_test_support.hpp"
 
+#include <distribute/nn/check_gradients.hpp>
 #include <distribute/nn/linear.hpp>
 #include <distribute/nn/tape_ops.hpp>
 
@@ -380,6 +381,83 @@ BOOST_AUTO_TEST_CASE(models_of_several_inputs_and_their_frozen_calls) {
   t.backward(t(m, vx, t.constant(y), nn::frozen), random_tensor<double>(shape{5, 1}, 25));
   BOOST_TEST(all_gradients(m) == trained, boost::test_tools::per_element());
   BOOST_TEST(!t.gradient(vx).empty());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+// docs/nn.md's "Writing your own layer", as printed there.
+template <class T = float, dist::device D = dist::cpu>
+class scaled_softsign {  // y = a x / (1 + |x|), one parameter a
+ public:
+  using scalar_type = T;
+  using device_type = D;
+  using tensor_type = dist::tensor<T, D>;
+  struct state_type {
+    tensor_type x, d;
+  };  // what backward needs: x and 1 + |x|
+
+  explicit scaled_softsign(std::uint64_t seed, const D& device = {})
+      : a_{dist::shape{1}, nn::init::scale, seed, device},
+        one_{tensor_type::from_host(dist::shape{1}, std::vector<T>{T(1)}, device)} {}
+
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    s.x = x;
+    s.d = nn::add(r, nn::abs(r, x), one_);  // [1] broadcasts
+    return nn::mul(r, nn::div(r, x, s.d), a_.value);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    auto [du, da] = nn::mul_backward(r, nn::div(r, s.x, s.d), a_.value, dy);
+    nn::axpy(r, T(1), da, a_.grad);             // gradients accumulate
+    return nn::div(r, du, nn::square(r, s.d));  // d(x / (1 + |x|))/dx
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_);
+  }
+  template <class R>
+  tensor_type backward(R& r, const tensor_type& dy) {
+    return backward(r, kept_, dy);
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    a_.visit(f);
+  }
+  void zero_grad() { a_.zero_grad(); }
+  void set_training(bool) {}
+  template <class S>
+  void name_state(S& s) {
+    s.parameter("a", a_);
+  }  // its state-dict name
+
+ private:
+  nn::parameter<T, D> a_;
+  tensor_type one_;
+  state_type kept_;
+};
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(operations)
+
+BOOST_AUTO_TEST_CASE(the_documented_layer_of_ones_own_checks_and_trains_on_a_tape) {
+  static_assert(nn::layer_with_state<scaled_softsign<float>>);
+  scaled_softsign<double> exact{3};
+  const auto report = nn::check_gradients(exact, random_tensor<double>(shape{4, 5}, 31));
+  (void)report;
+  // Called twice on one tape, its gradient of a gets both calls' parts.
+  auto r = nn::local();
+  scaled_softsign<float> layer{3};
+  const auto x = random_tensor<float>(shape{4, 5}, 32);
+  nn::tape t{r};
+  const auto v = t.watch(x);
+  t.backward(nn::mean(t, nn::square(t, nn::sub(t, t(layer, v), t(layer, nn::scale(t, v, 2.0f))))));
+  float ga = 0;
+  layer.for_each_parameter([&](std::span<float>, std::span<float> g) { ga = g[0]; });
+  BOOST_TEST(ga != 0.0f);
+  BOOST_TEST(t.gradient(v).shape() == x.shape());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
