@@ -9,6 +9,7 @@
 #include <distribute/nn/activations.hpp>
 #include <distribute/nn/batch_norm.hpp>
 #include <distribute/nn/broadcasting.hpp>
+#include <distribute/nn/check_gradients.hpp>
 #include <distribute/nn/classification_losses.hpp>
 #include <distribute/nn/conv2d.hpp>
 #include <distribute/nn/conv_transpose2d.hpp>

@@ -48,63 +48,18 @@ double relative_error_of(std::span<const T> a, std::span<const T> b) {
   return relative_error(da, db);
 }
 
-// Checks a layer's backward against central differences of L(x, params) = sum(g * layer(x)), in
-// double precision, for the input gradient and every parameter gradient.
+// Checks a layer's backward against central differences of L(x, params) = sum(w * layer(x)), in
+// double precision, for the input gradient and every parameter gradient: nn::check_gradients
+// (<distribute/nn/check_gradients.hpp>), its error reported as a test failure.
 template <class L>
 void check_gradients(L& layer, tensor<double> x, const std::string& what, double tolerance = 1e-3) {
-  auto r = nn::local();
-  const double h = 1e-6;
-  const auto y = layer.forward(r, x);
-  const auto g = random_tensor<double>(y.shape(), 99);
-  auto objective = [&] {
-    const auto out = layer.forward(r, x);
-    double s = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) s += g[i] * out[i];
-    return s;
-  };
-  layer.forward(r, x);
-  layer.zero_grad();
-  const auto dx = layer.backward(r, g);
-  BOOST_TEST_REQUIRE((dx.shape() == x.shape()), what << ": dx has shape " << dx.shape());
-
-  std::vector<double> numeric(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + h;
-    const double up = objective();
-    x[i] = keep - h;
-    const double down = objective();
-    x[i] = keep;
-    numeric[i] = (up - down) / (2 * h);
+  std::string failure;
+  try {
+    nn::check_gradients(layer, std::move(x), {.tolerance = tolerance, .name = what});
+  } catch (const nn::gradient_check_error& e) {
+    failure = e.what();
   }
-  double numeric_norm = 0;
-  for (double v : numeric) numeric_norm += v * v;
-  BOOST_TEST(numeric_norm > 0, what << ": the input gradient is zero, so the check would prove nothing");
-  const double ex = relative_error(numeric, dx.values());
-  BOOST_TEST(ex < tolerance, what << ": input gradient relative error " << ex);
-
-  // Parameters: the analytic gradients first (the finite differences below run more forwards).
-  std::vector<std::vector<double>> analytic;
-  layer.for_each_parameter(
-      [&](std::span<double>, std::span<double> grad) { analytic.emplace_back(grad.begin(), grad.end()); });
-  std::size_t index = 0;
-  std::vector<std::span<double>> values;
-  layer.for_each_parameter([&](std::span<double> value, std::span<double>) { values.push_back(value); });
-  for (auto value : values) {
-    std::vector<double> num(value.size());
-    for (std::size_t i = 0; i < value.size(); ++i) {
-      const double keep = value[i];
-      value[i] = keep + h;
-      const double up = objective();
-      value[i] = keep - h;
-      const double down = objective();
-      value[i] = keep;
-      num[i] = (up - down) / (2 * h);
-    }
-    const double ep = relative_error(num, analytic[index], 1e-5);
-    BOOST_TEST(ep < tolerance, what << ": parameter " << index << " gradient relative error " << ep);
-    ++index;
-  }
+  BOOST_TEST(failure.empty(), failure);
 }
 
 // Whether `s` contains `part` (for error messages).

@@ -1,6 +1,7 @@
 // summary::writer: CRC-32C against published vectors, TFRecord framing against records of a real
-// event file, the protobuf encoding against TensorBoard's own classes, PNG through a decoder, the
-// writer's files, errors and threads, and a round trip through TensorBoard's reader.
+// event file, the protobuf encoding against TensorBoard's own classes, PNG through a decoder, grids
+// of image tensors read back pixel by pixel, the writer's files, errors and threads, and a round trip
+// through TensorBoard's reader.
 
 #include <distribute/summary.hpp>
 
@@ -34,6 +35,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -436,6 +438,244 @@ BOOST_AUTO_TEST_CASE(rows_take_different_filters) {
   for (int y = 0; y < h; ++y) filters.insert(raw[static_cast<std::size_t>(y) * (w * c + 1)]);
   BOOST_TEST(filters.size() >= 3u, "filters used: " << filters.size());
   for (int f : filters) BOOST_TEST(f <= 4);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- PNG grids of image tensors ------------------------------------------------------------------
+
+namespace {
+
+// A PNG read back with zlib alone: every chunk's CRC checked, the IDAT chunks inflated and each row
+// unfiltered (the encoder picks one of the five filters per row).
+struct decoded_png {
+  std::uint32_t width = 0, height = 0;
+  int bit_depth = 0, colour_type = 0, channels = 0;
+  std::vector<std::uint8_t> pixels;  // HWC
+  std::uint8_t at(std::uint32_t y, std::uint32_t x, int ch) const {
+    return pixels[(static_cast<std::size_t>(y) * width + x) * static_cast<std::size_t>(channels) +
+                  static_cast<std::size_t>(ch)];
+  }
+};
+
+std::uint32_t be32(std::string_view s, std::size_t at) {
+  std::uint32_t v = 0;
+  for (std::size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
+  return v;
+}
+
+decoded_png decode_png(const std::string& png) {
+  decoded_png d;
+  BOOST_TEST_REQUIRE(png.size() > 8u);
+  BOOST_TEST_REQUIRE(png.substr(0, 8) == "\x89PNG\r\n\x1a\n"s);
+  std::string idat;
+  for (std::size_t at = 8; at + 12 <= png.size();) {
+    const std::uint32_t length = be32(png, at);
+    const std::string type = png.substr(at + 4, 4);
+    BOOST_TEST_REQUIRE(at + 12 + length <= png.size());
+    const uLong crc = ::crc32(0L, reinterpret_cast<const Bytef*>(png.data() + at + 4), length + 4);
+    BOOST_TEST(be32(png, at + 8 + length) == crc, type << " chunk CRC");
+    const std::string data = png.substr(at + 8, length);
+    if (type == "IHDR") {
+      BOOST_TEST_REQUIRE(length == 13u);
+      d.width = be32(data, 0);
+      d.height = be32(data, 4);
+      d.bit_depth = data[8];
+      d.colour_type = data[9];
+      BOOST_TEST(data.substr(10) == "\0\0\0"s);  // deflate, adaptive filters, no interlace
+    } else if (type == "IDAT") {
+      idat += data;
+    }
+    at += 12 + length;
+  }
+  BOOST_TEST_REQUIRE((d.colour_type == 0 || d.colour_type == 2));
+  d.channels = d.colour_type == 0 ? 1 : 3;
+  const std::size_t stride = static_cast<std::size_t>(d.width) * static_cast<std::size_t>(d.channels);
+  std::vector<std::uint8_t> raw(d.height * (stride + 1));
+  uLongf raw_size = static_cast<uLongf>(raw.size());
+  BOOST_TEST_REQUIRE(::uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(idat.data()),
+                                  static_cast<uLong>(idat.size())) == Z_OK);
+  BOOST_TEST_REQUIRE(raw_size == raw.size());
+  d.pixels.resize(d.height * stride);
+  const auto bpp = static_cast<std::size_t>(d.channels);
+  for (std::size_t y = 0; y < d.height; ++y) {
+    const std::uint8_t filter = raw[y * (stride + 1)];
+    const std::uint8_t* in = raw.data() + y * (stride + 1) + 1;
+    std::uint8_t* row = d.pixels.data() + y * stride;
+    const std::uint8_t* up = y > 0 ? row - stride : nullptr;
+    for (std::size_t i = 0; i < stride; ++i) {
+      const int a = i >= bpp ? row[i - bpp] : 0, b = up ? up[i] : 0, c = up && i >= bpp ? up[i - bpp] : 0;
+      int predicted = 0;
+      switch (filter) {
+        case 0: break;
+        case 1: predicted = a; break;
+        case 2: predicted = b; break;
+        case 3: predicted = (a + b) / 2; break;
+        case 4: {
+          const int p = a + b - c, pa = std::abs(p - a), pb = std::abs(p - b), pc = std::abs(p - c);
+          predicted = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+          break;
+        }
+        default: BOOST_FAIL("row " << y << " has filter " << int{filter});
+      }
+      row[i] = static_cast<std::uint8_t>(in[i] + predicted);
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(png_grid)
+
+BOOST_AUTO_TEST_CASE(an_rgb_grid_lands_where_expected_with_its_padding) {
+  // 5 images of 3 channels, 2x3 pixels, in 2 rows: 3 columns, the sixth cell empty.
+  const int n = 5, c = 3, h = 2, w = 3;
+  distribute::tensor<float> images{distribute::shape::nchw(n, c, h, w)};
+  // A value per (image, channel, row, column), each a distinct byte once mapped from [-1, 1].
+  auto value = [](int i, int ch, int y, int x) {
+    return -0.9f + 0.05f * static_cast<float>(i * 7 + ch * 5 + y * 3 + x);
+  };
+  for (int i = 0; i < n; ++i)
+    for (int ch = 0; ch < c; ++ch)
+      for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x) images(i, ch, y, x) = value(i, ch, y, x);
+  // Outside the range: clamped; NaN: 0.
+  images(0, 0, 0, 0) = 3.0f;
+  images(0, 1, 0, 0) = -7.0f;
+  images(0, 2, 0, 0) = std::numeric_limits<float>::quiet_NaN();
+  images(4, 0, 1, 2) = 1.0f;
+  images(4, 1, 1, 2) = -1.0f;
+  images(4, 2, 1, 2) = 0.0f;
+
+  temp_dir d;
+  fs::create_directories(d.path);
+  const fs::path file = d.path / "grid.png";
+  summary::write_png_grid(file, images, 2,
+                          {.range = summary::value_range::minus_one_to_one, .padding = 1, .padding_value = 77});
+  BOOST_TEST(files_in(d.path) == std::vector<fs::path>{file});  // nothing left beside it
+  const decoded_png png = decode_png(read_file(file));
+  BOOST_TEST(png.width == 3u * 3 + 4);  // 3 columns of 3, 4 paddings of 1
+  BOOST_TEST(png.height == 2u * 2 + 3);
+  BOOST_TEST(png.bit_depth == 8);
+  BOOST_TEST(png.colour_type == 2);  // RGB
+
+  auto byte_of = [](float v) { return static_cast<int>(std::floor((v + 1.0) / 2.0 * 255.0 + 0.5)); };
+  // Every pixel: inside a cell the image's value, elsewhere (frame, gaps, the empty sixth cell) padding.
+  for (std::uint32_t gy = 0; gy < png.height; ++gy)
+    for (std::uint32_t gx = 0; gx < png.width; ++gx) {
+      const int cy = static_cast<int>(gy) - 1, cx = static_cast<int>(gx) - 1;  // past the frame
+      const int row = cy / (h + 1), y = cy % (h + 1), col = cx / (w + 1), x = cx % (w + 1);
+      const int i = row * 3 + col;
+      const bool inside = cy >= 0 && cx >= 0 && y < h && x < w && row < 2 && col < 3 && i < n;
+      for (int ch = 0; ch < c; ++ch) {
+        const int expected = !inside                           ? 77
+                             : std::isnan(images(i, ch, y, x)) ? 0
+                                                               : std::clamp(byte_of(images(i, ch, y, x)), 0, 255);
+        BOOST_TEST(int{png.at(gy, gx, ch)} == expected, "pixel (" << gy << ", " << gx << ") channel " << ch);
+      }
+    }
+  // The same, spelled out at a few places.
+  BOOST_TEST(int{png.at(0, 0, 0)} == 77);                          // the frame
+  BOOST_TEST(int{png.at(1, 1, 0)} == 255);                         // image 0's first pixel: 3 clamped to 1
+  BOOST_TEST(int{png.at(1, 1, 1)} == 0);                           // -7 clamped to -1
+  BOOST_TEST(int{png.at(1, 1, 2)} == 0);                           // NaN
+  BOOST_TEST(int{png.at(1, 4, 0)} == 77);                          // the gap between images 0 and 1
+  BOOST_TEST(int{png.at(1, 5, 0)} == byte_of(value(1, 0, 0, 0)));  // image 1's first pixel
+  BOOST_TEST(int{png.at(3, 1, 0)} == 77);                          // the gap between the rows
+  BOOST_TEST(int{png.at(5, 7, 0)} == 255);                         // image 4 (row 1, column 1), pixel (1, 2)
+  BOOST_TEST(int{png.at(5, 7, 1)} == 0);
+  BOOST_TEST(int{png.at(5, 7, 2)} == 128);  // 0 is the middle: round(127.5)
+  BOOST_TEST(int{png.at(4, 9, 0)} == 77);   // the empty sixth cell
+  BOOST_TEST(int{png.at(5, 11, 2)} == 77);
+}
+
+BOOST_AUTO_TEST_CASE(a_grey_grid_of_doubles_in_zero_to_one) {
+  // 3 images of 1 channel, 4x2 pixels, in 3 rows of one column, the default padding of 2, black.
+  distribute::tensor<double> images{distribute::shape::nchw(3, 1, 4, 2)};
+  for (std::size_t k = 0; k < images.size(); ++k) images[k] = static_cast<double>(k) / 23.0;
+  images[0] = -0.5;  // clamped to 0
+  images[1] = 1.5;   // clamped to 1
+  temp_dir d;
+  fs::create_directories(d.path);
+  summary::write_png_grid(d.path / "grey.png", images, 3);
+  const decoded_png png = decode_png(read_file(d.path / "grey.png"));
+  BOOST_TEST(png.colour_type == 0);  // grey
+  BOOST_TEST(png.width == 2u + 2 * 2);
+  BOOST_TEST(png.height == 3u * 4 + 4 * 2);
+  for (int i = 0; i < 3; ++i)
+    for (int y = 0; y < 4; ++y)
+      for (int x = 0; x < 2; ++x) {
+        const double v = std::clamp(images(i, 0, y, x), 0.0, 1.0);
+        const auto gy = static_cast<std::uint32_t>(2 + i * 6 + y), gx = static_cast<std::uint32_t>(2 + x);
+        BOOST_TEST(int{png.at(gy, gx, 0)} == static_cast<int>(std::floor(v * 255.0 + 0.5)));
+      }
+  BOOST_TEST(int{png.at(2, 2, 0)} == 0);
+  BOOST_TEST(int{png.at(2, 3, 0)} == 255);
+  for (const std::uint32_t y : {0u, 1u, 6u, 7u, 12u, 13u, 18u, 19u})
+    for (std::uint32_t x = 0; x < png.width; ++x) BOOST_TEST(int{png.at(y, x, 0)} == 0, "padding row " << y);
+
+  // make_image_grid gives the same pixels, for summary::writer::image.
+  const auto g = summary::make_image_grid(images, 3);
+  BOOST_TEST(g.height == 20);
+  BOOST_TEST(g.width == 6);
+  BOOST_TEST(g.channels == 1);
+  BOOST_TEST(g.pixels == png.pixels);
+}
+
+BOOST_AUTO_TEST_CASE(bad_arguments_and_paths_are_named) {
+  using distribute::shape;
+  auto error = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return "invalid_argument: "s + e.what();
+    } catch (const summary::summary_error& e) {
+      return "summary_error: "s + e.what();
+    }
+    return "no error";
+  };
+  temp_dir d;
+  fs::create_directories(d.path);
+  const fs::path file = d.path / "g.png";
+  const distribute::tensor<float> four{shape::nchw(4, 3, 2, 2)};
+  BOOST_TEST(error([&] { summary::write_png_grid(file, distribute::tensor<float>{shape{4, 3, 2}}, 1); }) ==
+             "invalid_argument: distribute: summary::write_png_grid: images of shape (4, 3, 2): expected [N, C, H, W] "
+             "(rank 4)");
+  BOOST_TEST(error([&] { summary::write_png_grid(file, distribute::tensor<float>{shape::nchw(4, 2, 2, 2)}, 1); }) ==
+             "invalid_argument: distribute: summary::write_png_grid: images of shape (4, 2, 2, 2): 2 channels "
+             "(accepted: 1 grey, 3 RGB)");
+  BOOST_TEST(error([&] { summary::make_image_grid(distribute::tensor<double>{shape::nchw(1, 4, 2, 2)}, 1); }) ==
+             "invalid_argument: distribute: summary::make_image_grid: images of shape (1, 4, 2, 2): 4 channels "
+             "(accepted: 1 grey, 3 RGB)");
+  BOOST_TEST(error([&] { summary::write_png_grid(file, four, 0); }) ==
+             "invalid_argument: distribute: summary::write_png_grid: images of shape (4, 3, 2, 2): rows is 0 but must "
+             "be in [1, 4] (the image count)");
+  BOOST_TEST(error([&] { summary::write_png_grid(file, four, 5); }) ==
+             "invalid_argument: distribute: summary::write_png_grid: images of shape (4, 3, 2, 2): rows is 5 but must "
+             "be in [1, 4] (the image count)");
+  BOOST_TEST(error([&] { summary::write_png_grid(file, four, 2, {.padding = -1}); }) ==
+             "invalid_argument: distribute: summary::write_png_grid: images of shape (4, 3, 2, 2): padding is -1 but "
+             "must be at least 0");
+  BOOST_TEST(error([&] { summary::write_png_grid(file, distribute::tensor<float>{shape::nchw(2, 3, 0, 2)}, 1); }) ==
+             "invalid_argument: distribute: summary::write_png_grid: images of shape (2, 3, 0, 2): no pixels");
+  BOOST_TEST(!fs::exists(file));
+  // A path in a directory that does not exist, and a path that is a directory.
+  const fs::path missing = d.path / "no" / "such" / "g.png";
+  BOOST_TEST(error([&] { summary::write_png_grid(missing, four, 2); }) ==
+             "summary_error: distribute: summary::write_png_grid: cannot write " + missing.string() +
+                 ": No such file or directory");
+  fs::create_directories(d.path / "dir.png");
+  const std::string e = error([&] { summary::write_png_grid(d.path / "dir.png", four, 2); });
+  BOOST_TEST(e.starts_with("summary_error: distribute: summary::write_png_grid: cannot write " +
+                           (d.path / "dir.png").string() + ": "),
+             e);
+  BOOST_TEST(files_in(d.path) == std::vector<fs::path>{d.path / "dir.png"});  // no partial file left
+  // Written where it can be, padding 0 included.
+  summary::write_png_grid(file, four, 4, {.padding = 0});
+  const decoded_png png = decode_png(read_file(file));
+  BOOST_TEST(png.width == 2u);
+  BOOST_TEST(png.height == 8u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
