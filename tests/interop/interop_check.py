@@ -8,6 +8,13 @@
   torch-save DIR C F B SEED   a randomly initialised port generator writes DIR/gen.safetensors
                               (safetensors.torch.save_file of its state_dict) and DIR/io.safetensors
                               (an input and its output) for the C++ side to compare with
+  torch-layer DIR KIND ARGS.. the PyTorch layer KIND (embedding, upsample_nearest, upsample_bilinear,
+                              pixel_shuffle, layer_norm, spectral_linear, spectral_conv2d) with
+                              ARGS loads DIR/state.safetensors (written by nn::save_safetensors
+                              before our forward), runs forward and backward in training mode on
+                              DIR/io.safetensors's "input" and "dy", and compares "output", "dx",
+                              every "grad.<parameter>" and every "after.<buffer>" within 1e-5
+                              of the larger of 1 and the tensor's largest magnitude
   onnx MODEL IO [TOL]         onnx.checker (full check) passes MODEL, and onnxruntime maps IO's
                               "input" to IO's "output" within TOL (default 1e-5)
 
@@ -64,6 +71,63 @@ def torch_save(out, c, f, b, seed):
     return 0
 
 
+def torch_layer_module(kind, args):
+    import torch
+    a = [int(v) for v in args]
+    if kind == "embedding":
+        return torch.nn.Embedding(a[0], a[1])
+    if kind in ("upsample_nearest", "upsample_bilinear"):
+        return torch.nn.Upsample(scale_factor=a[0], mode=kind.split("_")[1])
+    if kind == "pixel_shuffle":
+        return torch.nn.PixelShuffle(a[0])
+    if kind == "layer_norm":
+        return torch.nn.LayerNorm(a)
+    if kind == "spectral_linear":
+        return torch.nn.utils.spectral_norm(torch.nn.Linear(a[0], a[1]))
+    if kind == "spectral_conv2d":
+        return torch.nn.utils.spectral_norm(torch.nn.Conv2d(a[0], a[1], a[2], padding=a[3]))
+    sys.exit(f"unknown layer {kind}")
+
+
+def torch_layer(directory, kind, *args):
+    import torch
+    from safetensors.torch import load_file
+    module = torch_layer_module(kind, args)
+    state = load_file(os.path.join(directory, "state.safetensors"))
+    if state:
+        module.load_state_dict(state, strict=True)
+    module.train()
+    t = load_file(os.path.join(directory, "io.safetensors"))
+    x = t["input"]
+    if kind == "embedding":
+        x = x.long()
+    else:
+        x = x.clone().requires_grad_(True)
+    y = module(x)
+    y.backward(t["dy"])
+    # (ours, PyTorch's) per tensor; compared relative to the larger of 1 and PyTorch's largest
+    # magnitude: a weight gradient sums many products, rounded in another order by each library.
+    pairs = {"output": (t["output"], y.detach())}
+    if "dx" in t:
+        pairs["dx"] = (t["dx"], x.grad)
+    parameters = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+    for name, value in t.items():
+        if name.startswith("grad."):
+            pairs[name] = (value, parameters[name[5:]].grad)
+        elif name.startswith("after."):
+            pairs[name] = (value, buffers[name[6:]])
+    worst = 0.0
+    for name, (ours, theirs) in pairs.items():
+        if ours.numel() == 0:
+            continue
+        scale = max(1.0, float(theirs.abs().max()))
+        d = float((ours - theirs).abs().max()) / scale
+        print(f"{name}: {d:.3g} (of {scale:.3g})")
+        worst = max(worst, d)
+    return report(worst)
+
+
 def run_onnx(model, io, tolerance=TOLERANCE):
     import onnx
     import onnxruntime as ort
@@ -83,6 +147,8 @@ def main():
         return torch_load(*args)
     if what == "torch-save":
         return torch_save(*args)
+    if what == "torch-layer":
+        return torch_layer(*args)
     if what == "onnx":
         return run_onnx(*args)
     sys.exit(f"unknown check {what}")

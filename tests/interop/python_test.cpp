@@ -150,6 +150,91 @@ BOOST_AUTO_TEST_CASE(pytorch_weights_load_into_our_generator) {
   BOOST_TEST(d <= 1e-5);
 }
 
+namespace {
+
+// A layer's gradients and buffers by their state-dict names, for the files below.
+struct named_results {
+  std::vector<std::pair<std::string, dist::tensor<float>>>* out;
+  template <class T, class D>
+  void parameter(const std::string& name, nn::parameter<T, D>& p) {
+    out->emplace_back("grad." + name, p.grad);
+  }
+  void buffer(const std::string& name, std::span<double> b) {
+    dist::tensor<float> t{dist::shape{static_cast<std::int64_t>(b.size())}};
+    std::copy(b.begin(), b.end(), t.begin());
+    out->emplace_back("after." + name, t);
+  }
+};
+
+// PyTorch's layer (`kind` with `args`: interop_check.py) loads `layer`'s state as it was before one
+// training forward and backward here, runs the same on the same input and output gradient, and gives
+// the same output, input gradient, parameter gradients and (spectral norm's power iteration) buffers
+// within 1e-5.
+template <class L>
+void compare_with_torch(L& layer, const dist::tensor<float>& x, const std::string& kind,
+                        const std::vector<std::string>& args, bool input_gradient = true) {
+  const auto py = python(true);
+  temp_dir dir;
+  nn::save_safetensors(layer, dir.path / "state.safetensors");
+  auto r = nn::local();
+  layer.set_training(true);
+  layer.zero_grad();
+  const auto y = layer.forward(r, x);
+  const auto dy = random_input<float>(y.shape(), 17);
+  const auto dx = layer.backward(r, dy);
+  std::vector<std::pair<std::string, dist::tensor<float>>> tensors{{"input", x}, {"dy", dy}, {"output", y}};
+  if (input_gradient) tensors.emplace_back("dx", dx);
+  nn::for_each_named_state(layer, named_results{&tensors});
+  std::vector<nn::detail::safetensors::tensor_to_write> entries;
+  for (const auto& [name, t] : tensors) {
+    std::vector<std::uint64_t> shape;
+    for (std::size_t i = 0; i < t.shape().rank(); ++i) shape.push_back(static_cast<std::uint64_t>(t.shape()[i]));
+    entries.push_back({name, "F32", shape, nn::detail::bytes_of(std::vector<float>(t.begin(), t.end()))});
+  }
+  dist::checkpoint::write_atomically(dir.path / "io.safetensors", nn::detail::safetensors::encode(entries));
+  std::vector<std::string> command{"torch-layer", dir.path.string(), kind};
+  command.insert(command.end(), args.begin(), args.end());
+  const auto res = run(py, command);
+  BOOST_TEST(res.status == 0, kind << ": " << res.output);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(porting_layers_compute_what_pytorchs_compute) {
+  {
+    nn::embedding<float> emb{{.num_embeddings = 9, .embedding_dim = 6}, 3};
+    dist::tensor<float> ids{dist::shape{4, 5}};
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<float>((i * 7 + 3) % 9 == 5 ? 2 : (i * 7 + 3) % 9);
+    compare_with_torch(emb, ids, "embedding", {"9", "6"}, false);
+  }
+  const auto img = random_input<float>(dist::shape::nchw(2, 3, 5, 7), 21);
+  for (const std::int64_t s : {2, 3}) {
+    nn::upsample<float> nearest{{.scale_factor = s}};
+    compare_with_torch(nearest, img, "upsample_nearest", {std::to_string(s)});
+    nn::upsample<float> bilinear{{.scale_factor = s, .mode = nn::upsample_mode::bilinear}};
+    compare_with_torch(bilinear, img, "upsample_bilinear", {std::to_string(s)});
+  }
+  nn::pixel_shuffle<float> ps{{.upscale_factor = 2}};
+  compare_with_torch(ps, random_input<float>(dist::shape::nchw(2, 8, 3, 5), 22), "pixel_shuffle", {"2"});
+  {
+    nn::layer_norm<float> ln{{.normalized_shape = dist::shape{3, 5, 7}}};
+    // weights off 1 and 0, so that loading them is tested too
+    ln.for_each_parameter([i = 0](std::span<float> v, std::span<float>) mutable {
+      for (auto& w : v) w = 0.5f + 0.01f * static_cast<float>(i++ % 37);
+    });
+    compare_with_torch(ln, img, "layer_norm", {"3", "5", "7"});
+    nn::layer_norm<float> last{{.normalized_shape = dist::shape{7}}};
+    compare_with_torch(last, img, "layer_norm", {"7"});
+  }
+  {
+    nn::spectral_norm sn{nn::linear<float>{{.in_features = 12, .out_features = 5}, 4}, {}, 6};
+    compare_with_torch(sn, random_input<float>(dist::shape{3, 12}, 23), "spectral_linear", {"12", "5"});
+    nn::spectral_norm sc{nn::conv2d<float>{{.in_channels = 3, .out_channels = 4, .kernel = 3, .padding = 1}, 4}, {}, 7};
+    compare_with_torch(sc, img, "spectral_conv2d", {"3", "4", "3", "1"});
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(onnxruntime)
@@ -194,6 +279,31 @@ BOOST_AUTO_TEST_CASE(generator_at_paper_size) {
   check_with_onnxruntime(g, dist::shape::nchw(1, 3, 256, 256), "paper generator, direct convolutions",
                          {.conv_winograd = false});
   check_with_onnxruntime(g, dist::shape::nchw(1, 3, 256, 256), "paper generator, the engine's default", {}, 5e-5);
+}
+
+BOOST_AUTO_TEST_CASE(porting_layers) {
+  auto m = nn::sequential{
+      nn::conv2d<float>{{.in_channels = 3, .out_channels = 8, .kernel = 3, .padding = 1}, 2},
+      nn::pixel_shuffle<float>{{.upscale_factor = 2}},
+      nn::upsample<float>{{.scale_factor = 2}},
+      nn::upsample<float>{{.scale_factor = 3, .mode = nn::upsample_mode::bilinear}},
+      nn::layer_norm<float>{{.normalized_shape = dist::shape{2, 48, 48}}},
+      nn::spectral_norm{nn::conv2d<float>{{.in_channels = 2, .out_channels = 3, .kernel = 3, .padding = 1}, 3}, {}, 4}};
+  // Training forwards first: the power iteration brings u and v near W's singular vectors. From their
+  // random draws sigma = u^T W v can be near 0, and W / sigma then magnifies every rounding.
+  move_statistics(m, dist::shape::nchw(2, 3, 4, 4), 7);
+  check_with_onnxruntime(m, dist::shape::nchw(2, 3, 4, 4), "pixel_shuffle, upsample, layer_norm, spectral_norm");
+  // Indices as the layer takes them (integral floats), cast to int64 in the graph.
+  const auto py = python(false);
+  temp_dir dir;
+  nn::embedding<float> emb{{.num_embeddings = 10, .embedding_dim = 4}, 5};
+  dist::tensor<float> ids{dist::shape{3, 4}};
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<float>((i * 3) % 10);
+  auto r = nn::local();
+  write_io(dir.path / "io.safetensors", ids, emb.forward(r, ids));
+  nn::export_onnx(emb, ids.shape(), dir.path / "model.onnx");
+  const auto res = run(py, {"onnx", (dir.path / "model.onnx").string(), (dir.path / "io.safetensors").string()});
+  BOOST_TEST(res.status == 0, "embedding: " << res.output);
 }
 
 BOOST_AUTO_TEST_CASE(discriminator) {

@@ -181,7 +181,7 @@ tensor<double> model_backward(M& model, local_replica& r, const tensor<double>& 
 }
 
 template <class M>
-std::vector<std::vector<double>> gradients_of(M& model) {
+std::vector<std::vector<double>> parameter_gradient_copies(M& model) {
   std::vector<std::vector<double>> out;
   model.for_each_parameter([&](std::span<double>, std::span<double> g) { out.emplace_back(g.begin(), g.end()); });
   return out;
@@ -260,11 +260,11 @@ gradient_check_report check_gradients(M& model, tensor<double> x, const gradient
   // The analytic gradients first: the finite differences below run more forwards.
   model.zero_grad();
   const auto dx = detail::model_backward(model, r, x, w);
-  const auto analytic = detail::gradients_of(model);
+  const auto analytic = detail::parameter_gradient_copies(model);
   std::vector<std::vector<double>> twice;
   if (options.accumulation && !analytic.empty()) {
     detail::model_backward(model, r, x, w);
-    twice = detail::gradients_of(model);
+    twice = detail::parameter_gradient_copies(model);
   }
   model.zero_grad();
 

@@ -12,8 +12,12 @@
 #include <distribute/nn/detail/activation_kernels.hpp>
 #include <distribute/nn/detail/dense_kernels.hpp>
 #include <distribute/nn/detail/dropout_kernels.hpp>
+#include <distribute/nn/detail/embedding_kernels.hpp>
+#include <distribute/nn/detail/layer_norm_kernels.hpp>
 #include <distribute/nn/detail/loss_kernels.hpp>
 #include <distribute/nn/detail/norm_kernels.hpp>
 #include <distribute/nn/detail/padding_kernels.hpp>
 #include <distribute/nn/detail/plane_sum_kernels.hpp>
 #include <distribute/nn/detail/pooling_kernels.hpp>
+#include <distribute/nn/detail/resampling_kernels.hpp>
+#include <distribute/nn/detail/spectral_norm_kernels.hpp>
