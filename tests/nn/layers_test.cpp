@@ -9,9 +9,11 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace dist = distribute;
@@ -447,6 +449,37 @@ BOOST_AUTO_TEST_CASE(values_left_on_the_device_have_the_host_values_bits) {
   };
   check(serial, "serial engine");
   check(threaded, "engine<cpu>");
+}
+
+// A loss between tensors of different shapes is refused with both shapes, in every form: on the
+// calling thread, with a replica, with the value left on the device; for other spatial sizes, and
+// for the same element count in another shape (which the arithmetic alone would not notice).
+BOOST_AUTO_TEST_CASE(a_loss_of_tensors_of_different_shapes_names_both) {
+  using dist::test::error_of;
+  using dist::test::mentions;
+  struct serial_replica {
+    dist::serial_engine e;
+    dist::serial_engine& engine() { return e; }
+  } r;
+  const tensor<float> pred{shape::nchw(2, 3, 8, 8)};
+  for (const shape other : {shape::nchw(2, 3, 4, 4), shape{2, 192}}) {
+    const tensor<float> target{other};
+    const std::string both = "of a prediction (2, 3, 8, 8) and a target " + other.to_string();
+    const std::vector<std::pair<std::string, std::function<void()>>> calls{
+        {"mse", [&] { nn::mse(pred, target, 2); }},
+        {"mse", [&] { nn::mse(r, pred, target, 2); }},
+        {"mse", [&] { nn::mse(r, pred, target, 2, nn::value_on_device); }},
+        {"l1", [&] { nn::l1(pred, target, 2); }},
+        {"l1", [&] { nn::l1(r, pred, target, 2); }},
+        {"l1", [&] { nn::l1(r, pred, target, 2, nn::value_on_device); }},
+        {"bce_with_logits", [&] { nn::bce_with_logits(pred, target, 2); }},
+        {"bce_with_logits", [&] { nn::bce_with_logits(r, pred, target, 2); }},
+        {"bce_with_logits", [&] { nn::bce_with_logits(r, pred, target, 2, nn::value_on_device); }}};
+    for (const auto& [name, call] : calls) {
+      const std::string what = error_of(call);
+      BOOST_TEST(mentions(what, "distribute: " + name + " " + both), what);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

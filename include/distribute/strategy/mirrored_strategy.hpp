@@ -125,6 +125,7 @@ class mirrored_strategy : public strategy_base<mirrored_strategy<D>, std::dynami
   // mirrored state that it changed back into sync.
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    detail::check_run_parameters<std::remove_reference_t<F>, primary_replica_type, std::remove_reference_t<A>...>();
     const detail::step_clock::step_scope timed{state_->clock};
     const D& device = state_->group.devices()[0];
     [[maybe_unused]] const auto entered = policy::enter(device);

@@ -174,6 +174,7 @@ class multi_worker_mirrored_strategy : public detail::multi_worker_base<multi_wo
   // mirrored state that it changed identical again.
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    detail::check_run_parameters<std::remove_reference_t<F>, primary_replica_type, std::remove_reference_t<A>...>();
     const detail::step_clock::step_scope timed{state_->clock};
     const D& device = state_->group.devices()[0];
     [[maybe_unused]] const auto entered = policy::enter(device);

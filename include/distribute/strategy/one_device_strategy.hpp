@@ -70,6 +70,7 @@ class one_device_strategy : public strategy_base<one_device_strategy<D>, 1> {
   // The same as `run` here: there is only the primary.
   template <class F, class... A>
   decltype(auto) run_on_primary(F&& fn, A&&... args) {
+    detail::check_run_parameters<std::remove_reference_t<F>, replica_type, std::remove_reference_t<A>...>();
     const detail::step_clock::step_scope timed{clock_};
     [[maybe_unused]] const auto entered = policy::enter(devices_[0]);
     replica_type r{devices_[0], policy::solo(devices_[0]), &engine_};

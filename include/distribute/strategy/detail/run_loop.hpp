@@ -76,6 +76,7 @@ template <class Replica, class Group, class Hooks, class F, class... A>
   requires run_callable<F, Replica, A...>
 auto run_replicas(replica_pool& pool, std::vector<Replica>& replicas, Group& group, std::int64_t step, Hooks& hooks,
                   F& fn, A&... args) {
+  check_run_parameters<F, Replica, A...>();
   using R = std::invoke_result_t<F&, Replica&, decltype(unwrap_for(args, 0))...>;
   using stored = std::decay_t<std::conditional_t<std::is_void_v<R>, int, R>>;
   const auto n = replicas.size();
@@ -116,6 +117,7 @@ auto run_replicas(replica_pool& pool, std::vector<Replica>& replicas, Group& gro
 template <class Replica, class F, class... A>
   requires run_callable<F, Replica, A...>
 auto run_one(Replica& replica, F& fn, A&... args) {
+  check_run_parameters<F, Replica, A...>();
   using R = std::invoke_result_t<F&, Replica&, decltype(unwrap_for(args, 0))...>;
   if constexpr (std::is_void_v<R>) {
     std::invoke(fn, replica, unwrap_for(args, 0)...);
