@@ -58,8 +58,11 @@ std::vector<float> host_values(const T& t) {
 // Every network here keeps its forward's state as a value too (`state_type`, nn/layer.hpp: its
 // layers' states), so a network can be applied several times before its backwards: recorded on an
 // nn::tape, a generator translates, reconstructs and maps to itself in one forward.
+//
+// The networks' bookkeeping (parameters, buffers, zero_grad, set_training, state-dict names) comes
+// from nn::module and the one list of members each names.
 template <class Block>
-class repeated {
+class repeated : public nn::module<repeated<Block>, float, nn::layer_device_t<Block>> {
  public:
   using scalar_type = float;
   using device_type = nn::layer_device_t<Block>;
@@ -106,29 +109,10 @@ class repeated {
     }
     return d;
   }
-  template <class F>
-  void for_each_parameter(F&& f) {
-    for (auto& b : blocks_) b.for_each_parameter(f);
-  }
-  template <class F>
-  void for_each_buffer(F&& f) {
-    for (auto& b : blocks_)
-      if constexpr (requires { b.for_each_buffer(f); }) b.for_each_buffer(f);
-  }
-  void zero_grad() {
-    for (auto& b : blocks_) b.zero_grad();
-  }
-  void set_training(bool on) {
-    for (auto& b : blocks_) b.set_training(on);
-  }
-
   // The PyTorch port (benchmarks/peer) puts the blocks in the enclosing nn.Sequential, one position
   // each: safetensors names follow it (nn/state_dict.hpp).
   static constexpr bool unpacks_into_sequential = true;
-  template <class S>
-  void name_state(S& s) {
-    for (auto& b : blocks_) s.next(b);
-  }
+  auto members() { return nn::members("blocks", blocks_); }
   template <class G>
   typename G::value to_onnx(G& g, const typename G::value& x) {
     typename G::value y = x;
@@ -245,7 +229,7 @@ inline std::uint64_t sub(std::uint64_t seed, std::uint64_t i) { return nn::detai
 // plane's mean, so a bias there has no effect and a gradient that is zero up to rounding (which Adam,
 // dividing by its own running magnitude, would turn into full-size random steps).
 template <class D = dist::cpu>
-class residual {
+class residual : public nn::module<residual<D>, float, D> {
   using body_type = nn::sequential<nn::conv2d<float, D>, nn::instance_norm<float, D>, nn::relu<float, D>,
                                    nn::conv2d<float, D>, nn::instance_norm<float, D>>;
 
@@ -278,19 +262,10 @@ class residual {
   tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
     return body_.backward(r, s, dy, nn::plus_input);
   }
-  template <class F>
-  void for_each_parameter(F&& f) {
-    body_.for_each_parameter(f);
-  }
-  void zero_grad() { body_.zero_grad(); }
-  void set_training(bool on) { body_.set_training(on); }
-  template <class S>
-  void name_state(S& s) {
-    s.child("body", body_);
-  }  // the port's Residual.body
+  auto members() { return nn::members("body", body_); }  // the port's Residual.body
   template <class G>
   typename G::value to_onnx(G& g, const typename G::value& x) {
-    return g.add(x, g.layer(body_, x, "body"));
+    return g.add(x, this->onnx_member(g, body_, x));
   }
 
  private:
@@ -393,7 +368,7 @@ struct discriminator_options {
 
 // conv 4x4 -> norm -> LeakyReLU(0.2), one stage of the PatchGAN; no bias before the norm.
 template <class D = dist::cpu>
-class patch_stage {
+class patch_stage : public nn::module<patch_stage<D>, float, D> {
  public:
   using scalar_type = float;
   using device_type = D;
@@ -427,32 +402,12 @@ class patch_stage {
   tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
     return conv_.backward(r, s.conv, norm_.backward(r, s.norm, act_.backward(r, s.act, dy)));
   }
-  template <class F>
-  void for_each_parameter(F&& f) {
-    conv_.for_each_parameter(f);
-    norm_.for_each_parameter(f);
-  }
-  template <class F>
-  void for_each_buffer(F&& f) {
-    norm_.for_each_buffer(f);
-  }
-  void zero_grad() {
-    conv_.zero_grad();
-    norm_.zero_grad();
-  }
-  void set_training(bool on) { norm_.set_training(on); }
-
   // The port writes a stage as three entries of the discriminator's nn.Sequential.
   static constexpr bool unpacks_into_sequential = true;
-  template <class S>
-  void name_state(S& s) {
-    s.next(conv_);
-    s.next(norm_);
-    s.next(act_);
-  }
+  auto members() { return nn::members("conv", conv_, "norm", norm_, "act", act_); }
   template <class G>
   typename G::value to_onnx(G& g, const typename G::value& x) {
-    return g.layer(act_, g.layer(norm_, g.layer(conv_, x, "conv"), "norm"), "act");
+    return this->onnx_member(g, act_, this->onnx_member(g, norm_, this->onnx_member(g, conv_, x)));
   }
 
  private:

@@ -42,11 +42,11 @@ constexpr std::int64_t side = 28, pixels = side * side;
 
 // U-Net: 28 -> 14 -> 7 -> 14 (+ skip) -> 28 (+ skip, + the noisy image) -> 28. The decoder sees the
 // encoder's features of the same size beside its own (concat along the channels), and the last layer
-// the input itself, so the fine detail need not pass through the 7x7 bottleneck.
+// the input itself, so the fine detail need not pass through the 7x7 bottleneck. Its parameters,
+// zero_grad, set_training and state-dict names ("e1.weight", ...) come from nn::module and the one
+// list of members (the activations hold no state).
 template <class D>
-struct generator {
-  using scalar_type = float;
-  using device_type = D;
+struct generator : nn::module<generator<D>, float, D> {
   template <class Tape>
   using var = typename Tape::variable;
 
@@ -89,23 +89,7 @@ struct generator {
     return t(squash, t(out, t.concat(t.concat(u1, h1), noisy)));
   }
 
-  template <class F>
-  void for_each_parameter(F&& f) {
-    e1.for_each_parameter(f);
-    e2.for_each_parameter(f);
-    e3.for_each_parameter(f);
-    d3.for_each_parameter(f);
-    d2.for_each_parameter(f);
-    out.for_each_parameter(f);
-  }
-  void zero_grad() {
-    e1.zero_grad();
-    e2.zero_grad();
-    e3.zero_grad();
-    d3.zero_grad();
-    d2.zero_grad();
-    out.zero_grad();
-  }
+  auto members() { return nn::members("e1", e1, "e2", e2, "e3", e3, "d3", d3, "d2", d2, "out", out); }
 
   nn::conv2d<float, D> e1, e2, e3;
   nn::conv_transpose2d<float, D> d3, d2;

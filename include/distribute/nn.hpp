@@ -23,6 +23,7 @@
 #include <distribute/nn/layer_norm.hpp>
 #include <distribute/nn/linear.hpp>
 #include <distribute/nn/losses.hpp>
+#include <distribute/nn/module.hpp>
 #include <distribute/nn/parameter.hpp>
 #include <distribute/nn/pixel_shuffle.hpp>
 #include <distribute/nn/pooling.hpp>

@@ -37,7 +37,8 @@ auto make_model(std::uint64_t seed, const D& device = {}) {
           seed + 1,
           device},
       nn::batch_norm<float, D>{{.channels = 4}, seed + 2, device},
-      nn::conv_transpose2d<float, D>{{.in_channels = 4, .out_channels = 3}, seed + 3, device},
+      nn::conv_transpose2d<float, D>{
+          {.in_channels = 4, .out_channels = 3, .stride = 2, .padding = 1, .output_padding = 1}, seed + 3, device},
       nn::instance_norm<float, D>{{.channels = 3, .affine = true}, seed + 4, device}};
 }
 

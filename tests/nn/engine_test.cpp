@@ -826,7 +826,8 @@ BOOST_AUTO_TEST_CASE(scratch_is_shared_and_stops_growing) {
           {.in_channels = 3, .out_channels = 16, .kernel = 7, .padding = 3, .pad_mode = nn::padding_mode::reflect}, 1},
       nn::relu<float>{},
       nn::conv2d<float>{{.in_channels = 16, .out_channels = 32, .kernel = 3, .stride = 2, .padding = 1}, 2},
-      nn::conv_transpose2d<float>{{.in_channels = 32, .out_channels = 8}, 3}};
+      nn::conv_transpose2d<float>{
+          {.in_channels = 32, .out_channels = 8, .stride = 2, .padding = 1, .output_padding = 1}, 3}};
   const auto x = dist::test::random_tensor<float>(shape::nchw(2, 3, 32, 32), 13);
   auto step = [&](dist::replica auto& r) {
     net.zero_grad();
@@ -846,7 +847,10 @@ BOOST_AUTO_TEST_CASE(backward_without_the_input_gradient_gives_the_same_paramete
     return nn::sequential{
         nn::conv2d<float>{
             {.in_channels = 3, .out_channels = 8, .kernel = 7, .padding = 3, .pad_mode = nn::padding_mode::reflect}, 1},
-        nn::relu<float>{}, nn::conv_transpose2d<float>{{.in_channels = 8, .out_channels = 4}, 2}, nn::tanh<float>{}};
+        nn::relu<float>{},
+        nn::conv_transpose2d<float>{
+            {.in_channels = 8, .out_channels = 4, .stride = 2, .padding = 1, .output_padding = 1}, 2},
+        nn::tanh<float>{}};
   };
   auto grads = [](auto& net) {
     std::vector<std::vector<float>> g;
@@ -865,7 +869,9 @@ BOOST_AUTO_TEST_CASE(backward_without_the_input_gradient_gives_the_same_paramete
   BOOST_TEST(none.empty());
   BOOST_TEST((grads(full) == grads(partial)));
   // A lone transposed convolution as well.
-  nn::conv_transpose2d<float> a{{.in_channels = 3, .out_channels = 2}, 3}, b{{.in_channels = 3, .out_channels = 2}, 3};
+  const nn::conv_transpose2d_options up{
+      .in_channels = 3, .out_channels = 2, .stride = 2, .padding = 1, .output_padding = 1};
+  nn::conv_transpose2d<float> a{up, 3}, b{up, 3};
   const auto ya = a.forward(r, x);
   b.forward(r, x);
   a.backward(r, ya);

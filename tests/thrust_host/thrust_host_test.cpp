@@ -416,7 +416,8 @@ BOOST_AUTO_TEST_CASE(reflection_padding_per_element_has_the_cpu_bits) {
 BOOST_AUTO_TEST_CASE(channel_bias_matches_conv_transpose2d) {
   auto r = nn::local();
   const shape s = shape::nchw(2, 3, 7, 9);
-  nn::conv_transpose2d<float> layer{{.in_channels = 3, .out_channels = 5}, 9};
+  nn::conv_transpose2d<float> layer{
+      {.in_channels = 3, .out_channels = 5, .stride = 2, .padding = 1, .output_padding = 1}, 9};
   const auto x = random_tensor(s, 9), bias = random_tensor(shape{5}, 10);
   std::copy(bias.begin(), bias.end(), layer.bias().value.begin());
   const auto ly = layer.forward(r, x);

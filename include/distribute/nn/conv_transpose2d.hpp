@@ -1,7 +1,7 @@
 #pragma once
-// Transposed 2-D convolution (CycleGAN's u128/u64 up-sampling: k 3, stride 2, padding 1,
-// output_padding 1 doubles H and W), the adjoint of conv2d: its forward is a convolution's data
-// gradient, its data gradient that convolution's forward, both computed by the replica's engine.
+// Transposed 2-D convolution, the adjoint of conv2d: its forward is a convolution's data gradient,
+// its data gradient that convolution's forward, both computed by the replica's engine. CycleGAN's
+// u128/u64 up-sampling (k 3, stride 2, padding 1, output_padding 1) doubles H and W.
 //
 // Output size: Ho = (H - 1)*s - 2p + k + output_padding (likewise Wo), with output_padding < stride:
 // the definition of PyTorch's ConvTranspose2d. Weights are [Cin, Cout, k, k] (PyTorch's order).
@@ -20,14 +20,16 @@
 
 namespace distribute::nn {
 
-// Defaults: a 3x3 kernel, stride 2, padding 1 and output_padding 1 (doubles H and W), with a bias.
+// Defaults: PyTorch's ConvTranspose2d's (stride 1, padding 0, output_padding 0, a bias), so that
+// `ConvTranspose2d(c, c2, 4, 2, 1)` written as {.kernel = 4, .stride = 2, .padding = 1} gives the same
+// sizes; the kernel, which PyTorch requires, is 3 here.
 struct conv_transpose2d_options {
   std::int64_t in_channels = 1;
   std::int64_t out_channels = 1;
   std::int64_t kernel = 3;
-  std::int64_t stride = 2;
-  std::int64_t padding = 1;
-  std::int64_t output_padding = 1;
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+  std::int64_t output_padding = 0;
   bool bias = true;
 };
 

@@ -3,7 +3,7 @@
 // value (and whether that is the default, which the caller did not write), and what it must be.
 //
 //   distribute: conv_transpose2d {in_channels 16, out_channels 32, kernel 7, stride 1, padding 0,
-//   output_padding 1}: output_padding is 1 (the default) but must be below stride (1)
+//   output_padding 1}: output_padding is 1 but must be below stride (1)
 
 #include <cstdint>
 #include <cstdio>
