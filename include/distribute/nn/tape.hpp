@@ -145,13 +145,10 @@ class tape {
       } scope{frozen_depth_};
       return call_without_last(model, x, std::make_index_sequence<sizeof...(A) - 1>{}, rest...);
     } else {
-      static_assert(
-          requires {
-            { model(*this, x, rest...) } -> std::same_as<variable>;
-          },
-          "distribute: a model called on a tape with several inputs needs a call operator "
-          "`variable operator()(nn::tape<R, T>& t, variable x, variable y, ...)` that records its own "
-          "layer calls (t(layer, x), ...); layers of one input are called as t(layer, x)");
+      static_assert(detail::records_itself<L, tape, variable, A...>,
+                    "distribute: a model called on a tape with several inputs needs a call operator "
+                    "`variable operator()(nn::tape<R, T>& t, variable x, variable y, ...)` that records its own "
+                    "layer calls (t(layer, x), ...); layers of one input are called as t(layer, x)");
       return model(*this, x, rest...);
     }
   }
@@ -431,13 +428,10 @@ class tape {
   template <class L, std::size_t... I, class... A>
   variable call_without_last(L& model, variable x, std::index_sequence<I...>, A... rest) {
     const std::tuple<A...> args{rest...};
-    static_assert(
-        requires {
-          { model(*this, x, std::get<I>(args)...) } -> std::same_as<variable>;
-        },
-        "distribute: a model called on a tape with several inputs and nn::frozen needs a call operator "
-        "`variable operator()(nn::tape<R, T>& t, variable x, variable y, ...)` that records its own "
-        "layer calls");
+    static_assert(detail::records_itself<L, tape, variable, std::tuple_element_t<I, std::tuple<A...>>...>,
+                  "distribute: a model called on a tape with several inputs and nn::frozen needs a call operator "
+                  "`variable operator()(nn::tape<R, T>& t, variable x, variable y, ...)` that records its own "
+                  "layer calls");
     return model(*this, x, std::get<I>(args)...);
   }
 
@@ -459,11 +453,10 @@ class tape {
   template <class L>
   variable call(L& layer, variable x, bool freeze) {
     freeze = freeze || frozen_depth_ > 0;
-    static_assert(
-        requires(const tensor_type& v) { layer.forward(r_, v); } || records_state<L>,
-        "distribute: t(model, x) takes a layer (forward and backward, nn/layer.hpp) or a model written "
-        "for a tape (`variable operator()(nn::tape<R, T>& t, variable x)`); a model of several inputs is "
-        "called t(model, x, y, ...), and t(model, x, y, nn::frozen) to freeze it");
+    static_assert(detail::forward_through<L, R, tensor_type> || records_state<L>,
+                  "distribute: t(model, x) takes a layer (forward and backward, nn/layer.hpp) or a model written "
+                  "for a tape (`variable operator()(nn::tape<R, T>& t, variable x)`); a model of several inputs is "
+                  "called t(model, x, y, ...), and t(model, x, y, nn::frozen) to freeze it");
     static_assert(std::is_same_v<typename L::scalar_type, T>,
                   "distribute: a tape records layers of its own scalar type");
     static_assert(std::is_same_v<layer_device_t<L>, device_type>,

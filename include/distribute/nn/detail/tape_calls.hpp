@@ -14,6 +14,16 @@ struct last_of {
 template <class... A>
 using last_of_t = typename last_of<A...>::type;
 
+// A layer a tape can call: a forward through a replica (the stateful pair at least).
+template <class L, class R, class Tensor>
+concept forward_through = requires(L& l, R& r, const Tensor& x) { l.forward(r, x); };
+
+// A model written for a tape, called with the tape and the variables V.
+template <class M, class Tape, class... V>
+concept records_itself = requires(M& m, Tape& t, V... v) {
+  { m(t, v...) } -> std::same_as<typename Tape::variable>;
+};
+
 template <class L, class R, class Tensor>
 concept forward_state_value =
     requires { typename L::state_type; } && requires(L& l, R& r, const Tensor& x, typename L::state_type& s) {
