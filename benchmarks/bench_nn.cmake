@@ -9,8 +9,9 @@ if(Eigen3_FOUND)
   distribute_enable_warnings(bench_nn)
   # bench_nn_gpu: the same convolutions (conv_cases.hpp) on a GPU replica, float32 and TF32, against the
   # device's SGEMM peak measured in the same run. Built where the CUDA backend is; its convolutions
-  # need cuDNN in the build (without it the program measures the bound and says so).
-  if(TARGET distribute::cuda)
+  # need cuDNN in the build (without it the program measures the bound and says so). With
+  # DISTRIBUTE_BENCH_GPU.
+  if(TARGET distribute::cuda AND DISTRIBUTE_BENCH_GPU)
     add_executable(bench_nn_gpu ${CMAKE_CURRENT_LIST_DIR}/bench_nn_gpu.cu)
     target_link_libraries(bench_nn_gpu PRIVATE distribute::cuda)
     # Eigen's constexpr and defaulted host/device functions draw nvcc warnings about Eigen.
