@@ -23,14 +23,23 @@ namespace distribute::nn {
 
 namespace detail {
 
+// Two operands walked together over the broadcast shape `out`, by rows.
+inline row_walk<2> operand_rows(const shape& a, const shape& b, const shape& out) {
+  const strided_map maps[2] = {broadcast_strides(a, out), broadcast_strides(b, out)};
+  return rows_of(pad(out).extents, maps);
+}
+
 template <template <class> class Op, class R, class T, class D>
 tensor<T, D> broadcast_apply(R& r, const char* op, const tensor<T, D>& a, const tensor<T, D>& b) {
   const shape out = broadcast_shape(op, a.shape(), b.shape());
   tensor<T, D> y{out, a.device(), uninitialized};
-  if (out.numel() > 0)
-    engine_of<D>(r).for_each(
-        out.numel(), kernels::broadcast_binary<T, Op<T>>{a.data(), b.data(), y.data(), broadcast_map(a.shape(), out),
-                                                         broadcast_map(b.shape(), out), Op<T>{}});
+  if (out.numel() > 0) {
+    const row_walk<2> w = operand_rows(a.shape(), b.shape(), out);
+    engine_of<D>(r).for_each_in_segments(
+        w.rows, w.length,
+        kernels::broadcast_binary_rows<T, Op<T>>{a.data(), b.data(), y.data(), w.operands[0], w.operands[1], w.length,
+                                                 Op<T>{}});
+  }
   return y;
 }
 
@@ -45,13 +54,15 @@ std::pair<tensor<T, D>, tensor<T, D>> broadcast_gradients(R& r, const char* op, 
     throw std::invalid_argument(std::string("distribute: ") + op + " backward got dy of shape " +
                                 dy.shape().to_string() + " for operands of shapes " + a.shape().to_string() + " and " +
                                 b.shape().to_string() + ", whose result has shape " + out.to_string());
-  const strided_map ma = broadcast_map(a.shape(), out), mb = broadcast_map(b.shape(), out);
+  const row_walk<2> w = operand_rows(a.shape(), b.shape(), out);
   auto& e = engine_of<D>(r);
   auto partial = [&]<bool First>(const shape& target) {
     tensor<T, D> g{out, a.device(), uninitialized};
     if (out.numel() > 0)
-      e.for_each(out.numel(),
-                 kernels::broadcast_partial<T, Op<T>, First>{a.data(), b.data(), dy.data(), g.data(), ma, mb, Op<T>{}});
+      e.for_each_in_segments(
+          w.rows, w.length,
+          kernels::broadcast_partial_rows<T, Op<T>, First>{a.data(), b.data(), dy.data(), g.data(), w.operands[0],
+                                                           w.operands[1], w.length, Op<T>{}});
     return sum_to(r, g, target);
   };
   std::pair<tensor<T, D>, tensor<T, D>> grads;

@@ -31,6 +31,20 @@ inline std::array<bool, shape::max_rank> every_axis(const shape& s) {
   return m;
 }
 
+// out[s] = the sum of reduction `m`'s terms of segment s: through one stride each where the kept and
+// the reduced axes merge into one (a plane's sum, a batch's, the whole tensor's), which the CPU's
+// fixed-order loop vectorises; through the general walk elsewhere. The same terms in the same order.
+template <class E, class T>
+void sum_terms(E& e, const reduction_maps& m, const T* x, double* out) {
+  const auto one_axis = [](const strided_map& w) { return w.axes <= 1; };
+  if (one_axis(m.kept) && one_axis(m.reduced))
+    e.segmented_sum(
+        m.segments, m.length,
+        kernels::strided_term<T>{x, m.kept.axes ? m.kept.strides[3] : 0, m.reduced.axes ? m.reduced.strides[3] : 0},
+        out);
+  else e.segmented_sum(m.segments, m.length, kernels::reduction_term<T>{x, m.kept, m.reduced}, out);
+}
+
 // The sum of x over the axes of `mask`, times k, as `out_shape`.
 template <class R, class T, class D>
 tensor<T, D> scaled_sum(R& r, const tensor<T, D>& x, const std::array<bool, shape::max_rank>& mask,
@@ -44,7 +58,7 @@ tensor<T, D> scaled_sum(R& r, const tensor<T, D>& x, const std::array<bool, shap
     return y;
   }
   tensor<double, D> sums{shape{m.segments}, x.device(), uninitialized};
-  e.segmented_sum(m.segments, m.length, kernels::reduction_term<T>{x.data(), m.kept, m.reduced}, sums.data());
+  sum_terms(e, m, x.data(), sums.data());
   e.for_each(m.segments, kernels::scaled_from_double<T>{sums.data(), y.data(), per_term});
   return y;
 }
@@ -156,9 +170,12 @@ tensor<T, D> broadcast_to(R& r, const tensor<T, D>& x, const shape& target) {
     throw std::invalid_argument("distribute: broadcast_to of a tensor of shape " + x.shape().to_string() +
                                 " to shape " + target.to_string() + ": the result would be larger than the target");
   tensor<T, D> y{target, x.device(), uninitialized};
-  if (target.numel() > 0)
-    detail::engine_of<D>(r).for_each(
-        target.numel(), detail::kernels::gather<T>{x.data(), y.data(), detail::broadcast_map(x.shape(), target)});
+  if (target.numel() > 0) {
+    const detail::strided_map maps[1] = {detail::broadcast_strides(x.shape(), target)};
+    const auto w = detail::rows_of(detail::pad(target).extents, maps);
+    detail::engine_of<D>(r).for_each_in_segments(
+        w.rows, w.length, detail::kernels::gather_rows<T>{x.data(), y.data(), w.operands[0], w.length});
+  }
   return y;
 }
 
@@ -176,7 +193,7 @@ tensor<T, D> sum_to(R& r, const tensor<T, D>& g, const shape& target) {
   if (m.segments == 0 || m.length == 0) return y;
   auto& e = detail::engine_of<D>(r);
   tensor<double, D> sums{shape{m.segments}, g.device(), uninitialized};
-  e.segmented_sum(m.segments, m.length, detail::kernels::reduction_term<T>{g.data(), m.kept, m.reduced}, sums.data());
+  detail::sum_terms(e, m, g.data(), sums.data());
   e.for_each(m.segments, detail::kernels::scaled_from_double<T>{sums.data(), y.data(), 1.0});
   return y;
 }

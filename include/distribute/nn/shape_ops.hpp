@@ -97,7 +97,12 @@ tensor<T, D> permuted(R& r, const tensor<T, D>& x, const std::array<int, shape::
     m.strides[po.offset + i] = px.strides[px.offset + static_cast<std::size_t>(order[i])];
   }
   tensor<T, D> y{os, x.device(), uninitialized};
-  if (os.numel() > 0) engine_of<D>(r).for_each(os.numel(), kernels::gather<T>{x.data(), y.data(), simplified(m)});
+  if (os.numel() > 0) {
+    const strided_map maps[1] = {m};
+    const auto w = rows_of(po.extents, maps);
+    engine_of<D>(r).for_each_in_segments(w.rows, w.length,
+                                         kernels::gather_rows<T>{x.data(), y.data(), w.operands[0], w.length});
+  }
   return y;
 }
 inline std::array<int, shape::max_rank> inverse_order(const std::array<int, shape::max_rank>& order, std::size_t rank) {

@@ -141,29 +141,73 @@ struct div_op {
   DISTRIBUTE_HOST_DEVICE T d_b(T a, T b) const { return -a / (b * b); }
 };
 
-// out[i] = op(a[map_a(i)], b[map_b(i)]) over the broadcast shape.
+// Gathers and broadcasts go by rows (for_each_in_segments: row s, element i of it): the output's
+// innermost run of axes that every operand walks with one stride (op_shapes.hpp's `rows_of`), so
+// that an operand's offset costs a multiply-add per element and its divisions once per row, which
+// the CPU engine's inner loop hoists (per element, they cost more than the memory traffic).
+struct row_operand {
+  strided_map outer;  // the row's start
+  std::int64_t step;  // along the row
+  DISTRIBUTE_HOST_DEVICE std::int64_t operator()(std::int64_t s, std::int64_t i) const { return outer(s) + i * step; }
+};
 template <class T, class Op>
-struct broadcast_binary {
+struct broadcast_binary_rows {
   const T* a;
   const T* b;
   T* out;
-  strided_map map_a, map_b;
+  row_operand ra, rb;
+  std::int64_t length;
   Op op;
-  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { out[i] = op.value(a[map_a(i)], b[map_b(i)]); }
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
+    out[s * length + i] = op.value(a[ra(s, i)], b[rb(s, i)]);
+  }
+  // The CPU engine's form: the row's starts once, then a loop that vectorises.
+  void whole_segment(index s) const {
+    const T* pa = a + ra.outer(s);
+    const T* pb = b + rb.outer(s);
+    T* po = out + s * length;
+    const index sa = ra.step, sb = rb.step;
+    for (index i = 0; i < length; ++i) po[i] = op.value(pa[i * sa], pb[i * sb]);
+  }
 };
-// g[i] = dy[i] * d op / d (a or b) at element i of the broadcast shape: the gradient before its sum
-// over the axes the operand was broadcast along.
 template <class T, class Op, bool First>
-struct broadcast_partial {
+struct broadcast_partial_rows {
   const T* a;
   const T* b;
   const T* dy;
   T* g;
-  strided_map map_a, map_b;
+  row_operand ra, rb;
+  std::int64_t length;
   Op op;
-  DISTRIBUTE_HOST_DEVICE void operator()(index i) const {
-    const T va = a[map_a(i)], vb = b[map_b(i)];
-    g[i] = dy[i] * (First ? op.d_a(va, vb) : op.d_b(va, vb));
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
+    const T va = a[ra(s, i)], vb = b[rb(s, i)];
+    const index o = s * length + i;
+    g[o] = dy[o] * (First ? op.d_a(va, vb) : op.d_b(va, vb));
+  }
+  void whole_segment(index s) const {
+    const T* pa = a + ra.outer(s);
+    const T* pb = b + rb.outer(s);
+    const T* pdy = dy + s * length;
+    T* pg = g + s * length;
+    const index sa = ra.step, sb = rb.step;
+    for (index i = 0; i < length; ++i) {
+      const T va = pa[i * sa], vb = pb[i * sb];
+      pg[i] = pdy[i] * (First ? op.d_a(va, vb) : op.d_b(va, vb));
+    }
+  }
+};
+template <class T>
+struct gather_rows {
+  const T* x;
+  T* out;
+  row_operand rx;
+  std::int64_t length;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const { out[s * length + i] = x[rx(s, i)]; }
+  void whole_segment(index s) const {
+    const T* px = x + rx.outer(s);
+    T* po = out + s * length;
+    const index step = rx.step;
+    for (index i = 0; i < length; ++i) po[i] = px[i * step];
   }
 };
 
@@ -176,6 +220,15 @@ struct reduction_term {
     return static_cast<double>(x[kept(s) + reduced(i)]);
   }
 };
+// The same where the kept and the reduced axes each merge into one: x[s * kept_step + i * step].
+template <class T>
+struct strided_term {
+  const T* x;
+  std::int64_t kept_step, step;
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
+    return static_cast<double>(x[s * kept_step + i * step]);
+  }
+};
 // out[i] = T(sums[i] * k).
 template <class T>
 struct scaled_from_double {
@@ -183,14 +236,6 @@ struct scaled_from_double {
   T* out;
   double k;
   DISTRIBUTE_HOST_DEVICE void operator()(index i) const { out[i] = static_cast<T>(sums[i] * k); }
-};
-// out[i] = x[map(i)]: a broadcast, a permutation or any strided gather, one element per work item.
-template <class T>
-struct gather {
-  const T* x;
-  T* out;
-  strided_map map;
-  DISTRIBUTE_HOST_DEVICE void operator()(index i) const { out[i] = x[map(i)]; }
 };
 
 // The maximum in chunks: work item (s, c) takes terms [c * chunk, (c + 1) * chunk) of output s

@@ -123,15 +123,58 @@ inline shape broadcast_shape(const char* op, const shape& a, const shape& b) {
 }
 
 // A walk over `out` reading `in`, which broadcasts to it (stride 0 along its axes of extent 1).
-inline strided_map broadcast_map(const shape& in, const shape& out) {
+
+// A walk over the output `out` (row-major) by rows, read through each operand's strides (`maps`,
+// unsimplified, over out's padded axes): adjacent axes merge where they continue each other for every
+// operand, axes of extent 1 drop, and the innermost that remains is the row.
+template <std::size_t N>
+struct row_walk {
+  std::int64_t rows = 1, length = 1;
+  kernels::row_operand operands[N];
+};
+template <std::size_t N>
+row_walk<N> rows_of(const std::int64_t (&extents)[4], const strided_map (&maps)[N]) {
+  std::int64_t e[4], st[N][4];
+  int n = 0;  // axes kept, innermost first
+  for (int k = 3; k >= 0; --k) {
+    if (extents[k] == 1) continue;
+    bool continues = n > 0;
+    for (std::size_t m = 0; continues && m < N; ++m) continues = maps[m].strides[k] == st[m][n - 1] * e[n - 1];
+    if (continues) {
+      e[n - 1] *= extents[k];
+      continue;
+    }
+    e[n] = extents[k];
+    for (std::size_t m = 0; m < N; ++m) st[m][n] = maps[m].strides[k];
+    ++n;
+  }
+  row_walk<N> w;
+  if (n == 0) return w;  // one element
+  w.length = e[0];
+  for (int j = 1; j < n; ++j) w.rows *= e[j];
+  for (std::size_t m = 0; m < N; ++m) {
+    kernels::row_operand& op = w.operands[m];
+    op.step = st[m][0];
+    op.outer.axes = n - 1;
+    for (int j = 1; j < n; ++j) {
+      op.outer.extents[4 - j] = e[j];
+      op.outer.strides[4 - j] = st[m][j];
+    }
+  }
+  return w;
+}
+// The maps of operands of shapes `in` broadcast to `out`, unsimplified (for rows_of).
+inline strided_map broadcast_strides(const shape& in, const shape& out) {
   const padded_shape pi = pad(in), po = pad(out);
   strided_map m;
   for (int k = 0; k < 4; ++k) {
     m.extents[k] = po.extents[k];
     m.strides[k] = pi.extents[k] == 1 ? 0 : pi.strides[k];
   }
-  return simplified(m);
+  return m;
 }
+
+inline strided_map broadcast_map(const shape& in, const shape& out) { return simplified(broadcast_strides(in, out)); }
 
 // A reduction of `in` over the axes where `kept_mask` is false: the walk over the output elements
 // (segments) and the walk over the terms of one.
