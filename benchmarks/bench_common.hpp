@@ -3,6 +3,7 @@
 // report the median) and the facts about the run that a recorded result must carry.
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <ctime>
 #include <fstream>
@@ -60,6 +61,29 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t m = v.size() / 2;
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// Seconds per call of `fn`: iterations grown until one repetition lasts `min_seconds`, then the
+// median of `repetitions` repetitions.
+template <class F>
+double seconds_per_call(F&& fn, double min_seconds, int repetitions) {
+  std::int64_t iters = 1;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t i = 0; i < iters; ++i) fn();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto next = next_iterations(iters, s, min_seconds);
+    if (next == iters) break;
+    iters = next;
+  }
+  std::vector<double> reps;
+  for (int r = 0; r < repetitions; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t i = 0; i < iters; ++i) fn();
+    reps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                   static_cast<double>(iters));
+  }
+  return median(reps);
 }
 
 // "2,4" -> {2, 4}: the replica lists of the command lines.

@@ -42,23 +42,7 @@ constexpr int repetitions = 5;
 // Seconds per call of `fn`, the median of the repetitions.
 template <class F>
 double seconds_per_call(F&& fn) {
-  std::int64_t iters = 1;
-  for (;;) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (std::int64_t i = 0; i < iters; ++i) fn();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const auto next = bench::next_iterations(iters, s, min_seconds);
-    if (next == iters) break;
-    iters = next;
-  }
-  std::vector<double> reps;
-  for (int r = 0; r < repetitions; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (std::int64_t i = 0; i < iters; ++i) fn();
-    reps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-                   static_cast<double>(iters));
-  }
-  return bench::median(reps);
+  return bench::seconds_per_call(fn, min_seconds, repetitions);
 }
 
 // The single-core peak: 12 independent chains of vector FMAs (enough to cover the FMA latency on two

@@ -39,25 +39,7 @@ namespace {
 
 double min_seconds = 0.05;
 
-double seconds_per_call(const std::function<void()>& fn) {
-  std::int64_t iters = 1;
-  for (;;) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (std::int64_t i = 0; i < iters; ++i) fn();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const auto next = bench::next_iterations(iters, s, min_seconds);
-    if (next == iters) break;
-    iters = next;
-  }
-  std::vector<double> reps;
-  for (int r = 0; r < 5; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (std::int64_t i = 0; i < iters; ++i) fn();
-    reps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-                   static_cast<double>(iters));
-  }
-  return bench::median(reps);
-}
+double seconds_per_call(const std::function<void()>& fn) { return bench::seconds_per_call(fn, min_seconds, 5); }
 
 // The bounds, on `threads` threads over buffers as large as the operation's.
 volatile float sink = 0;
