@@ -157,9 +157,18 @@ BOOST_AUTO_TEST_CASE(broadcasting_follows_numpy_and_sums_the_gradients_back) {
     const auto sum = nn::add(r, a, b), diff = nn::sub(r, b, a), prod = nn::mul(r, a, b), quot = nn::div(r, a, b);
     BOOST_REQUIRE_EQUAL(sum.shape(), a.shape());
     BOOST_REQUIRE_EQUAL(diff.shape(), a.shape());
-    const auto bm = nn::detail::broadcast_map(b.shape(), a.shape());
+    // b's element for a's (n, ch, h, w): b aligned at the last axis, its axes of extent 1 read at 0.
+    auto b_at = [&](std::int64_t i) {
+      const std::int64_t at[4] = {i / 60, i / 20 % 3, i / 5 % 4, i % 5};
+      std::int64_t index = 0;
+      for (std::size_t k = 4 - b.shape().rank(); k < 4; ++k) {
+        const std::int64_t extent = b.shape()[k - (4 - b.shape().rank())];
+        index = index * extent + (extent == 1 ? 0 : at[k]);
+      }
+      return index;
+    };
     for (std::int64_t i = 0; i < a.shape().numel(); ++i) {
-      const double va = a.data()[i], vb = b.data()[bm(i)];
+      const double va = a.data()[i], vb = b.data()[b_at(i)];
       BOOST_TEST(sum.data()[i] == va + vb);
       BOOST_TEST(diff.data()[i] == vb - va);
       BOOST_TEST(prod.data()[i] == va * vb);

@@ -45,11 +45,9 @@ void sum_terms(E& e, const reduction_maps& m, const T* x, double* out) {
   else e.segmented_sum(m.segments, m.length, kernels::reduction_term<T>{x, m.kept, m.reduced}, out);
 }
 
-// The sum of x over the axes of `mask`, times k, as `out_shape`.
+// The sum of reduction `m`'s terms of x, times `per_term`, as `out_shape`.
 template <class R, class T, class D>
-tensor<T, D> scaled_sum(R& r, const tensor<T, D>& x, const std::array<bool, shape::max_rank>& mask,
-                        const shape& out_shape, double per_term) {
-  const reduction_maps m = reduction_of(x.shape(), padded_mask(x.shape(), mask));
+tensor<T, D> scaled_sum(R& r, const tensor<T, D>& x, const reduction_maps& m, const shape& out_shape, double per_term) {
   tensor<T, D> y{out_shape, x.device(), uninitialized};
   if (m.segments == 0) return y;
   auto& e = engine_of<D>(r);
@@ -61,6 +59,12 @@ tensor<T, D> scaled_sum(R& r, const tensor<T, D>& x, const std::array<bool, shap
   sum_terms(e, m, x.data(), sums.data());
   e.for_each(m.segments, kernels::scaled_from_double<T>{sums.data(), y.data(), per_term});
   return y;
+}
+// The same over the axes of `mask`.
+template <class R, class T, class D>
+tensor<T, D> scaled_sum(R& r, const tensor<T, D>& x, const std::array<bool, shape::max_rank>& mask,
+                        const shape& out_shape, double per_term) {
+  return scaled_sum(r, x, reduction_of(x.shape(), padded_mask(x.shape(), mask)), out_shape, per_term);
 }
 
 // The maximum over `mask` and where it is (an index into the reduced axes, row-major).
@@ -188,14 +192,7 @@ tensor<T, D> sum_to(R& r, const tensor<T, D>& g, const shape& target) {
   const detail::padded_shape pg = detail::pad(g.shape()), pt = detail::pad(target);
   std::array<bool, 4> reduced{};
   for (int k = 0; k < 4; ++k) reduced[static_cast<std::size_t>(k)] = pt.extents[k] == 1 && pg.extents[k] != 1;
-  const detail::reduction_maps m = detail::reduction_of(g.shape(), reduced);
-  tensor<T, D> y{target, g.device()};
-  if (m.segments == 0 || m.length == 0) return y;
-  auto& e = detail::engine_of<D>(r);
-  tensor<double, D> sums{shape{m.segments}, g.device(), uninitialized};
-  detail::sum_terms(e, m, g.data(), sums.data());
-  e.for_each(m.segments, detail::kernels::scaled_from_double<T>{sums.data(), y.data(), 1.0});
-  return y;
+  return detail::scaled_sum(r, g, detail::reduction_of(g.shape(), reduced), target, 1.0);
 }
 
 // The maximum over `axes` and where it is, as PyTorch's max(x, dim) returns both: `places` are

@@ -174,8 +174,6 @@ inline strided_map broadcast_strides(const shape& in, const shape& out) {
   return m;
 }
 
-inline strided_map broadcast_map(const shape& in, const shape& out) { return simplified(broadcast_strides(in, out)); }
-
 // A reduction of `in` over the axes where `kept_mask` is false: the walk over the output elements
 // (segments) and the walk over the terms of one.
 struct reduction_maps {
