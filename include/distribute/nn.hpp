@@ -25,6 +25,7 @@
 #include <distribute/nn/losses.hpp>
 #include <distribute/nn/module.hpp>
 #include <distribute/nn/parameter.hpp>
+#include <distribute/nn/penalties.hpp>
 #include <distribute/nn/pixel_shuffle.hpp>
 #include <distribute/nn/pooling.hpp>
 #include <distribute/nn/reductions.hpp>

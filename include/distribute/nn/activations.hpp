@@ -60,8 +60,22 @@ class relu : public detail::stateless {
                                      detail::kernels::relu_backward<T>{s.input.data(), dy.data(), dx.data()});
     return dx;
   }
+  // The backward recorded on a tape (nn::create_graph): dy times relu'(x), a constant (relu'' = 0).
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable dy, bool) {
+    return t.mul(dy, t.constant(slopes(t.replica(), s.input)));
+  }
 
  private:
+  template <class R>
+  tensor_type slopes(R& r, const tensor_type& x) const {
+    tensor_type one{x.shape(), x.device(), uninitialized}, d{x.shape(), x.device(), uninitialized};
+    one.fill(T(1), 0, one.size());
+    detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(x.size()),
+                                     detail::kernels::relu_backward<T>{x.data(), one.data(), d.data()});
+    return d;
+  }
   detail::kept_state<state_type> kept_;
 };
 
@@ -107,6 +121,18 @@ class leaky_relu : public detail::stateless {
         detail::kernels::leaky_relu_backward<T>{s.input.data(), dy.data(), dx.data(), slope_});
     return dx;
   }
+  // The backward recorded on a tape (nn::create_graph): dy times the slope at x, a constant.
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable dy, bool) {
+    const tensor_type& x = s.input;
+    tensor_type one{x.shape(), x.device(), uninitialized}, d{x.shape(), x.device(), uninitialized};
+    one.fill(T(1), 0, one.size());
+    detail::engine_of<D>(t.replica())
+        .for_each(static_cast<std::int64_t>(x.size()),
+                  detail::kernels::leaky_relu_backward<T>{x.data(), one.data(), d.data(), slope_});
+    return t.mul(dy, t.constant(std::move(d)));
+  }
 
  private:
   T slope_;
@@ -149,6 +175,15 @@ class tanh : public detail::stateless {
     detail::engine_of<D>(r).for_each(static_cast<std::int64_t>(dy.size()),
                                      detail::kernels::tanh_backward<T>{s.output.data(), dy.data(), dx.data()});
     return dx;
+  }
+  // The backward recorded on a tape (nn::create_graph): dy (1 - y^2), y the call's output, through
+  // which the second-order gradient reaches x.
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type&, typename Tape::variable, typename Tape::variable y,
+                                            typename Tape::variable dy, bool) {
+    tensor_type one{shape{1}, y.value().device(), uninitialized};
+    one.fill(T(1), 0, 1);
+    return t.mul(dy, t.sub(t.constant(std::move(one)), t.mul(y, y)));
   }
 
  private:

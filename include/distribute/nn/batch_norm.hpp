@@ -20,11 +20,13 @@
 #include <distribute/nn/detail/batch_stats.hpp>
 #include <distribute/nn/detail/norm_kernels.hpp>
 #include <distribute/nn/detail/plane_statistics.hpp>
+#include <distribute/nn/detail/recorded_norm.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -82,6 +84,24 @@ class basic_batch_norm {
   const batch_norm_options& options() const noexcept { return o_; }
   parameter<T, D>& gamma() noexcept { return gamma_; }
   parameter<T, D>& beta() noexcept { return beta_; }
+  // The backward recorded on a tape (nn::create_graph). In training, written with the tape's
+  // operations from x over the batch's statistics (detail::recorded_norm_backward over N, H, W); in
+  // evaluation, dy * gamma * invstd with the running statistics' constant invstd. sync_batch_norm
+  // across replicas has none (its statistics are another replica's too).
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable x, typename Tape::variable,
+                                            typename Tape::variable dy, bool frozen) {
+    if constexpr (Sync && communicates<typename Tape::replica_type>)
+      throw missing_rule_error(
+          "distribute: sync_batch_norm has no recorded backward across replicas (its statistics "
+          "come from every replica); use batch_norm or instance_norm under a gradient penalty");
+    const auto gamma = channel_parameter(t, gamma_, frozen);
+    if (s.training) return recorded_norm_backward(t, x, dy, dims{0, 2, 3}, std::optional{gamma}, o_.eps);
+    const std::vector<T> invstd(s.invstd.begin(), s.invstd.end());
+    auto k = tensor_type::from_host(shape{o_.channels, 1, 1}, std::span<const T>(invstd), device_);
+    return t.mul(dy, t.mul(gamma, t.constant(std::move(k))));
+  }
+
   const std::vector<double>& running_mean() const noexcept { return running_mean_; }
   const std::vector<double>& running_var() const noexcept { return running_var_; }
   bool training() const noexcept { return training_; }

@@ -109,6 +109,72 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>, public deta
   // backward(r, dy), backward(r, state, dy) and their no_input_gradient forms: detail::optional_input_gradient;
   // weight(), bias(), for_each_parameter, zero_grad, set_training: detail::weight_and_bias.
 
+  // The backward recorded on a tape (nn::create_graph): dx = the data gradient of dy, an operation
+  // linear in dy. Its own backward, for an incoming gradient g of dx, is the convolution of g (without
+  // the bias) for dy and, unless frozen, the weight gradient of g against dy for the weights (the bias
+  // has no second-order part).
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable dy, bool frozen) {
+    if (frozen) return recorded_backward_with(t, s, dy, weight_.value, nullptr);
+    return recorded_backward_with(t, s, dy, weight_.value, [this, &t](const tensor_type& dw) {
+      detail::engine_of<D>(t.replica())
+          .for_each(static_cast<std::int64_t>(dw.size()),
+                    distribute::detail::kernels::add_to<T>{weight_.grad.data(), dw.data()});
+    });
+  }
+  // The same with the weights `w` (alive until the tape's backward has run) and `add_weight_gradient(dw)`
+  // taking the weight gradient (nullptr: none): what spectral_norm records with W / sigma.
+  template <class Tape, class Sink>
+  typename Tape::variable recorded_backward_with(Tape& t, const state_type& s, typename Tape::variable dy,
+                                                 const tensor_type& w, Sink add_weight_gradient) {
+    const conv_geometry g = geometry(s.input);
+    const shape in = s.in_shape, padded = s.input.shape();
+    const std::int64_t p = reflects() ? o_.padding : 0;
+    const tensor_type* weights = &w;
+    auto& r = t.replica();
+    // dy -> dx: the data gradient on the padded input, folded back where padding reflects.
+    auto data_gradient = [&r, g, in, padded, p, weights](const tensor_type& d) {
+      auto& e = detail::engine_of<D>(r);
+      tensor_type dp{padded, d.device(), uninitialized};
+      e.conv_backward_data(g, d.data(), weights->data(), dp.data());
+      if (p == 0) return dp;
+      tensor_type dx{in, d.device(), uninitialized};
+      e.for_each_in_segments(in.n() * in.c(), in.h() * in.w(),
+                             detail::kernels::reflect_pad_backward<T>{dp.data(), dx.data(), in.h(), in.w(), p});
+      return dx;
+    };
+    // g (of dx's shape) -> its padded form, the input the convolution sees.
+    auto pad = [&r, in, padded, p](const tensor_type& x) {
+      if (p == 0) return x;
+      tensor_type xp{padded, x.device(), uninitialized};
+      detail::engine_of<D>(r).for_each_in_segments(
+          in.n() * in.c(), padded.h() * padded.w(),
+          detail::kernels::reflect_pad<T>{x.data(), xp.data(), in.h(), in.w(), p});
+      return xp;
+    };
+    auto convolve = [&r, g, weights](const tensor_type& xp) {
+      tensor_type y{shape::nchw(g.batch, g.out_channels, g.out_height, g.out_width), xp.device(), uninitialized};
+      detail::engine_of<D>(r).conv_forward(g, xp.data(), weights->data(), static_cast<const T*>(nullptr), y.data());
+      return y;
+    };
+    if constexpr (std::is_same_v<Sink, std::nullptr_t>) {
+      return t.linear_map("conv2d's gradient", dy, data_gradient,
+                          [pad, convolve](const tensor_type& x) { return convolve(pad(x)); });
+    } else {
+      return t.record_parameter_operation(
+          "conv2d's gradient", data_gradient(dy.value()), dy,
+          [&r, g, dy, pad, convolve, sink = std::move(add_weight_gradient)](const tensor_type& gx, bool want_dy) {
+            const tensor_type xp = pad(gx);
+            tensor_type dw{shape{g.out_channels, g.in_channels, g.kernel, g.kernel}, gx.device()};
+            detail::engine_of<D>(r).conv_backward_weights(g, xp.data(), dy.value().data(), dw.data(),
+                                                          static_cast<T*>(nullptr));
+            sink(dw);
+            return want_dy ? convolve(xp) : tensor_type{};
+          });
+    }
+  }
+
  private:
   friend class detail::optional_input_gradient<conv2d>;
   template <class R>

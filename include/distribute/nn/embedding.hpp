@@ -127,6 +127,14 @@ class embedding : public detail::optional_input_gradient<embedding<T, D>> {
                   {{"axis", std::int64_t{0}}});
   }
 
+  // The backward recorded on a tape (nn::create_graph): indices have no gradient, recorded or not.
+  // (A gradient that reaches the embedding's output flows on into its weight by backward.)
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape&, state_type&, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable, bool) {
+    return {};
+  }
+
  private:
   friend class detail::optional_input_gradient<embedding>;
   template <class R>

@@ -70,6 +70,13 @@ class flatten : public detail::stateless {
     return dx;
   }
 
+  // The backward recorded on a tape (nn::create_graph): dy under the input's shape.
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable dy, bool) {
+    return t.reshape(dy, s.in_shape);
+  }
+
  private:
   detail::kept_state<state_type> kept_;
 };

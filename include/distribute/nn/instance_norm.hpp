@@ -7,11 +7,13 @@
 #include <distribute/nn/detail/norm_kernels.hpp>
 #include <distribute/nn/detail/plane_statistics.hpp>
 #include <distribute/nn/detail/plane_sum_kernels.hpp>
+#include <distribute/nn/detail/recorded_norm.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,6 +58,21 @@ class instance_norm {
   }
 
   const instance_norm_options& options() const noexcept { return o_; }
+
+  // The backward recorded on a tape (nn::create_graph), written with the tape's operations from x
+  // (detail::recorded_norm_backward over each plane, gamma per channel).
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable x, typename Tape::variable,
+                                            typename Tape::variable dy, bool frozen) {
+    if (s.relu)
+      throw missing_rule_error(
+          "distribute: instance_norm with a fused ReLU has no recorded backward; call the norm "
+          "and the ReLU on the tape one by one");
+    using V = typename Tape::variable;
+    return detail::recorded_norm_backward(
+        t, x, dy, dims{-2, -1},
+        o_.affine ? std::optional<V>{detail::channel_parameter(t, gamma_, frozen)} : std::nullopt, o_.eps);
+  }
   parameter<T, D>& gamma() noexcept { return gamma_; }
   parameter<T, D>& beta() noexcept { return beta_; }
 

@@ -15,10 +15,12 @@
 #include <distribute/nn/detail/layer_norm_kernels.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/detail/plane_statistics.hpp>
+#include <distribute/nn/detail/recorded_norm.hpp>
 #include <distribute/nn/layer.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -110,6 +112,24 @@ class layer_norm {
   tensor_type backward(R& r, const tensor_type& dy) {
     return backward(r, kept_.last(r, this, layer_name), dy);
   }
+  // The backward recorded on a tape (nn::create_graph), written with the tape's operations from x
+  // (detail::recorded_norm_backward over the trailing axes).
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type&, typename Tape::variable x, typename Tape::variable,
+                                            typename Tape::variable dy, bool frozen) {
+    const dims axes = [&] {
+      switch (o_.normalized_shape.rank()) {
+        case 1: return dims{-1};
+        case 2: return dims{-2, -1};
+        case 3: return dims{-3, -2, -1};
+        default: return dims{-4, -3, -2, -1};
+      }
+    }();
+    using V = typename Tape::variable;
+    return detail::recorded_norm_backward(
+        t, x, dy, axes, o_.elementwise_affine ? std::optional<V>{t.parameter(weight_, frozen)} : std::nullopt, o_.eps);
+  }
+
   template <class R>
   tensor_type backward(R& r, state_type& state, const tensor_type& dy) {
     detail::claim(r, state.stamp, this, layer_name);

@@ -88,6 +88,54 @@ class linear : public detail::optional_input_gradient<linear<T, D>>, public deta
   // backward(r, dy), backward(r, state, dy) and their no_input_gradient forms: detail::optional_input_gradient;
   // weight(), bias(), for_each_parameter, zero_grad, set_training: detail::weight_and_bias.
 
+  // The backward recorded on a tape (nn::create_graph): dx = dy W, an operation linear in dy. Its own
+  // backward, for an incoming gradient g of dx, is g W^T for dy and, unless frozen, dy^T g for W (the
+  // bias has no second-order part).
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable dy, bool frozen) {
+    if (frozen) return recorded_backward_with(t, s, dy, weight_.value, nullptr);
+    return recorded_backward_with(t, s, dy, weight_.value, [this, &t](const tensor_type& dw) {
+      detail::engine_of<D>(t.replica())
+          .for_each(static_cast<std::int64_t>(dw.size()),
+                    distribute::detail::kernels::add_to<T>{weight_.grad.data(), dw.data()});
+    });
+  }
+  // The same with the weights `w` (alive until the tape's backward has run) and `add_weight_gradient(dw)`
+  // taking the weight gradient (nullptr: none): what spectral_norm records with W / sigma.
+  template <class Tape, class Sink>
+  typename Tape::variable recorded_backward_with(Tape& t, const state_type& s, typename Tape::variable dy,
+                                                 const tensor_type& w, Sink add_weight_gradient) {
+    const std::int64_t n = s.input.shape()[0], in = o_.in_features, out = o_.out_features;
+    const tensor_type* weights = &w;
+    auto& r = t.replica();
+    auto data_gradient = [&r, n, in, out, weights](const tensor_type& d) {
+      tensor_type dx{shape{n, in}, d.device(), uninitialized};
+      detail::engine_of<D>(r).gemm(gemm_geometry{.m = n, .n = in, .k = out}, d.data(), weights->data(), dx.data());
+      return dx;
+    };
+    auto apply = [&r, n, in, out, weights](const tensor_type& x) {
+      tensor_type y{shape{n, out}, x.device(), uninitialized};
+      detail::engine_of<D>(r).gemm(gemm_geometry{.m = n, .n = out, .k = in, .transpose_b = true}, x.data(),
+                                   weights->data(), y.data());
+      return y;
+    };
+    if constexpr (std::is_same_v<Sink, std::nullptr_t>) {
+      return t.linear_map("linear's gradient", dy, data_gradient, apply);
+    } else {
+      return t.record_parameter_operation(
+          "linear's gradient", data_gradient(dy.value()), dy,
+          [&r, n, in, out, dy, apply, sink = std::move(add_weight_gradient)](const tensor_type& gx, bool want_dy) {
+            tensor_type dw{shape{out, in}, gx.device()};
+            detail::engine_of<D>(r).gemm(
+                gemm_geometry{.m = out, .n = in, .k = n, .transpose_a = true, .accumulate = true}, dy.value().data(),
+                gx.data(), dw.data());
+            sink(dw);
+            return want_dy ? apply(gx) : tensor_type{};
+          });
+    }
+  }
+
  private:
   friend class detail::optional_input_gradient<linear>;
   template <class R>

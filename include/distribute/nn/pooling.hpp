@@ -83,10 +83,18 @@ class avg_pool2d : public detail::stateless {
     if (dy.shape() != out)
       throw std::invalid_argument("distribute: avg_pool2d " + detail::describe(o_) + " backward got dy of shape " +
                                   dy.shape().to_string() + ", expected " + out.to_string());
-    tensor_type dx{in_shape_, dy.device(), uninitialized};
-    e.for_each_in_segments(in_shape_.n() * in_shape_.c(), in_shape_.h() * in_shape_.w(),
-                           detail::kernels::avg_pool_backward<T>{dy.data(), dx.data(), geometry(in_shape_, out)});
-    return dx;
+    return spread(e, dy, in_shape_);
+  }
+  // The backward recorded on a tape (nn::create_graph): the pooling is linear, so its gradient is too,
+  // with the pooling itself for that gradient's backward.
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable dy, bool) {
+    const shape in = s.in_shape;
+    return t.linear_map(
+        "avg_pool2d's gradient", dy,
+        [this, &t, in](const tensor_type& g) { return spread(detail::engine_of<D>(t.replica()), g, in); },
+        [this, &t, in](const tensor_type& g) { return pooled(detail::engine_of<D>(t.replica()), g, in); });
   }
 
  private:
@@ -96,6 +104,21 @@ class avg_pool2d : public detail::stateless {
     c.at_least("kernel", o.kernel, defaults.kernel, 1);
     c.require(o.stride >= 0, "stride", o.stride, defaults.stride, "must be at least 1 (or 0: the kernel size)");
     return o;
+  }
+  template <class E>
+  tensor_type spread(E& e, const tensor_type& dy, const shape& in) const {
+    tensor_type dx{in, dy.device(), uninitialized};
+    e.for_each_in_segments(in.n() * in.c(), in.h() * in.w(),
+                           detail::kernels::avg_pool_backward<T>{dy.data(), dx.data(), geometry(in, dy.shape())});
+    return dx;
+  }
+  template <class E>
+  tensor_type pooled(E& e, const tensor_type& x, const shape& in) const {
+    const shape out = output_shape(in);
+    tensor_type y{out, x.device(), uninitialized};
+    e.for_each_in_segments(out.n() * out.c(), out.h() * out.w(),
+                           detail::kernels::avg_pool_forward<T>{x.data(), y.data(), geometry(in, out)});
+    return y;
   }
   detail::kernels::pool_geometry geometry(const shape& in, const shape& out) const {
     return {in.h(), in.w(), out.h(), out.w(), o_.kernel, stride()};

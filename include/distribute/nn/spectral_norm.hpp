@@ -178,6 +178,17 @@ class spectral_norm : public detail::optional_input_gradient<spectral_norm<L>> {
     s.buffer("weight_u", std::span<double>(u_));
     s.buffer("weight_v", std::span<double>(v_));
   }
+  // The backward recorded on a tape (nn::create_graph): the layer's, with W / sigma for its weights
+  // and its weight gradient carried to weight_orig as backward carries it (u, v and sigma constants).
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable dy, bool frozen) {
+    if (frozen) return layer_.recorded_backward_with(t, s.inner, dy, s.weight, nullptr);
+    state_type* kept = &s;
+    return layer_.recorded_backward_with(t, s.inner, dy, s.weight, [this, &t, kept](const tensor_type& dwn) {
+      add_weight_orig_gradient(detail::engine_of<D>(t.replica()), dwn, *kept);
+    });
+  }
   // ONNX: the layer with W / sigma for its weight, sigma from the stored u and v (the inference form).
   template <class G>
   typename G::value to_onnx(G& g, const typename G::value& x) {
@@ -214,12 +225,17 @@ class spectral_norm : public detail::optional_input_gradient<spectral_norm<L>> {
       const detail::swapped<tensor_type> grad{layer_.weight().grad, dwn};
       dx = input_gradient ? layer_.backward(r, s.inner, dy) : layer_.backward(r, s.inner, dy, no_input_gradient);
     }
+    add_weight_orig_gradient(e, dwn, s);
+    return dx;
+  }
+  // weight_orig's gradient += dL/dW from dL/dW_sn (`dwn`), with the state's u, v and sigma.
+  template <class E>
+  void add_weight_orig_gradient(E& e, const tensor_type& dwn, const state_type& s) {
     const std::int64_t n = rows_ * columns_;
-    tensor<double, D> dot{shape{1}, device, uninitialized};
+    tensor<double, D> dot{shape{1}, dwn.device(), uninitialized};
     e.segmented_sum(1, n, detail::kernels::product_of<T>{dwn.data(), weight_orig_.value.data(), n}, dot.data());
     e.for_each(n, detail::kernels::spectral_norm_weight_gradient<T>{dwn.data(), s.u.data(), s.v.data(), s.sigma.data(),
                                                                     dot.data(), weight_orig_.grad.data(), columns_});
-    return dx;
   }
 
   template <class E>

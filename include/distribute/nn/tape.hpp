@@ -1,4 +1,11 @@
 #pragma once
+// This header is over 600 lines for one class, and stays one: the recorded calls, the first-order
+// backward and the create_graph walk all read and append to the one list of entries and nodes the
+// tape owns, and each operation is recorded with both its backward and its recorded backward. What
+// needs neither lives apart: the call checks (detail/tape_calls.hpp), the layer states' reuse and a
+// frozen call's set-aside gradients (detail/tape_layer_state.hpp), and the operations between
+// layers (tape_ops.hpp).
+//
 // A gradient tape (tf.GradientTape; PyTorch's autograd, opt-in): it records the layer calls and tensor
 // operations of a forward on one replica, and runs their backward passes in reverse, adding the
 // gradients where a tensor feeds several consumers (a U-Net's skips, an image given to two
@@ -41,15 +48,18 @@
 #include <distribute/detail/element_kernels.hpp>
 #include <distribute/nn/detail/layer_name.hpp>
 #include <distribute/nn/detail/tape_calls.hpp>
+#include <distribute/nn/detail/tape_layer_state.hpp>
 #include <distribute/nn/detail/tensor_op_kernels.hpp>
 #include <distribute/nn/layer.hpp>
 #include <distribute/nn/broadcasting.hpp>
 #include <distribute/nn/tensor_ops.hpp>
 
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <span>
 #include <memory>
 #include <stdexcept>
@@ -68,6 +78,19 @@ struct frozen_t {
   explicit constexpr frozen_t() = default;
 };
 inline constexpr frozen_t frozen{};
+
+// Asks tape::gradient for a gradient recorded on the tape as operations of it (PyTorch's
+// `autograd.grad(..., create_graph=True)`, TensorFlow's nested GradientTape): a loss built from it
+// (a gradient penalty) backpropagates into the parameters and inputs through the gradient itself.
+struct create_graph_t {
+  explicit constexpr create_graph_t() = default;
+};
+inline constexpr create_graph_t create_graph{};
+
+// A gradient taken with nn::create_graph reached an operation or layer that has no recorded backward.
+struct missing_rule_error : std::logic_error {
+  using std::logic_error::logic_error;
+};
 
 template <class R, class T = float>
 class tape {
@@ -101,6 +124,24 @@ class tape {
   variable watch(tensor_type x) { return leaf(std::move(x), true); }
   // Data: no gradient flows into it, and layers called on it skip their input's gradient.
   variable constant(tensor_type x) { return leaf(std::move(x), false); }
+  // Marks an operation recorded without a recorded backward (record_operation's last argument).
+  struct no_rule {};
+
+  // A layer's parameter as a variable, for a recorded backward written with the tape's operations
+  // (layer_norm's): the gradient backward gives it is added to the parameter's gradient, unless
+  // `frozen` (then it is a constant). The parameter must outlive the tape's backward.
+  variable parameter(nn::parameter<T, device_type>& p, bool frozen = false) {
+    const variable v = leaf(p.value, !frozen);
+    if (!frozen)
+      // Recorded before anything that uses v, so it runs after all of them.
+      record([this, v, &p] {
+        const tensor_type& g = at(v.id_).grad;
+        if (!g.empty())
+          detail::engine_of<device_type>(r_).for_each(static_cast<std::int64_t>(g.size()),
+                                                      distribute::detail::kernels::add_to<T>{p.grad.data(), g.data()});
+      });
+    return v;
+  }
   // x's value, through which no gradient flows back (PyTorch's detach, tf.stop_gradient).
   variable stop_gradient(variable x) { return leaf(value_of(x), false); }
 
@@ -160,12 +201,17 @@ class tape {
     const std::int64_t ca = a.shape()[1];
     const variable y = result(nn::concat(r_, a.value(), b.value()), wants(a) || wants(b));
     record(
+        "concat",
         [this, a, b, y, ca] {
           auto [ga, gb] = nn::split(r_, at(y.id_).grad, ca);
           accumulate(a, std::move(ga));
           accumulate(b, std::move(gb));
         },
-        y);
+        [this, ca](const var_pair& dy, std::array<bool, 2>) {
+          auto [ga, gb] = split(dy[0], ca);
+          return var_pair{ga, gb};
+        },
+        {a, b}, {y});
     return y;
   }
   // The first `channels` channels of x and the rest (nn::split).
@@ -175,6 +221,7 @@ class tape {
     const shape s1 = first.shape(), s2 = second.shape();
     const variable a = result(std::move(first), wants(x)), b = result(std::move(second), wants(x));
     record(
+        "split",
         [this, x, a, b, s1, s2] {
           if (!wants(x)) return;
           const tensor_type& ga = at(a.id_).grad;
@@ -184,7 +231,11 @@ class tape {
           accumulate(x, nn::concat(r_, ga.empty() ? tensor_type{s1, r_.device()} : ga,
                                    gb.empty() ? tensor_type{s2, r_.device()} : gb));
         },
-        a, b);
+        [this, s1, s2](const var_pair& dy, std::array<bool, 2>) {
+          return var_pair{concat(dy[0].tape_ ? dy[0] : constant(tensor_type{s1, r_.device()}),
+                                 dy[1].tape_ ? dy[1] : constant(tensor_type{s2, r_.device()}))};
+        },
+        {x}, {a, b});
     return {a, b};
   }
   // a + b (nn::add; broadcasting, nn/broadcasting.hpp).
@@ -194,12 +245,13 @@ class tape {
     if (a.shape() != b.shape()) return broadcast_op<detail::kernels::add_op>("add", a, b);
     const variable y = result(nn::add(r_, a.value(), b.value()), wants(a) || wants(b));
     record(
+        "add",
         [this, a, b, y] {
           const tensor_type& g = at(y.id_).grad;
           if (wants(a)) accumulate(a, tensor_type{g});
           if (wants(b)) accumulate(b, tensor_type{g});
         },
-        y);
+        [](const var_pair& dy, std::array<bool, 2>) { return var_pair{dy[0], dy[0]}; }, {a, b}, {y});
     return y;
   }
   // a - b, a / b (nn::sub, nn::div; broadcasting).
@@ -208,9 +260,8 @@ class tape {
   // k x (nn::scale).
   variable scale(variable x, T k) {
     check_mine(x, "scale");
-    const variable y = result(nn::scale(r_, x.value(), k), wants(x));
-    record([this, x, y, k] { accumulate(x, nn::scale(r_, at(y.id_).grad, k)); }, y);
-    return y;
+    const auto by_k = [this, k](const tensor_type& v) { return nn::scale(r_, v, k); };
+    return linear_map("scale", x, by_k, by_k);
   }
   // a * b element by element (nn::mul; broadcasting).
   variable mul(variable a, variable b) {
@@ -219,45 +270,145 @@ class tape {
     if (a.shape() != b.shape()) return broadcast_op<detail::kernels::mul_op>("mul", a, b);
     const variable y = result(nn::mul(r_, a.value(), b.value()), wants(a) || wants(b));
     record(
+        "mul",
         [this, a, b, y] {
           const tensor_type& g = at(y.id_).grad;
           if (wants(a)) accumulate(a, nn::mul(r_, g, b.value()));
           if (wants(b)) accumulate(b, nn::mul(r_, g, a.value()));
         },
-        y);
+        [this, a, b](const var_pair& dy, std::array<bool, 2> want) {
+          return var_pair{want[0] ? mul(dy[0], b) : variable{}, want[1] ? mul(dy[0], a) : variable{}};
+        },
+        {a, b}, {y});
     return y;
+  }
+  // x's values under another shape of as many elements (nn::reshape with the shape spelled out).
+  variable reshape(variable x, const distribute::shape& to) {
+    check_mine(x, "reshape");
+    const distribute::shape from = x.shape();
+    if (from == to) return x;
+    return linear_map(
+        "reshape", x, [to](const tensor_type& v) { return v.reshaped(to); },
+        [from](const tensor_type& g) { return g.reshaped(from); });
+  }
+  // x repeated along its axes of extent 1 (nn::broadcast_to), and its adjoint, g summed down to a
+  // shape it broadcasts from (nn::sum_to): each the other's gradient.
+  variable broadcast_to(variable x, const distribute::shape& to) {
+    check_mine(x, "broadcast_to");
+    const distribute::shape from = x.shape();
+    if (from == to) return x;
+    return linear_map(
+        "broadcast_to", x, [this, to](const tensor_type& v) { return nn::broadcast_to(r_, v, to); },
+        [this, from](const tensor_type& g) { return nn::sum_to(r_, g, from); });
+  }
+  variable sum_to(variable x, const distribute::shape& to) {
+    check_mine(x, "sum_to");
+    const distribute::shape from = x.shape();
+    if (from == to) return x;
+    return linear_map(
+        "sum_to", x, [this, to](const tensor_type& v) { return nn::sum_to(r_, v, to); },
+        [this, from](const tensor_type& g) { return nn::broadcast_to(r_, g, from); });
   }
 
   // An operation of the caller's (nn/tape_ops.hpp records the library's so): `y` computed from x,
   // and `dx_of(dy)` returning dL/dx from dL/dy when the backward reaches y (not called where no
-  // gradient flows into x).
+  // gradient flows into x). A gradient taken with nn::create_graph cannot pass through it (an error
+  // says so); the forms below can.
   template <class F>
   variable record_operation(tensor_type y, variable x, F dx_of) {
+    return record_operation(std::move(y), x, std::move(dx_of), no_rule{});
+  }
+  // The same with its backward recorded too: `graph_dx_of(dy)` returns dL/dx as a variable of this
+  // tape, computed from the variable dy by operations recorded on it (what nn::create_graph runs).
+  template <class F, class G>
+  variable record_operation(tensor_type y, variable x, F dx_of, G graph_dx_of) {
+    return record_operation("an operation recorded with record_operation", std::move(y), x, std::move(dx_of),
+                            std::move(graph_dx_of));
+  }
+  // The same named (the name an error about a missing recorded backward gives); `graph_dx_of` may be
+  // `no_rule{}` (nn::tape_ops records its functions' derivatives so: a third order has no rule).
+  template <class F, class G>
+  variable record_operation(const char* name, tensor_type y, variable x, F dx_of, G graph_dx_of) {
     check_mine(x, "record_operation");
     check_open("an operation");
     const variable out = result(std::move(y), wants(x));
     record(
+        name,
         [this, x, out, f = std::move(dx_of)] {
           if (wants(x)) accumulate(x, f(at(out.id_).grad));
         },
-        out);
+        [&] {
+          if constexpr (std::is_same_v<G, no_rule>) {
+            return no_rule{};
+          } else {
+            return [g = std::move(graph_dx_of)](const var_pair& dy, std::array<bool, 2>) {
+              return var_pair{g(dy[0]), variable{}};
+            };
+          }
+        }(),
+        {x}, {out});
     return out;
   }
   // The same of two inputs: `grads_of(dy, want_a, want_b)` returns the pair (dL/da, dL/db), either
-  // left empty where not wanted.
+  // left empty where not wanted; `graph_grads_of(dy, want_a, want_b)` the same as variables.
   template <class F>
   variable record_operation(tensor_type y, variable a, variable b, F grads_of) {
+    return record_operation(std::move(y), a, b, std::move(grads_of), no_rule{});
+  }
+  template <class F, class G>
+  variable record_operation(tensor_type y, variable a, variable b, F grads_of, G graph_grads_of) {
     check_mine(a, "record_operation");
     check_mine(b, "record_operation");
     check_open("an operation");
     const variable out = result(std::move(y), wants(a) || wants(b));
+    auto rule = [&] {
+      if constexpr (std::is_same_v<G, no_rule>) {
+        return no_rule{};
+      } else {
+        return [g = std::move(graph_grads_of)](const var_pair& dy, std::array<bool, 2> want) {
+          auto [da, db] = g(dy[0], want[0], want[1]);
+          return var_pair{da, db};
+        };
+      }
+    }();
+    record("an operation recorded with record_operation",
+           [this, a, b, out, f = std::move(grads_of)] {
+             auto [ga, gb] = f(at(out.id_).grad, wants(a), wants(b));
+             if (wants(a)) accumulate(a, std::move(ga));
+             if (wants(b)) accumulate(b, std::move(gb));
+           },
+           std::move(rule), {a, b}, {out});
+    return out;
+  }
+  // An operation linear in x: y = apply(x), and `adjoint` its transpose (dL/dx = adjoint(dL/dy)).
+  // Its recorded backward is the same pair swapped, so nn::create_graph passes through it to any order.
+  template <class F, class A>
+  variable linear_map(const char* name, variable x, F apply, A adjoint) {
+    check_mine(x, name);
+    check_open("an operation");
+    const variable out = result(apply(x.value()), wants(x));
     record(
-        [this, a, b, out, f = std::move(grads_of)] {
-          auto [ga, gb] = f(at(out.id_).grad, wants(a), wants(b));
-          if (wants(a)) accumulate(a, std::move(ga));
-          if (wants(b)) accumulate(b, std::move(gb));
+        name, [this, x, out, adjoint] { accumulate(x, adjoint(at(out.id_).grad)); },
+        [this, name, apply, adjoint](const var_pair& dy, std::array<bool, 2>) {
+          return var_pair{linear_map(name, dy[0], adjoint, apply), variable{}};
         },
-        out);
+        {x}, {out});
+    return out;
+  }
+  // An operation that writes parameter gradients (a layer's recorded backward): `backward(dy, want_x)`
+  // adds its parameters' gradients and returns dL/dx (empty where !want_x). Its output always takes a
+  // gradient. Under nn::create_graph it has no rule of its own (a third order is not supported).
+  template <class F>
+  variable record_parameter_operation(const char* name, tensor_type y, variable x, F backward) {
+    check_mine(x, name);
+    check_open("an operation");
+    const variable out = result(std::move(y), true);
+    record(name,
+           [this, x, out, f = std::move(backward)] {
+             tensor_type dx = f(at(out.id_).grad, wants(x));
+             if (wants(x)) accumulate(x, std::move(dx));
+           },
+           no_rule{}, {x}, {out});
     return out;
   }
   // The replica the tape computes on.
@@ -326,6 +477,35 @@ class tape {
     return at(v.id_).grad;
   }
 
+  // dy/dx recorded on the tape (PyTorch's `torch.autograd.grad(y, x, create_graph=True)`): y of one
+  // element, x a tensor y depends on. The gradient's own computation is recorded as operations of
+  // this tape, so a loss built from it (an R1 penalty: the squared norm of dD(x)/dx) backpropagates
+  // into the parameters and inputs when `backward` runs. Parameter gradients are not written here:
+  // only `backward` writes them. Every operation and layer between x and y needs a recorded
+  // backward (the library's have one; docs/nn.md, "Gradient penalties"); one without throws
+  // nn::missing_rule_error naming it. Called before backward, as often as needed.
+  variable gradient(variable y, variable x, create_graph_t) {
+    check_mine(y, "gradient");
+    if (y.shape().numel() != 1)
+      throw std::invalid_argument("distribute: tape::gradient(y, x, nn::create_graph) of a y of shape " +
+                                  y.shape().to_string() +
+                                  ": y must have one element (reduce it with nn::sum or nn::mean, or give dy: "
+                                  "gradient(y, dy, x, nn::create_graph))");
+    tensor_type one{y.shape(), r_.device(), uninitialized};
+    one.fill(T(1), 0, 1);
+    return graph_gradient(y, constant(std::move(one)), x);
+  }
+  // The same for a y of any shape and dL/dy given as a variable `dy` of y's shape (PyTorch's
+  // grad_outputs): the vector-Jacobian product dy^T dy/dx.
+  variable gradient(variable y, variable dy, variable x, create_graph_t) {
+    check_mine(y, "gradient");
+    check_mine(dy, "gradient");
+    if (dy.shape() != y.shape())
+      throw std::invalid_argument("distribute: tape::gradient got dy of shape " + dy.shape().to_string() +
+                                  " for a y of shape " + y.shape().to_string());
+    return graph_gradient(y, dy, x);
+  }
+
  private:
   struct entry {
     tensor_type value;
@@ -333,24 +513,39 @@ class tape {
     bool requires_grad = false;
     bool input = false;  // made by watch, constant or stop_gradient
   };
-  // One recorded backward; `remaining`: each layer's calls whose backward has not run yet.
+  using var_pair = std::array<variable, 2>;
+
+  // One recorded backward; `remaining`: each layer's calls whose backward has not run yet. Its inputs
+  // and outputs (up to two each) are the entries a gradient taken with nn::create_graph walks;
+  // `graph` records the inputs' gradients as variables from the outputs' (a default-made variable
+  // where none reached), for the inputs `want` marks.
   struct node {
     virtual ~node() = default;
     virtual void run(std::unordered_map<const void*, std::size_t>& remaining) = 0;
+    virtual var_pair graph(const var_pair& dy, std::array<bool, 2> want) = 0;
+    std::array<std::size_t, 2> in{}, out{};
+    std::uint8_t ins = 0, outs = 0;
   };
-  template <class F>
+  template <class F, class G>
   struct op_node final : node {
-    explicit op_node(F f) : f{std::move(f)} {}
+    op_node(const char* name, F f, G g) : name{name}, f{std::move(f)}, g{std::move(g)} {}
     void run(std::unordered_map<const void*, std::size_t>&) override { f(); }
+    var_pair graph(const var_pair& dy, std::array<bool, 2> want) override {
+      if constexpr (std::is_same_v<G, no_rule>) {
+        (void)dy;
+        (void)want;
+        throw missing_rule_error(std::string("distribute: ") + name +
+                                 " has no recorded backward, and a gradient taken with nn::create_graph passes "
+                                 "through it; record it with a rule (record_operation(y, x, dx_of, graph_dx_of), "
+                                 "docs/nn.md \"Gradient penalties\")");
+      } else {
+        return g(dy, want);
+      }
+    }
+    const char* name;
     F f;
+    G g;
   };
-  template <class F>
-  struct layer_node final : node {
-    explicit layer_node(F f) : f{std::move(f)} {}
-    void run(std::unordered_map<const void*, std::size_t>& remaining) override { f(remaining); }
-    F f;
-  };
-
   // Holds the replica's gradient announcements for a scope where `on` (replica_context).
   class hold {
    public:
@@ -398,21 +593,30 @@ class tape {
     entries_.push_back(entry{std::move(y), {}, requires_grad});
     return {this, entries_.size() - 1};
   }
-  // An operation's backward, run always...
+  // An operation's backward, run always (a seed: no inputs or outputs)...
   template <class F>
   void record(F f) {
     check_open("an operation");
-    nodes_.push_back(std::make_unique<op_node<F>>(std::move(f)));
+    nodes_.push_back(std::make_unique<op_node<F, no_rule>>("a seed", std::move(f), no_rule{}));
     ends_.push_back(entries_.size());
   }
-  // ... where a gradient reached one of its outputs.
-  template <class F, class... V>
-  void record(F f, V... outputs) {
+  // ... or where a gradient reached one of its outputs; `rule`: its recorded backward (or no_rule).
+  template <class F, class G>
+  void record(const char* name, F f, G rule, std::initializer_list<variable> inputs,
+              std::initializer_list<variable> outputs) {
     check_open("an operation");
-    auto g = [this, f = std::move(f), outputs...] {
-      if ((!at(outputs.id_).grad.empty() || ...)) f();
+    std::array<std::size_t, 2> out{};
+    std::uint8_t outs = 0;
+    for (const variable& v : outputs) out[outs++] = v.id_;
+    auto g = [this, f = std::move(f), out, outs] {
+      for (std::uint8_t k = 0; k < outs; ++k)
+        if (!at(out[k]).grad.empty()) return f();
     };
-    nodes_.push_back(std::make_unique<op_node<decltype(g)>>(std::move(g)));
+    auto n = std::make_unique<op_node<decltype(g), G>>(name, std::move(g), std::move(rule));
+    n->out = out;
+    n->outs = outs;
+    for (const variable& v : inputs) n->in[n->ins++] = v.id_;
+    nodes_.push_back(std::move(n));
     ends_.push_back(entries_.size());
   }
 
@@ -420,10 +624,82 @@ class tape {
   variable broadcast_op(const char* name, variable a, variable b) {
     check_mine(a, name);
     check_mine(b, name);
-    tensor_type y = detail::broadcast_apply<Op>(r_, name, a.value(), b.value());
-    return record_operation(std::move(y), a, b, [this, name, a, b](const tensor_type& dy, bool wa, bool wb) {
-      return detail::broadcast_gradients<Op>(r_, name, a.value(), b.value(), dy, wa, wb);
-    });
+    const variable y = result(detail::broadcast_apply<Op>(r_, name, a.value(), b.value()), wants(a) || wants(b));
+    record(
+        name,
+        [this, name, a, b, y] {
+          auto [ga, gb] =
+              detail::broadcast_gradients<Op>(r_, name, a.value(), b.value(), at(y.id_).grad, wants(a), wants(b));
+          if (wants(a)) accumulate(a, std::move(ga));
+          if (wants(b)) accumulate(b, std::move(gb));
+        },
+        [this, a, b](const var_pair& dy, std::array<bool, 2> want) {
+          const variable g = dy[0];
+          const shape sa = a.shape(), sb = b.shape();
+          var_pair d{};
+          using op = Op<T>;
+          if constexpr (std::is_same_v<op, detail::kernels::add_op<T>>) {
+            if (want[0]) d[0] = sum_to(g, sa);
+            if (want[1]) d[1] = sum_to(g, sb);
+          } else if constexpr (std::is_same_v<op, detail::kernels::sub_op<T>>) {
+            if (want[0]) d[0] = sum_to(g, sa);
+            if (want[1]) d[1] = scale(sum_to(g, sb), T(-1));
+          } else if constexpr (std::is_same_v<op, detail::kernels::mul_op<T>>) {
+            if (want[0]) d[0] = sum_to(mul(g, b), sa);
+            if (want[1]) d[1] = sum_to(mul(g, a), sb);
+          } else {
+            static_assert(std::is_same_v<op, detail::kernels::div_op<T>>);
+            if (want[0]) d[0] = sum_to(div(g, b), sa);
+            if (want[1]) d[1] = scale(sum_to(div(mul(g, a), mul(b, b)), sb), T(-1));
+          }
+          return d;
+        },
+        {a, b}, {y});
+    return y;
+  }
+  // The gradient walk of nn::create_graph: from `seed` at y back to x over the nodes recorded so far,
+  // each node's recorded backward adding operations to the tape (appended, so none is walked twice).
+  variable graph_gradient(variable y, variable seed, variable x) {
+    check_mine(x, "gradient");
+    check_open("a gradient");
+    const std::size_t entries = entries_.size(), nodes = nodes_.size();
+    std::vector<char> reaches(entries, 0);  // depends on x
+    reaches[x.id_] = 1;
+    for (std::size_t i = 0; i < nodes; ++i) {
+      const node& n = *nodes_[i];
+      bool any = false;
+      for (std::uint8_t k = 0; k < n.ins; ++k) any = any || reaches[n.in[k]];
+      if (any)
+        for (std::uint8_t k = 0; k < n.outs; ++k) reaches[n.out[k]] = 1;
+    }
+    if (!reaches[y.id_])
+      throw std::invalid_argument(
+          "distribute: tape::gradient(y, x, nn::create_graph): y does not depend on x "
+          "through the operations recorded on the tape (x came after y, or only through "
+          "stop_gradient)");
+    std::vector<variable> g(entries);
+    g[y.id_] = seed;
+    for (std::size_t i = nodes; i-- > 0;) {
+      node& n = *nodes_[i];
+      var_pair dy{};
+      bool reached = false, wanted = false;
+      for (std::uint8_t k = 0; k < n.outs; ++k)
+        if (g[n.out[k]].tape_) {
+          dy[k] = g[n.out[k]];
+          reached = true;
+        }
+      std::array<bool, 2> want{};
+      for (std::uint8_t k = 0; k < n.ins; ++k) wanted = (want[k] = reaches[n.in[k]] != 0) || wanted;
+      if (!reached || !wanted) continue;
+      const var_pair dx = n.graph(dy, want);
+      for (std::uint8_t k = 0; k < n.ins; ++k) {
+        if (!want[k] || !dx[k].tape_) continue;
+        variable& sum = g[n.in[k]];
+        sum = sum.tape_ ? add(sum, dx[k]) : dx[k];
+      }
+    }
+    if (g[x.id_].tape_) return g[x.id_];
+    return constant(tensor_type{x.shape(), r_.device()});  // every path was cut by a recorded zero
   }
   template <class L, std::size_t... I, class... A>
   variable call_without_last(L& model, variable x, std::index_sequence<I...>, A... rest) {
@@ -490,38 +766,80 @@ class tape {
       out = layer.forward(r_, x.value());
     }
     const variable y = result(std::move(out), wants(x) || !freeze);
-    auto f = [this, &layer, x, y, freeze, key,
-              state = std::move(state)](std::unordered_map<const void*, std::size_t>& remaining) mutable {
-      // A frozen call writes the gradients too (and puts them back): they are final after it as well.
-      const bool last = --remaining[key] == 0;
-      const tensor_type& dy = at(y.id_).grad;
-      if (!dy.empty()) {
-        const hold held{r_, !last || freeze};
-        std::vector<tensor_type> kept;
-        if (freeze) kept = set_aside(layer);
-        tensor_type dx = [&] {
-          const bool input = wants(x);
-          if constexpr (with_state) {
-            if (!input)
-              if constexpr (requires { layer.backward(r_, *state, dy, no_input_gradient); })
-                return layer.backward(r_, *state, dy, no_input_gradient);
-            return layer.backward(r_, *state, dy);
-          } else {
-            if (!input)
-              if constexpr (requires { layer.backward(r_, dy, no_input_gradient); })
-                return layer.backward(r_, dy, no_input_gradient);
-            return layer.backward(r_, dy);
-          }
-        }();
-        if (freeze) put_back(layer, kept);
-        if (wants(x)) accumulate(x, std::move(dx));
-      }
-      if (last) detail::gradients_ready(r_, layer);
-      if constexpr (with_state && reuses_states) spare_states<state_of<L, with_state>>(key).push_back(std::move(state));
-    };
-    nodes_.push_back(std::make_unique<layer_node<decltype(f)>>(std::move(f)));
+    auto n = std::make_unique<layer_node<L, state_holder>>(*this, layer, x, y, freeze, std::move(state));
+    n->in[0] = x.id_;
+    n->out[0] = y.id_;
+    n->ins = n->outs = 1;
+    nodes_.push_back(std::move(n));
     ends_.push_back(entries_.size());
     return y;
+  }
+
+  // A layer call's backward: its state (a unique_ptr to the layer's state_type, or an int for a layer
+  // that keeps it inside) is used here and by `graph`.
+  template <class L, class S>
+  struct layer_node final : node {
+    layer_node(tape& t, L& layer, variable x, variable y, bool freeze, S state)
+        : t{t}, layer{layer}, x{x}, y{y}, freeze{freeze}, state{std::move(state)} {}
+    void run(std::unordered_map<const void*, std::size_t>& remaining) override {
+      t.run_layer(layer, x, y, freeze, state, remaining);
+    }
+    var_pair graph(const var_pair& dy, std::array<bool, 2>) override {
+      return {t.graph_layer(layer, x, y, freeze, state, dy[0]), variable{}};
+    }
+    tape& t;
+    L& layer;
+    variable x, y;
+    bool freeze;
+    S state;
+  };
+
+  template <class L, class S>
+  void run_layer(L& layer, variable x, variable y, bool freeze, S& state,
+                 std::unordered_map<const void*, std::size_t>& remaining) {
+    constexpr bool with_state = records_state<L>;
+    const void* key = &layer;
+    // A frozen call writes the gradients too (and puts them back): they are final after it as well.
+    const bool last = --remaining[key] == 0;
+    const tensor_type& dy = at(y.id_).grad;
+    if (!dy.empty()) {
+      const hold held{r_, !last || freeze};
+      std::vector<tensor_type> kept;
+      if (freeze) kept = set_aside(layer);
+      tensor_type dx = [&] {
+        const bool input = wants(x);
+        if constexpr (with_state) {
+          if (!input)
+            if constexpr (requires { layer.backward(r_, *state, dy, no_input_gradient); })
+              return layer.backward(r_, *state, dy, no_input_gradient);
+          return layer.backward(r_, *state, dy);
+        } else {
+          if (!input)
+            if constexpr (requires { layer.backward(r_, dy, no_input_gradient); })
+              return layer.backward(r_, dy, no_input_gradient);
+          return layer.backward(r_, dy);
+        }
+      }();
+      if (freeze) put_back(layer, kept);
+      if (wants(x)) accumulate(x, std::move(dx));
+    }
+    if (last) detail::gradients_ready(r_, layer);
+    if constexpr (with_state && reuses_states) spare_states<state_of<L, with_state>>(key).push_back(std::move(state));
+  }
+
+  // A layer call's backward recorded on the tape (nn::create_graph): the layer's `recorded_backward`.
+  template <class L, class S>
+  variable graph_layer(L& layer, variable x, variable y, bool freeze, S& state, variable dy) {
+    if constexpr (detail::records_backward<L, tape, variable>) {
+      return layer.recorded_backward(*this, *state, x, y, dy, freeze);
+    } else {
+      (void)layer, (void)x, (void)y, (void)freeze, (void)state, (void)dy;
+      throw missing_rule_error("distribute: " + detail::layer_name<L>() +
+                               " has no recorded backward, and a gradient taken with nn::create_graph passes "
+                               "through it: call the layers it is made of on the tape instead, or give it a member "
+                               "`recorded_backward(tape, state, x, y, dy, frozen)` (docs/nn.md, \"Gradient "
+                               "penalties\")");
+    }
   }
 
   template <class L>
@@ -537,38 +855,20 @@ class tape {
   template <class L, bool With>
   using state_of = typename state_holder_type<L, With>::type;
 
-  // The states of finished calls, kept for the next calls of the same layer on this thread: a new
-  // state allocates its buffers anew at every step (fresh pages, a fault for each), where the
-  // stateful pair reuses its own; measured, that tripled the cost of a small U-Net's step. A forward
-  // overwrites every field it reads back, so a state left by a layer since destroyed is only memory.
-  // CPU only: device memory comes from a caching pool already, and is freed on a stream, which a
-  // state kept past its strategy would outlive.
+  // The states of finished calls are kept for the next calls of the same layer (CPU only:
+  // detail::spare_states says why).
   static constexpr bool reuses_states = std::is_same_v<device_type, cpu>;
   template <class S>
   static std::vector<std::unique_ptr<S>>& spare_states(const void* layer) {
-    thread_local std::unordered_map<const void*, std::vector<std::unique_ptr<S>>> spares;
-    if (spares.size() > 256 && !spares.contains(layer)) spares.clear();
-    return spares[layer];
+    return detail::spare_states<S>(layer);
   }
-
-  // A frozen call's parameter gradients, copied aside by the engine before its backward.
   template <class L>
   std::vector<tensor_type> set_aside(L& layer) {
-    std::vector<tensor_type> kept;
-    auto& e = detail::engine_of<device_type>(r_);
-    layer.for_each_parameter([&](std::span<T>, std::span<T> grad) {
-      tensor_type& k = kept.emplace_back(shape{static_cast<std::int64_t>(grad.size())}, r_.device(), uninitialized);
-      e.for_each(static_cast<std::int64_t>(grad.size()), detail::kernels::copy<T>{grad.data(), k.data()});
-    });
-    return kept;
+    return detail::set_aside_gradients<T>(detail::engine_of<device_type>(r_), layer, r_.device());
   }
   template <class L>
   void put_back(L& layer, const std::vector<tensor_type>& kept) {
-    auto& e = detail::engine_of<device_type>(r_);
-    std::size_t i = 0;
-    layer.for_each_parameter([&](std::span<T>, std::span<T> grad) {
-      e.for_each(static_cast<std::int64_t>(grad.size()), detail::kernels::copy<T>{kept[i++].data(), grad.data()});
-    });
+    detail::put_back_gradients<T>(detail::engine_of<device_type>(r_), layer, kept);
   }
 
   R& r_;

@@ -12,6 +12,8 @@
 // Each records the backward of nn/shape_ops.hpp, nn/reductions.hpp, nn/broadcasting.hpp and
 // nn/elementwise.hpp; a function's gradient recomputes f(x) from x where it needs y, rather than keep
 // a second tensor per call. argmax and one_hot have no gradient: use them by hand (t.constant).
+// Each also has a recorded backward, so a gradient taken with nn::create_graph passes through it
+// (the linear ones to any order; a function's to the second).
 
 #include <distribute/nn/broadcasting.hpp>
 #include <distribute/nn/elementwise.hpp>
@@ -37,30 +39,40 @@ struct unary_backward_from_x {
   DISTRIBUTE_HOST_DEVICE void operator()(std::int64_t i) const { dx[i] = dy[i] * op.derivative(x[i], op.value(x[i])); }
 };
 
+// y = f(x); its recorded backward (create_graph) is dy * f'(x), with f' an operation of its own
+// whose derivative is f'' (an operation without one has no recorded backward).
 template <class R, class T, class Op>
 typename tape<R, T>::variable record_unary(tape<R, T>& t, typename tape<R, T>::variable x, Op op) {
   using D = typename R::device_type;
-  return t.record_operation(unary(t.replica(), x.value(), op), x, [&t, x, op](const tensor<T, D>& dy) {
+  using V = typename tape<R, T>::variable;
+  auto dx_of = [&t, x, op](const tensor<T, D>& dy) {
     tensor<T, D> dx{dy.shape(), dy.device(), uninitialized};
     if (dy.size() > 0)
       engine_of<D>(t.replica())
           .for_each(static_cast<std::int64_t>(dy.size()),
                     unary_backward_from_x<T, Op>{x.value().data(), dy.data(), dx.data(), op});
     return dx;
-  });
+  };
+  if constexpr (requires(T v) { op.second(v); })
+    return t.record_operation(Op::name, unary(t.replica(), x.value(), op), x, std::move(dx_of), [&t, x, op](V dy) {
+      return t.mul(dy, record_unary(t, x, kernels::derivative_of<Op>{op}));
+    });
+  else
+    return t.record_operation(Op::name, unary(t.replica(), x.value(), op), x, std::move(dx_of),
+                              typename tape<R, T>::no_rule{});
 }
 
-// The gradient of a sum or mean: dy spread back over the reduced axes, times k.
-template <class R, class T>
-typename tape<R, T>::variable record_reduction(tape<R, T>& t, typename tape<R, T>::variable x,
-                                               tensor<T, typename R::device_type> y,
+// A sum or mean over the axes `mask` marks (linear in x): its gradient is dy spread back over them,
+// times k.
+template <class R, class T, class F>
+typename tape<R, T>::variable record_reduction(tape<R, T>& t, typename tape<R, T>::variable x, F reduce,
                                                const std::array<bool, shape::max_rank>& mask, T k) {
   using D = typename R::device_type;
-  const shape kept = reduced_shape(x.shape(), mask, true);
-  return t.record_operation(std::move(y), x, [&t, x, kept, k](const tensor<T, D>& dy) {
+  const shape kept = reduced_shape(x.shape(), mask, true), from = x.shape();
+  return t.linear_map("a reduction", x, std::move(reduce), [&t, kept, from, k](const tensor<T, D>& dy) {
     tensor<T, D> g = dy;
     g.reshape(kept);
-    tensor<T, D> dx = broadcast_to(t.replica(), g, x.shape());
+    tensor<T, D> dx = broadcast_to(t.replica(), g, from);
     if (k != T(1)) dx = scale(t.replica(), dx, k);
     return dx;
   });
@@ -73,12 +85,11 @@ using tape_variable = typename tape<R, T>::variable;
 // Shapes.
 template <class R, class T>
 tape_variable<R, T> reshape(tape<R, T>& t, tape_variable<R, T> x, std::initializer_list<std::int64_t> target) {
-  const shape from = x.shape();
-  return t.record_operation(reshape(t.replica(), x.value(), target), x, [from](const auto& dy) {
-    auto dx = dy;
-    dx.reshape(from);
-    return dx;
-  });
+  return t.reshape(x, detail::inferred_shape(x.shape(), target));
+}
+template <class R, class T>
+tape_variable<R, T> reshape(tape<R, T>& t, tape_variable<R, T> x, const shape& target) {
+  return t.reshape(x, target);
 }
 template <class R, class T>
 tape_variable<R, T> view(tape<R, T>& t, tape_variable<R, T> x, std::initializer_list<std::int64_t> target) {
@@ -88,46 +99,69 @@ template <class R, class T>
 tape_variable<R, T> permute(tape<R, T>& t, tape_variable<R, T> x, std::initializer_list<int> order) {
   const auto o = detail::checked_order("permute", x.shape(), order);
   const auto inverse = detail::inverse_order(o, x.shape().rank());
-  return t.record_operation(detail::permuted(t.replica(), x.value(), o), x,
-                            [&t, inverse](const auto& dy) { return detail::permuted(t.replica(), dy, inverse); });
+  return t.linear_map(
+      "permute", x, [&t, o](const auto& v) { return detail::permuted(t.replica(), v, o); },
+      [&t, inverse](const auto& dy) { return detail::permuted(t.replica(), dy, inverse); });
 }
 template <class R, class T>
 tape_variable<R, T> transpose(tape<R, T>& t, tape_variable<R, T> x, int a, int b) {
-  auto y = transpose(t.replica(), x.value(), a, b);
-  return t.record_operation(std::move(y), x, [&t, a, b](const auto& dy) { return transpose(t.replica(), dy, a, b); });
+  const auto swap = [&t, a, b](const auto& v) { return transpose(t.replica(), v, a, b); };
+  return t.linear_map("transpose", x, swap, swap);
+}
+// x repeated along its axes of extent 1 (nn::broadcast_to); g summed down to `target` (nn::sum_to).
+template <class R, class T>
+tape_variable<R, T> broadcast_to(tape<R, T>& t, tape_variable<R, T> x, const shape& target) {
+  return t.broadcast_to(x, target);
+}
+template <class R, class T>
+tape_variable<R, T> sum_to(tape<R, T>& t, tape_variable<R, T> x, const shape& target) {
+  return t.sum_to(x, target);
 }
 
 // Reductions.
 template <class R, class T>
 tape_variable<R, T> sum(tape<R, T>& t, tape_variable<R, T> x, const dims& axes, bool keepdim = false) {
   const auto mask = detail::axis_mask("sum", x.shape(), axes);
-  return detail::record_reduction(t, x, sum(t.replica(), x.value(), axes, keepdim), mask, T(1));
+  return detail::record_reduction(
+      t, x, [&t, axes, keepdim](const auto& v) { return sum(t.replica(), v, axes, keepdim); }, mask, T(1));
 }
 template <class R, class T>
 tape_variable<R, T> sum(tape<R, T>& t, tape_variable<R, T> x) {
-  return detail::record_reduction(t, x, sum(t.replica(), x.value()), detail::every_axis(x.shape()), T(1));
+  return detail::record_reduction(
+      t, x, [&t](const auto& v) { return sum(t.replica(), v); }, detail::every_axis(x.shape()), T(1));
 }
 template <class R, class T>
 tape_variable<R, T> mean(tape<R, T>& t, tape_variable<R, T> x, const dims& axes, bool keepdim = false) {
   const auto mask = detail::axis_mask("mean", x.shape(), axes);
-  auto y = mean(t.replica(), x.value(), axes, keepdim);
-  const std::int64_t count = y.shape().numel() == 0 ? 0 : x.shape().numel() / y.shape().numel();
-  return detail::record_reduction(t, x, std::move(y), mask, T(1) / static_cast<T>(count));
+  const std::int64_t count = detail::reduced_shape(x.shape(), mask, true).numel();
+  const T k = count == 0 || x.shape().numel() == 0 ? T(0) : T(1) / static_cast<T>(x.shape().numel() / count);
+  return detail::record_reduction(
+      t, x, [&t, axes, keepdim](const auto& v) { return mean(t.replica(), v, axes, keepdim); }, mask, k);
 }
 template <class R, class T>
 tape_variable<R, T> mean(tape<R, T>& t, tape_variable<R, T> x) {
-  return detail::record_reduction(t, x, mean(t.replica(), x.value()), detail::every_axis(x.shape()),
-                                  T(1) / static_cast<T>(x.shape().numel()));
+  return detail::record_reduction(
+      t, x, [&t](const auto& v) { return mean(t.replica(), v); }, detail::every_axis(x.shape()),
+      T(1) / static_cast<T>(x.shape().numel()));
 }
-// The maximum's gradient goes to the first maximal element of each reduced group.
+// The maximum's gradient goes to the first maximal element of each reduced group; recorded
+// (create_graph), it is that scatter as an operation linear in dy.
 template <class R, class T>
 tape_variable<R, T> max(tape<R, T>& t, tape_variable<R, T> x, const dims& axes, bool keepdim = false) {
   using D = typename R::device_type;
   auto [v, p] = max_and_argmax(t.replica(), x.value(), axes, keepdim);
   auto places = std::make_shared<tensor<std::int64_t, D>>(std::move(p));
-  const shape from = x.shape();
-  return t.record_operation(std::move(v), x, [&t, from, axes, places](const tensor<T, D>& dy) {
+  const shape from = x.shape(), to = v.shape();
+  const auto scatter = [&t, from, axes, places](const tensor<T, D>& dy) {
     return max_backward(t.replica(), from, axes, *places, dy);
+  };
+  return t.record_operation(std::move(v), x, scatter, [&t, scatter, to, axes, keepdim](tape_variable<R, T> dy) {
+    tensor<T, D> ones{to, t.replica().device(), uninitialized};
+    ones.fill(T(1), 0, ones.size());
+    auto mask = std::make_shared<tensor<T, D>>(scatter(ones));
+    return t.linear_map("max's gradient", dy, scatter, [&t, mask, axes, keepdim](const tensor<T, D>& g) {
+      return sum(t.replica(), mul(t.replica(), g, *mask), axes, keepdim);
+    });
   });
 }
 template <class R, class T>

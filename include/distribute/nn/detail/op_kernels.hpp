@@ -41,60 +41,105 @@ namespace kernels {
 
 using index = std::int64_t;
 
-// The unary operations: value(x) and dy/dx from x and y = value(x).
+// The unary operations: value(x), dy/dx from x and y = value(x), and d2y/dx2 from x (`second`, for
+// gradients taken with create_graph).
 template <class T>
 struct square_op {
+  static constexpr const char* name = "square";
   DISTRIBUTE_HOST_DEVICE T value(T x) const { return x * x; }
   DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return T(2) * x; }
+  DISTRIBUTE_HOST_DEVICE T second(T) const { return T(2); }
 };
 template <class T>
 struct sqrt_op {
+  static constexpr const char* name = "sqrt";
   DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::sqrt(x); }
   // 1 / (2 sqrt(x)): infinite at 0, as PyTorch's.
   DISTRIBUTE_HOST_DEVICE T derivative(T, T y) const { return T(1) / (T(2) * y); }
+  DISTRIBUTE_HOST_DEVICE T second(T x) const { return T(-1) / (T(4) * x * std::sqrt(x)); }
 };
 template <class T>
 struct exp_op {
+  static constexpr const char* name = "exp";
   DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::exp(x); }
   DISTRIBUTE_HOST_DEVICE T derivative(T, T y) const { return y; }
+  DISTRIBUTE_HOST_DEVICE T second(T x) const { return std::exp(x); }
 };
 template <class T>
 struct log_op {
+  static constexpr const char* name = "log";
   DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::log(x); }
   DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return T(1) / x; }
+  DISTRIBUTE_HOST_DEVICE T second(T x) const { return T(-1) / (x * x); }
 };
 template <class T>
 struct pow_op {
+  static constexpr const char* name = "pow";
   T p;
   DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::pow(x, p); }
   // p x^(p - 1); 0 for p = 0, where PyTorch's is 0 too (not 0 * inf at x = 0).
   DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return p == T(0) ? T(0) : p * std::pow(x, p - T(1)); }
+  DISTRIBUTE_HOST_DEVICE T second(T x) const {
+    return p == T(0) || p == T(1) ? T(0) : p * (p - T(1)) * std::pow(x, p - T(2));
+  }
 };
 template <class T>
 struct abs_op {
+  static constexpr const char* name = "abs";
   DISTRIBUTE_HOST_DEVICE T value(T x) const { return x < T(0) ? -x : x; }
   // sign(x), 0 at 0 (PyTorch's).
   DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0)); }
+  DISTRIBUTE_HOST_DEVICE T second(T) const { return T(0); }
 };
 template <class T>
 struct clamp_op {
+  static constexpr const char* name = "clamp";
   T low, high;
   DISTRIBUTE_HOST_DEVICE T value(T x) const { return x < low ? low : (x > high ? high : x); }
   // 1 within [low, high], both ends included (PyTorch's), 0 outside.
   DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return x >= low && x <= high ? T(1) : T(0); }
+  DISTRIBUTE_HOST_DEVICE T second(T) const { return T(0); }
 };
 template <class T>
 struct sigmoid_op {
+  static constexpr const char* name = "sigmoid";
   DISTRIBUTE_HOST_DEVICE T value(T x) const { return T(1) / (T(1) + std::exp(-x)); }
   DISTRIBUTE_HOST_DEVICE T derivative(T, T y) const { return y * (T(1) - y); }
+  DISTRIBUTE_HOST_DEVICE T second(T x) const {
+    const T y = value(x);
+    return y * (T(1) - y) * (T(1) - T(2) * y);
+  }
 };
 // log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's Softplus).
 template <class T>
 struct softplus_op {
+  static constexpr const char* name = "softplus";
   T beta, threshold;
   DISTRIBUTE_HOST_DEVICE T value(T x) const { return beta * x > threshold ? x : std::log1p(std::exp(beta * x)) / beta; }
   DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const {
     return beta * x > threshold ? T(1) : T(1) / (T(1) + std::exp(-beta * x));
+  }
+  DISTRIBUTE_HOST_DEVICE T second(T x) const {
+    if (beta * x > threshold) return T(0);
+    const T s = T(1) / (T(1) + std::exp(-beta * x));
+    return beta * s * (T(1) - s);
+  }
+};
+
+// The derivative of a unary operation as an operation of its own (what a gradient taken with
+// create_graph records): value(x) = op's f'(x), derivative = op's f''(x).
+template <class Op>
+struct derivative_of {
+  // A gradient of a gradient of a gradient (a third order) is not recorded.
+  static constexpr const char* name = "the derivative of a function (a third-order gradient)";
+  Op op;
+  template <class T>
+  DISTRIBUTE_HOST_DEVICE T value(T x) const {
+    return op.derivative(x, op.value(x));
+  }
+  template <class T>
+  DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const {
+    return op.second(x);
   }
 };
 

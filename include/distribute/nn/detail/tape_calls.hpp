@@ -31,4 +31,14 @@ concept forward_state_value =
       { l.backward(r, s, x) } -> std::same_as<Tensor>;
     };
 
+// A layer whose backward can be recorded on a tape (nn::create_graph): `recorded_backward(tape,
+// state, x, y, dy, frozen)` returns dL/dx as a variable of the tape, computed from dy (and where the
+// derivative needs them, x and y) by operations recorded on it, and records its parameters' part of
+// the second-order gradient unless `frozen`.
+template <class L, class Tape, class V>
+concept records_backward =
+    requires { typename L::state_type; } && requires(L& l, Tape& t, typename L::state_type& s, V v, bool frozen) {
+      { l.recorded_backward(t, s, v, v, v, frozen) } -> std::same_as<V>;
+    };
+
 }  // namespace distribute::nn::detail
