@@ -139,9 +139,111 @@ struct doubling {
   void set_training(bool) {}
 };
 
+// docs/nn.md's scaled softsign (y = a x / (1 + |x|)) with the recorded backward the docs give it.
+template <class T = double>
+class scaled_softsign {
+ public:
+  using scalar_type = T;
+  using device_type = dist::cpu;
+  using tensor_type = dist::tensor<T>;
+  struct state_type {
+    tensor_type x, d;
+  };
+  explicit scaled_softsign(std::uint64_t seed)
+      : a_{shape{1}, nn::init::scale, seed}, one_{shape{1}, std::vector<T>{T(1)}} {}
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x, state_type& s) {
+    s.x = x;
+    s.d = nn::add(r, nn::abs(r, x), one_);
+    return nn::mul(r, nn::div(r, x, s.d), a_.value);
+  }
+  template <class R>
+  tensor_type backward(R& r, state_type& s, const tensor_type& dy) {
+    auto [du, da] = nn::mul_backward(r, nn::div(r, s.x, s.d), a_.value, dy);
+    nn::axpy(r, T(1), da, a_.grad);
+    return nn::div(r, du, nn::square(r, s.d));
+  }
+  template <class R>
+  tensor_type forward(R& r, const tensor_type& x) {
+    return forward(r, x, kept_);
+  }
+  template <class R>
+  tensor_type backward(R& r, const tensor_type& dy) {
+    return backward(r, kept_, dy);
+  }
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type&, typename Tape::variable x, typename Tape::variable,
+                                            typename Tape::variable dy, bool frozen) {
+    return t.mul(dy, nn::div(t, t.parameter(a_, frozen), nn::square(t, nn::add(t, nn::abs(t, x), t.constant(one_)))));
+  }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    a_.visit(f);
+  }
+  void zero_grad() { a_.zero_grad(); }
+  void set_training(bool) {}
+
+ private:
+  nn::parameter<T> a_;
+  tensor_type one_;
+  state_type kept_;
+};
+
+// A user's layer with a recorded backward, under R1 inside a small model.
+struct softsign_model : nn::module<softsign_model, double> {
+  nn::conv2d<double> c{{.in_channels = 2, .out_channels = 3, .kernel = 3, .padding = 1}, 31};
+  scaled_softsign<double> act{32};
+  nn::linear<double> l{{.in_features = 3 * 4 * 4, .out_features = 1, .bias = false}, 33};  // a bias has no part in dD/dx
+  nn::flatten<double> flat{};
+  auto members() { return nn::members("c", c, "act", act, "l", l); }
+  template <class Tape>
+  typename Tape::variable operator()(Tape& t, typename Tape::variable x) {
+    const auto g = t.gradient(nn::sum(t, t(l, t(flat, t(act, t(c, x))))), x, nn::create_graph);
+    return nn::sum(t, nn::square(t, g), {1, 2, 3});
+  }
+};
+
+// The resampling layers (linear, so their recorded backward is their adjoint) between layers whose
+// second order depends on x.
+struct resampling_model : nn::module<resampling_model, double> {
+  nn::conv2d<double> c{{.in_channels = 2, .out_channels = 4, .kernel = 3, .padding = 1}, 41};
+  nn::tanh<double> squash{};
+  nn::upsample<double> bilinear{{.scale_factor = 2, .mode = nn::upsample_mode::bilinear}};
+  nn::pixel_shuffle<double> shuffle{{.upscale_factor = 2}};
+  nn::upsample<double> nearest{{.scale_factor = 2}};
+  nn::avg_pool2d<double> pool{{.kernel = 8}};
+  nn::flatten<double> flat{};
+  nn::linear<double> l{{.in_features = 16, .out_features = 1, .bias = false}, 42};
+  auto members() { return nn::members("c", c, "l", l); }
+  template <class Tape>
+  typename Tape::variable operator()(Tape& t, typename Tape::variable x) {
+    const auto h = t(nearest, t(shuffle, t(bilinear, t(squash, t(c, x)))));  // [N, 1, 32, 32]
+    const auto score = t(l, t(flat, t(pool, h)));
+    const auto g = t.gradient(nn::sum(t, score), x, nn::create_graph);
+    return nn::sum(t, nn::square(t, g), {1, 2, 3});
+  }
+};
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(penalties)
+
+BOOST_AUTO_TEST_CASE(resampling_layers_have_recorded_backwards) {
+  resampling_model m;
+  const auto report =
+      nn::check_gradients(m, normal<double>(shape::nchw(2, 2, 4, 4), 43), {.step = 1e-5, .tolerance = 1e-6});
+  BOOST_TEST_MESSAGE(report.to_string());
+  BOOST_TEST(report.passed());
+}
+
+// docs/nn.md's recorded backward of a layer of one's own, held to finite differences under R1.
+BOOST_AUTO_TEST_CASE(a_users_layer_with_a_recorded_backward) {
+  softsign_model m;
+  const auto report =
+      nn::check_gradients(m, normal<double>(shape::nchw(2, 2, 4, 4), 34), {.step = 1e-5, .tolerance = 1e-6});
+  BOOST_TEST_MESSAGE(report.to_string());
+  BOOST_TEST(report.passed());
+}
 
 // d/dtheta and d/dx of ||dD/dx||^2 and of (||dD/dx|| - 1)^2 against central differences: each
 // recorded backward's parameter part, and its dependence on x (through tanh's output, the norms'

@@ -76,6 +76,29 @@ class pixel_shuffle : public detail::stateless {
     e.for_each(in.numel(), detail::kernels::pixel_shuffle_pass<T, true>{dy.data(), dx.data(), geometry(in)});
     return dx;
   }
+  // The backward recorded on a tape (nn::create_graph): the shuffle's inverse, and the shuffle for
+  // that gradient's backward (a permutation both ways).
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable dy, bool) {
+    const shape in = s.in_shape, out = output_shape(in);
+    const auto g = geometry(in);
+    auto& r = t.replica();
+    return t.linear_map(
+        "pixel_shuffle's gradient", dy,
+        [&r, in, g](const tensor_type& d) {
+          tensor_type dx{in, d.device(), uninitialized};
+          detail::engine_of<D>(r).for_each(in.numel(),
+                                           detail::kernels::pixel_shuffle_pass<T, true>{d.data(), dx.data(), g});
+          return dx;
+        },
+        [&r, out, g](const tensor_type& x) {
+          tensor_type y{out, x.device(), uninitialized};
+          detail::engine_of<D>(r).for_each(out.numel(),
+                                           detail::kernels::pixel_shuffle_pass<T, false>{x.data(), y.data(), g});
+          return y;
+        });
+  }
 
   // ONNX: DepthToSpace in mode CRD, PyTorch's channel order.
   template <class G>

@@ -69,12 +69,7 @@ class upsample : public detail::stateless {
   tensor_type forward(R& r, const tensor_type& x, state_type& s) {
     auto& e = detail::engine_of<D>(r);
     const shape out = output_shape(x.shape());
-    tensor_type y{out, x.device(), uninitialized};
-    const auto g = geometry(x.shape());
-    const std::int64_t planes = out.n() * out.c(), plane = out.h() * out.w();
-    if (o_.mode == upsample_mode::nearest)
-      e.for_each_in_segments(planes, plane, detail::kernels::upsample_nearest_forward<T>{x.data(), y.data(), g});
-    else e.for_each_in_segments(planes, plane, detail::kernels::upsample_bilinear_forward<T>{x.data(), y.data(), g});
+    tensor_type y = resampled(e, x, out);
     s.in_shape = x.shape();
     kept_.stamp(s, this);
     return y;
@@ -93,13 +88,19 @@ class upsample : public detail::stateless {
     if (dy.shape() != out)
       throw std::invalid_argument("distribute: upsample " + detail::describe(o_) + " backward got dy of shape " +
                                   dy.shape().to_string() + ", expected " + out.to_string());
-    tensor_type dx{in, dy.device(), uninitialized};
-    const auto g = geometry(in);
-    const std::int64_t planes = in.n() * in.c(), plane = in.h() * in.w();
-    if (o_.mode == upsample_mode::nearest)
-      e.for_each_in_segments(planes, plane, detail::kernels::upsample_nearest_backward<T>{dy.data(), dx.data(), g});
-    else e.for_each_in_segments(planes, plane, detail::kernels::upsample_bilinear_backward<T>{dy.data(), dx.data(), g});
-    return dx;
+    return gathered(e, dy, in);
+  }
+  // The backward recorded on a tape (nn::create_graph): the resampling is linear, so its gradient is
+  // too, with the resampling itself for that gradient's backward.
+  template <class Tape>
+  typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
+                                            typename Tape::variable dy, bool) {
+    const shape in = s.in_shape, out = output_shape(in);
+    auto& r = t.replica();
+    return t.linear_map(
+        "upsample's gradient", dy,
+        [this, &r, in](const tensor_type& g) { return gathered(detail::engine_of<D>(r), g, in); },
+        [this, &r, out](const tensor_type& g) { return resampled(detail::engine_of<D>(r), g, out); });
   }
 
   // ONNX: Resize with scales [1, 1, s, s]; nearest as PyTorch exports it (asymmetric coordinates,
@@ -118,6 +119,26 @@ class upsample : public detail::stateless {
   }
 
  private:
+  template <class E>
+  tensor_type resampled(E& e, const tensor_type& x, const shape& out) const {
+    tensor_type y{out, x.device(), uninitialized};
+    const auto g = geometry(x.shape());
+    const std::int64_t planes = out.n() * out.c(), plane = out.h() * out.w();
+    if (o_.mode == upsample_mode::nearest)
+      e.for_each_in_segments(planes, plane, detail::kernels::upsample_nearest_forward<T>{x.data(), y.data(), g});
+    else e.for_each_in_segments(planes, plane, detail::kernels::upsample_bilinear_forward<T>{x.data(), y.data(), g});
+    return y;
+  }
+  template <class E>
+  tensor_type gathered(E& e, const tensor_type& dy, const shape& in) const {
+    tensor_type dx{in, dy.device(), uninitialized};
+    const auto g = geometry(in);
+    const std::int64_t planes = in.n() * in.c(), plane = in.h() * in.w();
+    if (o_.mode == upsample_mode::nearest)
+      e.for_each_in_segments(planes, plane, detail::kernels::upsample_nearest_backward<T>{dy.data(), dx.data(), g});
+    else e.for_each_in_segments(planes, plane, detail::kernels::upsample_bilinear_backward<T>{dy.data(), dx.data(), g});
+    return dx;
+  }
   detail::kernels::upsample_geometry geometry(const shape& in) const { return {in.h(), in.w(), o_.scale_factor}; }
   static upsample_options check(upsample_options o) {
     const detail::option_check c("upsample", detail::describe(o));
