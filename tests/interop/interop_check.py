@@ -15,6 +15,14 @@
                               DIR/io.safetensors's "input" and "dy", and compares "output", "dx",
                               every "grad.<parameter>" and every "after.<buffer>" within 1e-5
                               of the larger of 1 and the tensor's largest magnitude
+  torch-penalty DIR           the discriminator of python_test.cpp's penalty case (a torch.nn.Module
+                              with its member names, spectral norm in eval mode: the stored u and v)
+                              loads DIR/state.safetensors, and R1 (10/2 * mean_i ||g_i||^2) at
+                              DIR/io.safetensors's "input" and WGAN-GP (10 * mean_i (||g_i|| - 1)^2)
+                              at its "points", g = autograd.grad(D(x).sum(), x, create_graph=True),
+                              each followed by backward, give its "r1" and "gp" and every
+                              "r1.grad.<parameter>" and "gp.grad.<parameter>" within 1e-5 of the
+                              larger of 1 and the tensor's largest magnitude
   onnx MODEL IO [TOL]         onnx.checker (full check) passes MODEL, and onnxruntime maps IO's
                               "input" to IO's "output" within TOL (default 1e-5)
 
@@ -105,8 +113,6 @@ def torch_layer(directory, kind, *args):
         x = x.clone().requires_grad_(True)
     y = module(x)
     y.backward(t["dy"])
-    # (ours, PyTorch's) per tensor; compared relative to the larger of 1 and PyTorch's largest
-    # magnitude: a weight gradient sums many products, rounded in another order by each library.
     pairs = {"output": (t["output"], y.detach())}
     if "dx" in t:
         pairs["dx"] = (t["dx"], x.grad)
@@ -117,15 +123,77 @@ def torch_layer(directory, kind, *args):
             pairs[name] = (value, parameters[name[5:]].grad)
         elif name.startswith("after."):
             pairs[name] = (value, buffers[name[6:]])
+    return compare(pairs)
+
+
+def compare(pairs):
+    """(ours, PyTorch's) per name: the largest difference relative to the larger of 1 and PyTorch's
+    largest magnitude (a weight gradient sums many products, rounded in another order by each
+    library)."""
     worst = 0.0
     for name, (ours, theirs) in pairs.items():
         if ours.numel() == 0:
             continue
         scale = max(1.0, float(theirs.abs().max()))
         d = float((ours - theirs).abs().max()) / scale
-        print(f"{name}: {d:.3g} (of {scale:.3g})")
+        print(f"{name}: {d:.3g} (of {scale:.3g}; largest {float(theirs.abs().max()):.3g})")
         worst = max(worst, d)
     return report(worst)
+
+
+def torch_penalty(directory):
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file
+    sn = torch.nn.utils.spectral_norm
+
+    class Discriminator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(2, 4, 3, padding=1, padding_mode="reflect")
+            self.c2 = sn(torch.nn.Conv2d(4, 4, 3, stride=2, padding=1))
+            self.dense = torch.nn.Linear(16, 8)
+            self.embed = torch.nn.Embedding(3, 8)
+            self.out = sn(torch.nn.Linear(8, 1))
+
+        def forward(self, x, labels):
+            h = F.leaky_relu(self.c1(x), 0.2)
+            h = torch.flatten(F.avg_pool2d(self.c2(h), 2), 1)
+            h = F.leaky_relu(self.dense(h), 0.2)
+            return self.out(h) + (self.embed(labels) * h).sum(1, keepdim=True)
+
+    d = Discriminator()
+    d.load_state_dict(load_file(os.path.join(directory, "state.safetensors")), strict=True)
+    d.eval()  # spectral norm: sigma from the stored u and v, no power iteration
+    t = load_file(os.path.join(directory, "io.safetensors"))
+    labels = t["labels"].long()
+
+    def input_gradient(x):
+        x = x.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(d(x, labels).sum(), x, create_graph=True)
+        return g.flatten(1)
+
+    penalties = {
+        "r1": lambda: 10.0 / 2 * input_gradient(t["input"]).pow(2).sum(1).mean(),
+        "gp": lambda: 10.0 * (input_gradient(t["points"]).norm(2, dim=1) - 1).pow(2).mean(),
+    }
+    parameters = dict(d.named_parameters())
+    pairs = {}
+    for which, penalty in penalties.items():
+        d.zero_grad(set_to_none=True)
+        p = penalty()
+        p.backward()
+        pairs[which] = (t[which], p.detach())
+        prefix = which + ".grad."
+        names = [n[len(prefix):] for n in t if n.startswith(prefix)]
+        if sorted(names) != sorted(parameters):
+            sys.exit(f"{which}: gradients of {sorted(names)}, but the parameters are {sorted(parameters)}")
+        for name in names:
+            # None: the penalty does not depend on the parameter (a bias before piecewise-linear
+            # activations only: dD/dx does not involve it); ours is then zero
+            grad = parameters[name].grad
+            pairs[prefix + name] = (t[prefix + name], torch.zeros_like(parameters[name]) if grad is None else grad)
+    return compare(pairs)
 
 
 def run_onnx(model, io, tolerance=TOLERANCE):
@@ -149,6 +217,8 @@ def main():
         return torch_save(*args)
     if what == "torch-layer":
         return torch_layer(*args)
+    if what == "torch-penalty":
+        return torch_penalty(*args)
     if what == "onnx":
         return run_onnx(*args)
     sys.exit(f"unknown check {what}")

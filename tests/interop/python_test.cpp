@@ -1,8 +1,10 @@
 // The other side of the files: the example's generator saved here loads into its PyTorch port and
 // computes the same output; the port's weights load here alike; every exported ONNX graph passes
 // onnx.checker and onnxruntime computes this library's forward with it, at the example's demo size
-// and at the paper's. Run by tests/interop/interop_check.py in the virtual environment
-// scripts/setup.sh makes; where that could not be made (no PyPI), the tests are skipped with its note.
+// and at the paper's; the porting layers and the gradient penalties (R1, WGAN-GP: gradients of
+// gradients) compute what PyTorch computes. Run by tests/interop/interop_check.py in the virtual
+// environment scripts/setup.sh makes; where that could not be made (no PyPI), the tests are skipped
+// with its note.
 
 #include "interop_test_support.hpp"
 #include "../shell_command.hpp"
@@ -18,6 +20,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -166,6 +170,19 @@ struct named_results {
   }
 };
 
+using named_tensors = std::vector<std::pair<std::string, dist::tensor<float>>>;
+
+// Named float tensors as one safetensors file.
+void write_tensors(const fs::path& path, const named_tensors& tensors) {
+  std::vector<nn::detail::safetensors::tensor_to_write> entries;
+  for (const auto& [name, t] : tensors) {
+    std::vector<std::uint64_t> shape;
+    for (std::size_t i = 0; i < t.shape().rank(); ++i) shape.push_back(static_cast<std::uint64_t>(t.shape()[i]));
+    entries.push_back({name, "F32", shape, nn::detail::bytes_of(std::vector<float>(t.begin(), t.end()))});
+  }
+  dist::checkpoint::write_atomically(path, nn::detail::safetensors::encode(entries));
+}
+
 // PyTorch's layer (`kind` with `args`: interop_check.py) loads `layer`'s state as it was before one
 // training forward and backward here, runs the same on the same input and output gradient, and gives
 // the same output, input gradient, parameter gradients and (spectral norm's power iteration) buffers
@@ -182,16 +199,10 @@ void compare_with_torch(L& layer, const dist::tensor<float>& x, const std::strin
   const auto y = layer.forward(r, x);
   const auto dy = random_input<float>(y.shape(), 17);
   const auto dx = layer.backward(r, dy);
-  std::vector<std::pair<std::string, dist::tensor<float>>> tensors{{"input", x}, {"dy", dy}, {"output", y}};
+  named_tensors tensors{{"input", x}, {"dy", dy}, {"output", y}};
   if (input_gradient) tensors.emplace_back("dx", dx);
   nn::for_each_named_state(layer, named_results{&tensors});
-  std::vector<nn::detail::safetensors::tensor_to_write> entries;
-  for (const auto& [name, t] : tensors) {
-    std::vector<std::uint64_t> shape;
-    for (std::size_t i = 0; i < t.shape().rank(); ++i) shape.push_back(static_cast<std::uint64_t>(t.shape()[i]));
-    entries.push_back({name, "F32", shape, nn::detail::bytes_of(std::vector<float>(t.begin(), t.end()))});
-  }
-  dist::checkpoint::write_atomically(dir.path / "io.safetensors", nn::detail::safetensors::encode(entries));
+  write_tensors(dir.path / "io.safetensors", tensors);
   std::vector<std::string> command{"torch-layer", dir.path.string(), kind};
   command.insert(command.end(), args.begin(), args.end());
   const auto res = run(py, command);
@@ -233,6 +244,110 @@ BOOST_AUTO_TEST_CASE(porting_layers_compute_what_pytorchs_compute) {
     nn::spectral_norm sc{nn::conv2d<float>{{.in_channels = 3, .out_channels = 4, .kernel = 3, .padding = 1}, 4}, {}, 7};
     compare_with_torch(sc, img, "spectral_conv2d", {"3", "4", "3", "1"});
   }
+}
+
+namespace {
+
+// A conditional discriminator written for the tape (its members called one by one, as gradient
+// penalties need): reflect-padded and spectral-normalised convolutions, pooling, a linear layer, and
+// a projection term through an embedding of the labels. interop_check.py's torch-penalty builds the
+// same torch.nn.Module with the same attribute names.
+struct penalty_discriminator : nn::module<penalty_discriminator, float> {
+  nn::conv2d<float> c1{
+      {.in_channels = 2, .out_channels = 4, .kernel = 3, .padding = 1, .pad_mode = nn::padding_mode::reflect}, 1};
+  nn::leaky_relu<float> leaky{0.2f};
+  nn::spectral_norm<nn::conv2d<float>> c2{
+      nn::conv2d<float>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 2}, {}, 3};
+  nn::avg_pool2d<float> pool{{.kernel = 2}};
+  nn::flatten<float> flat{};
+  nn::linear<float> dense{{.in_features = 16, .out_features = 8}, 4};
+  nn::embedding<float> embed{{.num_embeddings = 3, .embedding_dim = 8}, 5};
+  nn::spectral_norm<nn::linear<float>> out{nn::linear<float>{{.in_features = 8, .out_features = 1}, 6}, {}, 7};
+  dist::tensor<float> labels;
+
+  auto members() { return nn::members("c1", c1, "c2", c2, "dense", dense, "embed", embed, "out", out); }
+
+  template <class Tape>
+  typename Tape::variable operator()(Tape& t, typename Tape::variable x) {
+    auto h = t(leaky, t(c1, x));
+    h = t(flat, t(pool, t(c2, h)));
+    h = t(leaky, t(dense, h));
+    const auto projection = nn::sum(t, nn::mul(t, t(embed, t.constant(labels)), h), 1, true);  // [N, 1]
+    return nn::add(t, t(out, h), projection);
+  }
+};
+
+// Every parameter's gradient as "<prefix>grad.<state-dict name>".
+void add_gradients(penalty_discriminator& d, const std::string& prefix, named_tensors& out) {
+  named_tensors all;
+  nn::for_each_named_state(d, named_results{&all});
+  for (auto& [name, t] : all)
+    if (name.starts_with("grad.")) out.emplace_back(prefix + name, std::move(t));
+}
+
+}  // namespace
+
+// R1 and WGAN-GP on the discriminator above: the penalties' values and every parameter gradient are
+// those of PyTorch's autograd.grad(D(x).sum(), x, create_graph=True) and backward through them, on
+// the same weights, inputs and points, within 1e-5 (interop_check.py's torch-penalty).
+BOOST_AUTO_TEST_CASE(penalties_match_pytorchs_double_backward) {
+  const auto py = python(true);
+  temp_dir dir;
+  penalty_discriminator d;
+  const std::int64_t n = 4;
+  d.labels = dist::tensor<float>{dist::shape{n}, std::vector<float>{2, 0, 1, 2}};
+  // Weights and biases U(-0.5, 0.5) (the embedding's stay N(0, 1)): with the N(0, 0.02) draws, R1 is
+  // near 5e-5 and its parameter gradients under 5e-4, too small for 1e-5 to tell a wrong one; at this
+  // scale ||dD/dx_i|| is near 1 and the gradients near 1. (The biases do not reach the penalties'
+  // gradients through piecewise-linear activations, but they set which side each one takes.)
+  std::mt19937 gen(8);
+  std::uniform_real_distribution<float> uniform(-0.5f, 0.5f);
+  auto draw = [&](std::span<float> v, std::span<float>) {
+    for (float& w : v) w = uniform(gen);
+  };
+  d.c1.for_each_parameter(draw);
+  d.c2.for_each_parameter(draw);
+  d.dense.for_each_parameter(draw);
+  d.out.for_each_parameter(draw);
+  auto r = nn::local();
+  // Training forwards first: the power iteration brings u and v near W's singular vectors (from their
+  // random draws sigma = u^T W v can be near 0, and W / sigma then magnifies every rounding). Then u
+  // and v are fixed, as in PyTorch's eval mode, and saved with the weights.
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    nn::tape<nn::local_replica, float> t{r};
+    d(t, t.constant(random_input<float>(dist::shape::nchw(n, 2, 8, 8), 30 + i)));
+  }
+  d.set_training(false);
+  nn::save_safetensors(d, dir.path / "state.safetensors");
+
+  const auto x = random_input<float>(dist::shape::nchw(n, 2, 8, 8), 41);
+  const auto fake = random_input<float>(x.shape(), 42);
+  const auto alpha = nn::interpolation_weights(n, 5, 3, 0);
+  dist::tensor<float> points{x.shape()};
+  const std::size_t per = points.size() / static_cast<std::size_t>(n);
+  for (std::size_t i = 0; i < points.size(); ++i)
+    points[i] = fake[i] + static_cast<float>(alpha[i / per]) * (x[i] - fake[i]);
+
+  named_tensors tensors{{"input", x}, {"labels", d.labels}, {"points", points}};
+  {
+    d.zero_grad();
+    nn::tape<nn::local_replica, float> t{r};
+    const auto p = nn::r1_penalty(t, x, [&](auto v) { return d(t, v); }, {.weight = 10});
+    t.backward(p);
+    tensors.emplace_back("r1", p.value());
+    add_gradients(d, "r1.", tensors);
+  }
+  {
+    d.zero_grad();
+    nn::tape<nn::local_replica, float> t{r};
+    const auto p = nn::gradient_penalty_at(t, points, [&](auto v) { return d(t, v); }, {.weight = 10});
+    t.backward(p);
+    tensors.emplace_back("gp", p.value());
+    add_gradients(d, "gp.", tensors);
+  }
+  write_tensors(dir.path / "io.safetensors", tensors);
+  const auto res = run(py, {"torch-penalty", dir.path.string()});
+  BOOST_TEST(res.status == 0, res.output);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
