@@ -32,7 +32,7 @@ dist::tensor<T> normal(shape s, unsigned seed, double scale = 1.0) {
 }
 
 // A discriminator that passes through every layer and operation with a recorded backward: convolutions
-// with reflection and zero padding, spectral norm around a convolution and a linear layer, the three
+// with reflection and zero padding, a sequential (its layers called again on the tape), spectral norm around a convolution and a linear layer, the three
 // normalisations, the activations as layers and as operations, pooling, flatten and reshape,
 // split/concat, the broadcasting arithmetic, sum, mean and max, and a projection term through an
 // embedding of the labels (a conditional discriminator's).
@@ -44,8 +44,14 @@ struct every_layer_discriminator : nn::module<every_layer_discriminator<T>, T> {
   nn::relu<T> rectify{};
   nn::tanh<T> squash{};
   nn::instance_norm<T> in{{.channels = 4, .affine = true}, 2};
+  nn::sequential<nn::conv2d<T>, nn::instance_norm<T>, nn::relu<T>> block{
+      nn::conv2d<T>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .padding = 1, .bias = false}, 10},
+      nn::instance_norm<T>{{.channels = 4}, 11}, nn::relu<T>{}};  // the norm and the ReLU fused in its forward
+  // The convolutions a norm follows have no bias (the norm removes it, and its gradient with it).
   nn::spectral_norm<nn::conv2d<T>> c2{
-      nn::conv2d<T>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 3}, {}, 4};
+      nn::conv2d<T>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1, .bias = false}, 3},
+      {},
+      4};
   nn::batch_norm<T> bn{{.channels = 4}, 5};
   nn::avg_pool2d<T> pool{{.kernel = 2}};
   nn::layer_norm<T> ln{{.normalized_shape = shape{4, 2, 2}}};
@@ -55,14 +61,15 @@ struct every_layer_discriminator : nn::module<every_layer_discriminator<T>, T> {
   nn::spectral_norm<nn::linear<T>> out{nn::linear<T>{{.in_features = 8, .out_features = 1}, 8}, {}, 9};
 
   auto members() {
-    return nn::members("c1", c1, "in", in, "c2", c2, "bn", bn, "ln", ln, "dense", dense, "embed", embed, "out", out);
+    return nn::members("c1", c1, "in", in, "block", block, "c2", c2, "bn", bn, "ln", ln, "dense", dense, "embed", embed,
+                       "out", out);
   }
 
   template <class Tape>
   typename Tape::variable operator()(Tape& t, typename Tape::variable x) {
     auto h = t(leaky, t(c1, x));
     auto [a, b] = t.split(h, 2);
-    h = t(in, t.concat(t(rectify, a), t(squash, b)));
+    h = t(block, t(in, t.concat(t(rectify, a), t(squash, b))));
     h = t(bn, t(c2, h));
     h = t(ln, t(pool, h));
     auto f = nn::reshape(t, t(flat, h), {-1, 16});
@@ -193,7 +200,8 @@ class scaled_softsign {
 struct softsign_model : nn::module<softsign_model, double> {
   nn::conv2d<double> c{{.in_channels = 2, .out_channels = 3, .kernel = 3, .padding = 1}, 31};
   scaled_softsign<double> act{32};
-  nn::linear<double> l{{.in_features = 3 * 4 * 4, .out_features = 1, .bias = false}, 33};  // a bias has no part in dD/dx
+  nn::linear<double> l{{.in_features = 3 * 4 * 4, .out_features = 1, .bias = false},
+                       33};  // a bias has no part in dD/dx
   nn::flatten<double> flat{};
   auto members() { return nn::members("c", c, "act", act, "l", l); }
   template <class Tape>
@@ -407,6 +415,13 @@ BOOST_AUTO_TEST_CASE(a_missing_rule_is_an_error_naming_the_layer) {
     nn::tape<nn::local_replica, double> t{r};
     const auto v = t.watch(x);
     const auto y = nn::sum(t, t(layer, v));
+    BOOST_CHECK_EXCEPTION(t.gradient(y, v, nn::create_graph), nn::missing_rule_error, names("doubling"));
+  }
+  {  // inside a sequential: the error names the layer
+    nn::sequential<nn::leaky_relu<double>, doubling> seq{nn::leaky_relu<double>{0.2}, doubling{}};
+    nn::tape<nn::local_replica, double> t{r};
+    const auto v = t.watch(x);
+    const auto y = nn::sum(t, t(seq, v));
     BOOST_CHECK_EXCEPTION(t.gradient(y, v, nn::create_graph), nn::missing_rule_error, names("doubling"));
   }
   {

@@ -123,6 +123,18 @@ class sequential {
   tensor_type backward(R& r, state_type& s, const tensor_type& dy, plus_input_t) {
     return plus(r, backward(r, s, dy), dy);
   }
+  // The backward recorded on a tape (nn::create_graph): the layers called again on the tape from x (a
+  // second forward, unfused) and the recorded gradient of that chain at dy, so each layer needs a
+  // recorded backward of its own (the error names the first without one).
+  template <class Tape>
+    requires keeps_states
+  typename Tape::variable recorded_backward(Tape& t, state_type&, typename Tape::variable x, typename Tape::variable,
+                                            typename Tape::variable dy, bool frozen) {
+    return t.recorded_through_parts(x, dy, frozen, [&](typename Tape::variable h) {
+      std::apply([&](auto&... l) { ((h = t(l, h)), ...); }, layers_);
+      return h;
+    });
+  }
   // Every parameter's gradient, not the input's (no_input_gradient_t): the first layer is asked for
   // its parameters' gradients only where it can skip the rest. Returns an empty tensor.
   template <class R>

@@ -411,6 +411,28 @@ class tape {
            no_rule{}, {x}, {out});
     return out;
   }
+  // A composite layer's recorded backward (sequential's): `parts(x)` calls its parts again on the tape
+  // from x (a second forward; these calls announce no gradients as final: the composite's own call
+  // does), and the result is the recorded gradient of their output at dy. `frozen`: the parts are
+  // called frozen.
+  template <class F>
+  variable recorded_through_parts(variable x, variable dy, bool frozen, F parts) {
+    struct scope {
+      tape& t;
+      bool frozen;
+      scope(tape& t, bool frozen) : t{t}, frozen{frozen} {
+        ++t.quiet_depth_;
+        if (frozen) ++t.frozen_depth_;
+      }
+      ~scope() {
+        --t.quiet_depth_;
+        if (frozen) --t.frozen_depth_;
+      }
+    } parts_called{*this, frozen};
+    const variable y = parts(x);
+    check_mine(y, "recorded_through_parts");
+    return graph_gradient(y, dy, x);
+  }
   // The replica the tape computes on.
   R& replica() const { return r_; }
 
@@ -741,7 +763,8 @@ class tape {
     check_mine(x, "operator()");
     constexpr bool with_state = records_state<L>;
     const void* key = &layer;
-    ++calls_[key];
+    const bool quiet = quiet_depth_ > 0;
+    if (!quiet) ++calls_[key];
     if constexpr (!with_state) {
       if (!applied_.emplace(key, true).second)
         throw forward_state_error("distribute: " + detail::layer_name<L>() +
@@ -766,7 +789,7 @@ class tape {
       out = layer.forward(r_, x.value());
     }
     const variable y = result(std::move(out), wants(x) || !freeze);
-    auto n = std::make_unique<layer_node<L, state_holder>>(*this, layer, x, y, freeze, std::move(state));
+    auto n = std::make_unique<layer_node<L, state_holder>>(*this, layer, x, y, freeze, quiet, std::move(state));
     n->in[0] = x.id_;
     n->out[0] = y.id_;
     n->ins = n->outs = 1;
@@ -779,10 +802,10 @@ class tape {
   // that keeps it inside) is used here and by `graph`.
   template <class L, class S>
   struct layer_node final : node {
-    layer_node(tape& t, L& layer, variable x, variable y, bool freeze, S state)
-        : t{t}, layer{layer}, x{x}, y{y}, freeze{freeze}, state{std::move(state)} {}
+    layer_node(tape& t, L& layer, variable x, variable y, bool freeze, bool quiet, S state)
+        : t{t}, layer{layer}, x{x}, y{y}, freeze{freeze}, quiet{quiet}, state{std::move(state)} {}
     void run(std::unordered_map<const void*, std::size_t>& remaining) override {
-      t.run_layer(layer, x, y, freeze, state, remaining);
+      t.run_layer(layer, x, y, freeze, quiet, state, remaining);
     }
     var_pair graph(const var_pair& dy, std::array<bool, 2>) override {
       return {t.graph_layer(layer, x, y, freeze, state, dy[0]), variable{}};
@@ -791,16 +814,17 @@ class tape {
     L& layer;
     variable x, y;
     bool freeze;
+    bool quiet;  // called again by a composite's recorded backward: announces nothing
     S state;
   };
 
   template <class L, class S>
-  void run_layer(L& layer, variable x, variable y, bool freeze, S& state,
+  void run_layer(L& layer, variable x, variable y, bool freeze, bool quiet, S& state,
                  std::unordered_map<const void*, std::size_t>& remaining) {
     constexpr bool with_state = records_state<L>;
     const void* key = &layer;
     // A frozen call writes the gradients too (and puts them back): they are final after it as well.
-    const bool last = --remaining[key] == 0;
+    const bool last = !quiet && --remaining[key] == 0;
     const tensor_type& dy = at(y.id_).grad;
     if (!dy.empty()) {
       const hold held{r_, !last || freeze};
@@ -830,7 +854,7 @@ class tape {
   // A layer call's backward recorded on the tape (nn::create_graph): the layer's `recorded_backward`.
   template <class L, class S>
   variable graph_layer(L& layer, variable x, variable y, bool freeze, S& state, variable dy) {
-    if constexpr (detail::records_backward<L, tape, variable>) {
+    if constexpr (records_state<L> && detail::records_backward<L, tape, variable>) {
       return layer.recorded_backward(*this, *state, x, y, dy, freeze);
     } else {
       (void)layer, (void)x, (void)y, (void)freeze, (void)state, (void)dy;
@@ -878,6 +902,7 @@ class tape {
   std::unordered_map<const void*, std::size_t> calls_;  // calls per layer
   std::unordered_map<const void*, bool> applied_;       // layers without a state_type, called once
   int frozen_depth_ = 0;                                // inside a frozen call of a model written for a tape
+  int quiet_depth_ = 0;                                 // inside recorded_through_parts
   bool done_ = false;
 };
 
