@@ -342,6 +342,17 @@ BOOST_AUTO_TEST_CASE(penalties_are_their_formulas) {
     for (std::size_t i = 0; i < got.size(); ++i)
       BOOST_TEST(got[i] == expected_grads[i], boost::test_tools::tolerance(1e-12));
   }
+  {  // sharing the forward: the same value and gradients from the scores the loss uses
+    ref.zero_grad();
+    nn::tape<nn::local_replica, double> t{r};
+    const auto v = t.watch(x);
+    const auto p = nn::r1_penalty(t, v, ref.d(t, v), {.weight = gamma, .every = every}, 8);
+    BOOST_TEST(p.value()[0] == expected, boost::test_tools::tolerance(1e-12));
+    t.backward(p);
+    const auto got = gradients_of(ref);
+    for (std::size_t i = 0; i < got.size(); ++i)
+      BOOST_TEST(got[i] == expected_grads[i], boost::test_tools::tolerance(1e-12));
+  }
   {  // a step lazy regularisation skips: a zero constant, nothing recorded through D
     ref.zero_grad();
     nn::tape<nn::local_replica, double> t{r};

@@ -130,6 +130,26 @@ tape_variable<R, T> r2_penalty(tape<R, T>& t, const tensor<T, typename R::device
   return detail::mean_squared_norm(t, g, o, o.weight / 2 * static_cast<double>(o.every));
 }
 
+// R1 and R2 sharing a forward the loss has made already (the form PyTorch code usually takes, with
+// `real.requires_grad_()`): `x` the tape's variable of the images (t.watch(images)) and `scores`
+// the discriminator's output on it. One forward of D fewer than the forms above.
+template <class R, class T>
+tape_variable<R, T> r1_penalty(tape<R, T>& t, tape_variable<R, T> x, tape_variable<R, T> scores, penalty_options o = {},
+                               std::int64_t step = 0) {
+  detail::check("r1_penalty", o, step);
+  if (step % o.every != 0) return detail::no_penalty(t);
+  if (x.shape().rank() < 2 || x.shape()[0] == 0)
+    throw std::invalid_argument("distribute: r1_penalty of a batch of shape " + x.shape().to_string() +
+                                ": it takes at least one example along the first axis");
+  const auto g = t.gradient(sum(t, scores), x, create_graph);
+  return detail::mean_squared_norm(t, g, o, o.weight / 2 * static_cast<double>(o.every));
+}
+template <class R, class T>
+tape_variable<R, T> r2_penalty(tape<R, T>& t, tape_variable<R, T> x, tape_variable<R, T> scores, penalty_options o = {},
+                               std::int64_t step = 0) {
+  return r1_penalty(t, x, scores, o, step);
+}
+
 // WGAN-GP's interpolation weights: one alpha in (0, 1] per example, from the seed, the step and the
 // replica's id.
 inline std::vector<double> interpolation_weights(std::int64_t examples, std::uint64_t seed, std::int64_t step,
