@@ -2,7 +2,8 @@
 //
 // Suite `layers`: the engine (cuda/engine/cuda.cuh) under the CPU layers: every layer, loss and optimiser
 // the example CycleGAN uses, its whole generator and discriminator, and SyncBatchNorm across two GPU
-// replicas, run on a GPU replica and on the CPU from the same seed and input; outputs, input
+// replicas, and R1 and WGAN-GP through a discriminator written for a tape (the layers' recorded
+// backwards), run on a GPU replica and on the CPU from the same seed and input; outputs, input
 // gradients and every parameter gradient agree within 1e-3 of the CPU value relative to the largest
 // magnitude in that tensor (float32 on both sides, TF32 off; the GPU sums in another order). Also its
 // matrix products against the CPU engine's and its passes on the replica's stream, and Adam's state on
@@ -1298,6 +1299,113 @@ BOOST_AUTO_TEST_CASE(a_taped_model_with_skips_matches_the_cpu, *boost::unit_test
   for (std::size_t i = 0; i < cpu.size(); ++i)
     check_close(cpu[i], gpu[i],
                 i == 0 ? std::string("the input's gradient") : "parameter gradient " + std::to_string(i - 1));
+}
+
+// Gradient penalties (nn/penalties.hpp) on a GPU replica: R1 and WGAN-GP through a discriminator
+// written for a tape, whose layers' recorded backwards (nn::create_graph) run on the replica's engine.
+// A convolution with reflection padding, spectral norm around a strided one, instance norm with
+// affine parameters, leaky ReLU (called twice), average pooling, flatten, linear layers, softplus,
+// layer norm and a sigmoid gate.
+template <class D>
+struct penalty_discriminator : nn::module<penalty_discriminator<D>, float, D> {
+  nn::conv2d<float, D> c1;
+  nn::leaky_relu<float, D> act{0.2f};
+  nn::spectral_norm<nn::conv2d<float, D>> c2;
+  nn::instance_norm<float, D> in;
+  nn::avg_pool2d<float, D> pool{{.kernel = 2}};
+  nn::flatten<float, D> flat{};
+  nn::linear<float, D> dense;
+  nn::layer_norm<float, D> ln;
+  nn::linear<float, D> out;
+  explicit penalty_discriminator(D d)
+      : c1{{.in_channels = 2, .out_channels = 4, .kernel = 3, .padding = 1, .pad_mode = nn::padding_mode::reflect},
+           51,
+           d},
+        c2{nn::conv2d<float, D>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 52, d},
+           {},
+           53},
+        in{{.channels = 4, .affine = true}, 54, d},
+        dense{{.in_features = 16, .out_features = 8}, 55, d},
+        ln{{.normalized_shape = shape{8}}, d},
+        out{{.in_features = 8, .out_features = 1}, 56, d} {}
+  auto members() { return nn::members("c1", c1, "c2", c2, "in", in, "dense", dense, "ln", ln, "out", out); }
+  template <class Tape>
+  typename Tape::variable operator()(Tape& t, typename Tape::variable x) {
+    auto h = t(act, t(c1, x));
+    h = t(act, t(in, t(c2, h)));
+    auto f = nn::softplus(t, t(dense, t(flat, t(pool, h))), 1.5f);
+    f = t(ln, f);
+    return t(out, nn::mul(t, f, nn::sigmoid(t, f)));
+  }
+};
+
+// On replica `r`: R1 at the real images, then WGAN-GP at the points, each with its own backward; the
+// penalty, then every parameter gradient (in member order), for each.
+template <class R>
+std::vector<std::vector<float>> penalties_on(R& r, const shape& in, const std::vector<float>& real_values,
+                                             const std::vector<float>& point_values) {
+  using D = typename R::device_type;
+  auto make = [&](const std::vector<float>& v) {
+    if constexpr (std::is_same_v<D, dist::cuda>)
+      return dist::tensor<float, dist::cuda>::from_host(in, std::span<const float>(v), r.device());
+    else return dist::tensor<float, dist::cpu>{in, v};
+  };
+  const auto real = make(real_values), points = make(point_values);
+  penalty_discriminator<D> d{r.device()};
+  std::vector<std::vector<float>> out;
+  {
+    nn::tape t{r};
+    const auto p = nn::r1_penalty(t, real, [&](auto v) { return d(t, v); }, {.weight = 10.0});
+    out.push_back(on_host(p.value()));
+    t.backward(p);
+  }
+  for (auto& g : gradients_of(d)) out.push_back(std::move(g));
+  d.zero_grad();
+  {
+    nn::tape t{r};
+    const auto p = nn::gradient_penalty_at(t, points, [&](auto v) { return d(t, v); }, {.weight = 10.0});
+    out.push_back(on_host(p.value()));
+    t.backward(p);
+  }
+  for (auto& g : gradients_of(d)) out.push_back(std::move(g));
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(penalties_match_the_cpu, *boost::unit_test::precondition([](auto) {
+                       return boost::test_tools::assertion_result(dist::engine<dist::cuda>::has_cudnn);
+                     })) {
+  const shape in = shape::nchw(3, 2, 9, 9);
+  const auto real = random_values(static_cast<std::size_t>(in.numel()), 61),
+             points = random_values(static_cast<std::size_t>(in.numel()), 62);
+  auto r = nn::local();
+  const auto cpu = penalties_on(r, in, real, points);
+  std::vector<std::vector<float>> gpu;
+  dist::one_device_strategy<dist::cuda> s;
+  s.run([&](dist::replica auto& rg) { gpu = penalties_on(rg, in, real, points); });
+  BOOST_TEST_REQUIRE(cpu.size() == gpu.size(), cpu.size() << " tensors on the CPU, " << gpu.size() << " on the GPU");
+  BOOST_TEST_REQUIRE(cpu.size() == 2u * (1 + 12));  // per penalty: its value and 12 parameter gradients
+  auto largest = [](const std::vector<float>& v) {
+    double m = 0;
+    for (const float e : v) m = std::max(m, std::abs(static_cast<double>(e)));
+    return m;
+  };
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    const std::string penalty = i < 13 ? "R1" : "WGAN-GP";
+    if (i % 13 == 0) {
+      BOOST_TEST(cpu[i][0] > 0.0f, penalty << " is " << cpu[i][0] << " on the CPU");
+      check_close(cpu[i], gpu[i], penalty + ": the penalty");
+    } else if (i % 13 == 4) {
+      // The strided convolution's bias, which instance norm takes out: zero up to rounding on both
+      // devices, rounding that differs with the order of the sums (not compared to itself).
+      double everything = 0;
+      for (std::size_t j = i - 3; j < i + 9; ++j) everything = std::max(everything, largest(cpu[j]));
+      BOOST_TEST(std::max(largest(cpu[i]), largest(gpu[i])) <= 1e-5 * everything,
+                 penalty << ": the gradient of c2's bias is " << largest(gpu[i]) << " on the GPU, " << largest(cpu[i])
+                         << " on the CPU, against " << everything << " elsewhere");
+    } else {
+      check_close(cpu[i], gpu[i], penalty + ": parameter gradient " + std::to_string(i % 13 - 1));
+    }
+  }
 }
 
 // SyncBatchNorm over two GPU replicas (logical, on cuda:0: the statistics cross the replicas through

@@ -9,15 +9,18 @@
 // Forward keeps the (padded) input, all that backward needs (its state_type); scratch comes from the
 // engine's arena.
 
+#include <distribute/detail/element_kernels.hpp>
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/detail/padding_kernels.hpp>
 #include <distribute/nn/detail/weight_and_bias.hpp>
 #include <distribute/nn/layer.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace distribute::nn {

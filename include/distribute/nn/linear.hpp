@@ -8,15 +8,18 @@
 // `compute_options::split_independent`, an example's output and input gradient have the same bits
 // under any split of the batch. Forward keeps its input, all that backward needs (its state_type).
 
+#include <distribute/detail/element_kernels.hpp>
 #include <distribute/engine/gemm_geometry.hpp>
 #include <distribute/nn/detail/dense_kernels.hpp>
 #include <distribute/nn/detail/weight_and_bias.hpp>
 #include <distribute/nn/detail/option_check.hpp>
 #include <distribute/nn/layer.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace distribute::nn {
