@@ -147,7 +147,7 @@ struct generator : nn::module<generator<D>, float, D> {
 //   h = sum over positions of the features (SNGAN's global sum pooling)   [N, 4c]
 //   score = linear(h) + <embed(y), h>
 // with spectral norm on its convolutions and on the linear head. Every layer it calls has a recorded
-// backward, so R1 can differentiate its input gradient (penalty_api: no sequential, no upsample).
+// backward, so R1 can differentiate its input gradient.
 template <class D>
 struct discriminator : nn::module<discriminator<D>, float, D> {
   template <class Tape>
