@@ -206,7 +206,10 @@ struct options {
   std::int64_t steps = 100000;
   double minutes = 4.5;     // training stops here even if steps remain
   std::int64_t batch = 32;  // the global batch
-  double g_lr = 4e-4;       // two time scales: the discriminator learns faster
+  // Two time scales: the discriminator learns four times faster. At 4e-4 the generator gave each
+  // class one image whatever the noise (90% scored, every sample of a row alike); at 2e-4 its samples
+  // vary within a class at about the same score (89.5%).
+  double g_lr = 2e-4;
   double d_lr = 8e-4;
   double beta1 = 0.0;          // Adam's, both optimisers'
   double r1 = 0.1;             // R1's gamma
@@ -231,7 +234,7 @@ training
   --steps N              at most N steps (default 100000)
   --minutes M            and at most M minutes of training (default 4.5)
   --batch N              the global batch, split over the replicas (default 32)
-  --g-lr X --d-lr X      Adam's learning rates (default 4e-4 and 8e-4)
+  --g-lr X --d-lr X      Adam's learning rates (default 2e-4 and 8e-4)
   --beta1 X              Adam's beta1 (default 0; beta2 is 0.9)
   --r1 GAMMA             the R1 penalty's weight on real images (default 0.1; 0: none)
   --r1-every N           lazy R1: every N steps, weighted by N (default 16)
