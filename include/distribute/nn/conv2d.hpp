@@ -120,11 +120,7 @@ class conv2d : public detail::optional_input_gradient<conv2d<T, D>>, public deta
   typename Tape::variable recorded_backward(Tape& t, state_type& s, typename Tape::variable, typename Tape::variable,
                                             typename Tape::variable dy, bool frozen) {
     if (frozen) return recorded_backward_with(t, s, dy, weight_.value, nullptr);
-    return recorded_backward_with(t, s, dy, weight_.value, [this, &t](const tensor_type& dw) {
-      detail::engine_of<D>(t.replica())
-          .for_each(static_cast<std::int64_t>(dw.size()),
-                    distribute::detail::kernels::add_to<T>{weight_.grad.data(), dw.data()});
-    });
+    return recorded_backward_with(t, s, dy, weight_.value, this->weight_gradient_adder(t));
   }
   // The same with the weights `w` (alive until the tape's backward has run) and `add_weight_gradient(dw)`
   // taking the weight gradient (nullptr: none): what spectral_norm records with W / sigma.

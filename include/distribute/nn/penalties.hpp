@@ -65,6 +65,13 @@ inline void check(const char* penalty, const penalty_options& o, std::int64_t st
                                 ": steps count from 0");
 }
 
+// A batch of at least one example along the first axis.
+inline void check_batch(const char* penalty, const shape& s) {
+  if (s.rank() < 2 || s[0] == 0)
+    throw std::invalid_argument(std::string("distribute: ") + penalty + " of a batch of shape " + s.to_string() +
+                                ": it takes at least one example along the first axis");
+}
+
 // Every axis but the batch's (a tensor of rank 2 to 4).
 inline dims example_axes(const shape& s) {
   switch (s.rank()) {
@@ -87,9 +94,7 @@ tape_variable<R, T> input_gradient(tape<R, T>& t, const tensor<T, typename R::de
   static_assert(scores_of<F, tape_variable<R, T>>,
                 "distribute: a gradient penalty's discriminator is a callable from the tape's variable to the "
                 "score's variable, e.g. [&](auto x) { return t(disc, x); }");
-  if (x.shape().rank() < 2 || x.shape()[0] == 0)
-    throw std::invalid_argument(std::string("distribute: ") + penalty + " of a batch of shape " +
-                                x.shape().to_string() + ": it takes at least one example along the first axis");
+  check_batch(penalty, x.shape());
   const tape_variable<R, T> in = t.watch(x);
   return t.gradient(sum(t, discriminator(in)), in, create_graph);
 }
@@ -108,26 +113,41 @@ tape_variable<R, T> mean_squared_norm(tape<R, T>& t, tape_variable<R, T> g, cons
   return weighted_mean(t, sum(t, square(t, g), example_axes(g.shape())), o, weight);
 }
 
+// R1 or R2 (`penalty` names it in errors): gamma/2 * mean over the examples of ||d sum(D(x)) / dx||^2.
+template <class R, class T, class F>
+tape_variable<R, T> squared_norm_penalty(const char* penalty, tape<R, T>& t,
+                                         const tensor<T, typename R::device_type>& x, F& discriminator,
+                                         const penalty_options& o, std::int64_t step) {
+  check(penalty, o, step);
+  if (step % o.every != 0) return no_penalty(t);
+  const auto g = input_gradient(t, x, discriminator, penalty);
+  return mean_squared_norm(t, g, o, o.weight / 2 * static_cast<double>(o.every));
+}
+// The same from a forward already made: `x` watched by the tape, `scores` D's output on it.
+template <class R, class T>
+tape_variable<R, T> squared_norm_penalty(const char* penalty, tape<R, T>& t, tape_variable<R, T> x,
+                                         tape_variable<R, T> scores, const penalty_options& o, std::int64_t step) {
+  check(penalty, o, step);
+  if (step % o.every != 0) return no_penalty(t);
+  check_batch(penalty, x.shape());
+  const auto g = t.gradient(sum(t, scores), x, create_graph);
+  return mean_squared_norm(t, g, o, o.weight / 2 * static_cast<double>(o.every));
+}
+
 }  // namespace detail
 
 // R1: gamma/2 * mean over the examples of ||d sum(D(x)) / dx||^2 at the real images x.
 template <class R, class T, class F>
 tape_variable<R, T> r1_penalty(tape<R, T>& t, const tensor<T, typename R::device_type>& real, F&& discriminator,
                                penalty_options o = {}, std::int64_t step = 0) {
-  detail::check("r1_penalty", o, step);
-  if (step % o.every != 0) return detail::no_penalty(t);
-  const auto g = detail::input_gradient(t, real, discriminator, "r1_penalty");
-  return detail::mean_squared_norm(t, g, o, o.weight / 2 * static_cast<double>(o.every));
+  return detail::squared_norm_penalty("r1_penalty", t, real, discriminator, o, step);
 }
 
 // R2: the same at generated images (detached: no gradient reaches the generator).
 template <class R, class T, class F>
 tape_variable<R, T> r2_penalty(tape<R, T>& t, const tensor<T, typename R::device_type>& fake, F&& discriminator,
                                penalty_options o = {}, std::int64_t step = 0) {
-  detail::check("r2_penalty", o, step);
-  if (step % o.every != 0) return detail::no_penalty(t);
-  const auto g = detail::input_gradient(t, fake, discriminator, "r2_penalty");
-  return detail::mean_squared_norm(t, g, o, o.weight / 2 * static_cast<double>(o.every));
+  return detail::squared_norm_penalty("r2_penalty", t, fake, discriminator, o, step);
 }
 
 // R1 and R2 sharing a forward the loss has made already (the form PyTorch code usually takes, with
@@ -136,18 +156,12 @@ tape_variable<R, T> r2_penalty(tape<R, T>& t, const tensor<T, typename R::device
 template <class R, class T>
 tape_variable<R, T> r1_penalty(tape<R, T>& t, tape_variable<R, T> x, tape_variable<R, T> scores, penalty_options o = {},
                                std::int64_t step = 0) {
-  detail::check("r1_penalty", o, step);
-  if (step % o.every != 0) return detail::no_penalty(t);
-  if (x.shape().rank() < 2 || x.shape()[0] == 0)
-    throw std::invalid_argument("distribute: r1_penalty of a batch of shape " + x.shape().to_string() +
-                                ": it takes at least one example along the first axis");
-  const auto g = t.gradient(sum(t, scores), x, create_graph);
-  return detail::mean_squared_norm(t, g, o, o.weight / 2 * static_cast<double>(o.every));
+  return detail::squared_norm_penalty("r1_penalty", t, x, scores, o, step);
 }
 template <class R, class T>
 tape_variable<R, T> r2_penalty(tape<R, T>& t, tape_variable<R, T> x, tape_variable<R, T> scores, penalty_options o = {},
                                std::int64_t step = 0) {
-  return r1_penalty(t, x, scores, o, step);
+  return detail::squared_norm_penalty("r2_penalty", t, x, scores, o, step);
 }
 
 // WGAN-GP's interpolation weights: one alpha in (0, 1] per example, from the seed, the step and the
@@ -192,9 +206,7 @@ tape_variable<R, T> gradient_penalty(tape<R, T>& t, const tensor<T, typename R::
   int replica_id = 0;
   if constexpr (requires { r.replica_id(); }) replica_id = r.replica_id();
   const shape s = real.shape();
-  if (s.rank() < 2 || s[0] == 0)
-    throw std::invalid_argument("distribute: gradient_penalty of a batch of shape " + s.to_string() +
-                                ": it takes at least one example along the first axis");
+  detail::check_batch("gradient_penalty", s);
   const std::vector<double> drawn = interpolation_weights(s[0], o.seed, step, replica_id);
   const std::vector<T> alpha(drawn.begin(), drawn.end());
   std::vector<std::int64_t> extents(s.rank(), 1);

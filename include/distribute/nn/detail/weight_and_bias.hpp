@@ -3,6 +3,8 @@
 // the weight drawn N(0, 0.02) from the layer's seed, the bias zero (empty when the layer has none),
 // and what every such layer offers about them.
 
+#include <distribute/detail/element_kernels.hpp>
+#include <distribute/nn/layer.hpp>
 #include <distribute/nn/parameter.hpp>
 
 #include <cstdint>
@@ -32,6 +34,17 @@ class weight_and_bias {
   weight_and_bias(shape weight_shape, std::int64_t bias_size, std::uint64_t seed, const D& device)
       : weight_{weight_shape, init::normal, sub_seed(seed, 0), device},
         bias_{shape{bias_size}, init::zero, 0, device} {}
+
+  // What a recorded backward (create_graph) gives the weight gradient it records: a sink adding dW
+  // into weight().grad on tape `t`'s replica. The layer must outlive the tape's backward.
+  template <class Tape>
+  auto weight_gradient_adder(Tape& t) {
+    return [w = &weight_, &t](const tensor<T, D>& dw) {
+      engine_of<D>(t.replica())
+          .for_each(static_cast<std::int64_t>(dw.size()),
+                    distribute::detail::kernels::add_to<T>{w->grad.data(), dw.data()});
+    };
+  }
 
   parameter<T, D> weight_, bias_;
 };
