@@ -148,6 +148,37 @@ BOOST_AUTO_TEST_CASE(avg_pool2d_backward) {
   check_gradients(net, x, "conv, avg_pool2d, flatten, linear");
 }
 
+// The CPU engine runs a plane at a time (whole_segment); a GPU runs each element on its own thread
+// (operator()). Both must give the same bits, for windows that overlap, tile, leave gaps and leave
+// rows and columns uncovered.
+BOOST_AUTO_TEST_CASE(avg_pool2d_plane_loops_match_the_per_element_calls) {
+  namespace k = nn::detail::kernels;
+  struct pool_case {
+    std::int64_t h, w, kernel, stride;
+  };
+  for (const pool_case c : {pool_case{28, 28, 2, 2}, pool_case{7, 6, 3, 2}, pool_case{9, 11, 3, 1},
+                            pool_case{10, 7, 2, 3}, pool_case{5, 5, 5, 5}, pool_case{13, 8, 4, 3}}) {
+    const std::int64_t oh = (c.h - c.kernel) / c.stride + 1, ow = (c.w - c.kernel) / c.stride + 1, planes = 3;
+    const k::pool_geometry g{c.h, c.w, oh, ow, c.kernel, c.stride};
+    const auto x = dist::test::random_tensor<float>(shape::nchw(1, planes, c.h, c.w), 5);
+    auto dy = dist::test::random_tensor<float>(shape::nchw(1, planes, oh, ow), 6);
+    dy.data()[0] = -0.0F;  // 0 + (-0) is +0: the plane loops must sum as the calls do
+    tensor<float> y_each{dy.shape()}, y_plane{dy.shape()}, dx_each{x.shape()}, dx_plane{x.shape()};
+    for (std::int64_t s = 0; s < planes; ++s) {
+      const k::avg_pool_forward<float> fe{x.data(), y_each.data(), g}, fp{x.data(), y_plane.data(), g};
+      const k::avg_pool_backward<float> be{dy.data(), dx_each.data(), g}, bp{dy.data(), dx_plane.data(), g};
+      for (std::int64_t i = 0; i < oh * ow; ++i) fe(s, i);
+      for (std::int64_t i = 0; i < c.h * c.w; ++i) be(s, i);
+      fp.whole_segment(s);
+      bp.whole_segment(s);
+    }
+    const std::string what = std::to_string(c.h) + "x" + std::to_string(c.w) + " kernel " + std::to_string(c.kernel) +
+                             " stride " + std::to_string(c.stride);
+    BOOST_TEST(same_bits(y_each, y_plane), what + ": forward");
+    BOOST_TEST(same_bits(dx_each, dx_plane), what + ": backward");
+  }
+}
+
 BOOST_AUTO_TEST_CASE(avg_pool2d_misuse_is_reported) {
   auto r = nn::local();
   nn::avg_pool2d<float> pool{{.kernel = 3}};
