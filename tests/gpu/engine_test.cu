@@ -54,6 +54,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -197,7 +198,9 @@ void check_against_reference(const named_geometry& ng, dist::compute_precision p
   // plans instead, the forward pass two).
   if (gpu.precision_fallbacks().empty()) BOOST_TEST(gpu.cached_plans() == (dist::is_half(precision) ? 3u : 4u), where);
   else BOOST_TEST((gpu.cached_plans() >= 3u && gpu.cached_plans() <= 4u), where);
-  BOOST_TEST(gpu.tuned_plans() == (autotune ? gpu.cached_plans() : 0u), where);
+  // Timed either way: autotune, or the default deterministic choice (deterministic_conv_slowdown).
+  BOOST_TEST(gpu.tuned_plans() == gpu.cached_plans(), where);
+  for (const auto& why : gpu.nondeterministic_convolutions()) BOOST_TEST_MESSAGE(where << ": " << why);
   BOOST_TEST(gpu.tuned_candidates() >= gpu.tuned_plans(), where);
   for (const auto& why : gpu.precision_fallbacks()) BOOST_TEST_MESSAGE(where << ": TF32 instead of 16 bits: " << why);
   BOOST_TEST((cudaGetLastError() == cudaSuccess));
@@ -247,6 +250,42 @@ BOOST_AUTO_TEST_CASE(a_plan_is_tuned_once_and_then_reused) {
   BOOST_TEST(gpu.tuned_plans() == 1u);
   BOOST_TEST(gpu.tuned_candidates() == candidates);
   BOOST_TEST(y.to_vector() == first);
+}
+
+// The default deterministic choice (compute_options::deterministic_conv_slowdown): every plan is
+// timed once, and a plan computes with the same bits at every later call, whichever engine won; 0
+// times nothing (cuDNN's first deterministic engine); infinity never takes the rival.
+BOOST_AUTO_TEST_CASE(the_deterministic_choice_is_timed_once_and_kept) {
+  dist::detail::owned_stream stream(0);
+  const dist::cuda d = dist::cuda{0}.on(stream.get());
+  const auto g = dist::conv_geometry::of(2, 16, 12, 12, 32, 3, 1, 1);
+  const auto x = upload(random_values(g.input_size(), 1), d), w = upload(random_values(g.weight_size(), 2), d);
+  const auto dy = upload(random_values(g.output_size(), 3), d);
+  for (const double slowdown : {1.5, 0.0, std::numeric_limits<double>::infinity()}) {
+    BOOST_TEST_CONTEXT("deterministic_conv_slowdown " << slowdown) {
+      dist::detail::cudnn_convolutions gpu(0, stream.get(),
+                                           dist::compute_options{.deterministic_conv_slowdown = slowdown});
+      device_tensor y(dist::shape{g.output_size()}, d), dx(dist::shape{g.input_size()}, d);
+      gpu.forward(g, x.data(), w.data(), nullptr, y.data());
+      gpu.backward_data(g, dy.data(), w.data(), dx.data());
+      const auto y1 = y.to_vector(), dx1 = dx.to_vector();
+      BOOST_TEST(gpu.tuned_plans() == (slowdown > 0 ? 2u : 0u));
+      const std::size_t candidates = gpu.tuned_candidates();
+      for (int again = 0; again < 2; ++again) {
+        gpu.forward(g, x.data(), w.data(), nullptr, y.data());
+        gpu.backward_data(g, dy.data(), w.data(), dx.data());
+        BOOST_TEST(y.to_vector() == y1);
+        BOOST_TEST(dx.to_vector() == dx1);
+      }
+      BOOST_TEST(gpu.tuned_candidates() == candidates);
+      if (!(slowdown > 0 && slowdown < std::numeric_limits<double>::infinity()))
+        BOOST_TEST(gpu.nondeterministic_convolutions().empty());
+      for (const auto& why : gpu.nondeterministic_convolutions()) {
+        BOOST_TEST_MESSAGE(why);
+        BOOST_TEST(why.find("compute_options::deterministic_conv_slowdown") != std::string::npos, why);
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(plans_are_built_once_per_geometry_and_pass) {

@@ -24,6 +24,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -261,12 +263,34 @@ BOOST_AUTO_TEST_CASE(conv_engine_filter_follows_the_options) {
   namespace d = dist::detail;
   using dist::compute_precision;
   // The defaults: float32 is float32 (no TF32 engines), deterministic engines only, 64 MiB of
-  // workspace at most, the heuristics' first engine that builds.
+  // workspace at most, every one built to be timed, and timed against cuDNN's first choice among all
+  // engines (the rival) with a slowdown of 1.5.
   const d::conv_engine_filter defaults = d::conv_engine_filter_for(compute_precision::float32, dist::compute_options{});
   BOOST_TEST(defaults.exclude_tf32);
   BOOST_TEST(defaults.exclude_nondeterministic);
   BOOST_TEST(defaults.workspace_limit == std::int64_t{64} << 20);
-  BOOST_TEST(!defaults.build_all);
+  BOOST_TEST(defaults.build_all);
+  BOOST_TEST(defaults.slowdown == 1.5);
+  // The rival: the same precision and limit, any engine, cuDNN's first choice, no rival of its own.
+  const d::conv_engine_filter rival = defaults.rival();
+  BOOST_TEST(rival.exclude_tf32);
+  BOOST_TEST(!rival.exclude_nondeterministic);
+  BOOST_TEST(rival.workspace_limit == defaults.workspace_limit);
+  BOOST_TEST(!rival.build_all);
+  BOOST_TEST(rival.slowdown == 0);
+  // 0: no timing, cuDNN's first deterministic engine (the choice of earlier versions); infinity:
+  // timed, never a rival; deterministic off: no rival (any engine is allowed anyway).
+  const d::conv_engine_filter first =
+      d::conv_engine_filter_for(compute_precision::float32, {.deterministic_conv_slowdown = 0});
+  BOOST_TEST(!first.build_all);
+  BOOST_TEST(first.slowdown == 0);
+  const d::conv_engine_filter strict = d::conv_engine_filter_for(
+      compute_precision::float32, {.deterministic_conv_slowdown = std::numeric_limits<double>::infinity()});
+  BOOST_TEST(strict.build_all);
+  BOOST_TEST(strict.slowdown == 0);
+  const d::conv_engine_filter loose = d::conv_engine_filter_for(compute_precision::float32, {.deterministic = false});
+  BOOST_TEST(!loose.build_all);
+  BOOST_TEST(loose.slowdown == 0);
   // TF32 and the 16-bit precisions allow tensor-core engines; determinism stays what the options say.
   for (const compute_precision p : {compute_precision::tf32, compute_precision::bfloat16, compute_precision::float16}) {
     BOOST_TEST(!d::conv_engine_filter_for(p, {}).exclude_tf32);
@@ -284,6 +308,16 @@ BOOST_AUTO_TEST_CASE(conv_engine_filter_follows_the_options) {
   BOOST_TEST(retry.workspace_limit == 0);
   retry.workspace_limit = defaults.workspace_limit;
   BOOST_TEST((retry == defaults));
+  // The race: the deterministic engine stays unless it takes more than the slowdown times the
+  // rival's time; a time that could not be taken keeps it.
+  BOOST_TEST(d::keeps_deterministic(14.0, 10.0, 1.5));
+  BOOST_TEST(d::keeps_deterministic(15.0, 10.0, 1.5));
+  BOOST_TEST(!d::keeps_deterministic(15.01, 10.0, 1.5));
+  BOOST_TEST(!d::keeps_deterministic(28.0, 0.5, 1.5));
+  BOOST_TEST(d::keeps_deterministic(std::nan(""), 10.0, 1.5));
+  BOOST_TEST(d::keeps_deterministic(28.0, std::nan(""), 1.5));
+  BOOST_TEST(d::keeps_deterministic(28.0, 0.0, 1.5));
+  BOOST_TEST(d::keeps_deterministic(0.0, 10.0, 1.5));
   // A limit beyond what cuDNN's 64-bit sizes hold is no limit cut short.
   BOOST_TEST(
       d::conv_engine_filter_for(compute_precision::float32, {.conv_workspace_limit = SIZE_MAX}).workspace_limit ==

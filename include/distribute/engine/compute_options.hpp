@@ -118,6 +118,19 @@ struct compute_options {
   // bits of a gradient change from run to run. Either way engines are ranked by cuDNN's heuristics
   // (or timed, with conv_autotune). The CPU engine is deterministic and ignores it.
   bool deterministic = true;
+  // GPU engines, under `deterministic`: how each convolution (shape, pass, precision) picks its
+  // deterministic engine. At its first eager run it times every deterministic engine cuDNN offers
+  // within conv_workspace_limit (as conv_autotune does) and keeps the fastest, then times that one
+  // against cuDNN's own first choice among all engines: where the deterministic engine takes more
+  // than this many times as long, the convolution keeps cuDNN's choice instead, whose sums may finish
+  // with atomics (its last bits may then change from run to run), and the engine says so once on
+  // stderr (and in its nondeterministic_convolutions()). The choice is made once, before the pass's
+  // first result, and holds for the process: every later step computes with the same engines. A
+  // rerun times again, and where two engines time within noise of each other it may pick the other,
+  // which changes last bits. Infinity: always a deterministic engine, the fastest. 0: no timing,
+  // cuDNN's first deterministic engine (the same engine, so the same bits, in every run; on an
+  // H100 that was 3-block data gradient of a 7x7 convolution at 14 ms a call). GPU only.
+  double deterministic_conv_slowdown = 1.5;
   // GPU engines: the most workspace one convolution engine may use, in bytes; engines that need more
   // are not considered (where every engine does, the one cuDNN ranks first is used whatever it needs).
   // The workspace is one buffer a replica's convolutions share, kept at the largest of their needs,

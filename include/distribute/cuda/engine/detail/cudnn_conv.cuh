@@ -48,6 +48,18 @@
 // which the call then writes again. The engine that wins depends on timing, so two runs may compute
 // a shape with different engines; each engine is deterministic either way.
 //
+// The default choice (compute_options::deterministic with deterministic_conv_slowdown, 1.5): every
+// deterministic engine within the workspace limit is built and timed at the plan's first eager run
+// as autotune does, the fastest kept; then that engine and cuDNN's first choice among all engines
+// (a second graph, the rival, built with the same precision and limit) are timed on the call's
+// operands, each as the frontend's autotune times (a warm-up, then runs until the time stops
+// improving by 5%). The deterministic engine stays unless it takes more than the slowdown times the
+// rival's time; otherwise the rival's graph replaces it, the plan says why
+// (nondeterministic_convolutions()) and so does one line on stderr. Either way the choice is made
+// before the plan's first result and kept. On the H100, cuDNN's first deterministic data gradient
+// for the 7x7 3->64 convolution at 256x256 ran on 3 blocks at 14 ms a call: timing finds the
+// deterministic engines cuDNN ranks lower, and the rival bounds what determinism may cost.
+//
 // Engine filters. TF32 is chosen by the call's precision, never by default: under `float32`,
 // engines with the TENSOR_CORE or DOWN_CONVERT_INPUTS numerical notes are removed (on Ampere and
 // later those compute float32 convolutions in TF32, a 10-bit mantissa), so the results match the
@@ -101,9 +113,11 @@
 #  include <algorithm>
 #  include <array>
 #  include <cstddef>
+#  include <cstdio>
 #  include <cstdint>
 #  include <exception>
 #  include <initializer_list>
+#  include <limits>
 #  include <map>
 #  include <memory>
 #  include <new>
@@ -181,7 +195,7 @@ class cudnn_convolutions {
   // `options`: conv_autotune, deterministic and conv_workspace_limit say which engines are
   // considered (engine/detail/conv_engine_filter.hpp); the rest are the engine's, not ours.
   cudnn_convolutions(int ordinal, cudaStream_t stream, const compute_options& options)
-      : ordinal_{ordinal}, stream_{stream}, autotune_{options.conv_autotune}, options_{options} {
+      : ordinal_{ordinal}, stream_{stream}, options_{options} {
     device_guard guard(ordinal_);
     if (const cudnnStatus_t rc = cudnnCreate(&handle_); rc != CUDNN_STATUS_SUCCESS) {
       handle_ = nullptr;
@@ -320,8 +334,9 @@ class cudnn_convolutions {
     for (const auto& [key, p] : plans_) n += p->graph != nullptr;
     return n;
   }
-  // Plans whose engine was chosen by timing (conv_autotune), and the engine configurations cuDNN
-  // listed for them in all (those that did not build were not timed): for tests and logs.
+  // Plans whose engine was chosen by timing (conv_autotune, or the default deterministic choice),
+  // and the engine configurations cuDNN listed for them in all (those that did not build were not
+  // timed): for tests and logs.
   std::size_t tuned_plans() const noexcept {
     std::size_t n = 0;
     for (const auto& [key, p] : plans_) n += p->tuned_from > 0;
@@ -331,6 +346,15 @@ class cudnn_convolutions {
     std::size_t n = 0;
     for (const auto& [key, p] : plans_) n += static_cast<std::size_t>(p->tuned_from);
     return n;
+  }
+  // Convolutions that took cuDNN's first choice over the fastest deterministic engine, which was more
+  // than compute_options::deterministic_conv_slowdown times slower, with both times, one line each
+  // (each also said once on stderr): for logs.
+  std::vector<std::string> nondeterministic_convolutions() const {
+    std::vector<std::string> out;
+    for (const auto& [key, p] : plans_)
+      if (!p->nondeterministic_because.empty()) out.push_back(p->nondeterministic_because);
+    return out;
   }
   // Why 16-bit plans were replaced by TF32 ones (no cuDNN engine for that geometry in 16 bits), one
   // line each: for logs.
@@ -375,9 +399,15 @@ class cudnn_convolutions {
     compute_precision precision = compute_precision::float32;  // what the plan computes in
     std::string fallback_because;                              // a 16-bit plan was asked for: why this one is TF32
     std::string over_workspace_limit_because;                  // no engine within conv_workspace_limit built: why
-    // How many engines were timed (conv_autotune; every one built at least one). 0: not timed yet,
-    // or no autotune (the heuristics' first choice).
+    // How many engines were timed (conv_autotune, or the default deterministic choice; every one
+    // built at least one). 0: not timed yet, or no timing (the heuristics' first choice).
     std::int64_t tuned_from = 0;
+    bool tune_pending = false;  // every engine the filter left was built, to be timed at the first eager run
+    // cuDNN's first choice among all engines, timed against the deterministic one at the first
+    // eager run (conv_engine_filter::slowdown), then dropped or taken.
+    std::unique_ptr<plan> rival;
+    double slowdown = 0;
+    std::string nondeterministic_because;  // the rival was taken: why
   };
   using plan_key = std::array<std::int64_t, 14>;
 
@@ -502,11 +532,26 @@ class cudnn_convolutions {
     return *plans_.emplace(key, std::move(made)).first->second;
   }
 
-  // A plan with the engines conv_engine_filter allows; where the workspace limit leaves none that
-  // builds, without the limit.
+  // A plan with the engines conv_engine_filter allows, and its rival where the filter asks for one
+  // (a rival that does not build leaves the deterministic choice standing).
   std::unique_ptr<plan> build(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16,
                               compute_precision precision) const {
     const conv_engine_filter filter = conv_engine_filter_for(precision, options_);
+    auto made = build_within_limit(p, g, fuse_bias, aligned16, precision, filter);
+    made->tune_pending = filter.build_all;
+    if (filter.slowdown > 0) {
+      try {
+        made->rival = build_within_limit(p, g, fuse_bias, aligned16, precision, filter.rival());
+        made->slowdown = filter.slowdown;
+      } catch (const std::runtime_error&) {
+        made->rival.reset();
+      }
+    }
+    return made;
+  }
+  // Where the workspace limit leaves no engine that builds, without the limit.
+  std::unique_ptr<plan> build_within_limit(pass p, const conv_geometry& g, bool fuse_bias, bool aligned16,
+                                           compute_precision precision, const conv_engine_filter& filter) const {
     if (filter.workspace_limit == 0) return build(p, g, fuse_bias, aligned16, precision, filter);
     try {
       return build(p, g, fuse_bias, aligned16, precision, filter);
@@ -627,8 +672,8 @@ class cudnn_convolutions {
       fail(p, g, std::string("deselecting engines: ") + e.what());
     }
     step(p, g, "check_support", [&] { return graph.check_support(); });
-    // With autotune, timed at the first eager run: every engine that builds, the heuristics' first
-    // one chosen until then.
+    // Timed at the first eager run (autotune, the default deterministic choice): every engine that
+    // builds, the heuristics' first one chosen until then.
     step(p, g, "build_plans", [&] {
       return graph.build_plans(filter.build_all ? fe::BuildPlanPolicy_t::ALL
                                                 : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
@@ -648,7 +693,7 @@ class cudnn_convolutions {
   // scratch behind them (returned in `*scratch`, which the pack gets as the weight gradient).
   void execute(pass ps, const conv_geometry& g, plan& p, std::unordered_map<std::int64_t, void*>& pack,
                std::size_t scratch_bytes, void** scratch = nullptr) {
-    if (autotune_ && p.tuned_from == 0 && !stream_capturing(stream_)) tune(ps, g, p, pack, scratch_bytes);
+    if (p.tune_pending && !stream_capturing(stream_)) tune(ps, g, p, pack, scratch_bytes);
     const std::size_t offset = scratch_offset(p.workspace);
     char* base = workspace(ps, g, scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(p.workspace));
     if (scratch != nullptr) {
@@ -669,7 +714,7 @@ class cudnn_convolutions {
     }
   }
 
-  // conv_autotune: runs every engine built for plan `p` on this call's operands (the outputs it
+  // conv_autotune or the default deterministic choice: runs every engine built for plan `p` on this call's operands (the outputs it
   // writes are written again by the call itself; a weight gradient goes to scratch) in a workspace
   // large enough for the largest, and keeps the fastest (the cudnn-frontend's autotune: cuDNN's
   // timing loop, which waits for the device). Not inside a CUDA graph's capture, where nothing may
@@ -683,11 +728,77 @@ class cudnn_convolutions {
     step(ps, g, "autotune", [&] { return p.graph->autotune(handle_, pack, base); });
     step(ps, g, "get_workspace_size (after autotune)", [&] { return p.graph->get_workspace_size(p.workspace); });
     p.tuned_from = std::max<std::int64_t>(candidates, 1);
+    p.tune_pending = false;
+    if (p.rival != nullptr) race(ps, g, p, pack, scratch_bytes);
+  }
+
+  // The deterministic engine tune() kept against the rival, timed on this call's operands: the rival
+  // replaces it where keeps_deterministic says so. A rival that fails to run is dropped.
+  void race(pass ps, const conv_geometry& g, plan& p, std::unordered_map<std::int64_t, void*>& pack,
+            std::size_t scratch_bytes) {
+    const std::unique_ptr<plan> rival = std::move(p.rival);
+    const double mine = time_plan(ps, g, p, pack, scratch_bytes);
+    double theirs = 0;
+    try {
+      theirs = time_plan(ps, g, *rival, pack, scratch_bytes);
+    } catch (const std::runtime_error&) {
+      return;
+    }
+    if (keeps_deterministic(mine, theirs, p.slowdown)) return;
+    p.graph = std::move(rival->graph);
+    p.workspace = rival->workspace;
+    p.over_workspace_limit_because = rival->over_workspace_limit_because;
+    p.nondeterministic_because = "cuDNN conv " + std::string(name(ps)) + " " + g.to_string() +
+                                 " on cuda:" + std::to_string(ordinal_) + ": the fastest deterministic engine took " +
+                                 short_ms(mine) + ", cuDNN's first choice " + short_ms(theirs) + " (more than " +
+                                 short_number(p.slowdown) +
+                                 " times as long): it computes with cuDNN's choice, which may not be deterministic "
+                                 "(compute_options::deterministic_conv_slowdown)";
+    std::fprintf(stderr, "distribute: %s\n", p.nondeterministic_because.c_str());
+  }
+  static std::string short_number(double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3g", v);
+    return text;
+  }
+  static std::string short_ms(double ms) { return short_number(ms) + " ms"; }
+
+  // Milliseconds plan `q` takes on the call's operands, as the frontend's autotune times an engine:
+  // a warm-up run, then timed runs (events on the stream, waited for) until one is no longer 5%
+  // faster than the best so far, at most 100. Not inside a capture (the caller checks).
+  double time_plan(pass ps, const conv_geometry& g, plan& q, std::unordered_map<std::int64_t, void*>& pack,
+                   std::size_t scratch_bytes) {
+    const std::size_t offset = scratch_offset(q.workspace);
+    char* base = workspace(ps, g, scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(q.workspace));
+    if (scratch_bytes > 0) pack[uid_w] = base + offset;
+    void* space = q.workspace > 0 ? static_cast<void*>(base) : nullptr;
+    struct events {
+      cudaEvent_t start = nullptr, stop = nullptr;
+      ~events() {
+        if (start != nullptr) (void)cudaEventDestroy(start);
+        if (stop != nullptr) (void)cudaEventDestroy(stop);
+      }
+    } e;
+    cuda_check(cudaEventCreate(&e.start), "cudaEventCreate", ordinal_);
+    cuda_check(cudaEventCreate(&e.stop), "cudaEventCreate", ordinal_);
+    step(ps, g, "timing an engine (warm-up)", [&] { return q.graph->execute(handle_, pack, space); });
+    float best = std::numeric_limits<float>::max();
+    for (int i = 0; i < 100; ++i) {
+      cuda_check(cudaEventRecord(e.start, stream_), "cudaEventRecord", ordinal_);
+      step(ps, g, "timing an engine", [&] { return q.graph->execute(handle_, pack, space); });
+      cuda_check(cudaEventRecord(e.stop, stream_), "cudaEventRecord", ordinal_);
+      cuda_check(cudaEventSynchronize(e.stop), "cudaEventSynchronize", ordinal_);
+      float ms = 0;
+      cuda_check(cudaEventElapsedTime(&ms, e.start, e.stop), "cudaEventElapsedTime", ordinal_);
+      const bool better = ms < 0.95F * best;
+      best = std::min(best, ms);
+      if (!better) break;
+    }
+    return static_cast<double>(best);
   }
 
   int ordinal_;
   cudaStream_t stream_;
-  bool autotune_ = false;
   compute_options options_;
   cudnnHandle_t handle_ = nullptr;
   scratch_buffer workspace_;
