@@ -24,9 +24,9 @@ namespace cyclegan {
 namespace optim = distribute::optim;
 
 struct classifier_options {
-  int batch = 32;  // per replica
-  int epochs = 5;
-  double lr = 3e-3;
+  int batch = 64;  // per replica
+  int epochs = 4;
+  double lr = 4e-3;
   double decay_fraction = 1.0;  // the learning rate falls linearly to zero over this last share of the steps
   classifier_shape shape{};
   std::uint64_t seed = 7;
@@ -48,9 +48,9 @@ inline const char* classifier_usage =
     "usage: fmnist_classifier [--out FILE] [--epochs N] [--batch N] [--replicas N] [--lr X] [--decay-fraction X]\n"
     "                         [--seed N] [--train-limit N] [--fmnist-dir DIR] [--eval-each-epoch] [--export DIR] "
     "[--quiet]\n"
-    "  --epochs N          passes over the 60,000 training images (5)\n"
-    "  --batch N           examples per replica and step (32)\n"
-    "  --lr X              Adam's learning rate at the start (0.003)\n"
+    "  --epochs N          passes over the 60,000 training images (4)\n"
+    "  --batch N           examples per replica and step (64)\n"
+    "  --lr X              Adam's learning rate at the start (0.004)\n"
     "  --decay-fraction X  the rate falls linearly to zero over this last share of the steps (1: all of them)\n"
     "  --eval-each-epoch   print the test accuracy after every epoch\n"
     "  --export DIR        also write the network as DIR/classifier.safetensors and DIR/classifier.onnx\n";

@@ -20,6 +20,7 @@ namespace dist = distribute;
 int main(int argc, char** argv) {
   cyclegan::classifier_options base;
   base.epochs = 1;
+  base.batch = 32;
   base.quiet = true;
   std::size_t train_limit = 12000;
   try {

@@ -651,7 +651,7 @@ BOOST_AUTO_TEST_CASE(learns_and_round_trips_through_a_checkpoint) {
   auto test = all_examples(dist::data::fashion_mnist(dist::data::split::test, fmnist_dir), 1000);
   dist::mirrored_strategy<dist::cpu> s{dist::cpu_replicas(2)};
   std::vector<classifier_epoch> epochs;
-  auto net = train_classifier(s, train, {.batch = 16, .epochs = 2, .quiet = true},
+  auto net = train_classifier(s, train, {.batch = 16, .epochs = 2, .lr = 3e-3, .quiet = true},
                               [&](const classifier_epoch& e, cyclegan::classifier&) { epochs.push_back(e); });
   BOOST_TEST_REQUIRE(epochs.size() == 2u);
   BOOST_TEST(epochs[1].loss < 0.9 * epochs[0].loss);
