@@ -257,6 +257,73 @@ BOOST_AUTO_TEST_CASE(every_pass_of_a_cyclegan_step_is_parallel_over_its_elements
     BOOST_ERROR(what << " (" << times << " times): too few work items for a GPU");
 }
 
+namespace {
+
+// Every pass, and those a GPU runs on one block of 256 threads (at most 256 work items): a launch
+// of a few microseconds for almost no work.
+struct pass_counts final : dist::pass_observer {
+  static constexpr std::int64_t block = 256;
+  std::mutex m;
+  std::int64_t all = 0, one_block = 0;
+  std::map<std::string, int> one_block_by_functor;
+  void on_pass(const dist::pass_record& r) override {
+    const std::lock_guard lock(m);
+    ++all;
+    if (r.work_items <= block) {
+      ++one_block;
+      ++one_block_by_functor[std::string(r.functor_name)];
+    }
+  }
+};
+
+}  // namespace
+
+// The element-wise launches of one training step of the paper's CycleGAN (64 filters, 9 residual
+// blocks, 3-layer discriminators with instance norm, batch 1), counted on the CPU engine: a GPU
+// engine launches each pass once (a segmented sum cut into chunks twice), besides cuDNN's and
+// cuBLAS's calls. Which passes run does not depend on the image's size, so 32x32 stands for
+// 256x256; of the one-block passes, the per-plane ones (work items = planes) do not either. The
+// counts are a budget: a change that adds passes to the step fails here (raise the budget only with
+// the reason), and one that folds them lowers it. Measured 2026-11-29: 2,004 passes, 630 of them on
+// one block, 600 of those the instance norms' per-plane coefficients (plane_gradient_coefficients,
+// plane_affine, inverse_std_of_squares, divide_by: 150 each).
+BOOST_AUTO_TEST_CASE(launches_per_paper_size_step_are_counted) {
+  dist::one_device_strategy<dist::cpu> s;
+  cyclegan::train_options t;
+  t.gen = {.channels = 3, .filters = 64, .blocks = 9};
+  t.disc = {.channels = 3, .filters = 64, .layers = 3, .norm = cyclegan::norm_kind::instance};
+  t.batch = 1;
+  t.total_steps = 2;
+  t.decay_fraction = 0;
+  t.place = cyclegan::placement::full;
+  const int size = 32;
+  cyclegan::trainer<dist::one_device_strategy<dist::cpu>> tr(s, t, 3, size, size);
+  const auto image = dist::shape::nchw(1, 3, size, size);
+  std::mt19937_64 rng{7};
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  cyclegan::tensor a{image}, b{image};
+  for (auto& v : a) v = uniform(rng);
+  for (auto& v : b) v = uniform(rng);
+  tr.step(a, b);  // the first step, which may set things up
+  pass_counts c;
+  {
+    const dist::observe_passes observing(c);
+    tr.step(a, b);
+  }
+  std::string top;
+  std::vector<std::pair<int, std::string>> by_count;
+  for (const auto& [functor, n] : c.one_block_by_functor) by_count.emplace_back(n, functor);
+  std::sort(by_count.rbegin(), by_count.rend());
+  for (std::size_t i = 0; i < std::min<std::size_t>(6, by_count.size()); ++i)
+    top += "\n  " + std::to_string(by_count[i].first) + " x " + by_count[i].second;
+  BOOST_TEST_MESSAGE("a paper-size step: " << c.all << " element-wise passes, " << c.one_block
+                                           << " of them on one GPU block; the most frequent of those:" << top);
+  constexpr std::int64_t budget_all = 2004, budget_one_block = 630;
+  BOOST_TEST(c.all > 1000);  // the step ran through the observer
+  BOOST_TEST(c.all <= budget_all);
+  BOOST_TEST(c.one_block <= budget_one_block);
+}
+
 // Which cuDNN engines the GPU engine considers (engine/detail/conv_engine_filter.hpp), from its
 // options and the call's precision; the GPU side applies it to each graph it builds.
 BOOST_AUTO_TEST_CASE(conv_engine_filter_follows_the_options) {
