@@ -218,19 +218,20 @@ BOOST_AUTO_TEST_CASE(segmented_sums_are_planned_in_chunks) {
   }
 }
 
-// One training step of the CycleGAN example (both generators and discriminators, forward, backward,
-// losses and Adam) on the CPU engine, at a size where its tensors reach well past 64K elements: every
-// pass over a large tensor offers a work item per 64 elements.
-BOOST_AUTO_TEST_CASE(every_pass_of_a_cyclegan_step_is_parallel_over_its_elements) {
+namespace {
+
+// One training step of the CycleGAN example's trainer (generators of `filters` filters and `blocks`
+// residual blocks, 3-layer discriminators with instance norm, batch 1, RGB images of size x size) on
+// the CPU engine, run under `observer` after `unobserved` steps that are not.
+void observe_cyclegan_step(dist::pass_observer& observer, std::int64_t filters, int blocks, int size, int unobserved) {
   dist::one_device_strategy<dist::cpu> s;
   cyclegan::train_options t;
-  t.gen = {.channels = 3, .filters = 16, .blocks = 2};
-  t.disc = {.channels = 3, .filters = 16, .layers = 3, .norm = cyclegan::norm_kind::instance};
+  t.gen = {.channels = 3, .filters = filters, .blocks = blocks};
+  t.disc = {.channels = 3, .filters = filters, .layers = 3, .norm = cyclegan::norm_kind::instance};
   t.batch = 1;
-  t.total_steps = 1;
+  t.total_steps = unobserved + 1;
   t.decay_fraction = 0;
   t.place = cyclegan::placement::full;
-  const int size = 128;
   cyclegan::trainer<dist::one_device_strategy<dist::cpu>> tr(s, t, 3, size, size);
   const auto image = dist::shape::nchw(1, 3, size, size);
   std::mt19937_64 rng{7};
@@ -238,12 +239,20 @@ BOOST_AUTO_TEST_CASE(every_pass_of_a_cyclegan_step_is_parallel_over_its_elements
   cyclegan::tensor a{image}, b{image};
   for (auto& v : a) v = uniform(rng);
   for (auto& v : b) v = uniform(rng);
+  for (int i = 0; i < unobserved; ++i) tr.step(a, b);
+  const dist::observe_passes observing(observer);
+  tr.step(a, b);
+}
 
+}  // namespace
+
+// One training step of the CycleGAN example (both generators and discriminators, forward, backward,
+// losses and Adam) on the CPU engine, at a size where its tensors reach well past 64K elements: every
+// pass over a large tensor offers a work item per 64 elements.
+BOOST_AUTO_TEST_CASE(every_pass_of_a_cyclegan_step_is_parallel_over_its_elements) {
+  const int size = 128;
   launch_shapes shapes;
-  {
-    const dist::observe_passes observing(shapes);
-    tr.step(a, b);
-  }
+  observe_cyclegan_step(shapes, 16, 2, size, 0);
   std::int64_t largest = 0;
   for (const auto& p : shapes.passes) largest = std::max(largest, p.elements);
   BOOST_TEST_MESSAGE(shapes.seen << " passes, " << shapes.passes.size()
@@ -288,28 +297,8 @@ struct pass_counts final : dist::pass_observer {
 // one block, 600 of those the instance norms' per-plane coefficients (plane_gradient_coefficients,
 // plane_affine, inverse_std_of_squares, divide_by: 150 each).
 BOOST_AUTO_TEST_CASE(launches_per_paper_size_step_are_counted) {
-  dist::one_device_strategy<dist::cpu> s;
-  cyclegan::train_options t;
-  t.gen = {.channels = 3, .filters = 64, .blocks = 9};
-  t.disc = {.channels = 3, .filters = 64, .layers = 3, .norm = cyclegan::norm_kind::instance};
-  t.batch = 1;
-  t.total_steps = 2;
-  t.decay_fraction = 0;
-  t.place = cyclegan::placement::full;
-  const int size = 32;
-  cyclegan::trainer<dist::one_device_strategy<dist::cpu>> tr(s, t, 3, size, size);
-  const auto image = dist::shape::nchw(1, 3, size, size);
-  std::mt19937_64 rng{7};
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  cyclegan::tensor a{image}, b{image};
-  for (auto& v : a) v = uniform(rng);
-  for (auto& v : b) v = uniform(rng);
-  tr.step(a, b);  // the first step, which may set things up
   pass_counts c;
-  {
-    const dist::observe_passes observing(c);
-    tr.step(a, b);
-  }
+  observe_cyclegan_step(c, 64, 9, 32, 1);  // after a first step, which may set things up
   std::string top;
   std::vector<std::pair<int, std::string>> by_count;
   for (const auto& [functor, n] : c.one_block_by_functor) by_count.emplace_back(n, functor);
