@@ -28,6 +28,7 @@
 #include <thrust/fill.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/discard_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/reduce.h>
 #include <thrust/system/cpp/execution_policy.h>
@@ -74,6 +75,21 @@ struct thrust_host_engine {
     thrust::reduce_by_key(thrust::cpp::par, keys, keys + segments * length, terms, thrust::make_discard_iterator(),
                           out);
   }
+  // With an epilogue, written through a tabulate output iterator as the GPU engine writes it.
+  template <class F, class Finish>
+  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) const {
+    namespace loops = dist::detail::thrust_loops;
+    if (segments <= 0) return;
+    if (length <= 0) {
+      dist::detail::for_each_index(thrust::cpp::par, segments, loops::finish_empty<Finish>{out, finish});
+      return;
+    }
+    const thrust::counting_iterator<std::int64_t> first(0);
+    const auto keys = thrust::make_transform_iterator(first, segment_of{length});
+    const auto terms = thrust::make_transform_iterator(first, loops::plane_term<F>{f, length});
+    thrust::reduce_by_key(thrust::cpp::par, keys, keys + segments * length, terms, thrust::make_discard_iterator(),
+                          thrust::make_tabulate_output_iterator(loops::finish_into<Finish>{out, finish}));
+  }
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {
     std::copy(src, src + n, dst);
@@ -106,6 +122,11 @@ struct thrust_host_compute_engine : dist::engine<dist::cpu> {
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
     ++passes;
     thrust_host_engine{}.segmented_sum(segments, length, f, out);
+  }
+  template <class F, class Finish>
+  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) {
+    ++passes;
+    thrust_host_engine{}.segmented_sum(segments, length, f, out, finish);
   }
 };
 struct thrust_layer_replica {

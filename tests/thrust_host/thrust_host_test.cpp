@@ -34,6 +34,7 @@
 #include <thrust/fill.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/discard_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/reduce.h>
 #include <thrust/system/cpp/execution_policy.h>
@@ -80,6 +81,22 @@ void plane_sums(const Policy& policy, std::int64_t planes, std::int64_t plane_si
   const auto keys = thrust::make_transform_iterator(first, plane_of{plane_size});
   const auto values = thrust::make_transform_iterator(first, dist::detail::thrust_loops::plane_term<F>{f, plane_size});
   thrust::reduce_by_key(policy, keys, keys + planes * plane_size, values, thrust::make_discard_iterator(), out);
+}
+// The same with the engines' epilogue: out[s] = finish(s, the sum), written through a tabulate
+// output iterator by the reduction, as the GPU engine's segmented_sum writes it.
+template <class Policy, class F, class Finish>
+void plane_sums(const Policy& policy, std::int64_t planes, std::int64_t plane_size, F f, double* out, Finish finish) {
+  namespace loops = dist::detail::thrust_loops;
+  if (planes <= 0) return;
+  if (plane_size <= 0) {
+    dist::detail::for_each_index(policy, planes, loops::finish_empty<Finish>{out, finish});
+    return;
+  }
+  const thrust::counting_iterator<std::int64_t> first(0);
+  const auto keys = thrust::make_transform_iterator(first, plane_of{plane_size});
+  const auto values = thrust::make_transform_iterator(first, loops::plane_term<F>{f, plane_size});
+  thrust::reduce_by_key(policy, keys, keys + planes * plane_size, values, thrust::make_discard_iterator(),
+                        thrust::make_tabulate_output_iterator(loops::finish_into<Finish>{out, finish}));
 }
 
 constexpr double tolerance = 1e-6;  // relative, per element
@@ -523,20 +540,23 @@ BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
       // The same statistics and coefficients as the layer computes them, in device passes: the
       // host's bits.
       std::vector<double> stats(2 * up);
-      plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data());
-      for_each_index(par, planes, kernels::divide_by{stats.data(), static_cast<double>(plane)});
+      plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data(),
+                 kernels::divide_by{static_cast<double>(plane)});
       plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane},
-                 stats.data() + planes);
-      for_each_index(par, planes,
-                     kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
+                 stats.data() + planes, kernels::inverse_std_of_squares<>{static_cast<double>(plane), eps});
       BOOST_TEST((std::vector<double>(stats.begin(), stats.begin() + planes) == m.mean), "means" << at);
       BOOST_TEST((std::vector<double>(stats.begin() + planes, stats.end()) == invstd), "inverse deviations" << at);
+      // The coefficients as the second gradient sum's epilogue (here on the host's sums): the host's bits,
+      // and the sum kept.
       std::vector<float> device_coef(3 * up);
+      std::vector<double> second(sums.begin() + planes, sums.end());
       for_each_index(par, planes,
-                     kernels::plane_gradient_coefficients<float>{affine ? gamma.data() : nullptr, stats.data() + planes,
-                                                                 sums.data(), device_coef.data(), planes, C,
-                                                                 static_cast<double>(plane)});
+                     nn::detail::finish_in_place<kernels::plane_gradient_coefficients<float>>{
+                         second.data(),
+                         {affine ? gamma.data() : nullptr, stats.data() + planes, sums.data(), device_coef.data(), C,
+                          static_cast<double>(plane)}});
       BOOST_TEST((device_coef == coef), "backward's coefficients" << at);
+      BOOST_TEST((second == std::vector<double>(sums.begin() + planes, sums.end())), "the sum it finishes" << at);
       check_close("instance_norm forward" + at, f.y, ly.values());
       check_close("instance_norm backward" + at, dx, ldx.values());
       if (affine) {
@@ -586,18 +606,18 @@ BOOST_AUTO_TEST_CASE(fused_instance_norm_passes_match_the_sequential) {
       const auto ly = layers.forward(r, x, nn::plus_input);
       const auto ldx = layers.backward(r, dy);
 
+      // The passes as the layer runs them: the per-plane scale and shift with the second sum's epilogue.
       std::vector<double> stats(2 * up);
-      plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data());
-      for_each_index(par, planes, kernels::divide_by{stats.data(), static_cast<double>(plane)});
-      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane},
-                 stats.data() + planes);
-      for_each_index(par, planes,
-                     kernels::inverse_std_of_squares{stats.data() + planes, static_cast<double>(plane), eps});
       std::vector<float> affine_terms(2 * up);
       const float* scale = affine_terms.data();
       const float* shift = scale + planes;
-      for_each_index(par, planes,
-                     kernels::plane_affine<float>{gamma, beta, affine_terms.data(), affine_terms.data() + planes, C});
+      plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data(),
+                 kernels::divide_by{static_cast<double>(plane)});
+      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane},
+                 stats.data() + planes,
+                 kernels::inverse_std_of_squares<kernels::plane_affine<float>>{
+                     static_cast<double>(plane), eps,
+                     kernels::plane_affine<float>{gamma, beta, affine_terms.data(), affine_terms.data() + planes, C}});
       std::vector<float> y(x.size()), xhat(x.size());
       for_each_plane_index(
           par, planes, plane,
@@ -605,13 +625,12 @@ BOOST_AUTO_TEST_CASE(fused_instance_norm_passes_match_the_sequential) {
                                                         xhat.data(), y.data(), x.data(), plane});
       const kernels::plane_norm_terms<float> t{xhat.data(), scale, shift, plane};
       std::vector<double> sums(2 * up);
+      std::vector<float> coef(3 * up), dx(x.size());
       plane_sums(par, planes, plane, kernels::plane_norm_gradient<float, true>{t, dy.data()}, sums.data());
       plane_sums(par, planes, plane, kernels::plane_norm_gradient_times_xhat<float, true>{t, dy.data()},
-                 sums.data() + planes);
-      std::vector<float> coef(3 * up), dx(x.size());
-      for_each_index(par, planes,
-                     kernels::plane_gradient_coefficients<float>{gamma, stats.data() + planes, sums.data(), coef.data(),
-                                                                 planes, C, static_cast<double>(plane)});
+                 sums.data() + planes,
+                 kernels::plane_gradient_coefficients<float>{gamma, stats.data() + planes, sums.data(), coef.data(), C,
+                                                             static_cast<double>(plane)});
       for_each_plane_index(par, planes, plane,
                            kernels::plane_norm_input_gradient<float, true>{t, dy.data(), coef.data(), dx.data()});
       const std::string at = std::string(affine ? " affine " : " ") + s.to_string();

@@ -11,6 +11,11 @@
 //                                           alone (so no result depends on the thread count)
 //   to_host(src, n, dst)                    n elements copied where the host reads them
 //
+// Optional: segmented_sum(segments, length, f, out, finish), out[s] = finish(s, the sum), in the
+// same pass (the library's engines have it: on a GPU the per-segment work after a sum then takes no
+// launch of its own). Callers go through nn/detail/plane_statistics.hpp's segmented_sum_then, which
+// runs `finish` as a pass of its own on an engine without it, with the same bits.
+//
 // `f` is a functor of plain headers (DISTRIBUTE_HOST_DEVICE) taken by value, so the same functor
 // runs on a GPU. Parallel means over elements: a pass must not give a thread (or a GPU's thread) a
 // whole plane or row to walk, or a GPU runs it on a handful of threads.

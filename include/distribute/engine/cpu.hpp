@@ -346,6 +346,14 @@ class engine<cpu> {
     detail::record_pass(pass_kind::segmented_sum, detail::plan_segmented_sum(segments, length).work_items(), f);
     over_segments(segments, length, [&](std::int64_t s) { out[s] = distribute::fixed_order_sum(f, s, length); });
   }
+  // The same with an epilogue: out[s] = finish(s, the sum), in the same pass (a GPU engine writes it
+  // from its reduction, so that per-segment work after a sum needs no launch of its own).
+  template <class F, class Finish>
+  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) {
+    detail::record_pass(pass_kind::segmented_sum, detail::plan_segmented_sum(segments, length).work_items(), f);
+    over_segments(segments, length,
+                  [&](std::int64_t s) { out[s] = finish(s, distribute::fixed_order_sum(f, s, length)); });
+  }
   // Small results (statistics, loss values) where the host reads them: a copy on the CPU.
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {

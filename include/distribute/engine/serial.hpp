@@ -49,6 +49,10 @@ struct serial_engine {
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) const {
     for (std::int64_t s = 0; s < segments; ++s) out[s] = fixed_order_sum(f, s, length);
   }
+  template <class F, class Finish>
+  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) const {
+    for (std::int64_t s = 0; s < segments; ++s) out[s] = finish(s, fixed_order_sum(f, s, length));
+  }
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {
     std::copy(src, src + n, dst);

@@ -103,14 +103,15 @@ class instance_norm {
     const std::int64_t planes = s.n() * o_.channels, plane = s.h() * s.w();
     // [mean | inverse standard deviation] per plane, on the device.
     state.stats = tensor<double, D>{shape{2 * planes}, device_, uninitialized};
-    detail::plane_normalization_statistics(e, x, planes, plane, o_.eps, state.stats);
     state.relu = then.relu;
     state.affine = tensor_type{shape{2 * planes}, device_, uninitialized};
     T* scale = state.affine.data();
     T* shift = scale + planes;
-    e.for_each(planes,
-               detail::kernels::plane_affine<T>{o_.affine ? gamma_.value.data() : nullptr,
-                                                o_.affine ? beta_.value.data() : nullptr, scale, shift, o_.channels});
+    // The per-plane scale and shift written with the statistics' last epilogue (no pass of their own).
+    detail::plane_normalization_statistics(
+        e, x, planes, plane, o_.eps, state.stats,
+        detail::kernels::plane_affine<T>{o_.affine ? gamma_.value.data() : nullptr,
+                                         o_.affine ? beta_.value.data() : nullptr, scale, shift, o_.channels});
     state.xhat = tensor_type{s, device_, uninitialized};
     tensor_type y{s, device_, uninitialized};
     const double* mean = state.stats.data();
@@ -145,19 +146,24 @@ class instance_norm {
     const std::int64_t C = o_.channels, planes = s.n() * C, plane = s.h() * s.w();
     const detail::kernels::plane_norm_terms<T> t = terms(state, plane);
     // Per plane [sum g | sum g xhat], g the gradient at the affine output (dy through the ReLU's mask).
+    // The input gradient's coefficients per plane are the second sum's epilogue (no pass of their own).
     tensor<double, D> sums{shape{2 * planes}, device_, uninitialized};
+    tensor_type coef{shape{3 * planes}, device_, uninitialized};
+    const detail::kernels::plane_gradient_coefficients<T> coefficients{o_.affine ? gamma_.value.data() : nullptr,
+                                                                       state.stats.data() + planes,
+                                                                       sums.data(),
+                                                                       coef.data(),
+                                                                       C,
+                                                                       static_cast<double>(plane)};
     with_flag(state.relu, [&]<bool Relu> {
       e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient<T, Relu>{t, dy.data()}, sums.data());
-      e.segmented_sum(planes, plane, detail::kernels::plane_norm_gradient_times_xhat<T, Relu>{t, dy.data()},
-                      sums.data() + planes);
+      detail::segmented_sum_then(e, planes, plane,
+                                 detail::kernels::plane_norm_gradient_times_xhat<T, Relu>{t, dy.data()},
+                                 sums.data() + planes, coefficients);
     });
     if (o_.affine)
       e.for_each(C, detail::kernels::add_plane_sums_per_channel<T>{sums.data(), gamma_.grad.data(), beta_.grad.data(),
                                                                    planes, C});
-    tensor_type coef{shape{3 * planes}, device_, uninitialized};
-    e.for_each(planes, detail::kernels::plane_gradient_coefficients<T>{
-                           o_.affine ? gamma_.value.data() : nullptr, state.stats.data() + planes, sums.data(),
-                           coef.data(), planes, C, static_cast<double>(plane)});
     tensor_type dx{s, device_, uninitialized};
     with_flag(state.relu, [&]<bool Relu> {
       e.for_each_in_segments(planes, plane,

@@ -55,6 +55,7 @@
 #include <thrust/execution_policy.h>
 #include <thrust/fill.h>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/system/cuda/execution_policy.h>
 #include <thrust/transform.h>
@@ -272,20 +273,32 @@ class engine<cuda> {
   // Scratch comes from the stream's pool.
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
+    segmented_sum(segments, length, f, out, no_finish{});
+  }
+  // The same with an epilogue: out[s] = finish(s, the sum), written by the reduction's last stage
+  // through a tabulate output iterator, so that per-segment work after a sum takes no launch of its own.
+  template <class F, class Finish>
+  void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) {
     const detail::segmented_sum_plan plan = detail::plan_segmented_sum(segments, length);
     detail::record_pass(pass_kind::segmented_sum, plan.work_items(), f);
     if (segments <= 0) return;
     const detail::device_guard current(device_.index());
+    const thrust::counting_iterator<std::int64_t> first(0);
     if (length <= 0) {
-      thrust::fill_n(policy(), out, segments, 0.0);
+      if constexpr (std::is_same_v<Finish, no_finish>) thrust::fill_n(policy(), out, segments, 0.0);
+      else thrust::for_each_n(policy(), first, segments, detail::thrust_loops::finish_empty<Finish>{out, finish});
       check_launch("segmented_sum");
       return;
     }
-    const thrust::counting_iterator<std::int64_t> first(0);
+    // Where the sums go: `out`, or through the epilogue.
+    const auto results = [&] {
+      if constexpr (std::is_same_v<Finish, no_finish>) return out;
+      else return thrust::make_tabulate_output_iterator(detail::thrust_loops::finish_into<Finish>{out, finish});
+    }();
     const auto values = thrust::make_transform_iterator(first, detail::thrust_loops::plane_term<F>{f, length});
     if (!plan.two_stage()) {
       const auto starts = thrust::make_transform_iterator(first, detail::thrust_loops::plane_start{length});
-      segmented_reduce(values, out, segments, starts, starts + 1);
+      segmented_reduce(values, results, segments, starts, starts + 1);
       return;
     }
     const auto chunk_starts =
@@ -297,7 +310,7 @@ class engine<cuda> {
     double* sums = static_cast<double*>(partial.get());
     segmented_reduce(values, sums, plan.blocks(), chunk_starts, chunk_ends);
     const auto starts = thrust::make_transform_iterator(first, detail::thrust_loops::plane_start{plan.chunks});
-    segmented_reduce(static_cast<const double*>(sums), out, segments, starts, starts + 1);
+    segmented_reduce(static_cast<const double*>(sums), results, segments, starts, starts + 1);
   }
   // Small results (statistics, loss values) copied from device memory to the host, waiting for them.
   template <class T>
@@ -342,9 +355,12 @@ class engine<cuda> {
   using policy_type = decltype(thrust::cuda::par_nosync.on(cudaStream_t{}));
   policy_type policy() const { return thrust::cuda::par_nosync.on(stream()); }
 
+  // No epilogue: segmented_sum writes the sums themselves.
+  struct no_finish {};
+
   // out[k] = the sum of values[begins[k], ends[k]), k in [0, segments): CUB's, on the stream.
-  template <class Values, class Begins, class Ends>
-  void segmented_reduce(Values values, double* out, std::int64_t segments, Begins begins, Ends ends) {
+  template <class Values, class Out, class Begins, class Ends>
+  void segmented_reduce(Values values, Out out, std::int64_t segments, Begins begins, Ends ends) {
     std::size_t bytes = 0;
     detail::cuda_check(cub::DeviceSegmentedReduce::Sum(nullptr, bytes, values, out, segments, begins, ends, stream()),
                        "cub::DeviceSegmentedReduce::Sum (sizing)", device_.index());

@@ -46,18 +46,40 @@ std::vector<double> plane_gradient_sums(E& e, const tensor<T, D>& dy, const tens
   return out;
 }
 
+// out[s] = finish(s, out[s]): an epilogue as a pass of its own, for engines without one.
+template <class Finish>
+struct finish_in_place {
+  double* out;
+  Finish finish;
+  DISTRIBUTE_HOST_DEVICE void operator()(std::int64_t s) const { out[s] = finish(s, out[s]); }
+};
+
+// out[s] = finish(s, the sum over i of f(s, i)): the engine's segmented sum with its epilogue where
+// it has one (every engine of the library: on a GPU it saves a launch), otherwise the sum and then
+// the epilogue as a pass. The same bits either way.
+template <class E, class F, class Finish>
+void segmented_sum_then(E& e, std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) {
+  if constexpr (requires { e.segmented_sum(segments, length, f, out, finish); }) {
+    e.segmented_sum(segments, length, f, out, finish);
+  } else {
+    e.segmented_sum(segments, length, f, out);
+    e.for_each(segments, finish_in_place<Finish>{out, finish});
+  }
+}
+
 // The same statistics kept on the device (no wait for it, and a pass a CUDA graph can capture):
 // stats = [mean | inverse standard deviation] of each plane, 2 * planes values, with the bits of
-// plane_moments' mean and 1 / sqrt(M2 / count + eps).
-template <class E, class T, class D>
+// plane_moments' mean and 1 / sqrt(M2 / count + eps); `then(s)` runs for each plane with the second
+// sum's epilogue (per-plane work that needs no launch of its own).
+template <class E, class T, class D, class Then = kernels::no_plane_work>
 void plane_normalization_statistics(E& e, const tensor<T, D>& x, std::int64_t planes, std::int64_t plane, double eps,
-                                    tensor<double, D>& stats) {
+                                    tensor<double, D>& stats, Then then = {}) {
   double* mean = stats.data();
   double* invstd = stats.data() + planes;
-  e.segmented_sum(planes, plane, kernels::value_of<T>{x.data(), plane}, mean);
-  e.for_each(planes, kernels::divide_by{mean, static_cast<double>(plane)});
-  e.segmented_sum(planes, plane, kernels::squared_deviation<T>{x.data(), mean, plane}, invstd);
-  e.for_each(planes, kernels::inverse_std_of_squares{invstd, static_cast<double>(plane), eps});
+  segmented_sum_then(e, planes, plane, kernels::value_of<T>{x.data(), plane}, mean,
+                     kernels::divide_by{static_cast<double>(plane)});
+  segmented_sum_then(e, planes, plane, kernels::squared_deviation<T>{x.data(), mean, plane}, invstd,
+                     kernels::inverse_std_of_squares<Then>{static_cast<double>(plane), eps, then});
 }
 
 // Host values on the device of `like`.

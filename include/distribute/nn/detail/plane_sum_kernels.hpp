@@ -13,18 +13,31 @@ namespace distribute::nn::detail::kernels {
 
 using index = std::int64_t;
 
-// v[s] = v[s] / k: plane sums into plane means.
+// Epilogues of the engines' segmented sums (segmented_sum(segments, length, f, out, finish):
+// out[s] = finish(s, sum)), where per-plane work after a sum would otherwise be a pass of its own:
+// on a GPU a launch of one block for a few hundred values (nn/detail/plane_statistics.hpp runs them
+// as that pass on an engine without epilogues, with the same bits).
+//
+// sum / k: plane sums into plane means.
 struct divide_by {
-  double* v;
   double k;
-  DISTRIBUTE_HOST_DEVICE void operator()(index s) const { v[s] = v[s] / k; }
+  DISTRIBUTE_HOST_DEVICE double operator()(index, double sum) const { return sum / k; }
 };
-// v[s] = 1 / sqrt(v[s] / count + eps): a plane's sum of squared deviations into its inverse standard
-// deviation (biased variance).
+// Per-plane work that rides on another epilogue: none.
+struct no_plane_work {
+  DISTRIBUTE_HOST_DEVICE void operator()(index) const {}
+};
+// 1 / sqrt(sum / count + eps): a plane's sum of squared deviations into its inverse standard
+// deviation (biased variance); and `then(s)`, per-plane work that needs no sum (instance norm's
+// per-plane scale and shift, norm_kernels.hpp's plane_affine).
+template <class Then = no_plane_work>
 struct inverse_std_of_squares {
-  double* v;
   double count, eps;
-  DISTRIBUTE_HOST_DEVICE void operator()(index s) const { v[s] = 1.0 / std::sqrt(v[s] / count + eps); }
+  Then then{};
+  DISTRIBUTE_HOST_DEVICE double operator()(index s, double sum) const {
+    then(s);
+    return 1.0 / std::sqrt(sum / count + eps);
+  }
 };
 // Per channel c: gamma_grad[c] += sum dy xhat, beta_grad[c] += sum dy over the planes of channel c, in
 // plane (example) order, from the plane sums [sum dy | sum dy xhat] of `planes` planes: each example's
@@ -61,20 +74,22 @@ struct add_channel_totals {
 };
 // The coefficients of normalized_input_gradient per plane (statistics per plane): gamma * invstd,
 // mean(dy), mean(dy xhat), from the plane sums [sum dy | sum dy xhat] of `planes` planes of `plane`
-// values. `gamma` null: 1.
+// values: the epilogue of the second sum (sum dy xhat, which it keeps), reading the first. `gamma`
+// null: 1.
 template <class T>
 struct plane_gradient_coefficients {
   const T* gamma;
   const double* invstd;
-  const double* sums;
+  const double* sums;  // sum dy per plane, written by the sum before
   T* coef;
-  index planes, channels;
+  index channels;
   double plane;
-  DISTRIBUTE_HOST_DEVICE void operator()(index p) const {
+  DISTRIBUTE_HOST_DEVICE double operator()(index p, double sum_dy_xhat) const {
     const double g = gamma ? static_cast<double>(gamma[p % channels]) : 1.0;
     coef[3 * p] = static_cast<T>(g * invstd[p]);
     coef[3 * p + 1] = static_cast<T>(sums[p] / plane);
-    coef[3 * p + 2] = static_cast<T>(sums[planes + p] / plane);
+    coef[3 * p + 2] = static_cast<T>(sum_dy_xhat / plane);
+    return sum_dy_xhat;
   }
 };
 

@@ -51,6 +51,21 @@ struct plane_start {
   index size;
   DISTRIBUTE_HOST_DEVICE index operator()(index s) const { return s * size; }
 };
+// A segmented sum's epilogue: out[s] = finish(s, the sum of segment s) (the engines' five-argument
+// segmented_sum), written through thrust::tabulate_output_iterator by the reduction itself.
+template <class Finish>
+struct finish_into {
+  double* out;
+  Finish finish;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, double sum) const { out[s] = finish(s, sum); }
+};
+// The same for segments of no values: out[s] = finish(s, 0).
+template <class Finish>
+struct finish_empty {
+  double* out;
+  Finish finish;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s) const { out[s] = finish(s, 0.0); }
+};
 
 }  // namespace distribute::detail::thrust_loops
 
