@@ -27,25 +27,21 @@ struct avg_pool_forward {
   pool_geometry g;
   DISTRIBUTE_HOST_DEVICE void operator()(index s, index i) const {
     const index oh = i / g.out_width, ow = i - oh * g.out_width;
-    const T* plane = x + s * g.in_height * g.in_width;
-    double sum = 0;
-    for (index ki = 0; ki < g.kernel; ++ki)
-      for (index kj = 0; kj < g.kernel; ++kj)
-        sum += static_cast<double>(plane[(oh * g.stride + ki) * g.in_width + ow * g.stride + kj]);
-    y[s * g.out_height * g.out_width + i] = static_cast<T>(sum / static_cast<double>(g.kernel * g.kernel));
+    y[s * g.out_height * g.out_width + i] = window_mean(x + s * g.in_height * g.in_width, oh, ow);
   }
   void whole_segment(index s) const {
     const T* plane = x + s * g.in_height * g.in_width;
     T* out = y + s * g.out_height * g.out_width;
-    const double area = static_cast<double>(g.kernel * g.kernel);
     for (index oh = 0; oh < g.out_height; ++oh)
-      for (index ow = 0; ow < g.out_width; ++ow) {
-        const T* window = plane + oh * g.stride * g.in_width + ow * g.stride;
-        double sum = 0;
-        for (index ki = 0; ki < g.kernel; ++ki)
-          for (index kj = 0; kj < g.kernel; ++kj) sum += static_cast<double>(window[ki * g.in_width + kj]);
-        out[oh * g.out_width + ow] = static_cast<T>(sum / area);
-      }
+      for (index ow = 0; ow < g.out_width; ++ow) out[oh * g.out_width + ow] = window_mean(plane, oh, ow);
+  }
+  // The mean of output (oh, ow)'s window of `plane`.
+  DISTRIBUTE_HOST_DEVICE T window_mean(const T* plane, index oh, index ow) const {
+    double sum = 0;
+    for (index ki = 0; ki < g.kernel; ++ki)
+      for (index kj = 0; kj < g.kernel; ++kj)
+        sum += static_cast<double>(plane[(oh * g.stride + ki) * g.in_width + ow * g.stride + kj]);
+    return static_cast<T>(sum / static_cast<double>(g.kernel * g.kernel));
   }
 };
 // The windows along one axis that contain position h: oh from lo to hi (empty when lo > hi), those
@@ -79,43 +75,37 @@ struct avg_pool_backward {
     const index ow_lo = w < g.kernel ? 0 : (w - g.kernel) / g.stride + 1;
     const index oh_hi = h / g.stride < g.out_height - 1 ? h / g.stride : g.out_height - 1;
     const index ow_hi = w / g.stride < g.out_width - 1 ? w / g.stride : g.out_width - 1;
-    const T* plane = dy + s * g.out_height * g.out_width;
+    dx[s * g.in_height * g.in_width + i] = gather(dy + s * g.out_height * g.out_width, oh_lo, oh_hi, ow_lo, ow_hi);
+  }
+  // The sum of `plane`'s dy over windows oh_lo..oh_hi x ow_lo..ow_hi, over kernel^2.
+  DISTRIBUTE_HOST_DEVICE T gather(const T* plane, index oh_lo, index oh_hi, index ow_lo, index ow_hi) const {
     double sum = 0;
     for (index oh = oh_lo; oh <= oh_hi; ++oh)
       for (index ow = ow_lo; ow <= ow_hi; ++ow) sum += static_cast<double>(plane[oh * g.out_width + ow]);
-    dx[s * g.in_height * g.in_width + i] = static_cast<T>(sum / static_cast<double>(g.kernel * g.kernel));
+    return static_cast<T>(sum / static_cast<double>(g.kernel * g.kernel));
   }
   void whole_segment(index s) const {
     const T* plane = dy + s * g.out_height * g.out_width;
     T* out = dx + s * g.in_height * g.in_width;
-    const double area = static_cast<double>(g.kernel * g.kernel);
     if (g.stride == g.kernel) {
-      tiles(plane, out, area);
+      tiles(plane, out);
       return;
     }
     pool_window_range rows{g.kernel, g.stride, g.out_height};
     for (index h = 0; h < g.in_height; ++h, rows.next()) {
-      const index oh_lo = rows.lo(), oh_hi = rows.hi();
       pool_window_range cols{g.kernel, g.stride, g.out_width};
-      for (index w = 0; w < g.in_width; ++w, cols.next()) {
-        const index ow_lo = cols.lo(), ow_hi = cols.hi();
-        double sum = 0;
-        for (index oh = oh_lo; oh <= oh_hi; ++oh)
-          for (index ow = ow_lo; ow <= ow_hi; ++ow) sum += static_cast<double>(plane[oh * g.out_width + ow]);
-        out[h * g.in_width + w] = static_cast<T>(sum / area);
-      }
+      for (index w = 0; w < g.in_width; ++w, cols.next())
+        out[h * g.in_width + w] = gather(plane, rows.lo(), rows.hi(), cols.lo(), cols.hi());
     }
   }
-  // Windows that tile the plane (stride = kernel): each input in a window takes that window's
-  // (0 + dy) / area, computed once and copied over the window; inputs no window covers take 0.
-  void tiles(const T* plane, T* out, double area) const {
+  // Windows that tile the plane (stride = kernel): each input in a window takes that window's value,
+  // gathered once and copied over the window; inputs no window covers take 0.
+  void tiles(const T* plane, T* out) const {
     const index k = g.kernel, covered = g.out_width * k;
     for (index oh = 0; oh < g.out_height; ++oh) {
       T* band = out + oh * k * g.in_width;
       for (index ow = 0; ow < g.out_width; ++ow) {
-        double sum = 0;  // as operator() sums: 0 + dy (so that -0 becomes +0 alike)
-        sum += static_cast<double>(plane[oh * g.out_width + ow]);
-        const T v = static_cast<T>(sum / area);
+        const T v = gather(plane, oh, oh, ow, ow);
         for (index kj = 0; kj < k; ++kj) band[ow * k + kj] = v;
       }
       for (index w = covered; w < g.in_width; ++w) band[w] = T(0);
