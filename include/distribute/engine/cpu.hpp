@@ -343,8 +343,7 @@ class engine<cpu> {
   // (fixed_order_sum): the same bits for any thread count.
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
-    detail::record_pass(pass_kind::segmented_sum, detail::plan_segmented_sum(segments, length).work_items(), f);
-    over_segments(segments, length, [&](std::int64_t s) { out[s] = distribute::fixed_order_sum(f, s, length); });
+    segmented_sum(segments, length, f, out, [](std::int64_t, double sum) { return sum; });
   }
   // The same with an epilogue: out[s] = finish(s, the sum), in the same pass (a GPU engine writes it
   // from its reduction, so that per-segment work after a sum needs no launch of its own).

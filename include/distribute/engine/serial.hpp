@@ -47,7 +47,7 @@ struct serial_engine {
   }
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) const {
-    for (std::int64_t s = 0; s < segments; ++s) out[s] = fixed_order_sum(f, s, length);
+    segmented_sum(segments, length, f, out, [](std::int64_t, double sum) { return sum; });
   }
   template <class F, class Finish>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) const {
