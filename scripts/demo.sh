@@ -65,12 +65,13 @@ else
 fi
 [[ -n $classifier_kept ]] || classifier_kept=" (cyclegan_train_cpu compiling beside it)"
 classifier_s=$((SECONDS - classifier_step))
-if ! wait "$trainer_build"; then
-  cat "$trainer_log"
+trainer_status=0
+wait "$trainer_build" || trainer_status=$?
+cat "$trainer_log"
+if ((trainer_status != 0)); then
   echo "demo.sh: building cyclegan_train_cpu failed (above)" >&2
   exit 1
 fi
-cat "$trainer_log"
 build_s=$((SECONDS - step - classifier_s))
 
 step=$SECONDS
