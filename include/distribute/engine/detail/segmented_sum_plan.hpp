@@ -6,13 +6,18 @@
 // 64 planes of 64K values on an H100, where memory bandwidth allows 6 us). Segments longer than
 // `chunk_limit` are cut into equal chunks, each summed by a block of its own, and the chunks' sums
 // of each segment are then summed by a second segmented reduction: two fixed orders, so the bits
-// still do not change from run to run.
+// still do not change from run to run. A sum of few segments (a loss over one image: 24 chunks of
+// the limit; a bias gradient over 3 channels: 3 segments) would still leave most of a large GPU's
+// 132 multiprocessors idle, so it is cut finer, down to `min_chunk` values a block, until it offers
+// `min_blocks` blocks. Sums that already offer that many keep one stage: a second launch costs more
+// than it saves there.
 //
 // A plain header: the CPU engine reports the same work items for the pass (engine/pass_observer.hpp),
 // and tests check the plan without a GPU.
 
 #include <distribute/config.hpp>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace distribute::detail {
@@ -23,6 +28,10 @@ struct segmented_sum_plan {
   // The most values a block sums: 32 a thread, half of what leaves a pass short of one work item
   // per 64 elements (the bound engine/pass_observer.hpp's users check).
   static constexpr std::int64_t chunk_limit = 32 * block_threads;
+  // Blocks a sum should offer (about two for each multiprocessor of an H100 or H200), and the
+  // fewest values a block sums when cut finer to reach them (two a thread).
+  static constexpr std::int64_t min_blocks = 256;
+  static constexpr std::int64_t min_chunk = 2 * block_threads;
 
   std::int64_t segments = 0;
   std::int64_t length = 0;
@@ -40,12 +49,20 @@ constexpr segmented_sum_plan plan_segmented_sum(std::int64_t segments, std::int6
   segmented_sum_plan p;
   p.segments = segments > 0 ? segments : 0;
   p.length = length > 0 ? length : 0;
-  if (p.length <= segmented_sum_plan::chunk_limit) {
+  using plan = segmented_sum_plan;
+  const auto ceil_div = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
+  std::int64_t chunks = ceil_div(p.length, plan::chunk_limit);
+  if (p.segments > 0 && p.segments * chunks < plan::min_blocks) {
+    // Few blocks: as many chunks as reach min_blocks, none shorter than min_chunk.
+    const std::int64_t wanted = ceil_div(plan::min_blocks, p.segments), most = p.length / plan::min_chunk;
+    chunks = std::max(chunks, std::min(wanted, most));
+  }
+  if (chunks <= 1) {
     p.chunk = p.length;
     return p;
   }
-  p.chunks = (p.length + segmented_sum_plan::chunk_limit - 1) / segmented_sum_plan::chunk_limit;
-  p.chunk = (p.length + p.chunks - 1) / p.chunks;  // equal chunks, the last one shorter
+  p.chunks = chunks;
+  p.chunk = ceil_div(p.length, p.chunks);  // equal chunks, the last one shorter
   return p;
 }
 
