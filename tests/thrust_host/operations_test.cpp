@@ -11,6 +11,8 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "segmented_sums.hpp"
+
 #include <distribute/cuda/engine/detail/thrust_for_each.hpp>
 #include <distribute/engine/cpu.hpp>
 #include <distribute/nn/activations.hpp>
@@ -25,12 +27,6 @@
 #include <distribute/nn/spectral_norm.hpp>
 #include <distribute/nn/tape_ops.hpp>
 
-#include <thrust/fill.h>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/discard_iterator.h>
-#include <thrust/iterator/tabulate_output_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
-#include <thrust/reduce.h>
 #include <thrust/system/cpp/execution_policy.h>
 
 #include <algorithm>
@@ -47,11 +43,6 @@ using dist::tensor;
 
 namespace {
 
-struct segment_of {
-  std::int64_t size;
-  std::int64_t operator()(std::int64_t j) const { return j / size; }
-};
-
 // The elementwise engine's passes through Thrust's loops on the host (thrust::cpp::par).
 struct thrust_host_engine {
   template <class F>
@@ -62,33 +53,14 @@ struct thrust_host_engine {
   void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) const {
     dist::detail::for_each_plane_index(thrust::cpp::par, segments, length, f);
   }
+  // The GPU engine's sums, planned as it plans them (segmented_sums.hpp).
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) const {
-    if (segments <= 0) return;
-    if (length <= 0) {
-      thrust::fill_n(thrust::cpp::par, out, segments, 0.0);
-      return;
-    }
-    const thrust::counting_iterator<std::int64_t> first(0);
-    const auto keys = thrust::make_transform_iterator(first, segment_of{length});
-    const auto terms = thrust::make_transform_iterator(first, dist::detail::thrust_loops::plane_term<F>{f, length});
-    thrust::reduce_by_key(thrust::cpp::par, keys, keys + segments * length, terms, thrust::make_discard_iterator(),
-                          out);
+    thrust_host::segmented_sum(segments, length, f, out);
   }
-  // With an epilogue, written through a tabulate output iterator as the GPU engine writes it.
   template <class F, class Finish>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) const {
-    namespace loops = dist::detail::thrust_loops;
-    if (segments <= 0) return;
-    if (length <= 0) {
-      dist::detail::for_each_index(thrust::cpp::par, segments, loops::finish_empty<Finish>{out, finish});
-      return;
-    }
-    const thrust::counting_iterator<std::int64_t> first(0);
-    const auto keys = thrust::make_transform_iterator(first, segment_of{length});
-    const auto terms = thrust::make_transform_iterator(first, loops::plane_term<F>{f, length});
-    thrust::reduce_by_key(thrust::cpp::par, keys, keys + segments * length, terms, thrust::make_discard_iterator(),
-                          thrust::make_tabulate_output_iterator(loops::finish_into<Finish>{out, finish}));
+    thrust_host::segmented_sum(segments, length, f, out, finish);
   }
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {

@@ -13,6 +13,8 @@
 #endif
 #include <boost/test/unit_test.hpp>
 
+#include "segmented_sums.hpp"
+
 #include <distribute/cuda/engine/detail/thrust_for_each.hpp>
 #include <distribute/detail/element_kernels.hpp>
 #include <distribute/nn/activations.hpp>
@@ -31,12 +33,9 @@
 #include <distribute/optim/sgd.hpp>
 #include <distribute/optim/detail/update_kernels.hpp>
 
-#include <thrust/fill.h>
 #include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/discard_iterator.h>
 #include <thrust/iterator/tabulate_output_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
-#include <thrust/reduce.h>
 #include <thrust/system/cpp/execution_policy.h>
 
 #include <algorithm>
@@ -61,43 +60,6 @@ using dist::detail::for_each_index;
 using dist::detail::for_each_plane_index;
 
 namespace {
-
-struct plane_of {
-  std::int64_t size;
-  std::int64_t operator()(std::int64_t j) const { return j / size; }
-};
-
-// out[s] = the sum over i in [0, plane_size) of f(s, i), in double, in index order (a sequential
-// policy): a stand-in for the GPU engine's segmented reduction, to run the functors the way it calls
-// them (term by term, through Thrust's host loops).
-template <class Policy, class F>
-void plane_sums(const Policy& policy, std::int64_t planes, std::int64_t plane_size, F f, double* out) {
-  if (planes <= 0) return;
-  if (plane_size <= 0) {
-    thrust::fill_n(policy, out, planes, 0.0);
-    return;
-  }
-  const thrust::counting_iterator<std::int64_t> first(0);
-  const auto keys = thrust::make_transform_iterator(first, plane_of{plane_size});
-  const auto values = thrust::make_transform_iterator(first, dist::detail::thrust_loops::plane_term<F>{f, plane_size});
-  thrust::reduce_by_key(policy, keys, keys + planes * plane_size, values, thrust::make_discard_iterator(), out);
-}
-// The same with the engines' epilogue: out[s] = finish(s, the sum), written through a tabulate
-// output iterator by the reduction, as the GPU engine's segmented_sum writes it.
-template <class Policy, class F, class Finish>
-void plane_sums(const Policy& policy, std::int64_t planes, std::int64_t plane_size, F f, double* out, Finish finish) {
-  namespace loops = dist::detail::thrust_loops;
-  if (planes <= 0) return;
-  if (plane_size <= 0) {
-    dist::detail::for_each_index(policy, planes, loops::finish_empty<Finish>{out, finish});
-    return;
-  }
-  const thrust::counting_iterator<std::int64_t> first(0);
-  const auto keys = thrust::make_transform_iterator(first, plane_of{plane_size});
-  const auto values = thrust::make_transform_iterator(first, loops::plane_term<F>{f, plane_size});
-  thrust::reduce_by_key(policy, keys, keys + planes * plane_size, values, thrust::make_discard_iterator(),
-                        thrust::make_tabulate_output_iterator(loops::finish_into<Finish>{out, finish}));
-}
 
 constexpr double tolerance = 1e-6;  // relative, per element
 const auto& par = thrust::cpp::par;
@@ -146,9 +108,10 @@ struct plane_moments {
 plane_moments moments_of(const tensor<float>& x, std::int64_t planes, std::int64_t plane) {
   plane_moments m{std::vector<double>(static_cast<std::size_t>(planes)),
                   std::vector<double>(static_cast<std::size_t>(planes))};
-  plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, m.mean.data());
+  thrust_host::segmented_sum(planes, plane, kernels::value_of<float>{x.data(), plane}, m.mean.data());
   for (auto& v : m.mean) v /= static_cast<double>(plane);
-  plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), m.mean.data(), plane}, m.m2.data());
+  thrust_host::segmented_sum(planes, plane, kernels::squared_deviation<float>{x.data(), m.mean.data(), plane},
+                             m.m2.data());
   return m;
 }
 
@@ -156,8 +119,9 @@ plane_moments moments_of(const tensor<float>& x, std::int64_t planes, std::int64
 std::vector<double> gradient_sums_of(const tensor<float>& dy, const std::vector<float>& xhat, std::int64_t planes,
                                      std::int64_t plane) {
   std::vector<double> sums(2 * static_cast<std::size_t>(planes));
-  plane_sums(par, planes, plane, kernels::value_of<float>{dy.data(), plane}, sums.data());
-  plane_sums(par, planes, plane, kernels::product_of<float>{dy.data(), xhat.data(), plane}, sums.data() + planes);
+  thrust_host::segmented_sum(planes, plane, kernels::value_of<float>{dy.data(), plane}, sums.data());
+  thrust_host::segmented_sum(planes, plane, kernels::product_of<float>{dy.data(), xhat.data(), plane},
+                             sums.data() + planes);
   return sums;
 }
 
@@ -193,10 +157,10 @@ nn::loss_result<float> per_example_loss(const tensor<float>& pred, const tensor<
   const std::int64_t n = pred.shape()[0], per = size_of(pred) / n;
   nn::loss_result<float> out{0.0f, tensor<float>{pred.shape()}};
   std::vector<double> sums(static_cast<std::size_t>(n));
-  plane_sums(par, n, per,
-             Kernel<float>{pred.data(), target.data(), out.grad.data(),
-                           1.0 / (static_cast<double>(per) * static_cast<double>(global)), per},
-             sums.data());
+  thrust_host::segmented_sum(n, per,
+                             Kernel<float>{pred.data(), target.data(), out.grad.data(),
+                                           1.0 / (static_cast<double>(per) * static_cast<double>(global)), per},
+                             sums.data());
   std::vector<float> losses(sums.size());
   for (std::size_t i = 0; i < sums.size(); ++i) losses[i] = static_cast<float>(sums[i] / static_cast<double>(per));
   out.value = nn::compute_average_loss(losses, global);
@@ -452,7 +416,7 @@ BOOST_AUTO_TEST_CASE(channel_bias_matches_conv_transpose2d) {
     if (seed != 11u) layer.forward(r, x);  // each backward has a forward of its own
     layer.backward(r, dy, nn::no_input_gradient);
     std::vector<double> sums(static_cast<std::size_t>(planes));
-    plane_sums(par, planes, plane, kernels::value_of<float>{dy.data(), plane}, sums.data());
+    thrust_host::segmented_sum(planes, plane, kernels::value_of<float>{dy.data(), plane}, sums.data());
     std::vector<float> db(static_cast<std::size_t>(C));
     for (std::int64_t c = 0; c < C; ++c) {
       double acc = 0;  // in example order, as the layer adds
@@ -465,6 +429,63 @@ BOOST_AUTO_TEST_CASE(channel_bias_matches_conv_transpose2d) {
     std::vector<float> totals(static_cast<std::size_t>(C), 0.0f);
     for_each_index(par, C, kernels::add_channel_totals<float>{sums.data(), totals.data(), out.n(), C});
     check_close("conv_transpose2d add_channel_totals after dy " + std::to_string(seed), totals, db);
+  }
+}
+
+// A convolution's bias gradient as the GPU engine's cuDNN path computes it
+// (cuda/engine/detail/cudnn_conv.cuh): channel_term's per-channel sums of dy in double, cut into
+// chunks as the engine's sums are, added to db by add_sum_to in the last stage. Checked over two
+// backward passes against: the channels' sums in double taken directly (within double rounding of
+// the sum's length), the epilogue's += (bit for bit), and conv2d's own gradient, which oneDNN sums
+// in float (within the bound of a float sum of that length: length * 2^-24 * the sum of |dy|). One
+// geometry of short channels (one stage) and one whose 3 channels of 2 x 96 x 96 values are cut into
+// chunks (two stages).
+BOOST_AUTO_TEST_CASE(channel_sums_match_the_conv2d_bias_gradient) {
+  namespace loops = dist::detail::thrust_loops;
+  auto r = nn::local();
+  for (const shape s : {shape::nchw(3, 2, 5, 7), shape::nchw(2, 4, 96, 96)}) {
+    nn::conv2d<float> layer{{.in_channels = s.c(), .out_channels = 3, .kernel = 3, .padding = 1}, 15};
+    const auto x = random_tensor(s, 16);
+    const shape out = layer.forward(r, x).shape();
+    const std::int64_t C = out.c(), plane = out.h() * out.w(), length = out.n() * plane;
+    BOOST_TEST_MESSAGE(out.to_string() << ": " << dist::detail::plan_segmented_sum(C, length).chunks
+                                       << " chunks per channel");
+    layer.zero_grad();
+    std::vector<float> db(static_cast<std::size_t>(C), 0.0f), expected_db = db;
+    std::vector<double> float_bound(static_cast<std::size_t>(C), 0.0);
+    for (const std::uint32_t seed : {17u, 18u}) {
+      const auto dy = random_tensor(out, seed);
+      if (seed != 17u) layer.forward(r, x);
+      layer.backward(r, dy, nn::no_input_gradient);
+      const auto terms = thrust::make_transform_iterator(thrust::counting_iterator<std::int64_t>(0),
+                                                         loops::channel_term<float>{dy.data(), out.n(), C, plane});
+      std::vector<double> sums(static_cast<std::size_t>(C));
+      thrust_host::planned_sum(C, length, terms, sums.data());
+      thrust_host::planned_sum(C, length, terms,
+                               thrust::make_tabulate_output_iterator(loops::add_sum_to<float>{db.data()}));
+      for (std::int64_t c = 0; c < C; ++c) {
+        const auto k = static_cast<std::size_t>(c);
+        double direct = 0, magnitude = 0;
+        for (std::int64_t n = 0; n < out.n(); ++n)
+          for (std::int64_t i = 0; i < plane; ++i) {
+            const double v = dy.data()[(n * C + c) * plane + i];
+            direct += v;
+            magnitude += std::abs(v);
+          }
+        BOOST_TEST(std::abs(sums[k] - direct) <= static_cast<double>(length) * 0x1p-52 * magnitude,
+                   "channel " << c << ": planned sum " << sums[k] << " against " << direct);
+        expected_db[k] += static_cast<float>(sums[k]);
+        float_bound[k] += static_cast<double>(length + 1) * 0x1p-24 * magnitude;
+      }
+    }
+    for (std::int64_t c = 0; c < C; ++c) {
+      const auto k = static_cast<std::size_t>(c);
+      const float layer_db = layer.bias().grad.values()[k];
+      BOOST_TEST(db[k] == expected_db[k], "channel " << c << ": the epilogue's += gave " << db[k]);
+      BOOST_TEST(std::abs(static_cast<double>(db[k]) - layer_db) <= float_bound[k],
+                 out.to_string() << " channel " << c << ": " << db[k] << " against the layer's " << layer_db
+                                 << " (bound " << float_bound[k] << ")");
+    }
   }
 }
 
@@ -489,7 +510,7 @@ BOOST_AUTO_TEST_CASE(row_bias_matches_linear) {
     if (seed != 15u) layer.forward(r, x);  // each backward has a forward of its own
     layer.backward(r, dy, nn::no_input_gradient);
     std::vector<double> sums(static_cast<std::size_t>(out));
-    plane_sums(par, out, n, kernels::column_of<float>{dy.data(), out}, sums.data());
+    thrust_host::segmented_sum(out, n, kernels::column_of<float>{dy.data(), out}, sums.data());
     for_each_index(par, out, kernels::add_sums<float>{grad.data(), sums.data()});
     check_close("linear bias gradient after dy " + std::to_string(seed), grad, layer.bias().grad.values());
   }
@@ -540,10 +561,11 @@ BOOST_AUTO_TEST_CASE(instance_norm_matches_the_layer) {
       // The same statistics and coefficients as the layer computes them, in device passes: the
       // host's bits.
       std::vector<double> stats(2 * up);
-      plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data(),
-                 kernels::divide_by{static_cast<double>(plane)});
-      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane},
-                 stats.data() + planes, kernels::inverse_std_of_squares<>{static_cast<double>(plane), eps});
+      thrust_host::segmented_sum(planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data(),
+                                 kernels::divide_by{static_cast<double>(plane)});
+      thrust_host::segmented_sum(planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane},
+                                 stats.data() + planes,
+                                 kernels::inverse_std_of_squares<>{static_cast<double>(plane), eps});
       BOOST_TEST((std::vector<double>(stats.begin(), stats.begin() + planes) == m.mean), "means" << at);
       BOOST_TEST((std::vector<double>(stats.begin() + planes, stats.end()) == invstd), "inverse deviations" << at);
       // The coefficients as the second gradient sum's epilogue (here on the host's sums): the host's bits,
@@ -611,13 +633,13 @@ BOOST_AUTO_TEST_CASE(fused_instance_norm_passes_match_the_sequential) {
       std::vector<float> affine_terms(2 * up);
       const float* scale = affine_terms.data();
       const float* shift = scale + planes;
-      plane_sums(par, planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data(),
-                 kernels::divide_by{static_cast<double>(plane)});
-      plane_sums(par, planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane},
-                 stats.data() + planes,
-                 kernels::inverse_std_of_squares<kernels::plane_affine<float>>{
-                     static_cast<double>(plane), eps,
-                     kernels::plane_affine<float>{gamma, beta, affine_terms.data(), affine_terms.data() + planes, C}});
+      thrust_host::segmented_sum(planes, plane, kernels::value_of<float>{x.data(), plane}, stats.data(),
+                                 kernels::divide_by{static_cast<double>(plane)});
+      thrust_host::segmented_sum(
+          planes, plane, kernels::squared_deviation<float>{x.data(), stats.data(), plane}, stats.data() + planes,
+          kernels::inverse_std_of_squares<kernels::plane_affine<float>>{
+              static_cast<double>(plane), eps,
+              kernels::plane_affine<float>{gamma, beta, affine_terms.data(), affine_terms.data() + planes, C}});
       std::vector<float> y(x.size()), xhat(x.size());
       for_each_plane_index(
           par, planes, plane,
@@ -626,11 +648,11 @@ BOOST_AUTO_TEST_CASE(fused_instance_norm_passes_match_the_sequential) {
       const kernels::plane_norm_terms<float> t{xhat.data(), scale, shift, plane};
       std::vector<double> sums(2 * up);
       std::vector<float> coef(3 * up), dx(x.size());
-      plane_sums(par, planes, plane, kernels::plane_norm_gradient<float, true>{t, dy.data()}, sums.data());
-      plane_sums(par, planes, plane, kernels::plane_norm_gradient_times_xhat<float, true>{t, dy.data()},
-                 sums.data() + planes,
-                 kernels::plane_gradient_coefficients<float>{gamma, stats.data() + planes, sums.data(), coef.data(), C,
-                                                             static_cast<double>(plane)});
+      thrust_host::segmented_sum(planes, plane, kernels::plane_norm_gradient<float, true>{t, dy.data()}, sums.data());
+      thrust_host::segmented_sum(
+          planes, plane, kernels::plane_norm_gradient_times_xhat<float, true>{t, dy.data()}, sums.data() + planes,
+          kernels::plane_gradient_coefficients<float>{gamma, stats.data() + planes, sums.data(), coef.data(), C,
+                                                      static_cast<double>(plane)});
       for_each_plane_index(par, planes, plane,
                            kernels::plane_norm_input_gradient<float, true>{t, dy.data(), coef.data(), dx.data()});
       const std::string at = std::string(affine ? " affine " : " ") + s.to_string();
@@ -757,7 +779,7 @@ BOOST_AUTO_TEST_CASE(softmax_cross_entropy_and_accuracy_match) {
   std::vector<double> shift(static_cast<std::size_t>(n)), denominator(shift.size()), values(shift.size());
   nn::loss_result<float> thrust{0.0f, tensor<float>{logits.shape()}};
   for_each_index(par, n, kernels::row_max<float>{logits.data(), shift.data(), k});
-  plane_sums(par, n, k, kernels::shifted_exp<float>{logits.data(), shift.data(), k}, denominator.data());
+  thrust_host::segmented_sum(n, k, kernels::shifted_exp<float>{logits.data(), shift.data(), k}, denominator.data());
   for_each_index(par, n,
                  kernels::softmax_cross_entropy_value<float>{logits.data(), labels.data(), shift.data(),
                                                              denominator.data(), values.data(), k});

@@ -33,6 +33,7 @@
 #include <distribute/cuda/device/cuda.cuh>
 #include <distribute/cuda/device/graph.cuh>
 #include <distribute/cuda/device/half_conversions.cuh>
+#include <distribute/cuda/engine/detail/segmented_reduce.cuh>
 #include <distribute/cuda/engine/detail/thrust_for_each.hpp>
 #include <distribute/cuda/tensor/tensor.cuh>
 #include <distribute/engine/conv_geometry.hpp>
@@ -51,7 +52,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <cub/device/device_segmented_reduce.cuh>
 #include <thrust/execution_policy.h>
 #include <thrust/fill.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -269,8 +269,8 @@ class engine<cuda> {
   // (one block a segment, a fixed order: the same bits run to run), queued without waiting for the
   // device: Thrust's reduce_by_key reads its segment count back to the host, which waits for the
   // stream and cannot be captured into a CUDA graph. Long segments are cut into chunks summed by
-  // blocks of their own, then the chunks' sums by a second reduction (detail/segmented_sum_plan.hpp).
-  // Scratch comes from the stream's pool.
+  // blocks of their own, then the chunks' sums by a second reduction (detail/segmented_sum_plan.hpp,
+  // detail/segmented_reduce.cuh). Scratch comes from the stream's pool.
   template <class F>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out) {
     segmented_sum(segments, length, f, out, no_finish{});
@@ -296,21 +296,8 @@ class engine<cuda> {
       else return thrust::make_tabulate_output_iterator(detail::thrust_loops::finish_into<Finish>{out, finish});
     }();
     const auto values = thrust::make_transform_iterator(first, detail::thrust_loops::plane_term<F>{f, length});
-    if (!plan.two_stage()) {
-      const auto starts = thrust::make_transform_iterator(first, detail::thrust_loops::plane_start{length});
-      segmented_reduce(values, results, segments, starts, starts + 1);
-      return;
-    }
-    const auto chunk_starts =
-        thrust::make_transform_iterator(first, detail::chunk_start{plan.length, plan.chunks, plan.chunk});
-    const auto chunk_ends =
-        thrust::make_transform_iterator(first, detail::chunk_end{plan.length, plan.chunks, plan.chunk});
-    const detail::device_allocation partial(device_.index(), static_cast<std::size_t>(plan.blocks()) * sizeof(double),
-                                            stream());
-    double* sums = static_cast<double*>(partial.get());
-    segmented_reduce(values, sums, plan.blocks(), chunk_starts, chunk_ends);
-    const auto starts = thrust::make_transform_iterator(first, detail::thrust_loops::plane_start{plan.chunks});
-    segmented_reduce(static_cast<const double*>(sums), results, segments, starts, starts + 1);
+    detail::planned_segmented_sum(device_.index(), stream(), segments, length, values, results);
+    check_launch("segmented_sum");
   }
   // Small results (statistics, loss values) copied from device memory to the host, waiting for them.
   template <class T>
@@ -357,19 +344,6 @@ class engine<cuda> {
 
   // No epilogue: segmented_sum writes the sums themselves.
   struct no_finish {};
-
-  // out[k] = the sum of values[begins[k], ends[k]), k in [0, segments): CUB's, on the stream.
-  template <class Values, class Out, class Begins, class Ends>
-  void segmented_reduce(Values values, Out out, std::int64_t segments, Begins begins, Ends ends) {
-    std::size_t bytes = 0;
-    detail::cuda_check(cub::DeviceSegmentedReduce::Sum(nullptr, bytes, values, out, segments, begins, ends, stream()),
-                       "cub::DeviceSegmentedReduce::Sum (sizing)", device_.index());
-    const detail::device_allocation scratch(device_.index(), bytes, stream());
-    detail::cuda_check(
-        cub::DeviceSegmentedReduce::Sum(scratch.get(), bytes, values, out, segments, begins, ends, stream()),
-        "cub::DeviceSegmentedReduce::Sum", device_.index());
-    check_launch("segmented_sum");
-  }
 
   void check_launch(const char* what) const {
     const cudaError_t rc = cudaPeekAtLastError();

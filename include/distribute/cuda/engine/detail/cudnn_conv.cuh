@@ -29,9 +29,11 @@
 //                     runtime-fusion engine for a float32 weight gradient with an epilogue, which
 //                     cuDNN does not promise, and would read and write dw in one graph, which the
 //                     graph API does not promise to allow either. The bias gradient (db += the sum of
-//                     dy per output channel) is a kernel too: one block per channel in a fixed order,
-//                     so the bits are the same from run to run, with the += in the same pass; a cuDNN
-//                     reduction graph would need a second graph or kernel for the add.
+//                     dy per output channel) is CUB's segmented reduction, in double, cut into chunks
+//                     as the engine's sums are (segmented_reduce.cuh), so that a layer of 3 output
+//                     channels is not 3 blocks; fixed orders, so the bits are the same from run to
+//                     run, with the += in the last stage's epilogue. A cuDNN reduction graph would
+//                     need a second graph or kernel for the add.
 //
 // Plans are cached in the object, one per (geometry, pass, bias or not, pointer alignment, precision):
 // a graph is built once (validate, build_operation_graph, create_execution_plans with heuristics
@@ -97,6 +99,8 @@
 #if DISTRIBUTE_HAS_CUDNN
 
 #  include <distribute/cuda/device/cuda.cuh>
+#  include <distribute/cuda/engine/detail/segmented_reduce.cuh>
+#  include <distribute/cuda/engine/detail/thrust_for_each.hpp>
 #  include <distribute/cuda/tensor/tensor.cuh>
 #  include <distribute/engine/conv_geometry.hpp>
 #  include <distribute/engine/detail/conv_engine_filter.hpp>
@@ -107,6 +111,9 @@
 #  include <cuda_runtime.h>
 #  include <cudnn.h>
 #  include <cudnn_frontend.h>
+#  include <thrust/iterator/counting_iterator.h>
+#  include <thrust/iterator/tabulate_output_iterator.h>
+#  include <thrust/iterator/transform_iterator.h>
 #  include <thrust/system/cuda/execution_policy.h>
 #  include <thrust/transform.h>
 
@@ -159,28 +166,6 @@ template <class H>
 struct add_widened {
   __host__ __device__ float operator()(float a, H b) const { return a + distribute::detail::widen_from<H>{}(b); }
 };
-
-// db[c] += the sum of dy's channel c over the batch and the plane: block c, each thread summing a
-// fixed stride of the elements, then a tree over the threads. The order never changes, so neither
-// do the bits.
-template <class T>
-__global__ void __launch_bounds__(threads)
-    add_channel_sums(T* db, const T* dy, std::int64_t batch, std::int64_t channels, std::int64_t plane) {
-  __shared__ T partial[threads];
-  const std::int64_t c = blockIdx.x;
-  T s = T(0);
-  for (std::int64_t n = 0; n < batch; ++n) {
-    const T* row = dy + (n * channels + c) * plane;
-    for (std::int64_t i = threadIdx.x; i < plane; i += threads) s += row[i];
-  }
-  partial[threadIdx.x] = s;
-  __syncthreads();
-  for (int half = threads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) db[c] += partial[0];
-}
 
 }  // namespace cudnn_conv_kernels
 
@@ -319,11 +304,13 @@ class cudnn_convolutions {
               dw, static_cast<const float*>(scratch), n);
       check_launch(pass::backward_weights, g, "the kernel adding the weight gradient");
     }
-    if (db != nullptr) {
-      cudnn_conv_kernels::add_channel_sums<float>
-          <<<static_cast<unsigned int>(g.out_channels), cudnn_conv_kernels::threads, 0, stream_>>>(
-              db, dy, g.batch, g.out_channels, g.out_height * g.out_width);
-      check_launch(pass::backward_weights, g, "the bias gradient kernel");
+    if (const std::int64_t plane = g.out_height * g.out_width; db != nullptr && g.batch * plane > 0) {
+      const auto terms =
+          thrust::make_transform_iterator(thrust::counting_iterator<std::int64_t>(0),
+                                          thrust_loops::channel_term<float>{dy, g.batch, g.out_channels, plane});
+      planned_segmented_sum(ordinal_, stream_, g.out_channels, g.batch * plane, terms,
+                            thrust::make_tabulate_output_iterator(thrust_loops::add_sum_to<float>{db}));
+      check_launch(pass::backward_weights, g, "the bias gradient's sums");
     }
   }
 
@@ -404,9 +391,8 @@ class cudnn_convolutions {
     std::int64_t tuned_from = 0;
     bool tune_pending = false;  // every engine the filter left was built, to be timed at the first eager run
     // cuDNN's first choice among all engines, timed against the deterministic one at the first
-    // eager run (conv_engine_filter::slowdown), then dropped or taken.
+    // eager run (compute_options::deterministic_conv_slowdown), then dropped or taken.
     std::unique_ptr<plan> rival;
-    double slowdown = 0;
     std::string nondeterministic_because;  // the rival was taken: why
   };
   using plan_key = std::array<std::int64_t, 14>;
@@ -542,7 +528,6 @@ class cudnn_convolutions {
     if (filter.slowdown > 0) {
       try {
         made->rival = build_within_limit(p, g, fuse_bias, aligned16, precision, filter.rival());
-        made->slowdown = filter.slowdown;
       } catch (const std::runtime_error&) {
         made->rival.reset();
       }
@@ -694,14 +679,20 @@ class cudnn_convolutions {
   void execute(pass ps, const conv_geometry& g, plan& p, std::unordered_map<std::int64_t, void*>& pack,
                std::size_t scratch_bytes, void** scratch = nullptr) {
     if (p.tune_pending && !stream_capturing(stream_)) tune(ps, g, p, pack, scratch_bytes);
-    const std::size_t offset = scratch_offset(p.workspace);
-    char* base = workspace(ps, g, scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(p.workspace));
-    if (scratch != nullptr) {
-      *scratch = base + offset;
-      pack[uid_w] = *scratch;
-    }
+    char* base = bind_workspace(ps, g, p, pack, scratch_bytes);
+    if (scratch != nullptr) *scratch = base + scratch_offset(p.workspace);
     step(ps, g, p.unfused_because.empty() ? "execute" : "execute (the bias unfused)",
          [&] { return p.graph->execute(handle_, pack, p.workspace > 0 ? static_cast<void*>(base) : nullptr); });
+  }
+
+  // The workspace for plan `q`, with `scratch_bytes` of scratch behind cuDNN's bytes where asked for
+  // (the pack's weight gradient then points at it): where the workspace starts.
+  char* bind_workspace(pass ps, const conv_geometry& g, const plan& q, std::unordered_map<std::int64_t, void*>& pack,
+                       std::size_t scratch_bytes) {
+    const std::size_t offset = scratch_offset(q.workspace);
+    char* base = workspace(ps, g, scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(q.workspace));
+    if (scratch_bytes > 0) pack[uid_w] = base + offset;
+    return base;
   }
 
   // The workspace, grown to `need` bytes where it is smaller (a scratch_buffer: one a CUDA graph
@@ -744,14 +735,16 @@ class cudnn_convolutions {
     } catch (const std::runtime_error&) {
       return;
     }
-    if (keeps_deterministic(mine, theirs, p.slowdown)) return;
+    // A rival exists only where the slowdown is finite and above 0 (conv_engine_filter_for).
+    const double slowdown = options_.deterministic_conv_slowdown;
+    if (keeps_deterministic(mine, theirs, slowdown)) return;
     p.graph = std::move(rival->graph);
     p.workspace = rival->workspace;
     p.over_workspace_limit_because = rival->over_workspace_limit_because;
     p.nondeterministic_because = "cuDNN conv " + std::string(name(ps)) + " " + g.to_string() +
                                  " on cuda:" + std::to_string(ordinal_) + ": the fastest deterministic engine took " +
                                  short_ms(mine) + ", cuDNN's first choice " + short_ms(theirs) + " (more than " +
-                                 short_number(p.slowdown) +
+                                 short_number(slowdown) +
                                  " times as long): it computes with cuDNN's choice, which may not be deterministic "
                                  "(compute_options::deterministic_conv_slowdown)";
     std::fprintf(stderr, "distribute: %s\n", p.nondeterministic_because.c_str());
@@ -768,9 +761,7 @@ class cudnn_convolutions {
   // faster than the best so far, at most 100. Not inside a capture (the caller checks).
   double time_plan(pass ps, const conv_geometry& g, plan& q, std::unordered_map<std::int64_t, void*>& pack,
                    std::size_t scratch_bytes) {
-    const std::size_t offset = scratch_offset(q.workspace);
-    char* base = workspace(ps, g, scratch_bytes > 0 ? offset + scratch_bytes : static_cast<std::size_t>(q.workspace));
-    if (scratch_bytes > 0) pack[uid_w] = base + offset;
+    char* base = bind_workspace(ps, g, q, pack, scratch_bytes);
     void* space = q.workspace > 0 ? static_cast<void*>(base) : nullptr;
     struct events {
       cudaEvent_t start = nullptr, stop = nullptr;

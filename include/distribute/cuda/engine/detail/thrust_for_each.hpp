@@ -66,6 +66,24 @@ struct finish_empty {
   Finish finish;
   DISTRIBUTE_HOST_DEVICE void operator()(index s) const { out[s] = finish(s, 0.0); }
 };
+// Channel s of an NCHW tensor x (`batch` examples of `channels` planes of `plane` values) as
+// segment s of batch * plane values, over the flat index j = s * (batch * plane) + n * plane + p: the
+// terms of a bias gradient's sums (cuda/engine/detail/cudnn_conv.cuh), in double.
+template <class T>
+struct channel_term {
+  const T* x;
+  index batch, channels, plane;
+  DISTRIBUTE_HOST_DEVICE double operator()(index j) const {
+    const index length = batch * plane, s = j / length, i = j - s * length, n = i / plane;
+    return static_cast<double>(x[(n * channels + s) * plane + (i - n * plane)]);
+  }
+};
+// An epilogue that adds each segment's sum to an existing value: to[s] += sum (a gradient added to).
+template <class T>
+struct add_sum_to {
+  T* to;
+  DISTRIBUTE_HOST_DEVICE void operator()(index s, double sum) const { to[s] += static_cast<T>(sum); }
+};
 
 }  // namespace distribute::detail::thrust_loops
 
