@@ -356,6 +356,7 @@ class engine<cpu> {
   // Small results (statistics, loss values) where the host reads them: a copy on the CPU.
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {
+    detail::record_host_read(n * sizeof(T));
     std::copy(src, src + n, dst);
   }
 

@@ -17,6 +17,11 @@
 //                                       (engine/detail/segmented_sum_plan.hpp)
 // Tests and tools install an observer (observe_passes) to check that no pass over a large tensor
 // offers few work items; the functor's bytes let them see what it points into.
+//
+// Engines also report each read of device values on the host (an engine's to_host, the library's
+// host copies of a tensor): on a GPU the host waits for the replica's stream there, which a CUDA
+// graph's capture cannot hold (cuda/nn/graphed.cuh), so a tool can see on the CPU where a step would
+// stop a graph. Code that reads a CPU tensor's values directly is not seen.
 
 #include <atomic>
 #include <cstddef>
@@ -41,6 +46,8 @@ struct pass_record {
 class pass_observer {
  public:
   virtual void on_pass(const pass_record& pass) = 0;
+  // A read of `bytes` of device values on the host.
+  virtual void on_host_read(std::size_t /*bytes*/) {}
 
  protected:
   ~pass_observer() = default;
@@ -63,6 +70,10 @@ template <class F>
 void record_pass(pass_kind kind, std::int64_t work_items, const F& f) {
   if (pass_observer* o = installed_pass_observer.load(std::memory_order_acquire))
     o->on_pass(pass_record{kind, work_items, functor_name<F>(), &f, sizeof(F)});
+}
+
+inline void record_host_read(std::size_t bytes) {
+  if (pass_observer* o = installed_pass_observer.load(std::memory_order_acquire)) o->on_host_read(bytes);
 }
 }  // namespace detail
 

@@ -302,6 +302,7 @@ class engine<cuda> {
   // Small results (statistics, loss values) copied from device memory to the host, waiting for them.
   template <class T>
   void to_host(const T* src, std::size_t n, T* dst) const {
+    detail::record_host_read(n * sizeof(T));
     if (n == 0) return;
     detail::refuse_while_capturing(stream(), device_.index(),
                                    "reading device values on the host (engine<cuda>::to_host)");

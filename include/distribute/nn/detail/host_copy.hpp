@@ -4,6 +4,7 @@
 // copies its type offers (copy_to_host, copy_from_host).
 
 #include <distribute/device/cpu.hpp>
+#include <distribute/engine/pass_observer.hpp>
 #include <distribute/tensor/tensor.hpp>
 
 #include <cstring>
@@ -15,6 +16,7 @@ namespace distribute::nn::detail {
 
 template <class T, class D>
 std::vector<T> host_copy(const tensor<T, D>& t) {
+  distribute::detail::record_host_read(t.size() * sizeof(T));
   if constexpr (std::is_same_v<D, cpu>) {
     return std::vector<T>(t.values().begin(), t.values().end());
   } else {
