@@ -14,6 +14,7 @@
 //   conditional_gan [--steps N] [--minutes M] [--batch B] [--g-lr LR] [--d-lr LR] [--r1 GAMMA] ...
 //   (--help lists them all)
 #include "../common/fmnist_classifier.hpp"
+#include "../common/gan_checkpoint.hpp"
 #include "../cyclegan/export.hpp"
 #include "../cyclegan/flags.hpp"
 
@@ -36,7 +37,6 @@
 #include <optional>
 #include <random>
 #include <span>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -351,40 +351,15 @@ int train(S& strategy, const options& o) {
   // SIGINT or SIGUSR1 stop the run after the step they land in, with a checkpoint of it. What a
   // restart needs: the networks (with spectral norm's u and v, batch norm's running statistics), their
   // optimisers, the data's and noise's random engine, the time spent.
+  const examples::gan_checkpoint state{strategy, gens, discs, g_opts, d_opts, rng, elapsed, before};
   std::optional<dist::preemption_checkpoint<S>> preemption;
   if (!o.checkpoint_dir.empty()) {
     if (!o.resume && dist::checkpoint::directory(o.checkpoint_dir).load_latest())
       throw std::invalid_argument("--checkpoint-dir " + o.checkpoint_dir.string() +
                                   " holds checkpoints of an earlier run: add --resume to continue it, or give "
                                   "another directory");
-    preemption.emplace(
-        strategy, o.checkpoint_dir,
-        [&](dist::checkpoint::archive& a) {
-          a.put_model("generator", gens[0]);
-          a.put_model("discriminator", discs[0]);
-          a.put_state("generator_adam", g_opts[0]);
-          a.put_state("discriminator_adam", d_opts[0]);
-          std::ostringstream engine;
-          engine << rng;
-          const std::string text = engine.str();
-          a.put_bytes("rng", std::as_bytes(std::span(text)));
-          a.put("seconds", elapsed());
-        },
-        [&](const dist::checkpoint::archive& a) {
-          a.get_model("generator", gens[0]);
-          a.get_model("discriminator", discs[0]);
-          a.get_state("generator_adam", g_opts[0]);
-          a.get_state("discriminator_adam", d_opts[0]);
-          strategy.broadcast(gens, 0);
-          strategy.broadcast(discs, 0);
-          strategy.broadcast(g_opts, 0);
-          strategy.broadcast(d_opts, 0);
-          const auto text = a.bytes("rng");
-          std::istringstream engine(std::string(reinterpret_cast<const char*>(text.data()), text.size()));
-          engine >> rng;
-          before = a.get<double>("seconds");
-        },
-        dist::preemption_options{.save_every = o.checkpoint_every});
+    preemption.emplace(strategy, o.checkpoint_dir, state.saver(), state.restorer(),
+                       dist::preemption_options{.save_every = o.checkpoint_every});
     if (preemption->resumed()) {
       step = preemption->first_step();
       std::printf("resumed from %s at step %lld (%.1f s trained)\n", preemption->restored_from()->string().c_str(),

@@ -11,6 +11,8 @@
 //
 //   pix2pix [--steps N] [--minutes M] [--batch B] [--channels C] [--lr LR] [--d-lr LR] [--l1-weight W]
 //           [--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR]
+#include "../common/gan_checkpoint.hpp"
+
 #include <distribute/distribute.hpp>
 #include <distribute/nn.hpp>
 #include <distribute/nn/tape.hpp>
@@ -26,7 +28,6 @@
 #include <optional>
 #include <random>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -193,35 +194,9 @@ int train(S& strategy, const options& o) {
   // With --checkpoint-dir: the run continues from the latest checkpoint there, and SIGTERM, SIGINT
   // (Ctrl-C) or SIGUSR1 stop it after the step they land in, with a checkpoint of it. What a restart
   // needs: the networks, their optimisers, the data's random engine, the time spent.
+  const examples::gan_checkpoint state{strategy, gens, discs, g_opts, d_opts, rng, elapsed, before};
   std::optional<dist::preemption_checkpoint<S>> preemption;
-  if (!o.checkpoint_dir.empty())
-    preemption.emplace(
-        strategy, o.checkpoint_dir,
-        [&](dist::checkpoint::archive& a) {
-          a.put_model("generator", gens[0]);
-          a.put_model("discriminator", discs[0]);
-          a.put_state("generator_adam", g_opts[0]);
-          a.put_state("discriminator_adam", d_opts[0]);
-          std::ostringstream engine;
-          engine << rng;
-          const std::string text = engine.str();
-          a.put_bytes("rng", std::as_bytes(std::span(text)));
-          a.put("seconds", elapsed());
-        },
-        [&](const dist::checkpoint::archive& a) {
-          a.get_model("generator", gens[0]);
-          a.get_model("discriminator", discs[0]);
-          a.get_state("generator_adam", g_opts[0]);
-          a.get_state("discriminator_adam", d_opts[0]);
-          strategy.broadcast(gens, 0);
-          strategy.broadcast(discs, 0);
-          strategy.broadcast(g_opts, 0);
-          strategy.broadcast(d_opts, 0);
-          const auto text = a.bytes("rng");
-          std::istringstream engine(std::string(reinterpret_cast<const char*>(text.data()), text.size()));
-          engine >> rng;
-          before = a.get<double>("seconds");
-        });
+  if (!o.checkpoint_dir.empty()) preemption.emplace(strategy, o.checkpoint_dir, state.saver(), state.restorer());
   if (preemption && preemption->resumed()) {
     step = static_cast<int>(preemption->first_step());
     std::printf("resumed from %s at step %d (%.1f s trained)\n", preemption->restored_from()->string().c_str(), step,
