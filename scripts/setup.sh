@@ -418,7 +418,14 @@ PY
   fi
 }
 install_onednn() {
-  [[ ${DISTRIBUTE_ONEDNN:-} == 3 ]] || return 0
+  if [[ ${DISTRIBUTE_ONEDNN:-} != 3 ]]; then
+    # On AMX, oneDNN 3's bfloat16 kernels can beat 2.6.3's (docs/benchmarks.md): say how to find out.
+    if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
+      echo "setup.sh: $purpose: this CPU has AMX, where oneDNN 3 ran the bfloat16 CycleGAN step 1.76x faster than" \
+        "Debian's 2.6.3 and float32 1.59x slower: scripts/compare_onednn.sh measures both here and says which to build on"
+    fi
+    return 0
+  fi
   install_once "$onednn_dir" \
     "$purpose: oneDNN 3.2 (build/onednn, about 55 MB; asked for with DISTRIBUTE_ONEDNN=3): its newer kernels, for a build configured with -DDISTRIBUTE_DNNL_ROOT=$onednn_dir" \
     onednn_installed no_note onednn_install

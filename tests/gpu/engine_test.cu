@@ -47,6 +47,7 @@
 
 #include "../../examples/cyclegan/models.hpp"
 #include "../nn/precision_case.hpp"
+#include "../nn/penalty_discriminator.hpp"
 #include "summation_bound.hpp"
 
 #include <boost/test/unit_test.hpp>
@@ -1341,43 +1342,9 @@ BOOST_AUTO_TEST_CASE(a_taped_model_with_skips_matches_the_cpu, *boost::unit_test
 }
 
 // Gradient penalties (nn/penalties.hpp) on a GPU replica: R1 and WGAN-GP through a discriminator
-// written for a tape, whose layers' recorded backwards (nn::create_graph) run on the replica's engine.
-// A convolution with reflection padding, spectral norm around a strided one, instance norm with
-// affine parameters, leaky ReLU (called twice), average pooling, flatten, linear layers, softplus,
-// layer norm and a sigmoid gate.
-template <class D>
-struct penalty_discriminator : nn::module<penalty_discriminator<D>, float, D> {
-  nn::conv2d<float, D> c1;
-  nn::leaky_relu<float, D> act{0.2f};
-  nn::spectral_norm<nn::conv2d<float, D>> c2;
-  nn::instance_norm<float, D> in;
-  nn::avg_pool2d<float, D> pool{{.kernel = 2}};
-  nn::flatten<float, D> flat{};
-  nn::linear<float, D> dense;
-  nn::layer_norm<float, D> ln;
-  nn::linear<float, D> out;
-  explicit penalty_discriminator(D d)
-      : c1{{.in_channels = 2, .out_channels = 4, .kernel = 3, .padding = 1, .pad_mode = nn::padding_mode::reflect},
-           51,
-           d},
-        c2{nn::conv2d<float, D>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 52, d},
-           {},
-           53},
-        in{{.channels = 4, .affine = true}, 54, d},
-        dense{{.in_features = 16, .out_features = 8}, 55, d},
-        ln{{.normalized_shape = shape{8}}, d},
-        out{{.in_features = 8, .out_features = 1}, 56, d} {}
-  auto members() { return nn::members("c1", c1, "c2", c2, "in", in, "dense", dense, "ln", ln, "out", out); }
-  template <class Tape>
-  typename Tape::variable operator()(Tape& t, typename Tape::variable x) {
-    auto h = t(act, t(c1, x));
-    h = t(act, t(in, t(c2, h)));
-    auto f = nn::softplus(t, t(dense, t(flat, t(pool, h))), 1.5f);
-    f = t(ln, f);
-    return t(out, nn::mul(t, f, nn::sigmoid(t, f)));
-  }
-};
-
+// written for a tape (tests/nn/penalty_discriminator.hpp), whose layers' recorded backwards
+// (nn::create_graph) run on the replica's engine.
+//
 // On replica `r`: R1 at the real images, then WGAN-GP at the points, each with its own backward; the
 // penalty, then every parameter gradient (in member order), for each.
 template <class R>
@@ -1390,7 +1357,7 @@ std::vector<std::vector<float>> penalties_on(R& r, const shape& in, const std::v
     else return dist::tensor<float, dist::cpu>{in, v};
   };
   const auto real = make(real_values), points = make(point_values);
-  penalty_discriminator<D> d{r.device()};
+  penalty_discriminator<D> d{r.device(), 51};
   std::vector<std::vector<float>> out;
   {
     nn::tape t{r};

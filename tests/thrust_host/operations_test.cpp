@@ -12,6 +12,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "segmented_sums.hpp"
+#include "../nn/penalty_discriminator.hpp"
 
 #include <distribute/cuda/engine/detail/thrust_for_each.hpp>
 #include <distribute/engine/cpu.hpp>
@@ -130,41 +131,7 @@ void check_same(const std::string& what, const tensor<T>& got, const tensor<T>& 
   }
 }
 
-// A discriminator written for a tape, through layers with a recorded backward: a convolution with
-// reflection padding, spectral norm around a strided one, instance norm with affine parameters, leaky
-// ReLU (called twice), average pooling, flatten, linear layers, softplus, layer norm and a sigmoid gate.
-template <class D = dist::cpu>
-struct penalty_discriminator : nn::module<penalty_discriminator<D>, float, D> {
-  nn::conv2d<float, D> c1;
-  nn::leaky_relu<float, D> act{0.2f};
-  nn::spectral_norm<nn::conv2d<float, D>> c2;
-  nn::instance_norm<float, D> in;
-  nn::avg_pool2d<float, D> pool{{.kernel = 2}};
-  nn::flatten<float, D> flat{};
-  nn::linear<float, D> dense;
-  nn::layer_norm<float, D> ln;
-  nn::linear<float, D> out;
-  explicit penalty_discriminator(D d = {})
-      : c1{{.in_channels = 2, .out_channels = 4, .kernel = 3, .padding = 1, .pad_mode = nn::padding_mode::reflect},
-           1,
-           d},
-        c2{nn::conv2d<float, D>{{.in_channels = 4, .out_channels = 4, .kernel = 3, .stride = 2, .padding = 1}, 2, d},
-           {},
-           3},
-        in{{.channels = 4, .affine = true}, 4, d},
-        dense{{.in_features = 16, .out_features = 8}, 5, d},
-        ln{{.normalized_shape = shape{8}}, d},
-        out{{.in_features = 8, .out_features = 1}, 6, d} {}
-  auto members() { return nn::members("c1", c1, "c2", c2, "in", in, "dense", dense, "ln", ln, "out", out); }
-  template <class Tape>
-  typename Tape::variable operator()(Tape& t, typename Tape::variable x) {
-    auto h = t(act, t(c1, x));
-    h = t(act, t(in, t(c2, h)));
-    auto f = nn::softplus(t, t(dense, t(flat, t(pool, h))), 1.5f);
-    f = t(ln, f);
-    return t(out, nn::mul(t, f, nn::sigmoid(t, f)));
-  }
-};
+// penalty_discriminator (tests/nn/penalty_discriminator.hpp): a discriminator written for a tape.
 
 // R1 at `real`, then WGAN-GP at `points`, each with its own backward on replica `r`: the two
 // penalties, then every parameter gradient of each (in member order).
