@@ -334,6 +334,17 @@ BOOST_AUTO_TEST_CASE(every_pass_of_a_cyclegan_step_is_parallel_over_its_elements
 
 namespace {
 
+// The `n` most frequent functors of `counts`, a line each ("\n  <count> x <functor>"), for the logs.
+std::string most_frequent(const std::map<std::string, int>& counts, std::size_t n) {
+  std::vector<std::pair<int, std::string>> by_count;
+  for (const auto& [functor, k] : counts) by_count.emplace_back(k, functor);
+  std::sort(by_count.rbegin(), by_count.rend());
+  std::string out;
+  for (std::size_t i = 0; i < std::min(n, by_count.size()); ++i)
+    out += "\n  " + std::to_string(by_count[i].first) + " x " + by_count[i].second;
+  return out;
+}
+
 // Every pass, and those a GPU runs on one block of 256 threads (at most 256 work items): a launch
 // of a few microseconds for almost no work.
 struct pass_counts final : dist::pass_observer {
@@ -369,12 +380,7 @@ struct pass_counts final : dist::pass_observer {
 BOOST_AUTO_TEST_CASE(launches_per_paper_size_step_are_counted) {
   pass_counts c;
   observe_cyclegan_step(c, 64, 9, 32, 1);  // after a first step, which may set things up
-  std::string top;
-  std::vector<std::pair<int, std::string>> by_count;
-  for (const auto& [functor, n] : c.one_block_by_functor) by_count.emplace_back(n, functor);
-  std::sort(by_count.rbegin(), by_count.rend());
-  for (std::size_t i = 0; i < std::min<std::size_t>(6, by_count.size()); ++i)
-    top += "\n  " + std::to_string(by_count[i].first) + " x " + by_count[i].second;
+  const std::string top = most_frequent(c.one_block_by_functor, 6);
   BOOST_TEST_MESSAGE("a paper-size step: " << c.all << " element-wise passes, " << c.one_block
                                            << " of them on one GPU block; the most frequent of those:" << top);
   constexpr std::int64_t budget_all = 1380, budget_one_block = 26;
@@ -426,12 +432,7 @@ struct graph_split final : dist::pass_observer {
 BOOST_AUTO_TEST_CASE(a_graphed_paper_size_step_leaves_few_launches_eager) {
   graph_split split;
   observe_cyclegan_step(split, 64, 9, 32, 1);
-  std::string top;
-  std::vector<std::pair<int, std::string>> by_count;
-  for (const auto& [functor, n] : split.eager_by_functor) by_count.emplace_back(n, functor);
-  std::sort(by_count.rbegin(), by_count.rend());
-  for (std::size_t i = 0; i < std::min<std::size_t>(8, by_count.size()); ++i)
-    top += "\n  " + std::to_string(by_count[i].first) + " x " + by_count[i].second;
+  const std::string top = most_frequent(split.eager_by_functor, 8);
   // Launches with --graphs on: each network call is its graph's launch and two copies (its input into
   // the graph's buffer, its output out: nn::graphed); each eager pass one launch, a two-stage sum two.
   const std::int64_t calls = static_cast<std::int64_t>(split.graphs.size()),
