@@ -7,18 +7,21 @@
 // The models are graphs, not chains (the U-Net's skips, D applied to fake and to real, G's gradient
 // through D), so the step records them on an nn::tape and lets it route the gradients: no gradient
 // is wired by hand here. At the end it reports the test L1 of the denoised images against the noisy
-// inputs' own.
+// inputs' own, and draws the first eight test images in --out DIR/denoised.png: the noisy inputs,
+// the generator's outputs and the clean images, a row each.
 //
 //   pix2pix [--steps N] [--minutes M] [--batch B] [--channels C] [--lr LR] [--d-lr LR] [--l1-weight W]
-//           [--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR]
+//           [--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR] [--out DIR]
 #include "../common/gan_checkpoint.hpp"
 
 #include <distribute/distribute.hpp>
 #include <distribute/nn.hpp>
 #include <distribute/nn/tape.hpp>
 #include <distribute/optim/adam.hpp>
+#include <distribute/summary/png_grid.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -166,7 +169,8 @@ struct options {
   bool one_device = false;
   std::size_t test = 2000;
   std::string data_dir{data::fashion_mnist_default_dir};
-  std::string checkpoint_dir;  // with one: resumes from it, and a signal stops the run with a checkpoint
+  std::string checkpoint_dir;       // with one: resumes from it, and a signal stops the run with a checkpoint
+  std::string out = "pix2pix_out";  // denoised.png goes here
 };
 
 // --- training ------------------------------------------------------------------------------------------
@@ -292,6 +296,18 @@ int train(S& strategy, const options& o) {
   }
   const double l1_denoised = mean_abs_difference(denoised, test.clean),
                l1_noisy = mean_abs_difference(test.noisy, test.clean);
+  // The first test images, noisy, denoised and clean: a row each.
+  if (const auto shown = static_cast<std::int64_t>(std::min<std::size_t>(8, which.size())); shown > 0) {
+    std::vector<float> rows;
+    const std::array<const std::vector<float>*, 3> sources{&test.noisy, &denoised, &test.clean};
+    for (const std::vector<float>* images : sources)
+      rows.insert(rows.end(), images->begin(), images->begin() + shown * pixels);
+    const auto picture = std::filesystem::path(o.out) / "denoised.png";
+    std::filesystem::create_directories(picture.parent_path());
+    dist::summary::write_png_grid(picture, dist::tensor<float>{shape::nchw(3 * shown, 1, side, side), rows}, 3,
+                                  {.range = dist::summary::value_range::minus_one_to_one});
+    std::printf("wrote %s: noisy inputs, denoised, clean (a row each)\n", picture.string().c_str());
+  }
   std::printf("%d steps of %lld images on %d replica(s) in %.1f s\n", step, static_cast<long long>(global),
               strategy.num_replicas_in_sync(), train_seconds);
   std::printf("test L1 (%zu images, pixels in [-1, 1]): denoised %.4f, noisy input %.4f\n", which.size(), l1_denoised,
@@ -320,10 +336,11 @@ int main(int argc, char** argv) {
       else if (flag == "--test") o.test = std::stoull(value());
       else if (flag == "--data") o.data_dir = value();
       else if (flag == "--checkpoint-dir") o.checkpoint_dir = value();
+      else if (flag == "--out") o.out = value();
       else {
         std::puts(
             "usage: pix2pix [--steps N] [--minutes M] [--batch B] [--channels C] [--lr LR] [--d-lr LR] [--l1-weight W] "
-            "[--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR]");
+            "[--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR] [--out DIR]");
         return flag == "--help" ? 0 : 1;
       }
     }
