@@ -14,6 +14,14 @@ if grep -qx 'DISTRIBUTE_BUILD_TESTS:BOOL=OFF' build/release/CMakeCache.txt 2>/de
   echo "test.sh: build/release was configured without the tests (by scripts/demo.sh); configuring them, and MPI as installed"
   configure=(-DDISTRIBUTE_BUILD_TESTS=ON -U DISTRIBUTE_ENABLE_MPI)
 fi
+# The nvcc-built programs only a GPU runs (DISTRIBUTE_BUILD_GPU_PROGRAMS) are built where a GPU is
+# visible, or where DISTRIBUTE_BUILD_GPU_PROGRAMS=ON is in the environment; elsewhere the GPU code is
+# compiled as a check (the GPU binary's host suite, gpu_syntax.clang), about 12 minutes less on 2 cores.
+gpu_programs=${DISTRIBUTE_BUILD_GPU_PROGRAMS:-}
+if [[ -z $gpu_programs ]]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then gpu_programs=ON; else gpu_programs=OFF; fi
+fi
+configure+=(-DDISTRIBUTE_BUILD_GPU_PROGRAMS="$gpu_programs")
 cmake --preset release "${configure[@]}"
 cmake --build --preset release -j "$(nproc)"
 ctest --preset release -j "$(nproc)" "$@"

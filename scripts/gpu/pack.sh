@@ -6,9 +6,12 @@
 # Open MPI, ...), gzip-packed (about 26 MB), a Fashion-MNIST subset, and check.sh beside them as
 # device-check.sh.
 #
-#   scripts/gpu/pack.sh [--out DIR] [--no-data] [BUILD_DIR]
+#   scripts/gpu/pack.sh [--out DIR] [--no-data] [--partial] [BUILD_DIR]
 #                        (default .gpu and build/release; from the project's root; --no-data: without
-#                        the Fashion-MNIST subset, for the dry run of tests/gpu/check_dry_run.sh)
+#                        the Fashion-MNIST subset, for the dry run of tests/gpu/check_dry_run.sh;
+#                        --partial: also a build configured with -DDISTRIBUTE_BUILD_GPU_PROGRAMS=OFF,
+#                        which scripts/test.sh makes where no GPU is visible and which lacks most GPU
+#                        tests: refused without it, for the dry run only)
 #
 # Then, on the GPU machine, from a copy of the project that holds .gpu/: bash .gpu/device-check.sh
 # (docs/gpu.md, "Checking on a GPU"). Build with -DDISTRIBUTE_NATIVE_ARCH=OFF
@@ -17,11 +20,12 @@
 # binary (a build without CUDA): nothing to pack.
 set -euo pipefail
 out=.gpu
-data=1
+data=1 partial=0
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --out) out=${2:?--out needs a folder}; shift 2 ;;
     --no-data) data=0; shift ;;
+    --partial) partial=1; shift ;;
     *) echo "pack.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -31,6 +35,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ ! -x $build/tests/gpu/distribute_gpu_tests ]]; then
   echo "pack.sh: $build has no GPU test binary (tests/gpu/distribute_gpu_tests): a build without CUDA; nothing packed"
   exit 77
+fi
+if [[ $partial -eq 0 ]] && grep -q "DISTRIBUTE_BUILD_GPU_PROGRAMS:BOOL=OFF" "$build/CMakeCache.txt"; then
+  echo "pack.sh: $build was configured with -DDISTRIBUTE_BUILD_GPU_PROGRAMS=OFF (the GPU code compiled as a check; most GPU tests and the CycleGAN's GPU run left out): configure it with =ON for the device check (--partial packs it anyway); nothing packed" >&2
+  exit 1
 fi
 grep -q "DISTRIBUTE_NATIVE_ARCH:BOOL=OFF" "$build/CMakeCache.txt" ||
   echo "pack.sh: warning: $build was not configured with -DDISTRIBUTE_NATIVE_ARCH=OFF: its binaries may not run on another processor" >&2

@@ -35,7 +35,7 @@ case $mode in
     ;;
   pack)
     build=$3
-    (cd "$source" && bash scripts/gpu/pack.sh --out "$work/pack" --no-data "$build")
+    (cd "$source" && bash scripts/gpu/pack.sh --out "$work/pack" --no-data --partial "$build")
     status=$?
     [[ $status -eq 77 ]] && exit 77
     [[ $status -eq 0 ]] || fail "pack.sh exited $status"
