@@ -40,6 +40,9 @@ struct pass_record {
   std::string_view functor_name;
   const void* functor;
   std::size_t functor_bytes;
+  // The kernel launches a GPU engine makes for the pass: 1, or 2 for a segmented sum cut into chunks
+  // (detail/segmented_sum_plan.hpp: a partial sum per chunk, then the chunks' sums).
+  int launches = 1;
 };
 
 // Receives every pass of every engine while installed; called from the thread that runs the pass.
@@ -67,9 +70,9 @@ std::string_view functor_name() noexcept {
 }
 
 template <class F>
-void record_pass(pass_kind kind, std::int64_t work_items, const F& f) {
+void record_pass(pass_kind kind, std::int64_t work_items, const F& f, int launches = 1) {
   if (pass_observer* o = installed_pass_observer.load(std::memory_order_acquire))
-    o->on_pass(pass_record{kind, work_items, functor_name<F>(), &f, sizeof(F)});
+    o->on_pass(pass_record{kind, work_items, functor_name<F>(), &f, sizeof(F), launches});
 }
 
 inline void record_host_read(std::size_t bytes) {
