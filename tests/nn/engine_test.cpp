@@ -295,6 +295,74 @@ BOOST_AUTO_TEST_CASE(both_gradients_in_one_call_are_the_two_passes_bits) {
 #endif
 }
 
+#if defined(DISTRIBUTE_USE_DNNL)
+// An output that oneDNN writes channels last (nhwc) reaches the caller's planes (nchw) through the
+// library's own transposition (dnnl_memory::planes_from_channels_last): the same values as oneDNN's
+// reorder gives, for channel counts and plane sizes that are multiples of 16 and not, counted as a
+// reorder; inputs and outputs added to the caller's values keep oneDNN's reorder.
+BOOST_AUTO_TEST_CASE(channels_last_outputs_are_transposed_exactly) {
+  struct exposed : dist::detail::dnnl_memory {
+    using dnnl_memory::data_of;
+    using dnnl_memory::make_reorder;
+    using dnnl_memory::md;
+    using dnnl_memory::operand;
+  };
+  dnnl_engine_t engine = nullptr;
+  dnnl_stream_t stream = nullptr;
+  BOOST_TEST_REQUIRE(dnnl_engine_create(&engine, dnnl_cpu, 0) == dnnl_success);
+  BOOST_TEST_REQUIRE(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) == dnnl_success);
+  for (const std::vector<dnnl_dim_t>& dims : {std::vector<dnnl_dim_t>{1, 256, 66, 66},
+                                              {1, 64, 262, 262},
+                                              {2, 3, 5, 7},
+                                              {3, 17, 9, 11},
+                                              {2, 16, 3, 1},
+                                              {1, 32, 64, 64}}) {
+    const auto user = exposed::md(dims, dnnl_nchw), lib = exposed::md(dims, dnnl_nhwc);
+    const std::int64_t count = dims[0] * dims[1] * dims[2] * dims[3], c = dims[1], hw = dims[2] * dims[3];
+    std::string what = std::to_string(dims[0]);
+    for (std::size_t i = 1; i < 4; ++i) what += "x" + std::to_string(dims[i]);
+    std::size_t reorders = 0;
+    exposed::operand out;
+    out.set(engine, user.get(), lib.get(), false, reorders, false, dims);
+    BOOST_TEST_REQUIRE(out.channels_last_out, what);
+    dist::detail::arena a;
+    std::vector<float> planes(static_cast<std::size_t>(count), -1.0f), expected(planes.size(), -2.0f);
+    // The primitive's output, as it would write it: distinct values (exact in float up to 2^24).
+    auto* written = reinterpret_cast<float*>(
+        const_cast<std::byte*>(exposed::data_of(out.out(planes.data(), a, dist::detail::arena::dst))));
+    for (std::int64_t i = 0; i < count; ++i) written[i] = static_cast<float>(i);
+    out.back(stream, planes.data());
+    BOOST_TEST(reorders == 1u, what);
+    // oneDNN's own reorder of the same values.
+    const auto reorder = exposed::make_reorder(engine, lib.get(), user.get(), false);
+    exposed::operand copy_in, copy_out;  // memory objects of the two layouts
+    copy_in.set(engine, lib.get(), lib.get(), true, reorders);
+    copy_out.set(engine, user.get(), user.get(), true, reorders);
+    const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, copy_in.user.point(written)},
+                                     {DNNL_ARG_TO, copy_out.user.point(expected.data())}};
+    BOOST_TEST_REQUIRE(dnnl_primitive_execute(reorder.get(), stream, 2, args) == dnnl_success);
+    BOOST_TEST_REQUIRE(dnnl_stream_wait(stream) == dnnl_success);
+    BOOST_TEST((planes == expected), what << ": differs from oneDNN's reorder");
+    // And by its definition: planes[b][k][q] = channels_last[b][q][k].
+    bool defined = true;
+    for (std::int64_t b = 0; b < dims[0]; ++b)
+      for (std::int64_t k = 0; k < c; ++k)
+        for (std::int64_t q = 0; q < hw; ++q)
+          defined = defined &&
+                    planes[static_cast<std::size_t>((b * c + k) * hw + q)] == static_cast<float>((b * hw + q) * c + k);
+    BOOST_TEST(defined, what);
+    // Not for an input, nor for an output added to the caller's values (oneDNN's sum post-op).
+    exposed::operand input, added;
+    input.set(engine, user.get(), lib.get(), true, reorders, false, dims);
+    added.set(engine, user.get(), lib.get(), false, reorders, true, dims);
+    BOOST_TEST(!input.channels_last_out);
+    BOOST_TEST(!added.channels_last_out);
+  }
+  dnnl_stream_destroy(stream);
+  dnnl_engine_destroy(engine);
+}
+#endif
+
 BOOST_AUTO_TEST_CASE(layers_match_on_both_engines) {
   // The same layers, the same weights, one replica on each engine: outputs and every gradient.
   auto run = [](bool reference) {

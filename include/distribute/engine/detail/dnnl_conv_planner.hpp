@@ -214,7 +214,7 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
       case pass::forward:
         p->a.set(engine_raw_, src_user.get(), query(pd, dnnl_query_src_md), true, reorders_, false, src);
         p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true, reorders_);
-        p->c.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_dst_md), false, reorders_);
+        p->c.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_dst_md), false, reorders_, false, dst);
         break;
       case pass::backward_data: {
         // With fewer than 8 input channels (an image's) the blocked kernels' data gradient runs at a
@@ -229,7 +229,7 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
         p->a.set(engine_raw_, dst_user.get(), query(pd, dnnl_query_diff_dst_md), true, reorders_, false, dst);
         p->b.set(engine_raw_, wei_user.get(), query(pd, dnnl_query_weights_md), true, reorders_);
         if (!inside) {
-          p->c.set(engine_raw_, src_user.get(), query(pd, dnnl_query_diff_src_md), false, reorders_);
+          p->c.set(engine_raw_, src_user.get(), query(pd, dnnl_query_diff_src_md), false, reorders_, false, src);
           break;
         }
         // The inside of the whole input plane: rows and columns 1 to its extent - 2.

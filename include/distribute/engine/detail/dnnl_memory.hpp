@@ -128,6 +128,10 @@ class dnnl_memory {
     // An activation [n, c, h, w] whose primitive layout is nChw16c with whole blocks of channels:
     // in() with rounding writes that layout itself.
     bool blocked16 = false;
+    // An output [n, c, h, w] that the primitive writes channels last (nhwc, float32) and the caller
+    // reads as planes (nchw): back() transposes it itself (planes_from_channels_last), where oneDNN's
+    // reorder is slow for planes whose size is not a multiple of 16 (below).
+    bool channels_last_out = false;
     std::int64_t n = 0, c = 0, hw = 0;
     primitive_handle reorder;
     std::size_t* reorders = nullptr;  // the reorders run (dnnl_conv::reorders_)
@@ -141,9 +145,11 @@ class dnnl_memory {
       lib_bytes = dnnl_memory_desc_get_size(l);
       count = static_cast<std::int64_t>(dnnl_memory_desc_get_size(u) / sizeof(float));
       same = dnnl_memory_desc_equal(u, l) != 0;
-      if (dims.size() == 4 && dims[1] % 16 == 0) {
+      if (dims.size() == 4) {
         n = dims[0], c = dims[1], hw = dims[2] * dims[3];
-        blocked16 = dnnl_memory_desc_equal(l, md(dims, dnnl_nChw16c).get()) != 0;
+        blocked16 = input && dims[1] % 16 == 0 && dnnl_memory_desc_equal(l, md(dims, dnnl_nChw16c).get()) != 0;
+        channels_last_out = !input && !accumulate && dnnl_memory_desc_equal(u, md(dims, dnnl_nchw).get()) != 0 &&
+                            dnnl_memory_desc_equal(l, md(dims, dnnl_nhwc).get()) != 0;
       }
       user.make(e, u);
       if (same) return;
@@ -193,6 +199,11 @@ class dnnl_memory {
     }
     void back(dnnl_stream_t s, float* data) const {
       if (same) return;
+      if (channels_last_out) {
+        planes_from_channels_last(reinterpret_cast<const float*>(data_of(lib.m.get())), data, n, c, hw);
+        ++*reorders;
+        return;
+      }
       const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, lib.m.get()}, {DNNL_ARG_TO, user.point(data)}};
       check(dnnl_primitive_execute(reorder.get(), s, 2, args), "reorder");
       ++*reorders;
@@ -257,6 +268,35 @@ class dnnl_memory {
 #endif
         for (std::int64_t k = 0; k < 16; ++k) dst[q * 16 + k] = to_bfloat16(src[k * hw + q]);
       }
+    }
+  }
+
+  // An [n, hw, c] tensor (channels last) transposed into [n, c, hw] (planes), on the calling thread's
+  // OpenMP threads: each work item a run of 64 positions of one example, read 16 channels at a time
+  // (64 rows of 64 contiguous bytes, which stay in L1) and written as 16 rows of 64 contiguous
+  // values. oneDNN's reorder (jit:uni, 2.6 and 3.2) between those layouts runs at 2-3 GB/s on two
+  // cores where the plane's size is not a multiple of 16 (a residual block's padded 66x66, 13 ms for
+  // a 64x262x262 tensor) and at 9-24 where it is; this runs at 11-21 on every size
+  // (docs/benchmarks.md, "Channels-last outputs"). A copy: the values are the same whoever writes them.
+  static void planes_from_channels_last(const float* from, float* to, std::int64_t n, std::int64_t c,
+                                        std::int64_t hw) noexcept {
+    constexpr std::int64_t run = 64, width = 16;
+    const std::int64_t runs = (hw + run - 1) / run;
+#if defined(_OPENMP)
+#  pragma omp parallel for schedule(static)
+#endif
+    for (std::int64_t item = 0; item < n * runs; ++item) {
+      const std::int64_t b = item / runs, start = item % runs * run, end = std::min(start + run, hw);
+      const float* src = from + b * hw * c;
+      float* dst = to + b * c * hw;
+      for (std::int64_t c0 = 0; c0 < c; c0 += width)
+        for (std::int64_t k = c0; k < std::min(c0 + width, c); ++k) {
+          float* row = dst + k * hw;
+#if defined(_OPENMP)
+#  pragma omp simd
+#endif
+          for (std::int64_t q = start; q < end; ++q) row[q] = src[q * c + k];
+        }
     }
   }
 
