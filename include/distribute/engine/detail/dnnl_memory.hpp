@@ -18,11 +18,13 @@
 
 #include <distribute/bfloat16.hpp>
 #include <distribute/engine/detail/arena.hpp>
+#include <distribute/engine/detail/openmp.hpp>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_version.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -129,9 +131,11 @@ class dnnl_memory {
     // in() with rounding writes that layout itself.
     bool blocked16 = false;
     // An output [n, c, h, w] that the primitive writes channels last (nhwc, float32) and the caller
-    // reads as planes (nchw): back() transposes it itself (planes_from_channels_last), where oneDNN's
-    // reorder is slow for planes whose size is not a multiple of 16 (below).
-    bool channels_last_out = false;
+    // reads as planes (nchw); with `own_transpose`, back() transposes it itself
+    // (planes_from_channels_last) instead of running oneDNN's reorder, which is slow for planes whose
+    // size is not a multiple of 16 (below). Chosen when the plan is made, by timing both here
+    // (own_transpose_faster): they write the same values, so the choice changes the time alone.
+    bool channels_last_out = false, own_transpose = false;
     std::int64_t n = 0, c = 0, hw = 0;
     primitive_handle reorder;
     std::size_t* reorders = nullptr;  // the reorders run (dnnl_conv::reorders_)
@@ -155,6 +159,7 @@ class dnnl_memory {
       if (same) return;
       lib.make(e, l);
       reorder = input ? make_reorder(e, u, l, false) : make_reorder(e, l, u, accumulate);
+      if (channels_last_out) own_transpose = own_transpose_faster(e, reorder.get(), l, u, n, c, hw);
     }
     // The operand as the primitive reads it: the caller's memory, or a reordered copy in scratch slot
     // `slot`. With `round`, its values rounded to bfloat16: written in the primitive's layout at once
@@ -199,7 +204,7 @@ class dnnl_memory {
     }
     void back(dnnl_stream_t s, float* data) const {
       if (same) return;
-      if (channels_last_out) {
+      if (own_transpose) {
         planes_from_channels_last(reinterpret_cast<const float*>(data_of(lib.m.get())), data, n, c, hw);
         ++*reorders;
         return;
@@ -274,10 +279,11 @@ class dnnl_memory {
   // An [n, hw, c] tensor (channels last) transposed into [n, c, hw] (planes), on the calling thread's
   // OpenMP threads: each work item a run of 64 positions of one example, read 16 channels at a time
   // (64 rows of 64 contiguous bytes, which stay in L1) and written as 16 rows of 64 contiguous
-  // values. oneDNN's reorder (jit:uni, 2.6 and 3.2) between those layouts runs at 2-3 GB/s on two
+  // values. oneDNN's reorder (jit:uni, 2.6 and 3.2) between those layouts runs at about 3 GB/s on two
   // cores where the plane's size is not a multiple of 16 (a residual block's padded 66x66, 13 ms for
-  // a 64x262x262 tensor) and at 9-24 where it is; this runs at 11-21 on every size
-  // (docs/benchmarks.md, "Channels-last outputs"). A copy: the values are the same whoever writes them.
+  // a 64x262x262 tensor) and at 15-21 where it is; this at 13-22 on every size measured
+  // (docs/benchmarks.md, "Channels-last outputs"), so each plan times both (own_transpose_faster).
+  // A copy: the values are the same whoever writes them.
   static void planes_from_channels_last(const float* from, float* to, std::int64_t n, std::int64_t c,
                                         std::int64_t hw) noexcept {
     constexpr std::int64_t run = 64, width = 16;
@@ -298,6 +304,39 @@ class dnnl_memory {
           for (std::int64_t q = start; q < end; ++q) row[q] = src[q * c + k];
         }
     }
+  }
+
+  // Whether planes_from_channels_last writes an [n, c, hw] channels-last tensor (descriptor `from`)
+  // into planes (`to`) faster than oneDNN's `reorder` between them, on this machine: each run seven
+  // times in turn on scratch tensors, on one thread, the fastest of each. One thread, because on a
+  // busy machine a parallel run waits for whichever of its threads the load delays: timed on two
+  // threads beside a compile, oneDNN's reorder was chosen for some 66x66 and 262x262 outputs, 5-7x
+  // slower alone. Both split their work evenly between threads, so one thread ranks them as two do.
+  static bool own_transpose_faster(dnnl_engine_t e, const_dnnl_primitive_t reorder, md_ptr from, md_ptr to,
+                                   std::int64_t n, std::int64_t c, std::int64_t hw) {
+    const auto count = static_cast<std::size_t>(n * c * hw);
+    std::vector<float> source(count), target(count);
+    dnnl_stream_t raw = nullptr;
+    check(dnnl_stream_create(&raw, e, dnnl_stream_default_flags), "dnnl_stream_create");
+    const handle<dnnl_stream_t, dnnl_stream_destroy> s{raw};
+    memory src, dst;
+    src.make(e, from);
+    dst.make(e, to);
+    const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src.point(source.data())},
+                                     {DNNL_ARG_TO, dst.point(target.data())}};
+    const one_openmp_thread one;
+    using clock = std::chrono::steady_clock;
+    auto theirs = clock::duration::max(), ours = clock::duration::max();
+    for (int i = 0; i < 7; ++i) {
+      auto t0 = clock::now();
+      check(dnnl_primitive_execute(reorder, s.get(), 2, args), "reorder");
+      check(dnnl_stream_wait(s.get()), "dnnl_stream_wait");
+      theirs = std::min(theirs, clock::now() - t0);
+      t0 = clock::now();
+      planes_from_channels_last(source.data(), target.data(), n, c, hw);
+      ours = std::min(ours, clock::now() - t0);
+    }
+    return ours < theirs;
   }
 
   static const std::byte* data_of(dnnl_memory_t m) {
