@@ -350,7 +350,7 @@ class engine<cpu> {
   template <class F, class Finish>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) {
     const detail::segmented_sum_plan plan = detail::plan_segmented_sum(segments, length);
-    detail::record_pass(pass_kind::segmented_sum, plan.work_items(), f, plan.two_stage() ? 2 : 1);
+    detail::record_pass(pass_kind::segmented_sum, plan.work_items(), f, plan.launches());
     over_segments(segments, length,
                   [&](std::int64_t s) { out[s] = finish(s, distribute::fixed_order_sum(f, s, length)); });
   }

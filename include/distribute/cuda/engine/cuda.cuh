@@ -280,7 +280,7 @@ class engine<cuda> {
   template <class F, class Finish>
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) {
     const detail::segmented_sum_plan plan = detail::plan_segmented_sum(segments, length);
-    detail::record_pass(pass_kind::segmented_sum, plan.work_items(), f, plan.two_stage() ? 2 : 1);
+    detail::record_pass(pass_kind::segmented_sum, plan.work_items(), f, plan.launches());
     if (segments <= 0) return;
     const detail::device_guard current(device_.index());
     const thrust::counting_iterator<std::int64_t> first(0);

@@ -39,6 +39,8 @@ struct segmented_sum_plan {
   std::int64_t chunk = 0;   // values per chunk (the last chunk of a segment may have fewer)
 
   constexpr bool two_stage() const noexcept { return chunks > 1; }
+  // The launches (or CPU passes) the sum takes: the chunks' reduction, then theirs where two-stage.
+  constexpr int launches() const noexcept { return two_stage() ? 2 : 1; }
   // Blocks of the first (or only) reduction.
   constexpr std::int64_t blocks() const noexcept { return segments * chunks; }
   // The threads that sum in parallel: the pass's work items.
