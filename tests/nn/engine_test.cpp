@@ -791,6 +791,79 @@ BOOST_AUTO_TEST_CASE(weight_gradients_in_pieces_follow_the_geometry_and_the_conf
   BOOST_TEST((grid(4, conv_geometry::of(2, 64, 20, 20, 64, 3, 1, 1)) == t{2, 2, 1}));
   BOOST_TEST((grid(1, conv_geometry::of(1, 256, 18, 18, 256, 3, 1, 0)) == t{1, 1, 1}));  // one thread: one primitive
 }
+
+// Where oneDNN's weight gradient reads x and dy channels last (nhwc: its AMX kernels in bfloat16) and
+// the cut is asked for (the engine does not: measured slower), the pieces are blocks of output
+// channels over the whole batch, each gathering its channels of dy, and examples are split only where
+// those are too few; the gradient is that of the reference within bfloat16's products' rounding, its
+// bits are the same with any count of threads in use, and the pieces run the kernel the whole pass
+// would. Without the cut (the engine's planner) a batch of one stays one primitive on the configured
+// count and a batch splits its examples. A CPU whose oneDNN chooses other layouts in bfloat16 (no
+// AMX) computes these passes as before; the test says which it covered.
+BOOST_AUTO_TEST_CASE(channels_last_weight_gradients_are_cut_over_output_channels) {
+  using conv = dist::detail::dnnl_conv;
+  if (!dist::detail::cpu_has_bf16_units()) {
+    BOOST_TEST_MESSAGE("no bfloat16 units: oneDNN has no channels-last bfloat16 weight gradient here");
+    return;
+  }
+  struct k {
+    conv_geometry g;
+    int pieces;
+    std::int64_t runs, out_blocks;
+  };
+  const std::vector<k> cases{
+      {conv_geometry::of(1, 64, 34, 34, 64, 3, 1, 0), 2, 1, 2},   // a residual block's, batch 1
+      {conv_geometry::of(1, 64, 34, 34, 64, 3, 1, 0), 3, 1, 4},   // 4 blocks: the fewest parts reaching 3
+      {conv_geometry::of(1, 32, 18, 18, 48, 3, 1, 1), 2, 1, 3},   // 3 blocks: all of them
+      {conv_geometry::of(3, 32, 18, 18, 32, 4, 2, 1), 2, 1, 2},   // a batch: still the channels, whole batch
+      {conv_geometry::of(4, 32, 12, 12, 16, 3, 1, 1), 2, 2, 1}};  // one block: runs of examples
+  int covered = 0;
+  for (const auto& c : cases) {
+    const auto& g = c.g;
+    conv d{c.pieces, true};
+    const std::string kernel = d.implementation(conv::pass::backward_weights, g, true, true, false);
+    const auto grid = d.weight_grid(g, true, true, false);
+    BOOST_TEST_MESSAGE(g.to_string() << " on " << c.pieces << " threads: " << kernel << ", grid " << grid.runs << " x "
+                                     << grid.in_blocks << " x " << grid.out_blocks
+                                     << (grid.channels_last ? ", channels last" : ""));
+    if (!grid.channels_last) continue;
+    ++covered;
+    BOOST_TEST(grid.runs == c.runs, g.to_string());
+    BOOST_TEST(grid.in_blocks == 1, g.to_string());
+    BOOST_TEST(grid.out_blocks == c.out_blocks, g.to_string());
+    BOOST_TEST((d.rule(conv::pass::backward_weights, g, true, true, false) == conv::thread_rule::pieces));
+    // The pieces' kernel is the whole pass's: the one-primitive planner's choice.
+    conv whole{1};
+    BOOST_TEST(whole.implementation(conv::pass::backward_weights, g, true, true, false) == kernel, g.to_string());
+    // Without the cut: examples alone, and a batch too small for them one primitive.
+    conv engines{c.pieces};
+    const auto plain = engines.weight_grid(g, true, true, false);
+    BOOST_TEST(plain.out_blocks == 1, g.to_string());
+    BOOST_TEST(engines.in_pieces(g, true, true, false) == (g.batch >= c.pieces), g.to_string());
+
+    const auto x = random_values(g.input_size(), 51), dy = random_values(g.output_size(), 52);
+    dist::engine<dist::cpu> reference{{.threads = 1, .reference = true}};
+    reference.use_precision(dist::compute_precision::bfloat16);
+    std::vector<float> dw_ref(static_cast<std::size_t>(g.weight_size()), 0.25f),
+        db_ref(static_cast<std::size_t>(g.out_channels), 0.5f);
+    reference.conv_backward_weights(g, x.data(), dy.data(), dw_ref.data(), db_ref.data());
+    std::vector<float> first;
+    for (int in_use = c.pieces; in_use >= 1; --in_use) {
+      const dist::detail::openmp_thread_count threads{in_use};
+      dist::detail::arena a;
+      std::vector<float> dw(static_cast<std::size_t>(g.weight_size()), 0.25f),
+          db(static_cast<std::size_t>(g.out_channels), 0.5f);
+      BOOST_TEST_REQUIRE(d.backward_weights(g, x.data(), dy.data(), dw.data(), db.data(), a, true));
+      BOOST_TEST(relative(dw, dw_ref) < 1e-4, g.to_string() << ": the weight gradient on " << in_use);
+      BOOST_TEST(relative(db, db_ref) < 1e-5, g.to_string() << ": the bias gradient on " << in_use);
+      dw.insert(dw.end(), db.begin(), db.end());
+      if (first.empty()) first = dw;
+      else BOOST_TEST((dw == first), g.to_string() << ": " << in_use << " of " << c.pieces << " threads in use");
+    }
+  }
+  BOOST_TEST_MESSAGE(covered << " of " << cases.size() << " weight gradients were channels last on ISA " << conv::isa()
+                             << (covered == 0 ? ": this CPU's oneDNN chose other layouts, none exercised" : ""));
+}
 #endif
 
 #if DISTRIBUTE_HAS_DNNL

@@ -70,8 +70,10 @@ namespace distribute::detail {
 class dnnl_conv : public dnnl_conv_planner {
  public:
   // `pieces`: the weight gradients' grid (dnnl_weight_pieces.hpp); 1 computes each as one primitive on
-  // the calling thread's OpenMP threads.
-  explicit dnnl_conv(int pieces = 1) : dnnl_conv_planner{pieces} {}
+  // the calling thread's OpenMP threads. `cut_channels_last`: channels-last weight gradients cut over
+  // their output channels (dnnl_weight_pieces.hpp: measured slower than one primitive, so the engine
+  // leaves it off; for tests and bench_weight_pieces).
+  explicit dnnl_conv(int pieces = 1, bool cut_channels_last = false) : dnnl_conv_planner{pieces, cut_channels_last} {}
 
   // y = conv(x, w) + bias (bias may be null). False (nothing done) where `half` has no kernel.
   // With `round`, on x and w rounded to bfloat16 (dnnl_memory.hpp).

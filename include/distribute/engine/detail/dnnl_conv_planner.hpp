@@ -73,8 +73,10 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
 
  protected:
   // `pieces`: the weight gradients' grid (dnnl_weight_pieces.hpp); 1 computes each as one primitive
-  // on the calling thread's OpenMP threads.
-  explicit dnnl_conv_planner(int pieces) : pieces_{std::max(1, pieces)} {
+  // on the calling thread's OpenMP threads. `cut_channels_last`: the grid of channels-last passes
+  // splits their output channels first (dnnl_weight_pieces.hpp), else only their examples.
+  dnnl_conv_planner(int pieces, bool cut_channels_last)
+      : pieces_{std::max(1, pieces)}, cut_channels_last_{cut_channels_last} {
     check(dnnl_engine_create(&engine_raw_, dnnl_cpu, 0), "dnnl_engine_create");
     engine_.reset(engine_raw_);
     dnnl_stream_t s = nullptr;
@@ -289,10 +291,13 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
     if (x_layout.tag == dnnl_format_tag_undef || dy_layout.tag == dnnl_format_tag_undef) return false;
     const dnnl_format_tag_t x_tag = x_layout.tag, dy_tag = dy_layout.tag;
     auto q = std::make_unique<pieces>();
-    q->shape = pieces_grid(g, pieces_, x_layout.block > 0, dy_layout.block > 0);
+    // Channels last (both), where asked: output blocks first, each piece's channels of dy gathered
+    // (dnnl_weight_pieces.hpp); otherwise runs of examples alone, as the layouts allow no other split.
+    const bool channels_last = cut_channels_last_ && x_layout.block == 0 && dy_layout.block == 0;
+    q->shape = pieces_grid(g, pieces_, x_layout.block > 0, dy_layout.block > 0, channels_last);
     // Fewer pieces than configured threads would leave threads idle on an idle machine (a batch of
-    // one in channels-last layouts, which oneDNN's AMX kernels take, is one piece): the whole pass on
-    // the configured count is faster there.
+    // one in channels-last layouts, which oneDNN's AMX kernels take, unless cut over its channels):
+    // the whole pass on the configured count is faster there.
     if (q->shape.count() < pieces_) return false;
     q->out_channels = g.out_channels / q->shape.out_blocks;
     q->in_channels = g.in_channels / q->shape.in_blocks;
@@ -305,8 +310,10 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
     q->dy_plane = g.out_height * g.out_width;
     q->value_bytes = half ? 2 : 4;
     // A run of examples whose channels are whole is one primitive over the run (its examples are
-    // contiguous in any of the layouts above); split channels are not, and go one example at a time.
-    q->examples = q->shape.in_blocks == 1 && q->shape.out_blocks == 1 && g.batch % q->shape.runs == 0
+    // contiguous in any of the layouts above); split channels are not, and go one example at a time,
+    // except dy's output blocks in channels last, which each piece gathers for its whole run.
+    const bool gather = channels_last && q->shape.out_blocks > 1;
+    q->examples = q->shape.in_blocks == 1 && (q->shape.out_blocks == 1 || gather) && g.batch % q->shape.runs == 0
                       ? g.batch / q->shape.runs
                       : 1;
     const std::vector<dnnl_dim_t> piece_src{q->examples, q->in_channels, g.in_height, g.in_width};
@@ -332,6 +339,10 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
     const std::string whole_impl = impl_of(whole), piece_impl = impl_of(plain.get());
     const auto reference = [](const std::string& impl) { return impl.find("ref") != std::string::npos; };
     if (reference(piece_impl) && !reference(whole_impl)) return false;
+    // Gathered pieces pay a copy of dy: only with the whole pass's own kernel (AMX's brgemm on AMX).
+    if (gather && piece_impl != whole_impl) return false;
+    if (gather)
+      q->gathered_bytes = static_cast<std::size_t>(q->examples * q->out_channels * q->dy_plane) * q->value_bytes;
     const md_ptr gradient = query(plain.get(), dnnl_query_diff_weights_md);
     if (with_bias && !dnnl_memory_desc_equal(gradient, query(with_bias.get(), dnnl_query_diff_weights_md)))
       return false;
@@ -433,6 +444,7 @@ class dnnl_conv_planner : public dnnl_kernel_rules, public dnnl_weight_pieces {
   std::map<key, std::unique_ptr<plan>> plans_;  // destroyed before the stream and the engine
   std::size_t reorders_ = 0;
   int pieces_ = 1;
+  bool cut_channels_last_ = false;
 };
 
 }  // namespace distribute::detail

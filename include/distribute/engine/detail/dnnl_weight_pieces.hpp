@@ -14,10 +14,25 @@
 // the caller's gradient through oneDNN's reorder (sum post-op); with more than one run of examples
 // each run sums into its own buffer and the runs are added in order. The pieces read x and dy in the
 // layouts oneDNN chose for the whole pass, where an example's block of 16 channels is contiguous
-// (plain nchw, or channels in blocks of 8 or 16); in channels-last layouts the grid splits only the
-// examples. Where oneDNN chose another layout, where the grid has fewer pieces than the configured
-// count of threads, or where oneDNN would compute a piece with its reference kernel but not the whole
-// pass, the weight gradient stays one primitive, and its rule (dnnl_kernel_rules.hpp) is to run on the
+// (plain nchw, or channels in blocks of 8 or 16).
+//
+// In channels-last layouts (nhwc: what oneDNN's AMX kernels take in bfloat16) the grid splits only
+// the examples, so a batch of one there is one primitive on the configured count. Asked to
+// (`cut_channels_last`, dnnl_conv_planner.hpp), it splits the output channels first instead, and the
+// examples only where those do not give enough pieces: each piece is then the whole batch (or its
+// run) over a block of output channels. A block of channels of an nhwc tensor is not contiguous, and
+// oneDNN computes a strided one with its reference kernel, so each piece first gathers its channels
+// of dy into a dense nhwc copy of its own (0.1 ms for a residual block's); x is read whole. Such
+// pieces are used only where oneDNN computes them with the kernel it chose for the whole pass. The
+// engine leaves the cut off: on a 2-core Xeon with AMX it took 1.04-1.6x the time of one two-thread
+// primitive for the CycleGAN's weight gradients in bfloat16 at a batch of one (oneDNN 2.6.3 and 3.2:
+// a piece repeats the kernel's own rearrangement of x, and half the channels took a thread as long
+// as all of them), and the bfloat16 step 2-5% longer, with no gain shown beside a busy process
+// (docs/benchmarks.md, "Weight gradients in pieces"). bench_weight_pieces measures it again.
+//
+// Where oneDNN chose another layout, where the grid has fewer pieces than the configured count of
+// threads, or where oneDNN would compute a piece with its reference kernel but not the whole pass, the
+// weight gradient stays one primitive, and its rule (dnnl_kernel_rules.hpp) is to run on the
 // configured count of threads always.
 
 #include <distribute/engine/conv_geometry.hpp>
@@ -34,6 +49,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace distribute::detail {
@@ -44,6 +60,7 @@ class dnnl_weight_pieces : public dnnl_memory {
   // blocks and runs of examples; all 1 where it is one primitive. For tests and logs.
   struct grid {
     std::int64_t out_blocks = 1, in_blocks = 1, runs = 1;
+    bool channels_last = false;  // x and dy in nhwc: output blocks first, dy gathered per piece (above)
     std::int64_t count() const noexcept { return out_blocks * in_blocks * runs; }
   };
 
@@ -57,6 +74,9 @@ class dnnl_weight_pieces : public dnnl_memory {
     // and plane size, and the bytes of a value, to find an example's block in the whole tensor.
     std::int64_t x_channels = 0, x_plane = 0, dy_channels = 0, dy_plane = 0;
     std::size_t value_bytes = 4;
+    // Channels last with output blocks: a piece's channels of dy gathered into a dense buffer of this
+    // many bytes (its examples, its channels) before it runs (above).
+    std::size_t gathered_bytes = 0;
     primitive_handle plain, with_bias;  // the piece's primitive without and with the bias gradient
     primitive_handle back;              // its gradient's layout -> the caller's [out][in][k][k] block, added
     std::size_t scratchpad_bytes = 0, gradient_bytes = 0;
@@ -87,6 +107,10 @@ class dnnl_weight_pieces : public dnnl_memory {
         a.get<std::byte>(arena::workspace, std::max<std::size_t>(scratch_step, 64) * static_cast<std::size_t>(team));
     std::byte* gradients = a.get<std::byte>(arena::weights, gradient_step * static_cast<std::size_t>(team));
     std::byte* biases = a.get<std::byte>(arena::bias_gradient, bias_step * static_cast<std::size_t>(team));
+    const std::size_t gathered_step = aligned(q.gathered_bytes);
+    std::byte* gathered = q.gathered_bytes > 0
+                              ? a.get<std::byte>(arena::columns, gathered_step * static_cast<std::size_t>(team))
+                              : nullptr;
     parallel_items(items, team, [&](std::int64_t item) {
 #if defined(_OPENMP)
       const int t = omp_get_thread_num();
@@ -104,13 +128,20 @@ class dnnl_weight_pieces : public dnnl_memory {
       dnnl_memory_t block = ts.block.point(to + (o * q.out_channels * g.in_channels + i * q.in_channels) * window);
       const std::int64_t first = run * g.batch / shape.runs, last = (run + 1) * g.batch / shape.runs;
       for (std::int64_t n = first; n < last; n += q.examples) {
+        const std::byte* dy_piece;
+        if (gathered) {
+          std::byte* to_dy = gathered + gathered_step * static_cast<std::size_t>(t);
+          gather_channels(dys, to_dy, n, q, o);
+          dy_piece = to_dy;
+        } else {
+          dy_piece =
+              dys + static_cast<std::size_t>((n * q.dy_channels + o * q.out_channels) * q.dy_plane) * q.value_bytes;
+        }
         std::array<dnnl_exec_arg_t, 5> args{
             {{DNNL_ARG_SRC,
               ts.src.point(xs + static_cast<std::size_t>((n * q.x_channels + i * q.in_channels) * q.x_plane) *
                                     q.value_bytes)},
-             {DNNL_ARG_DIFF_DST,
-              ts.ddst.point(dys + static_cast<std::size_t>((n * q.dy_channels + o * q.out_channels) * q.dy_plane) *
-                                      q.value_bytes)},
+             {DNNL_ARG_DIFF_DST, ts.ddst.point(dy_piece)},
              {DNNL_ARG_DIFF_WEIGHTS, gradient}}};
         int used = 3;
         if (bias) args[static_cast<std::size_t>(used++)] = {DNNL_ARG_DIFF_BIAS, ts.bias.point(bias_out)};
@@ -140,17 +171,46 @@ class dnnl_weight_pieces : public dnnl_memory {
     }
   }
 
+  // Output block o's channels of the examples [n, n + q.examples) of dy (nhwc, all its channels) into
+  // `to`, dense nhwc over the piece's channels: a copy of one contiguous run of channels per position.
+  static void gather_channels(const std::byte* dys, std::byte* to, std::int64_t n, const pieces& q,
+                              std::int64_t o) noexcept {
+    const std::size_t run = static_cast<std::size_t>(q.out_channels) * q.value_bytes,
+                      stride = static_cast<std::size_t>(q.dy_channels) * q.value_bytes;
+    const std::int64_t positions = q.examples * q.dy_plane;
+    const std::byte* from = dys + (static_cast<std::size_t>(n * q.dy_plane) * stride +
+                                   static_cast<std::size_t>(o * q.out_channels) * q.value_bytes);
+    for (std::int64_t p = 0; p < positions; ++p)
+      std::memcpy(to + static_cast<std::size_t>(p) * run, from + static_cast<std::size_t>(p) * stride, run);
+  }
+
   // The grid of a weight gradient in `count` pieces (above): as many runs of examples as the batch
   // allows up to `count`, then the input channels' blocks of 16, then the output channels', each
   // split into equal parts (where their layouts let them be split); together at least `count`
-  // pieces where the geometry has them.
-  static grid pieces_grid(const conv_geometry& g, int count, bool split_in = true, bool split_out = true) {
+  // pieces where the geometry has them. With `channels_last` (x and dy in nhwc): the output
+  // channels' blocks first, in the fewest equal parts that reach `count` (all of them where none
+  // does), then runs of examples; never the input channels.
+  static grid pieces_grid(const conv_geometry& g, int count, bool split_in = true, bool split_out = true,
+                          bool channels_last = false) {
     const auto largest_divisor = [](std::int64_t n, std::int64_t at_most) {
       for (std::int64_t d = std::min(n, std::max<std::int64_t>(at_most, 1)); d > 1; --d)
         if (n % d == 0) return d;
       return std::int64_t{1};
     };
     grid shape;
+    if (channels_last) {
+      shape.channels_last = true;
+      const std::int64_t blocks = g.out_channels % 16 == 0 ? g.out_channels / 16 : 1;
+      shape.out_blocks = blocks;
+      for (std::int64_t d = 1; d <= blocks; ++d)
+        if (blocks % d == 0 && d >= count) {
+          shape.out_blocks = d;
+          break;
+        }
+      shape.runs =
+          std::max<std::int64_t>(1, std::min<std::int64_t>(g.batch, (count + shape.out_blocks - 1) / shape.out_blocks));
+      return shape;
+    }
     shape.runs = std::max<std::int64_t>(1, std::min<std::int64_t>(g.batch, count));
     std::int64_t rest = (count + shape.runs - 1) / shape.runs;
     shape.in_blocks = largest_divisor(split_in && g.in_channels % 16 == 0 ? g.in_channels / 16 : 1, rest);
