@@ -32,14 +32,6 @@ struct exposed : distribute::detail::dnnl_memory {
   using dnnl_memory::planes_from_channels_last;
 };
 
-int threads() {
-#if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
 // to = from, `bytes` of them, split evenly between the OpenMP threads.
 void parallel_copy(const float* from, float* to, std::int64_t count) {
 #if defined(_OPENMP)
@@ -72,8 +64,8 @@ int main(int argc, char** argv) {
   exposed::check(dnnl_engine_create(&engine, dnnl_cpu, 0), "dnnl_engine_create");
   exposed::check(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags), "dnnl_stream_create");
   std::printf("# bench_layouts %s, %s, %d threads, load average %s, oneDNN %d.%d\n", bench::utc_now().c_str(),
-              bench::cpu_model().c_str(), threads(), bench::load_average().c_str(), DNNL_VERSION_MAJOR,
-              DNNL_VERSION_MINOR);
+              bench::cpu_model().c_str(), distribute::detail::openmp_threads(), bench::load_average().c_str(),
+              DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR);
   std::printf("%-16s %14s %14s %14s %10s %10s\n", "nhwc -> nchw", "copy GB/s", "oneDNN GB/s", "ours GB/s", "ours/copy",
               "ours/oneDNN");
   const std::vector<std::vector<dnnl_dim_t>> cases{{1, 256, 66, 66},  {1, 64, 262, 262},  {1, 256, 64, 64},
@@ -110,7 +102,8 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"bench\":\"layouts\",\"case\":\"nhwc_to_nchw\",\"dims\":\"%s\",\"threads\":%d,\"copy_ms\":%.4f,"
         "\"onednn_ms\":%.4f,\"ours_ms\":%.4f,\"same\":%s}\n",
-        name.c_str(), threads(), copy * 1e3, theirs * 1e3, ours * 1e3, same ? "true" : "false");
+        name.c_str(), distribute::detail::openmp_threads(), copy * 1e3, theirs * 1e3, ours * 1e3,
+        same ? "true" : "false");
     if (!same) return 1;
   }
   dnnl_stream_destroy(stream);

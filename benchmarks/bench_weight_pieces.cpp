@@ -27,23 +27,11 @@
 #include <string>
 #include <vector>
 
-#if defined(_OPENMP)
-#  include <omp.h>
-#endif
-
 namespace dist = distribute;
 using dist::conv_geometry;
 using conv = dist::detail::dnnl_conv;
 
 namespace {
-
-int threads() {
-#if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 
 std::vector<float> values(std::int64_t n, std::uint32_t seed) {
   std::vector<float> v(static_cast<std::size_t>(n));
@@ -71,7 +59,7 @@ int main(int argc, char** argv) {
       return arg == "--help" ? 0 : 2;
     }
   }
-  const int n = threads();
+  const int n = distribute::detail::openmp_threads();
   std::printf("# bench_weight_pieces %s, %s, %d threads, load average %s, oneDNN %s on %s\n", bench::utc_now().c_str(),
               bench::cpu_model().c_str(), n, bench::load_average().c_str(), conv::library().c_str(),
               conv::isa().c_str());
