@@ -7,9 +7,9 @@
 //   - the bound: that primitive on one thread, divided by the count of threads (the kernel's own
 //     speed, scaled perfectly; no cut of it can do better).
 // Shapes: the CycleGAN's at paper size, batch 1 and 4, in bfloat16 where the CPU has bfloat16 units
-// (on AMX oneDNN takes channels-last layouts there, and the pieces are blocks of output channels)
-// and float32. The three run in interleaved rounds; each figure is the median over the rounds of a
-// median of 3 repetitions of at least 50 ms. See docs/benchmarks.md.
+// (on AMX oneDNN takes channels-last layouts there) and float32. The four run in interleaved rounds;
+// each figure is the median over the rounds of a median of 3 repetitions of at least 50 ms. See
+// docs/benchmarks.md.
 //
 //   bench_weight_pieces [--quick] [--rounds N]
 
@@ -88,8 +88,8 @@ int main(int argc, char** argv) {
     for (const auto& g : shapes) {
       const bool wino = conv::winograd_pays(g) && conv::has_winograd() && !half;
       if (conv::swaps_sides(g)) continue;
-      conv ours{n}, cut{n, true}, whole{1};
-      dist::detail::arena a_ours, a_cut, a_whole;
+      conv ours{n}, cut{n, true}, whole{1}, alone{1};  // alone: plans made for one thread (below)
+      dist::detail::arena a_ours, a_cut, a_whole, a_alone;
       const auto x = values(g.input_size(), 1), dy = values(g.output_size(), 2);
       std::vector<float> dw(static_cast<std::size_t>(g.weight_size())), db(static_cast<std::size_t>(g.out_channels));
       const auto pass = [&](conv& d, dist::detail::arena& a) {
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
         if (cuts) cut_s.push_back(bench::seconds_per_call([&] { pass(cut, a_cut); }, min_seconds, 3));
         whole_s.push_back(bench::seconds_per_call([&] { pass(whole, a_whole); }, min_seconds, 3));
         const dist::detail::openmp_thread_count one{1};
-        bound_s.push_back(bench::seconds_per_call([&] { pass(whole, a_whole); }, min_seconds, 3) / n);
+        bound_s.push_back(bench::seconds_per_call([&] { pass(alone, a_alone); }, min_seconds, 3) / n);
       }
       const double e = bench::median(ours_s), c = cuts ? bench::median(cut_s) : 0.0, w = bench::median(whole_s),
                    b = bench::median(bound_s);

@@ -25,10 +25,10 @@
 // of dy into a dense nhwc copy of its own (0.1 ms for a residual block's); x is read whole. Such
 // pieces are used only where oneDNN computes them with the kernel it chose for the whole pass. The
 // engine leaves the cut off: on a 2-core Xeon with AMX it took 1.04-1.6x the time of one two-thread
-// primitive for the CycleGAN's weight gradients in bfloat16 at a batch of one (oneDNN 2.6.3 and 3.2:
-// a piece repeats the kernel's own rearrangement of x, and half the channels took a thread as long
-// as all of them), and the bfloat16 step 2-5% longer, with no gain shown beside a busy process
-// (docs/benchmarks.md, "Weight gradients in pieces"). bench_weight_pieces measures it again.
+// primitive for the CycleGAN's weight gradients in bfloat16 at a batch of one (oneDNN 2.6.3 and 3.2;
+// the pieces' kernel alone keeps its speed, the loss is in what runs around it, not yet located),
+// and the bfloat16 step 2-5% longer, with no gain shown beside a busy process (docs/benchmarks.md,
+// "Weight gradients in pieces"). bench_weight_pieces measures it again.
 //
 // Where oneDNN chose another layout, where the grid has fewer pieces than the configured count of
 // threads, or where oneDNN would compute a piece with its reference kernel but not the whole pass, the
