@@ -1111,6 +1111,94 @@ BOOST_AUTO_TEST_CASE(plane_sums_add_in_the_documented_order_on_any_thread_count)
   BOOST_TEST(some_differ_from_index_order);
 }
 
+namespace {
+
+// Where element (segment s, term i) of a reduction of a row-major tensor of `extents` over the axes
+// of `reduced` lies, written out from the shape alone: s row-major over the kept axes, i over the
+// reduced ones.
+std::int64_t reduction_offset(const std::array<std::int64_t, 4>& extents, const std::array<bool, 4>& reduced,
+                              std::int64_t s, std::int64_t i) {
+  std::int64_t offset = 0, stride = 1;
+  for (int k = 3; k >= 0; --k) {
+    const auto e = extents[static_cast<std::size_t>(k)];
+    std::int64_t& from = reduced[static_cast<std::size_t>(k)] ? i : s;
+    offset += (from % e) * stride;
+    from /= e;
+    stride *= e;
+  }
+  return offset;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(reductions_over_any_axes_keep_the_documented_order_and_the_first_maximum) {
+  // Every choice of axes of shapes whose runs (the innermost reduced axis) start and end inside the
+  // rows of 32 terms, with sums of fewer and of more than 32 terms and one past the parallel grain:
+  // the CPU engine's sums (walked run by run, and segments side by side where each is a column) are
+  // the documented order's bits, term by term, on one and two threads, and its maximum is the first
+  // of the largest (a NaN first of all), as a loop over the terms finds it.
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<double> small(-1.0, 1.0);
+  std::bernoulli_distribution large(0.1), nan(0.002);
+  std::uniform_int_distribution<int> level(-2, 2);
+  int across = 0, runs = 0;
+  for (const std::array<std::int64_t, 4> extents :
+       {std::array<std::int64_t, 4>{3, 5, 7, 11}, {2, 33, 3, 70}, {40, 3, 2, 9}, {8, 64, 9, 9}}) {
+    const shape sh{extents[0], extents[1], extents[2], extents[3]};
+    std::vector<float> x(static_cast<std::size_t>(sh.numel()));
+    for (float& v : x) v = static_cast<float>(large(gen) ? small(gen) * 1e8 : small(gen));
+    tensor<float> ties{sh};  // few levels: ties everywhere, and some NaN
+    for (std::size_t k = 0; k < ties.size(); ++k)
+      ties.data()[k] = nan(gen) ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(level(gen));
+    for (int bits = 1; bits < 16; ++bits) {
+      std::array<bool, 4> reduced{};
+      std::array<bool, shape::max_rank> mask{};
+      for (std::size_t k = 0; k < 4; ++k) reduced[k] = mask[k] = (bits & (1 << k)) != 0;
+      const auto m = nn::detail::reduction_of(sh, reduced);
+      const nn::detail::kernels::strided_term<float> probe{x.data(), m.kept.axes ? m.kept.strides[3] : 0,
+                                                           m.reduced.axes ? m.reduced.strides[3] : 0};
+      const bool one_axis_each = m.kept.axes <= 1 && m.reduced.axes <= 1;
+      across += one_axis_each && m.segments > 1 && probe.segment_step() == 1 && probe.step != 1;
+      runs += !one_axis_each;
+      std::vector<double> want(static_cast<std::size_t>(m.segments));
+      for (std::int64_t s = 0; s < m.segments; ++s) {
+        std::vector<double> terms;
+        for (std::int64_t i = 0; i < m.length; ++i)
+          terms.push_back(x[static_cast<std::size_t>(reduction_offset(extents, reduced, s, i))]);
+        want[static_cast<std::size_t>(s)] = documented_plane_sum(terms);
+      }
+      for (const int threads : {1, 2}) {
+        dist::engine<dist::cpu> e{{.threads = threads}};
+        std::vector<double> got(static_cast<std::size_t>(m.segments), -1.0);
+        nn::detail::sum_terms(e, m, x.data(), got.data());
+        BOOST_TEST(std::memcmp(got.data(), want.data(), want.size() * sizeof(double)) == 0,
+                   sh.to_string() << " over axes mask " << bits << " on " << threads << " threads");
+      }
+      auto r = nn::local();
+      const auto [values, places] =
+          nn::detail::max_and_place(r, "max", ties, mask, nn::detail::reduced_shape(sh, mask, false));
+      bool same = true;
+      for (std::int64_t s = 0; s < m.segments && same; ++s) {
+        float best = 0;
+        std::int64_t where = -1;
+        for (std::int64_t i = 0; i < m.length; ++i) {
+          const float v = ties.data()[reduction_offset(extents, reduced, s, i)];
+          if (where < 0 || (!std::isnan(best) && (std::isnan(v) || v > best))) {
+            best = v;
+            where = i;
+          }
+        }
+        const float got = values.data()[s];
+        same = places.data()[s] == where && (got == best || (std::isnan(got) && std::isnan(best)));
+      }
+      BOOST_TEST(same, "the maximum of " << sh.to_string() << " over axes mask " << bits);
+    }
+  }
+  // Both of the engine's faster walks were taken.
+  BOOST_TEST(across > 0);
+  BOOST_TEST(runs > 0);
+}
+
 BOOST_AUTO_TEST_CASE(relu_gradients_pass_dy_only_where_the_input_is_positive) {
   // Past the parallel grain (2^15 elements) on two threads, and small on one: dx is dy where x > 0
   // and exactly zero elsewhere (x = 0, -0, negative, NaN), whatever dy is there (NaN, infinity).

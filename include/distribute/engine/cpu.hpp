@@ -351,8 +351,27 @@ class engine<cpu> {
   void segmented_sum(std::int64_t segments, std::int64_t length, F f, double* out, Finish finish) {
     const detail::segmented_sum_plan plan = detail::plan_segmented_sum(segments, length);
     detail::record_pass(pass_kind::segmented_sum, plan.work_items(), f, plan.launches());
-    over_segments(segments, length,
-                  [&](std::int64_t s) { out[s] = finish(s, distribute::fixed_order_sum(f, s, length)); });
+    // The same order, faster where the terms say where they lie (engine/serial.hpp): segments side
+    // by side where each is a column (a sum over an outer axis), else run by run.
+    if constexpr (requires(const F& g) {
+                    g.segment_step();
+                    g.run(std::int64_t{}, std::int64_t{});
+                  }) {
+      if (segments > 1 && length > 0 && f.segment_step() == 1 && f.run(0, 0).step != 1) {
+        constexpr std::int64_t block = distribute::fixed_order_block;
+        over_segments((segments + block - 1) / block, block * length, [&](std::int64_t k) {
+          const std::int64_t s0 = k * block;
+          distribute::fixed_order_sums_across(f, s0, std::min(block, segments - s0), length, out, finish);
+        });
+        return;
+      }
+    }
+    if constexpr (requires(const F& g) { g.run(std::int64_t{}, std::int64_t{}); })
+      over_segments(segments, length,
+                    [&](std::int64_t s) { out[s] = finish(s, distribute::fixed_order_sum_by_runs(f, s, length)); });
+    else
+      over_segments(segments, length,
+                    [&](std::int64_t s) { out[s] = finish(s, distribute::fixed_order_sum(f, s, length)); });
   }
   // Small results (statistics, loss values) where the host reads them: a copy on the CPU.
   template <class T>

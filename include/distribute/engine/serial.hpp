@@ -35,6 +35,82 @@ double fixed_order_sum(const F& term, std::int64_t s, std::int64_t length) {
   return acc[0] + rest;
 }
 
+// fixed_order_sum for terms that come in runs: `term.run(s, i)` gives {p, step, count} such that the
+// terms i, i + 1, ..., i + count - 1 of segment s (count >= 1; past the segment's end ignored) are
+// p[0], p[step], p[2 * step], ... The same additions in the same order as fixed_order_sum (lane i mod
+// 32 while whole rows last, the rest in index order, the same fold), so the same bits; the term's
+// walk (its divisions) is evaluated once per run instead of once per term.
+template <class F>
+double fixed_order_sum_by_runs(const F& term, std::int64_t s, std::int64_t length) {
+  constexpr std::int64_t lanes = fixed_order_lanes;
+  const F f = term;
+  double acc[lanes] = {};
+  const std::int64_t whole = length - length % lanes;
+  double rest = 0;
+  for (std::int64_t i = 0; i < length;) {
+    const auto r = f.run(s, i);
+    const std::int64_t end = std::min(length, i + r.count), rows_end = std::min(end, whole);
+    const auto* p = r.p;  // term k of the segment at p[(k - i) * step]
+    const std::int64_t step = r.step;
+    std::int64_t k = i;
+    for (; k < rows_end && k % lanes != 0; ++k) acc[k % lanes] += static_cast<double>(p[(k - i) * step]);
+    if (step == 1) {
+      for (; k + lanes <= rows_end; k += lanes) {
+        const auto* row = p + (k - i);
+        for (std::int64_t l = 0; l < lanes; ++l) acc[l] += static_cast<double>(row[l]);
+      }
+    } else {
+      for (; k + lanes <= rows_end; k += lanes) {
+        const auto* row = p + (k - i) * step;
+        for (std::int64_t l = 0; l < lanes; ++l) acc[l] += static_cast<double>(row[l * step]);
+      }
+    }
+    for (; k < rows_end; ++k) acc[k % lanes] += static_cast<double>(p[(k - i) * step]);
+    for (; k < end; ++k) rest += static_cast<double>(p[(k - i) * step]);
+    i = end;
+  }
+  for (std::int64_t w = lanes / 2; w > 0; w /= 2)
+    for (std::int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0] + rest;
+}
+
+// fixed_order_sum of the `count` (at most fixed_order_block) segments s0, s0 + 1, ... side by side,
+// for terms whose next segment's term lies next to this one's (`term.segment_step() == 1`, as in a sum
+// over an outer axis: the batch's): each segment's terms are added in fixed_order_sum's order, so
+// the same bits, and each row of terms is read once for all of them, in loops that vectorise across
+// the segments. out[s0 + b] = finish(s0 + b, the sum).
+inline constexpr std::int64_t fixed_order_block = 32;
+template <class F, class Finish>
+void fixed_order_sums_across(const F& term, std::int64_t s0, std::int64_t count, std::int64_t length, double* out,
+                             Finish&& finish) {
+  constexpr std::int64_t lanes = fixed_order_lanes, block = fixed_order_block;
+  const F f = term;
+  double rest[block] = {};
+  const std::int64_t whole = length - length % lanes;
+  if (whole == 0) {  // every term is in the rest; the running sums stay 0 (a sum over a small batch)
+    for (std::int64_t i = 0; i < length; ++i) {
+      const auto* p = f.run(s0, i).p;
+      for (std::int64_t b = 0; b < count; ++b) rest[b] += static_cast<double>(p[b]);
+    }
+    for (std::int64_t b = 0; b < count; ++b) out[s0 + b] = finish(s0 + b, 0.0 + rest[b]);
+    return;
+  }
+  double acc[lanes][block] = {};
+  for (std::int64_t i = 0; i < whole; ++i) {
+    const auto* p = f.run(s0, i).p;
+    double* a = acc[i % lanes];
+    for (std::int64_t b = 0; b < count; ++b) a[b] += static_cast<double>(p[b]);
+  }
+  for (std::int64_t i = whole; i < length; ++i) {
+    const auto* p = f.run(s0, i).p;
+    for (std::int64_t b = 0; b < count; ++b) rest[b] += static_cast<double>(p[b]);
+  }
+  for (std::int64_t w = lanes / 2; w > 0; w /= 2)
+    for (std::int64_t l = 0; l < w; ++l)
+      for (std::int64_t b = 0; b < count; ++b) acc[l][b] += acc[l + w][b];
+  for (std::int64_t b = 0; b < count; ++b) out[s0 + b] = finish(s0 + b, acc[0][b] + rest[b]);
+}
+
 struct serial_engine {
   template <class F>
   void for_each(std::int64_t n, F f) const {

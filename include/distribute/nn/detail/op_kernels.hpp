@@ -14,6 +14,15 @@
 #include <cmath>
 #include <cstdint>
 
+// A loop whose iterations combine into one value by `op` (OpenMP's simd reduction clause), on the
+// host where OpenMP is on; elsewhere (a GPU's device code, a build without OpenMP) a plain loop.
+#if defined(_OPENMP) && !defined(__CUDA_ARCH__)
+#  define DISTRIBUTE_SIMD_REDUCTION(...) _Pragma(DISTRIBUTE_SIMD_REDUCTION_TEXT(omp simd reduction(__VA_ARGS__)))
+#  define DISTRIBUTE_SIMD_REDUCTION_TEXT(...) #__VA_ARGS__
+#else
+#  define DISTRIBUTE_SIMD_REDUCTION(...)
+#endif
+
 namespace distribute::nn::detail {
 
 // A row-major walk over `extents` read through `strides`: the offset of linear index i. A stride of
@@ -40,6 +49,13 @@ struct strided_map {
 namespace kernels {
 
 using index = std::int64_t;
+
+// Terms i, i + 1, ..., i + count - 1 of a sum's segment at p[0], p[step], p[2 * step], ...
+template <class T>
+struct term_run {
+  const T* p;
+  std::int64_t step, count;
+};
 
 // The unary operations: value(x), dy/dx from x and y = value(x), and d2y/dx2 from x (`second`, for
 // gradients taken with create_graph).
@@ -264,6 +280,12 @@ struct reduction_term {
   DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
     return static_cast<double>(x[kept(s) + reduced(i)]);
   }
+  // Terms i, i + 1, ... of segment s to the end of the innermost reduced axis: one stride apart (a
+  // host engine's sum walks them so, engine/serial.hpp's fixed_order_sum_by_runs).
+  DISTRIBUTE_HOST_DEVICE term_run<T> run(index s, index i) const {
+    const std::int64_t e = reduced.extents[3];  // (the map's axes in use are its last ones)
+    return {x + kept(s) + reduced(i), reduced.axes > 0 ? reduced.strides[3] : 0, e - i % e};
+  }
 };
 // The same where the kept and the reduced axes each merge into one: x[s * kept_step + i * step].
 template <class T>
@@ -273,6 +295,11 @@ struct strided_term {
   DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
     return static_cast<double>(x[s * kept_step + i * step]);
   }
+  DISTRIBUTE_HOST_DEVICE term_run<T> run(index s, index i) const {
+    return {x + s * kept_step + i * step, step, std::int64_t{1} << 62};  // (to the segment's end)
+  }
+  // Segment s + 1's term i lies this far after segment s's.
+  DISTRIBUTE_HOST_DEVICE std::int64_t segment_step() const { return kept_step; }
 };
 // out[i] = T(sums[i] * k).
 template <class T>
@@ -300,18 +327,57 @@ struct max_chunk_pass {
   DISTRIBUTE_HOST_DEVICE void operator()(index s, index c) const {
     const std::int64_t begin = c * chunk;
     const std::int64_t end = begin + chunk < length ? begin + chunk : length;
-    T best{};
-    std::int64_t where = -1;
-    for (std::int64_t i = begin; i < end; ++i) {
-      const T v = x ? x[kept(s) + reduced(i)] : values[s * length + i];
-      const bool nan = v != v, best_nan = where >= 0 && best != best;
-      if (where < 0 || (!best_nan && (nan || v > best))) {
-        best = v;
-        where = x ? i : places[s * length + i];
+    // Run by run (terms one stride apart: the innermost reduced axis, or a previous pass's row), the
+    // walk's divisions once a run. Two passes over the chunk's terms (at most `chunk`, in cache), in
+    // loops without a branch per term: whether there is a NaN and the largest value, then the first
+    // term that is a NaN or (none being one) equals the largest. That is the term a walk in index
+    // order keeping the first of equal maxima and the first NaN would keep (-0 and +0 are equal).
+    const std::int64_t base = x ? kept(s) : s * length;
+    const std::int64_t inner = x ? reduced.extents[3] : length;
+    const std::int64_t step = x ? (reduced.axes > 0 ? reduced.strides[3] : 0) : 1;
+    const auto for_runs = [&](auto&& f) {
+      for (std::int64_t i = begin; i < end;) {
+        const std::int64_t left = inner - i % inner, n = left < end - i ? left : end - i;
+        if (f(i, x ? x + base + reduced(i) : values + base + i, n)) return;
+        i += n;
       }
-    }
+    };
+    int nan = 0;
+    T m = x ? x[base + reduced(begin)] : values[base + begin];
+    for_runs([&](std::int64_t, const T* p, std::int64_t n) {
+      if (step == 1) {  // (the common case, in loops of its own: they vectorise)
+        DISTRIBUTE_SIMD_REDUCTION(| : nan)
+        for (std::int64_t k = 0; k < n; ++k) nan |= p[k] != p[k];
+        if (nan) return true;
+        DISTRIBUTE_SIMD_REDUCTION(max : m)
+        for (std::int64_t k = 0; k < n; ++k) m = p[k] > m ? p[k] : m;
+        return false;
+      }
+      for (std::int64_t k = 0; k < n; ++k) nan |= p[k * step] != p[k * step];
+      if (nan) return true;
+      for (std::int64_t k = 0; k < n; ++k) m = p[k * step] > m ? p[k * step] : m;
+      return false;
+    });
+    T best = m;
+    std::int64_t where = -1;
+    for_runs([&](std::int64_t i, const T* p, std::int64_t n) {
+      for (std::int64_t k = 0; k < n; ++k) {
+        const T v = p[k * step];
+        if (nan ? v != v : v == m) {
+          best = v;
+          where = x ? i + k : places[base + i + k];
+          return true;
+        }
+      }
+      return false;
+    });
     out_values[s * chunks + c] = best;
     out_places[s * chunks + c] = where;
+  }
+  // On the host: a segment's chunks one after another, each in its own loops (a SIMD loop across
+  // the chunks, the engine's default, would run those in lock step).
+  void whole_segment(index s) const {
+    for (index c = 0; c < chunks; ++c) (*this)(s, c);
   }
 };
 // dx[kept(s) + reduced(place[s])] = dy[s]: the maximum's gradient, into a zeroed dx.
