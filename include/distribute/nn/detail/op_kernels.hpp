@@ -328,10 +328,7 @@ struct max_chunk_pass {
     const std::int64_t begin = c * chunk;
     const std::int64_t end = begin + chunk < length ? begin + chunk : length;
     // Run by run (terms one stride apart: the innermost reduced axis, or a previous pass's row), the
-    // walk's divisions once a run. Two passes over the chunk's terms (at most `chunk`, in cache), in
-    // loops without a branch per term: whether there is a NaN and the largest value, then the first
-    // term that is a NaN or (none being one) equals the largest. That is the term a walk in index
-    // order keeping the first of equal maxima and the first NaN would keep (-0 and +0 are equal).
+    // walk's divisions once a run.
     const std::int64_t base = x ? kept(s) : s * length;
     const std::int64_t inner = x ? reduced.extents[3] : length;
     const std::int64_t step = x ? (reduced.axes > 0 ? reduced.strides[3] : 0) : 1;
@@ -342,6 +339,26 @@ struct max_chunk_pass {
         i += n;
       }
     };
+    T best{};
+    std::int64_t where = -1;
+#if defined(__CUDA_ARCH__)
+    // On a GPU one pass in index order, a branch a term: a thread walks its chunk once.
+    for_runs([&](std::int64_t i, const T* p, std::int64_t n) {
+      for (std::int64_t k = 0; k < n; ++k) {
+        const T v = p[k * step];
+        const bool v_nan = v != v, best_nan = where >= 0 && best != best;
+        if (where < 0 || (!best_nan && (v_nan || v > best))) {
+          best = v;
+          where = x ? i + k : places[base + i + k];
+        }
+      }
+      return false;
+    });
+#else
+    // On the host two passes over the chunk's terms (at most `chunk`, in cache), in loops without a
+    // branch per term: whether there is a NaN and the largest value, then the first term that is a
+    // NaN or (none being one) equals the largest. That is the term the walk in index order above
+    // keeps, the first of equal maxima or the first NaN (-0 and +0 are equal).
     int nan = 0;
     T m = x ? x[base + reduced(begin)] : values[base + begin];
     for_runs([&](std::int64_t, const T* p, std::int64_t n) {
@@ -358,8 +375,6 @@ struct max_chunk_pass {
       for (std::int64_t k = 0; k < n; ++k) m = p[k * step] > m ? p[k * step] : m;
       return false;
     });
-    T best = m;
-    std::int64_t where = -1;
     for_runs([&](std::int64_t i, const T* p, std::int64_t n) {
       for (std::int64_t k = 0; k < n; ++k) {
         const T v = p[k * step];
@@ -371,6 +386,7 @@ struct max_chunk_pass {
       }
       return false;
     });
+#endif
     out_values[s * chunks + c] = best;
     out_places[s * chunks + c] = where;
   }
