@@ -26,7 +26,7 @@
 // default, compute_options::adapt_threads) it runs fewer threads while other processes keep the cores
 // busy. --winograd off computes every CPU
 // convolution directly (compute_options::conv_winograd; on, the default, the wide 3x3 ones with
-// Winograd's kernel where the oneDNN has one).
+// Winograd: oneDNN's kernel where it has one, the engine's own F(4x4, 3x3) elsewhere).
 //
 // --background-load N starts N busy processes (forked children, each spinning on arithmetic at
 // normal priority) before the warm-up and kills them after the timed steps, also when the run fails

@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   };
   for (const bool half : precisions)
     for (const auto& g : shapes) {
-      const bool wino = conv::winograd_pays(g) && conv::has_winograd() && !half;
+      const bool wino = conv::winograd_pays(g) && conv::library_has_winograd() && !half;
       if (conv::swaps_sides(g)) continue;
       conv ours{n}, cut{n, true}, whole{1}, alone{1};  // alone: plans made for one thread (below)
       dist::detail::arena a_ours, a_cut, a_whole, a_alone;

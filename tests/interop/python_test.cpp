@@ -392,14 +392,17 @@ BOOST_AUTO_TEST_CASE(generator_at_demo_size) {
 // onnxruntime's 5.0e-6, PyTorch against onnxruntime 1.14e-5; ours against onnxruntime 1.13e-5 there
 // (oneDNN's jit:avx2 kernels) and 6.5e-6 on a Zen 4 (AVX-512). Hence 3e-5 with every convolution
 // direct: an export that got a layer wrong is off by orders of magnitude more. As the engine computes
-// by default, the residual blocks' convolutions take Winograd's kernel where oneDNN has it
-// (compute_options::conv_winograd; AVX-512 only), which rounds more: within 5e-5 (measured 1.2e-5 on
-// the Zen 4).
+// by default, the residual blocks' convolutions take Winograd (compute_options::conv_winograd:
+// oneDNN's kernel on AVX-512, the engine's own F(4x4, 3x3) elsewhere, where timed faster), which
+// rounds more, and over 18 such convolutions the differences add up: 1.2e-5 on the Zen 4 with
+// oneDNN's kernel, 3.6e-5 on the Zen 3 with the engine's own (each of its convolutions within about
+// 1e-5 of its largest magnitude from the direct result, as oneDNN's is within 2e-5). Hence 1e-4 for
+// that check, still three orders of magnitude below a layer exported wrong.
 BOOST_AUTO_TEST_CASE(generator_at_paper_size) {
   auto g = cyclegan::make_generator<dist::cpu>({.channels = 3, .filters = 64, .blocks = 9}, 5);
   check_with_onnxruntime(g, dist::shape::nchw(1, 3, 256, 256), "paper generator, direct convolutions",
                          {.conv_winograd = false}, 3e-5);
-  check_with_onnxruntime(g, dist::shape::nchw(1, 3, 256, 256), "paper generator, the engine's default", {}, 5e-5);
+  check_with_onnxruntime(g, dist::shape::nchw(1, 3, 256, 256), "paper generator, the engine's default", {}, 1e-4);
 }
 
 BOOST_AUTO_TEST_CASE(porting_layers) {

@@ -123,10 +123,11 @@ BOOST_AUTO_TEST_CASE(fast_convolutions_match_the_reference) {
     }
 }
 
-BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_it) {
+BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd) {
   // Geometries compute_options::conv_winograd applies to (3x3, stride 1, >= 32 channels in and out,
   // >= 32x32 output planes: a residual block's, with and without padding), and one just outside
-  // (31x31 output) that stays direct.
+  // (31x31 output) that stays direct. Winograd is oneDNN's kernel where it has one, the engine's own
+  // elsewhere (engine/detail/winograd_f4x3.hpp).
   // (Winograd by the rule: the timed choice has its own test.)
   dist::engine<dist::cpu> wino{{.cpu_conv_choice = dist::conv_choice::rule}}, direct{{.conv_winograd = false}},
       ref{{.reference = true}};
@@ -134,7 +135,8 @@ BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_i
   const auto outside = conv_geometry::of(2, 32, 33, 33, 32, 3, 1, 0);
 #if defined(DISTRIBUTE_USE_DNNL)
   const bool has = dist::detail::dnnl_conv::has_winograd();
-  BOOST_TEST_MESSAGE("oneDNN " << (has ? "has" : "has no") << " Winograd kernel here: " << wino.name());
+  BOOST_TEST_MESSAGE("oneDNN " << (dist::detail::dnnl_conv::library_has_winograd() ? "has" : "has no")
+                               << " Winograd kernel here: " << wino.name());
   BOOST_TEST((wino.name().find("Winograd") != std::string::npos) == has);
   BOOST_TEST(direct.name().find("Winograd") == std::string::npos);
   for (const auto& g : eligible) BOOST_TEST(dist::detail::dnnl_conv::winograd_pays(g), g.to_string());
@@ -165,6 +167,128 @@ BOOST_AUTO_TEST_CASE(wide_3x3_convolutions_take_winograd_where_the_library_has_i
   other.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), again.data());
   BOOST_TEST((y == again));
 }
+
+#if defined(DISTRIBUTE_USE_DNNL)
+// The engine's own Winograd F(4x4, 3x3) (engine/detail/winograd_f4x3.hpp), which computes the passes
+// asked for Winograd where oneDNN has no such kernel (CPUs without AVX-512, oneDNN 3.x), taken here
+// on every CPU (prefer_own_winograd): all three passes and the bias gradient against the reference
+// over paddings 0, 1 and 2, planes that are not multiples of the 4x4 tiles, odd channel counts and
+// batches; the same bits on 1, 2 and 3 threads, and for a batch and its examples one at a time
+// (forward and data gradient); on inputs rounded to bfloat16 as it rounds them (`round`); and the
+// name and thread rule it reports. Geometries it does not apply to go to oneDNN's direct kernels.
+BOOST_AUTO_TEST_CASE(own_winograd_matches_the_reference_and_keeps_its_bits_on_any_thread_count) {
+  using conv = dist::detail::dnnl_conv;
+  using pass = conv::pass;
+  using wino = dist::detail::winograd_f4x3;
+  const std::vector<conv_geometry> cases{
+      conv_geometry::of(1, 5, 9, 11, 7, 3, 1, 1),     // 9x11: partial tiles both ways
+      conv_geometry::of(2, 8, 13, 10, 6, 3, 1, 0),    // no padding, 11x8
+      conv_geometry::of(3, 3, 7, 7, 4, 3, 1, 2),      // padding 2 (its data gradient: padding 0)
+      conv_geometry::of(1, 40, 34, 34, 33, 3, 1, 0),  // wide, 32x32 (its data gradient: 34x34)
+      conv_geometry::of(2, 33, 20, 17, 48, 3, 1, 1)};
+  dist::engine<dist::cpu> ref{{.reference = true}};
+  dist::detail::arena scratch;
+  for (const auto& g : cases) {
+    BOOST_TEST_REQUIRE(wino::applies(g), g.to_string());
+    const auto x = random_values(g.input_size(), 61), w = random_values(g.weight_size(), 62),
+               b = random_values(g.out_channels, 63), dy = random_values(g.output_size(), 64);
+    // All three passes (dx overwritten, dw and db added to) through dnnl_conv on `threads`.
+    const auto passes = [&](int threads, const conv_geometry& geometry, std::int64_t from, bool round) {
+      const dist::detail::openmp_thread_count count{threads};
+      conv d;
+      d.prefer_own_winograd(true);
+      const std::int64_t in = from * g.in_channels * g.in_height * g.in_width,
+                         out = from * g.out_channels * g.out_height * g.out_width;
+      std::vector<float> y(static_cast<std::size_t>(geometry.output_size()), -7.0f),
+          dx(static_cast<std::size_t>(geometry.input_size()), -7.0f),
+          dw(static_cast<std::size_t>(g.weight_size()), 0.25f), db(static_cast<std::size_t>(g.out_channels), 0.5f);
+      BOOST_TEST(d.forward(geometry, x.data() + in, w.data(), b.data(), y.data(), scratch, false, true, round));
+      BOOST_TEST(d.backward_data(geometry, dy.data() + out, w.data(), dx.data(), scratch, false, true, round));
+      BOOST_TEST(d.backward_weights(geometry, x.data() + in, dy.data() + out, dw.data(), db.data(), scratch, false,
+                                    true, round));
+      BOOST_TEST(d.own_winograd_passes() == 3u);
+      BOOST_TEST(!d.backward(geometry, x.data(), dy.data(), w.data(), dx.data(), dw.data(), db.data(), scratch, false,
+                             true, round));  // one by one, not both from one reorder
+      for (const pass which : {pass::forward, pass::backward_data, pass::backward_weights}) {
+        BOOST_TEST(d.implementation(which, geometry, true, false, true) == wino::name);
+        BOOST_TEST((d.rule(which, geometry, true, false, true) == conv::thread_rule::per_output));
+      }
+      return std::tuple{y, dx, dw, db};
+    };
+    const auto [y, dx, dw, db] = passes(2, g, 0, false);
+    // The reference, on the same inputs.
+    std::vector<float> ry(y.size()), rdx(dx.size()), rdw(dw.size(), 0.25f), rdb(db.size(), 0.5f);
+    ref.conv_forward(g, x.data(), w.data(), b.data(), ry.data());
+    ref.conv_backward_data(g, dy.data(), w.data(), rdx.data());
+    ref.conv_backward_weights(g, x.data(), dy.data(), rdw.data(), rdb.data());
+    // Winograd's roundings: a few 1e-6 of the largest magnitude here (a wrong coefficient in any
+    // transform is off by far more than 1e-4).
+    BOOST_TEST(relative(y, ry) < 1e-4, g.to_string() << ": forward " << relative(y, ry));
+    BOOST_TEST(relative(dx, rdx) < 1e-4, g.to_string() << ": data gradient " << relative(dx, rdx));
+    BOOST_TEST(relative(dw, rdw) < 1e-4, g.to_string() << ": weight gradient " << relative(dw, rdw));
+    BOOST_TEST(relative(db, rdb) < 1e-6, g.to_string() << ": bias gradient " << relative(db, rdb));
+    BOOST_TEST(relative(y, ry) > 0.0, "Winograd's roundings are not the direct sum's");
+    BOOST_TEST_MESSAGE(g.to_string() << ": own Winograd against the reference: forward " << relative(y, ry)
+                                     << ", data gradient " << relative(dx, rdx) << ", weight gradient "
+                                     << relative(dw, rdw));
+    // The thread count changes no bit.
+    for (const int threads : {1, 3}) {
+      const auto other = passes(threads, g, 0, false);
+      BOOST_TEST((std::get<0>(other) == y), g.to_string() << " forward, " << threads << " threads");
+      BOOST_TEST((std::get<1>(other) == dx), g.to_string() << " data gradient, " << threads << " threads");
+      BOOST_TEST((std::get<2>(other) == dw), g.to_string() << " weight gradient, " << threads << " threads");
+      BOOST_TEST((std::get<3>(other) == db), g.to_string() << " bias gradient, " << threads << " threads");
+    }
+    // Each example alone gives the batch's bits (forward and data gradient).
+    conv_geometry one = g;
+    one.batch = 1;
+    for (std::int64_t n = 0; n < g.batch; ++n) {
+      const auto alone = passes(2, one, n, false);
+      const auto out = static_cast<std::size_t>(one.output_size()), in = static_cast<std::size_t>(one.input_size());
+      BOOST_TEST(std::equal(std::get<0>(alone).begin(), std::get<0>(alone).end(), y.begin() + n * out),
+                 g.to_string() << " example " << n << " forward");
+      BOOST_TEST(std::equal(std::get<1>(alone).begin(), std::get<1>(alone).end(), dx.begin() + n * in),
+                 g.to_string() << " example " << n << " data gradient");
+    }
+    // `round`: the bits of the unrounded pass on inputs rounded to bfloat16.
+    {
+      const auto rounded = [](std::vector<float> v) {
+        for (auto& e : v) e = static_cast<float>(dist::bfloat16(e));
+        return v;
+      };
+      const auto xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
+      conv d;
+      d.prefer_own_winograd(true);
+      std::vector<float> a(y.size()), c(y.size()), da(dw.size(), 0.0f), dc(dw.size(), 0.0f);
+      d.forward(g, x.data(), w.data(), b.data(), a.data(), scratch, false, true, true);
+      d.forward(g, xr.data(), wr.data(), b.data(), c.data(), scratch, false, true, false);
+      BOOST_TEST((a == c), g.to_string() << ": rounded forward");
+      d.backward_weights(g, x.data(), dy.data(), da.data(), nullptr, scratch, false, true, true);
+      d.backward_weights(g, xr.data(), dyr.data(), dc.data(), nullptr, scratch, false, true, false);
+      BOOST_TEST((da == dc), g.to_string() << ": rounded weight gradient");
+      BOOST_TEST(!(a == y), "rounding changed the inputs");
+    }
+  }
+  // Not a 3x3 window at stride 1 with even padding: not own Winograd's; oneDNN's direct kernel computes it.
+  for (const auto& g : {conv_geometry::of(1, 8, 12, 12, 8, 3, 2, 1), conv_geometry::of(1, 8, 12, 12, 8, 5, 1, 2),
+                        conv_geometry::of(1, 8, 12, 12, 8, 3, 1, 3)}) {
+    BOOST_TEST(!wino::applies(g), g.to_string());
+    conv d;
+    d.prefer_own_winograd(true);
+    const auto x = random_values(g.input_size(), 65), w = random_values(g.weight_size(), 66);
+    std::vector<float> y(static_cast<std::size_t>(g.output_size())), ry(y.size());
+    BOOST_TEST(d.forward(g, x.data(), w.data(), nullptr, y.data(), scratch, false, true));
+    BOOST_TEST(d.own_winograd_passes() == 0u);
+    BOOST_TEST(d.implementation(pass::forward, g, false, false, true) != wino::name);
+    ref.conv_forward(g, x.data(), w.data(), static_cast<const float*>(nullptr), ry.data());
+    BOOST_TEST(relative(y, ry) < 2e-5, g.to_string());
+  }
+  BOOST_CHECK_THROW(
+      wino::forward(conv_geometry::of(1, 8, 12, 12, 8, 3, 2, 1), nullptr, nullptr, nullptr, nullptr, scratch, false, 1),
+      std::invalid_argument);
+  BOOST_TEST_MESSAGE("Winograd passes here: " << conv::winograd_kernel());
+}
+#endif
 
 // Where Winograd's data gradient spans one more row or column of 4x4 tiles than dy's plane (a 3x3
 // window without padding over an output extent of 0 or 3 modulo 4), oneDNN computes its inside (the
@@ -211,8 +335,9 @@ BOOST_AUTO_TEST_CASE(winograd_data_gradients_split_into_inside_and_edges_match_t
     BOOST_TEST((data_gradient(split) == fast), g.to_string() << ": one example at a time against the batch");
   }
 #if defined(DISTRIBUTE_USE_DNNL)
-  // Counted at the library's seam: where oneDNN has the kernel, each splitting pass is split once.
-  if (dist::detail::dnnl_conv::has_winograd()) {
+  // Counted at the library's seam: where oneDNN has the kernel, each splitting pass is split once
+  // (the engine's own Winograd computes the data gradient whole, as its swapped convolution's forward).
+  if (dist::detail::dnnl_conv::library_has_winograd()) {
     dist::detail::dnnl_conv conv;
     dist::detail::arena a;
     for (const auto& [g, splits] : cases) {
@@ -604,6 +729,8 @@ BOOST_AUTO_TEST_CASE(passes_run_on_fewer_threads_only_where_their_kernel_keeps_i
   BOOST_TEST((conv::rule_for(pass::backward_weights, "jit:avx512_core_amx_bf16", false) == rule::fixed_count));
   BOOST_TEST((conv::rule_for(pass::backward_weights, "jit:avx512_core", false) == rule::fixed_count));
   BOOST_TEST((conv::rule_for(pass::backward_weights, "jit:avx512_core_amx_bf16", true) == rule::pieces));
+  // The engine's own Winograd keeps its bits on any count, weight gradient included (its items are fixed).
+  BOOST_TEST((conv::rule_for(pass::backward_weights, dist::detail::winograd_f4x3::name, false) == rule::per_output));
 
   BOOST_TEST_MESSAGE("oneDNN " << conv::library() << " on ISA " << conv::isa());
   std::vector<bool> precisions{false};
@@ -626,7 +753,9 @@ BOOST_AUTO_TEST_CASE(passes_run_on_fewer_threads_only_where_their_kernel_keeps_i
           // The plan's rule is the rule of its kernel's name; a weight gradient never runs on fewer
           // threads unless in pieces, nor does a kernel the rule does not know.
           BOOST_TEST((r == conv::rule_for(which, kernel, pieces)), g.to_string() << " " << kernel);
-          if (which == pass::backward_weights) BOOST_TEST((r != rule::per_output), g.to_string() << " " << kernel);
+          // (The engine's own Winograd sums each weight gradient's element on one thread.)
+          if (which == pass::backward_weights && kernel != dist::detail::winograd_f4x3::name)
+            BOOST_TEST((r != rule::per_output), g.to_string() << " " << kernel);
           if (r == rule::fixed_count) ++configured;
           else ++fewer;
         }

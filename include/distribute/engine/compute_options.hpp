@@ -71,10 +71,12 @@ struct compute_options {
   // threads wait for the cores). GPU engines ignore it.
   bool adapt_threads = true;
   // CPU engines: compute 3x3 convolutions at stride 1 with at least 32 channels in and out over
-  // planes of at least 32x32 with Winograd's minimal filtering F(4x4, 3x3), where the oneDNN the
-  // program runs on has that kernel (oneDNN 2.x on CPUs with AVX-512; the engine's name says
-  // "Winograd" then). These are the residual blocks of an image generator, and there it is 2.5-3x
-  // faster than direct convolution (the paper-size CycleGAN step: docs/benchmarks.md). It rounds
+  // planes of at least 32x32 with Winograd's minimal filtering F(4x4, 3x3): oneDNN's kernel where
+  // the oneDNN the program runs on has one (oneDNN 2.x on CPUs with AVX-512), the engine's own
+  // elsewhere (engine/detail/winograd_f4x3.hpp: CPUs with AVX2 only, oneDNN 3.x); the engine's name
+  // says which. These are the residual blocks of an image generator, and there it is 2.5-3x faster
+  // than direct convolution with oneDNN's kernel on AVX-512, 2-2.7x with the engine's own on AVX2
+  // (docs/benchmarks.md). It rounds
   // more: a convolution's output differs from the exact one by about 2e-5 of its largest magnitude
   // (direct: about 1e-6). Still deterministic, and the same for every split of a batch. Off, every
   // convolution is direct, as PyTorch's CPU convolutions are. GPU engines ignore it (cuDNN's

@@ -95,7 +95,10 @@ inline std::string conv_choices_machine() {
       break;
     }
   std::replace(model.begin(), model.end(), '\t', ' ');
-  return model + ", " + dnnl_conv::isa() + ", " + dnnl_conv::library() + ", " +
+  // (Where the Winograd candidate is the engine's own, the name says so: choices timed against oneDNN's
+  // kernel, or before the engine had its own, are not this machine's.)
+  return model + ", " + dnnl_conv::isa() + ", " + dnnl_conv::library() +
+         (dnnl_conv::library_has_winograd() ? "" : ", own Winograd F(4x4, 3x3)") + ", " +
          std::to_string(usable_hardware_threads()) + " threads";
 }
 }  // namespace detail
@@ -173,9 +176,10 @@ class engine<cpu> {
     if (uses_dnnl<float>()) {
       convolutions = detail::dnnl_conv::library();
       if (options_.conv_winograd && detail::dnnl_conv::has_winograd())
-        convolutions += options_.cpu_conv_choice == conv_choice::rule
-                            ? " (Winograd for wide 3x3 convolutions)"
-                            : " (Winograd for wide 3x3 convolutions where timed faster)";
+        convolutions += (detail::dnnl_conv::library_has_winograd() ? " (Winograd" : " (own Winograd F(4x4, 3x3)") +
+                        std::string(options_.cpu_conv_choice == conv_choice::rule
+                                        ? " for wide 3x3 convolutions)"
+                                        : " for wide 3x3 convolutions where timed faster)");
     }
 #endif
     return convolutions + ", " + std::to_string(threads_) + (threads_ == 1 ? " thread" : " threads") +
@@ -577,8 +581,8 @@ class engine<cpu> {
   bool use_dnnl(const conv_geometry& g) const noexcept { return !options_.reference && detail::dnnl_conv::supports(g); }
   // Whether pass `which` of e runs Winograd (in bfloat16: float32 Winograd on its inputs rounded to
   // bfloat16, as oneDNN's bfloat16 kernels read them: the same values) rather than the direct kernel
-  // (in bfloat16 oneDNN's bfloat16 one). Only where Winograd applies (conv_winograd, winograd_pays,
-  // and a oneDNN with the kernel); there by compute_options::cpu_conv_choice: `rule` always, `timed`
+  // (in bfloat16 oneDNN's bfloat16 one). Only where Winograd applies (conv_winograd, winograd_pays:
+  // oneDNN's kernel where it has one, the engine's own F(4x4, 3x3) elsewhere); there by compute_options::cpu_conv_choice: `rule` always, `timed`
   // (the default) unless the direct kernel took at most two thirds of Winograd's time when the two
   // were timed at the pass's first run, on its own inputs (a and b, as through_dnnl gets them).
   // The choice is kept for the process (conv_choices()), shared by every engine and every batch

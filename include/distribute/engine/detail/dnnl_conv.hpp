@@ -55,6 +55,7 @@
 #include <distribute/engine/detail/arena.hpp>
 #include <distribute/engine/detail/dnnl_conv_planner.hpp>
 #include <distribute/engine/detail/openmp.hpp>
+#include <distribute/engine/detail/winograd_f4x3.hpp>
 #include <distribute/engine/serial.hpp>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -79,6 +80,11 @@ class dnnl_conv : public dnnl_conv_planner {
   // With `round`, on x and w rounded to bfloat16 (dnnl_memory.hpp).
   bool forward(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a,
                bool half = false, bool winograd = false, bool round = false) {
+    if (own_winograd(g, half, winograd)) {
+      winograd_f4x3::forward(g, x, w, bias, y, a, round, openmp_threads());
+      ++own_winograd_passes_;
+      return true;
+    }
     plan* found = plan_for(pass::forward, g, bias != nullptr, half, winograd);
     if (!found) return false;
     plan& p = *found;
@@ -96,6 +102,13 @@ class dnnl_conv : public dnnl_conv_planner {
   // dx = the data gradient of conv for dy (overwritten). False where `half` has no kernel.
   bool backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a, bool half = false,
                      bool winograd = false, bool round = false) {
+    if (own_winograd(g, half, winograd)) {  // the forward of the swapped convolution, on the turned window
+      float* turned = a.get<float>(arena::swapped, static_cast<std::size_t>(g.weight_size()));
+      turn_window(g.out_channels, g.in_channels, g.kernel, w, turned);
+      winograd_f4x3::forward(swapped(g), dy, turned, nullptr, dx, a, round, openmp_threads());
+      ++own_winograd_passes_;
+      return true;
+    }
     if (swaps_sides(g)) {
       float* turned = a.get<float>(arena::swapped, static_cast<std::size_t>(g.weight_size()));
       turn_window(g.out_channels, g.in_channels, g.kernel, w, turned);
@@ -114,6 +127,12 @@ class dnnl_conv : public dnnl_conv_planner {
   // where `half` has no kernel.
   bool backward_weights(const conv_geometry& g, const float* x, const float* dy, float* dw, float* db, arena& a,
                         bool half = false, bool winograd = false, bool round = false) {
+    if (own_winograd(g, half, winograd)) {
+      winograd_f4x3::backward_weights(g, x, dy, dw, a, round, openmp_threads());
+      if (db) bias_gradient(g, dy, db, round);
+      ++own_winograd_passes_;
+      return true;
+    }
     if (swaps_sides(g)) {
       // In bfloat16 on float32 copies rounded to bfloat16 (above; plan_of picks the float32 plan).
       plan* found = plan_of(pass::backward_weights, g, false, half, winograd);
@@ -143,8 +162,9 @@ class dnnl_conv : public dnnl_conv_planner {
   // convolution's passes (swaps_sides); the caller then runs them one by one.
   bool backward(const conv_geometry& g, const float* x, const float* dy, const float* w, float* dx, float* dw,
                 float* db, arena& a, bool half = false, bool winograd = false, bool round = false) {
-    // The swapped convolution's passes read dy in different roles: the caller runs them one by one.
-    if (swaps_sides(g)) return false;
+    // The swapped convolution's passes read dy in different roles, and the engine's own Winograd
+    // reads it as it is: the caller runs them one by one.
+    if (swaps_sides(g) || own_winograd(g, half, winograd)) return false;
     plan* weights_plan = plan_for(pass::backward_weights, g, db != nullptr, half, winograd);
     plan* data_plan = dx ? data_plan_for(g, half, winograd) : nullptr;
     if (!weights_plan || (dx && !data_plan)) return false;
@@ -162,6 +182,7 @@ class dnnl_conv : public dnnl_conv_planner {
   // "jit_wino_4x3:avx512_core"), for logs and benchmarks; "" where `half` has no kernel.
   // The gradients of a convolution that swaps_sides name the swapped convolution's kernels.
   std::string implementation(pass which, const conv_geometry& g, bool bias, bool half = false, bool winograd = false) {
+    if (own_winograd(g, half, winograd)) return winograd_f4x3::name;
     const plan* p = pass_plan(which, g, bias, half, winograd);
     return p ? p->impl : std::string();
   }
@@ -171,6 +192,7 @@ class dnnl_conv : public dnnl_conv_planner {
   // forward; a data gradient split at its border is its inside's Winograd pass and edges of one
   // thread each.
   thread_rule rule(pass which, const conv_geometry& g, bool bias, bool half = false, bool winograd = false) {
+    if (own_winograd(g, half, winograd)) return rule_for(which, winograd_f4x3::name, false);
     const plan* p = pass_plan(which, g, bias, half, winograd);
     return p ? p->rule : thread_rule::per_output;
   }
@@ -181,6 +203,7 @@ class dnnl_conv : public dnnl_conv_planner {
   std::size_t border_splits() const noexcept { return border_splits_; }
   // Where g swaps_sides, the swapped convolution's grid in g's terms (its output blocks are g's input blocks).
   grid weight_grid(const conv_geometry& g, bool bias, bool half = false, bool winograd = false) {
+    if (own_winograd(g, half, winograd)) return grid{};
     const plan* p = plan_of(pass::backward_weights, g, bias, half, winograd);
     if (!p || !p->sliced) return grid{};
     grid shape = p->sliced->shape;
@@ -189,21 +212,36 @@ class dnnl_conv : public dnnl_conv_planner {
   }
   // Whether a weight gradient of g is computed in pieces (dnnl_weight_pieces.hpp), for tests and logs.
   bool in_pieces(const conv_geometry& g, bool bias, bool half = false, bool winograd = false) {
+    if (own_winograd(g, half, winograd)) return false;  // (its own items: winograd_f4x3.hpp)
     const plan* p = plan_of(pass::backward_weights, g, bias, half, winograd);
     return p && p->sliced;
   }
   // The passes computed through a swapped convolution so far (swaps_sides), for tests.
   std::size_t swapped_passes() const noexcept { return swapped_passes_; }
 
+  // The passes computed by the engine's own Winograd so far (winograd_f4x3.hpp), for tests.
+  std::size_t own_winograd_passes() const noexcept { return own_winograd_passes_; }
+  // Computes the passes asked for Winograd with the engine's own F(4x4, 3x3) even where oneDNN has a
+  // Winograd kernel (for tests and benchmarks on such CPUs; the engine keeps oneDNN's there).
+  void prefer_own_winograd(bool prefer) noexcept { prefer_own_ = prefer; }
+
   // Whether the oneDNN loaded has a Winograd kernel for this CPU (asked once, with a convolution
   // winograd_pays accepts).
-  static bool has_winograd() {
+  static bool library_has_winograd() {
     static const bool has = [] {
       dnnl_conv probe;
       const conv_geometry g = conv_geometry::of(1, 32, 32, 32, 32, 3, 1, 1);
-      return probe.implementation(pass::forward, g, false, false, true).find("wino") != std::string::npos;
+      const plan* p = probe.pass_plan(pass::forward, g, false, false, true);  // (oneDNN's plan, not own_winograd's)
+      return p && p->impl.find("wino") != std::string::npos;
     }();
     return has;
+  }
+  // Whether passes asked for Winograd compute it: with oneDNN's kernel where it has one, else with
+  // the engine's own (always, in float32 and on inputs rounded to bfloat16).
+  static bool has_winograd() noexcept { return true; }
+  // Who computes the Winograd passes, for logs: "oneDNN's kernel" or "own F(4x4, 3x3) over oneDNN's sgemm".
+  static std::string winograd_kernel() {
+    return library_has_winograd() ? "oneDNN's Winograd kernel" : "own Winograd F(4x4, 3x3) over oneDNN's sgemm";
   }
 
  private:
@@ -347,8 +385,16 @@ class dnnl_conv : public dnnl_conv_planner {
     });
   }
 
+  // Whether a pass of g asked for Winograd runs the engine's own (winograd_f4x3.hpp): in float32
+  // (or on rounded inputs), where oneDNN has no Winograd kernel or the own one is preferred.
+  bool own_winograd(const conv_geometry& g, bool half, bool winograd) const {
+    return winograd && !half && winograd_f4x3::applies(g) && (prefer_own_ || !library_has_winograd());
+  }
+
   std::size_t border_splits_ = 0;
   std::size_t swapped_passes_ = 0;
+  std::size_t own_winograd_passes_ = 0;
+  bool prefer_own_ = false;
 };
 
 }  // namespace distribute::detail

@@ -46,6 +46,9 @@ struct dnnl_kernel_rules {
   // whether it is a weight gradient in pieces.
   static thread_rule rule_for(pass which, const std::string& impl, bool in_pieces) noexcept {
     if (in_pieces) return thread_rule::pieces;
+    // The engine's own Winograd (winograd_f4x3.hpp): each output computed on one thread, in items
+    // fixed by the geometry.
+    if (impl == "winograd_f4x3:sgemm") return thread_rule::per_output;
     if (which == pass::backward_weights) return thread_rule::fixed_count;
     if (which == pass::backward_data && data_gradient_follows_thread_count) return thread_rule::fixed_count;
     const auto has = [&](const char* part) { return impl.find(part) != std::string::npos; };
