@@ -75,7 +75,7 @@ struct compute_options {
   // the oneDNN the program runs on has one (oneDNN 2.x on CPUs with AVX-512), the engine's own
   // elsewhere (engine/detail/winograd_f4x3.hpp: CPUs with AVX2 only, oneDNN 3.x); the engine's name
   // says which. These are the residual blocks of an image generator, and there it is 2.5-3x faster
-  // than direct convolution with oneDNN's kernel on AVX-512, 2-2.7x with the engine's own on AVX2
+  // than direct convolution with oneDNN's kernel on AVX-512, 2-2.9x with the engine's own on AVX2
   // (docs/benchmarks.md). It rounds
   // more: a convolution's output differs from the exact one by about 2e-5 of its largest magnitude
   // (direct: about 1e-6). Still deterministic, and the same for every split of a batch. Off, every
