@@ -20,7 +20,7 @@
 // The weight gradient is the same bilinear form read the other way: since <dy, A^T (U .* V) A> =
 // <G^T [(A dy A^T) .* V] G, w>, the window's gradient is dw_kc = G^T [ sum_t (A dy_kt A^T) .* V_ct ] G:
 // transform dy's 4x4 tiles (Z, 36 x K x T) and the input tiles (V), 36 products Z_xi V_xi^T that sum
-// over the tiles of the whole batch, and the 6x6 -> 3x3 transform of each.
+// over the tiles, and the 6x6 -> 3x3 transform of each sum.
 //
 // A batch is computed one example at a time, so that the scratch (the transformed tiles, 36 values
 // for every 16 outputs of a plane) is one example's; the weight gradient's products add each example's
@@ -150,9 +150,11 @@ class winograd_f4x3 {
           "padding (at most 2) on every side, not " +
           g.to_string());
   }
-  // Cm = A B + beta Cm (row-major), on the calling thread (oneDNN's sgemm inside a parallel region).
+  // Cm = A B + beta Cm (row-major), on the calling thread: oneDNN's sgemm takes its thread count from
+  // the calling thread's OpenMP count, set to one here, whatever the team the call runs in.
   static void sgemm(char ta, char tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A, std::int64_t lda,
                     const float* B, std::int64_t ldb, float beta, float* Cm, std::int64_t ldc) {
+    const one_openmp_thread one;
     if (dnnl_sgemm(ta, tb, m, n, k, 1.0f, A, lda, B, ldb, beta, Cm, ldc) != dnnl_success)
       throw std::runtime_error("distribute: oneDNN's sgemm failed in a Winograd pass");
   }
