@@ -103,16 +103,12 @@ class dnnl_conv : public dnnl_conv_planner {
   bool backward_data(const conv_geometry& g, const float* dy, const float* w, float* dx, arena& a, bool half = false,
                      bool winograd = false, bool round = false) {
     if (own_winograd(g, half, winograd)) {  // the forward of the swapped convolution, on the turned window
-      float* turned = a.get<float>(arena::swapped, static_cast<std::size_t>(g.weight_size()));
-      turn_window(g.out_channels, g.in_channels, g.kernel, w, turned);
-      winograd_f4x3::forward(swapped(g), dy, turned, nullptr, dx, a, round, openmp_threads());
+      winograd_f4x3::forward(swapped(g), dy, turned_window(g, w, a), nullptr, dx, a, round, openmp_threads());
       ++own_winograd_passes_;
       return true;
     }
     if (swaps_sides(g)) {
-      float* turned = a.get<float>(arena::swapped, static_cast<std::size_t>(g.weight_size()));
-      turn_window(g.out_channels, g.in_channels, g.kernel, w, turned);
-      if (!forward(swapped(g), dy, turned, nullptr, dx, a, half, false, round)) return false;
+      if (!forward(swapped(g), dy, turned_window(g, w, a), nullptr, dx, a, half, false, round)) return false;
       ++swapped_passes_;
       return true;
     }
@@ -351,6 +347,12 @@ class dnnl_conv : public dnnl_conv_planner {
       for (std::int64_t i = 0; i < g.out_channels; ++i) db[i] += db_user[i];
   }
 
+  // g's window w turned for its swapped convolution (turn_window), in the arena's `swapped` slot.
+  static float* turned_window(const conv_geometry& g, const float* w, arena& a) {
+    float* turned = a.get<float>(arena::swapped, static_cast<std::size_t>(g.weight_size()));
+    turn_window(g.out_channels, g.in_channels, g.kernel, w, turned);
+    return turned;
+  }
   // A window [outs][ins][k][k] turned half a turn and transposed into [ins][outs][k][k]: to[i][o][a][b]
   // = from[o][i][k-1-a][k-1-b], or with `add` to[...] += from[...]. Turning a turned window back is
   // turn_window(ins, outs, ...).

@@ -18,6 +18,8 @@
 // CPU with AMX that keeps the bits of a configuration fixed at the price of not shedding threads on
 // those passes when the machine is busy (compute_options::adapt_threads).
 
+#include <distribute/engine/detail/winograd_f4x3.hpp>
+
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_version.h>
 
@@ -48,7 +50,7 @@ struct dnnl_kernel_rules {
     if (in_pieces) return thread_rule::pieces;
     // The engine's own Winograd (winograd_f4x3.hpp): each output computed on one thread, in items
     // fixed by the geometry.
-    if (impl == "winograd_f4x3:sgemm") return thread_rule::per_output;
+    if (impl == winograd_f4x3::name) return thread_rule::per_output;
     if (which == pass::backward_weights) return thread_rule::fixed_count;
     if (which == pass::backward_data && data_gradient_follows_thread_count) return thread_rule::fixed_count;
     const auto has = [&](const char* part) { return impl.find(part) != std::string::npos; };
