@@ -1328,33 +1328,45 @@ BOOST_AUTO_TEST_CASE(reductions_over_any_axes_keep_the_documented_order_and_the_
   BOOST_TEST(runs > 0);
 }
 
-BOOST_AUTO_TEST_CASE(relu_gradients_pass_dy_only_where_the_input_is_positive) {
-  // Past the parallel grain (2^15 elements) on two threads, and small on one: dx is dy where x > 0
-  // and exactly zero elsewhere (x = 0, -0, negative, NaN), whatever dy is there (NaN, infinity).
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  const float xs[] = {-1.0f, 0.0f, -0.0f, nan, 2.0f, 1e-30f, -inf, inf};
-  const float dys[] = {nan, inf, -inf, 5.0f, 3.0f, -7.0f, nan, 0.5f};
-  for (const std::int64_t n : {8, 40000}) {
-    std::vector<float> x(static_cast<std::size_t>(n)), dy(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      x[i] = xs[i % 8];
-      dy[i] = dys[(i / 8 + i) % 8];
-    }
-    for (const int threads : {1, 2}) {
-      dist::engine<dist::cpu> e{{.threads = threads}};
-      std::vector<float> dx(x.size(), -9.0f), leaky(x.size(), -9.0f);
-      e.for_each(n, nn::detail::kernels::relu_backward<float>{x.data(), dy.data(), dx.data()});
-      e.for_each(n, nn::detail::kernels::leaky_relu_backward<float>{x.data(), dy.data(), leaky.data(), 0.25f});
-      std::size_t bad = 0;
+BOOST_AUTO_TEST_CASE(relu_passes_are_the_selects_bit_for_bit_at_every_special_value) {
+  // Past the parallel grain (2^15 elements) on two threads, and small on one, in float and double:
+  // relu and leaky relu, forward and backward, give exactly what `x > 0 ? a : b` gives (the kernels
+  // compute both sides and select by a mask over their bits, detail/select.hpp, so that the loops
+  // vectorise without mask registers): dx is dy where x > 0 and exactly zero elsewhere (x = 0, -0,
+  // negative, NaN), whatever dy is there (NaN, infinity), and the signs of zeros are kept.
+  const auto check = []<class T>(T) {
+    const T nan = std::numeric_limits<T>::quiet_NaN(), inf = std::numeric_limits<T>::infinity();
+    const T xs[] = {T(-1), T(0), -T(0), nan, T(2), T(1e-30), -inf, inf};
+    const T dys[] = {nan, inf, -inf, T(5), T(3), T(-7), -T(0), T(0.5)};
+    const T slope = T(0.25);
+    // Equal bits, or both NaN (a NaN's payload is the arithmetic's).
+    const auto same = [](T a, T b) { return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b)); };
+    for (const std::int64_t n : {8, 40000}) {
+      std::vector<T> x(static_cast<std::size_t>(n)), dy(x.size());
       for (std::size_t i = 0; i < x.size(); ++i) {
-        const float want = x[i] > 0.0f ? dy[i] : 0.0f, want_leaky = x[i] > 0.0f ? dy[i] : 0.25f * dy[i];
-        if (std::memcmp(&dx[i], &want, sizeof want) != 0) ++bad;
-        if (std::memcmp(&leaky[i], &want_leaky, sizeof want) != 0 && !(std::isnan(leaky[i]) && std::isnan(want_leaky)))
-          ++bad;
+        x[i] = xs[i % 8];
+        dy[i] = dys[(i / 8 + i) % 8];
       }
-      BOOST_TEST(bad == 0u, n << " elements, " << threads << " threads: " << bad << " wrong");
+      for (const int threads : {1, 2}) {
+        dist::engine<dist::cpu> e{{.threads = threads}};
+        std::vector<T> y(x.size(), T(-9)), leaky_y(x.size(), T(-9)), dx(x.size(), T(-9)), leaky_dx(x.size(), T(-9));
+        e.for_each(n, nn::detail::kernels::relu_forward<T>{x.data(), y.data()});
+        e.for_each(n, nn::detail::kernels::leaky_relu_forward<T>{x.data(), leaky_y.data(), slope});
+        e.for_each(n, nn::detail::kernels::relu_backward<T>{x.data(), dy.data(), dx.data()});
+        e.for_each(n, nn::detail::kernels::leaky_relu_backward<T>{x.data(), dy.data(), leaky_dx.data(), slope});
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          const bool pass = x[i] > T(0);
+          bad += !same(y[i], pass ? x[i] : T(0)) + !same(leaky_y[i], pass ? x[i] : slope * x[i]) +
+                 !same(dx[i], pass ? dy[i] : T(0)) + !same(leaky_dx[i], pass ? dy[i] : slope * dy[i]);
+        }
+        BOOST_TEST(bad == 0u,
+                   sizeof(T) << "-byte values, " << n << " elements, " << threads << " threads: " << bad << " wrong");
+      }
     }
-  }
+  };
+  check(0.0f);
+  check(0.0);
 }
 
 BOOST_AUTO_TEST_CASE(bad_geometry_is_refused_with_its_extents) {

@@ -5,6 +5,7 @@
 // element index i, or a plane (segment) s and an index i within it.
 
 #include <distribute/config.hpp>
+#include <distribute/detail/select.hpp>
 
 #include <cstdint>
 
@@ -67,22 +68,13 @@ struct plane_norm_terms {
   const T* shift;  // per plane: beta of its channel, or 0
   index plane;
   DISTRIBUTE_HOST_DEVICE T affine(index s, T xh) const { return scale[s] * xh + shift[s]; }
-  // The gradient that reaches the norm's affine output: dy where the ReLU passed the value (dy is
-  // read whatever the mask, so that the loop vectorises: relu_backward).
+  // The gradient that reaches the norm's affine output: dy where the ReLU passed the value. dy is
+  // read whatever the mask, and the mask is a select GCC vectorises on every x86 CPU
+  // (detail/select.hpp), also inside the host's fixed-order sums (engine/serial.hpp).
   template <bool Relu>
   DISTRIBUTE_HOST_DEVICE T output_gradient(index s, index j, const T* dy) const {
     const T g = dy[j];
-    if constexpr (Relu) return affine(s, xhat[j]) > T(0) ? g : T(0);
-    else return g;
-  }
-  // The same as a term of a sum: g times 1 or 0. Where the select gives +0 this gives -0 for a
-  // negative g, which adds the same to a sum that starts at +0 (a sum of finite terms is -0 only
-  // if every term is). GCC vectorises the fixed-order sum (engine/serial.hpp) over a
-  // product, not over a select, which it turns into a branch per element.
-  template <bool Relu>
-  DISTRIBUTE_HOST_DEVICE T output_gradient_term(index s, index j, const T* dy) const {
-    const T g = dy[j];
-    if constexpr (Relu) return g * static_cast<T>(affine(s, xhat[j]) > T(0));
+    if constexpr (Relu) return distribute::detail::select(affine(s, xhat[j]) > T(0), g, T(0));
     else return g;
   }
 };
@@ -117,7 +109,7 @@ struct plane_norm_output {
     const T xh = static_cast<T>((static_cast<double>(x[j]) - mean[s]) * invstd[s]);
     xhat[j] = xh;
     T v = scale[s] * xh + shift[s];
-    if constexpr (Relu) v = v > T(0) ? v : T(0);
+    if constexpr (Relu) v = distribute::detail::select(v > T(0), v, T(0));
     if constexpr (Residual) v += residual[j];
     y[j] = v;
   }
@@ -128,7 +120,7 @@ struct plane_norm_gradient {
   plane_norm_terms<T> t;
   const T* dy;
   DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
-    return static_cast<double>(t.template output_gradient_term<Relu>(s, s * t.plane + i, dy));
+    return static_cast<double>(t.template output_gradient<Relu>(s, s * t.plane + i, dy));
   }
 };
 template <class T, bool Relu>
@@ -137,7 +129,7 @@ struct plane_norm_gradient_times_xhat {
   const T* dy;
   DISTRIBUTE_HOST_DEVICE double operator()(index s, index i) const {
     const index j = s * t.plane + i;
-    return static_cast<double>(t.template output_gradient_term<Relu>(s, j, dy)) * static_cast<double>(t.xhat[j]);
+    return static_cast<double>(t.template output_gradient<Relu>(s, j, dy)) * static_cast<double>(t.xhat[j]);
   }
 };
 // dx = k (g - mean(g) - xhat mean(g xhat)), coef as in normalized_input_gradient (per plane).
