@@ -148,6 +148,13 @@ int main(int argc, char** argv) {
       bool writes;  // writes as much as it reads: the copy is its bound
       std::function<void()> run;
     };
+    // Layers between convolutions, forward and backward in one call: an instance norm (affine) with
+    // the ReLU that follows it (fused in a sequential) and a leaky ReLU. Their bound is the copy's:
+    // they read and write several tensors of x's size (the norm three reads and two writes forward,
+    // three reads and one write backward), so "bound / ours" reads low by that factor.
+    nn::sequential norm_relu{nn::instance_norm<float>{{.channels = s[1], .affine = true}, 7}, nn::relu<float>{}};
+    nn::leaky_relu<float> leaky{0.2f};
+    const auto dy = random_tensor(s, 4);
     const std::vector<bench_case> cases{
         {"sum_hw_keepdim", false, [&] { (void)nn::sum(r, x, {2, 3}, true); }},
         {"sum_n", false, [&] { (void)nn::sum(r, x, 0); }},
@@ -158,17 +165,27 @@ int main(int argc, char** argv) {
         {"mul_n1hw", true, [&] { (void)nn::mul(r, x, mask); }},
         {"softplus", true, [&] { (void)nn::softplus(r, x); }},
         {"permute_nhwc", true, [&] { (void)nn::permute(r, x, {0, 2, 3, 1}); }},
+        {"instance_norm_relu_fwd_bwd", true,
+         [&] {
+           (void)norm_relu.forward(r, x);
+           (void)norm_relu.backward(r, dy);
+         }},
+        {"leaky_relu_fwd_bwd", true,
+         [&] {
+           (void)leaky.forward(r, x);
+           (void)leaky.backward(r, dy);
+         }},
     };
     const double mb = static_cast<double>(n) * 4 / 1e6;
     std::printf("\n[%lld, %lld, %lld, %lld] float32, %.1f MB; read bound %.2f ms (%.1f GB/s), copy bound %.2f ms\n",
                 static_cast<long long>(s[0]), static_cast<long long>(s[1]), static_cast<long long>(s[2]),
                 static_cast<long long>(s[3]), mb, read * 1e3, mb / 1e3 / read, copy * 1e3);
-    std::printf("%-16s %10s %10s %12s %12s %14s\n", "operation", "ours ms", "bound ms", "bound / ours", "PyTorch ms",
+    std::printf("%-28s %10s %10s %12s %12s %14s\n", "operation", "ours ms", "bound ms", "bound / ours", "PyTorch ms",
                 "PyTorch / ours");
     for (const auto& c : cases) {
       const double ours = seconds_per_call(c.run), bound = c.writes ? copy : read;
       const auto p = peer.find(c.name);
-      std::printf("%-16s %10.3f %10.3f %11.0f%% ", c.name, ours * 1e3, bound * 1e3, 100 * bound / ours);
+      std::printf("%-28s %10.3f %10.3f %11.0f%% ", c.name, ours * 1e3, bound * 1e3, 100 * bound / ours);
       if (p != peer.end()) std::printf("%12.3f %13.2fx\n", p->second * 1e3, p->second / ours);
       else std::printf("%12s %14s\n", "-", "-");
       std::printf(

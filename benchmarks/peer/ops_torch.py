@@ -51,3 +51,21 @@ cases = {
 with torch.no_grad():
     for name, fn in cases.items():
         print(name, seconds_per_call(fn), flush=True)
+
+# Layers between convolutions, forward and backward (as bench_ops: an affine instance norm then a
+# ReLU, and a leaky ReLU), with autograd.
+norm = torch.nn.InstanceNorm2d(c, affine=True)
+xg = x.clone().requires_grad_(True)
+dy = torch.rand(n, c, h, w, generator=gen) * 2 - 1
+
+
+def norm_relu():
+    torch.relu(norm(xg)).backward(dy)
+
+
+def leaky():
+    torch.nn.functional.leaky_relu(xg, 0.2).backward(dy)
+
+
+for name, fn in {"instance_norm_relu_fwd_bwd": norm_relu, "leaky_relu_fwd_bwd": leaky}.items():
+    print(name, seconds_per_call(fn), flush=True)
