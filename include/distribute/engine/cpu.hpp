@@ -175,7 +175,7 @@ class engine<cpu> {
 #if DISTRIBUTE_HAS_DNNL
     if (uses_dnnl<float>()) {
       convolutions = detail::dnnl_conv::library();
-      if (options_.conv_winograd && detail::dnnl_conv::has_winograd())
+      if (options_.conv_winograd)
         convolutions += (detail::dnnl_conv::library_has_winograd() ? " (Winograd" : " (own Winograd F(4x4, 3x3)") +
                         std::string(options_.cpu_conv_choice == conv_choice::rule
                                         ? " for wide 3x3 convolutions)"
@@ -588,8 +588,7 @@ class engine<cpu> {
   // The choice is kept for the process (conv_choices()), shared by every engine and every batch
   // size, so that all replicas of a run, and every later step, compute alike.
   bool winograd_for(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a, const float* b, bool bias) {
-    if (!options_.conv_winograd || !detail::dnnl_conv::winograd_pays(e) || !detail::dnnl_conv::has_winograd())
-      return false;
+    if (!options_.conv_winograd || !detail::dnnl_conv::winograd_pays(e)) return false;
     if (options_.cpu_conv_choice == conv_choice::rule) return true;
     const conv_choice_record wanted{
         static_cast<conv_pass>(which), e,

@@ -232,9 +232,6 @@ class dnnl_conv : public dnnl_conv_planner {
     }();
     return has;
   }
-  // Whether passes asked for Winograd compute it: with oneDNN's kernel where it has one, else with
-  // the engine's own (always, in float32 and on inputs rounded to bfloat16).
-  static bool has_winograd() noexcept { return true; }
   // Who computes the Winograd passes, for logs: "oneDNN's kernel" or "own F(4x4, 3x3) over oneDNN's sgemm".
   static std::string winograd_kernel() {
     return library_has_winograd() ? "oneDNN's Winograd kernel" : "own Winograd F(4x4, 3x3) over oneDNN's sgemm";
