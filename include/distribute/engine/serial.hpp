@@ -21,6 +21,13 @@ namespace distribute {
 // order is a chain of dependent additions: a quarter of the speed of memory for a plane in cache;
 // 32 of them vectorise.)
 inline constexpr std::int64_t fixed_order_lanes = 32;
+// The fold of the running sums, the same for every sum above and below: add(l, l + w) for w = 16, 8,
+// ..., 1 and l < w, in that order (add(l, m): running sum l += running sum m).
+template <class Add>
+void fold_fixed_order_lanes(Add&& add) {
+  for (std::int64_t w = fixed_order_lanes / 2; w > 0; w /= 2)
+    for (std::int64_t l = 0; l < w; ++l) add(l, l + w);
+}
 template <class F>
 double fixed_order_sum(const F& term, std::int64_t s, std::int64_t length) {
   const F f = term;  // a local copy: its pointers stay in registers across the loop's stores
@@ -30,8 +37,7 @@ double fixed_order_sum(const F& term, std::int64_t s, std::int64_t length) {
     for (std::int64_t l = 0; l < fixed_order_lanes; ++l) acc[l] += static_cast<double>(f(s, i + l));
   double rest = 0;
   for (std::int64_t i = whole; i < length; ++i) rest += static_cast<double>(f(s, i));
-  for (std::int64_t w = fixed_order_lanes / 2; w > 0; w /= 2)
-    for (std::int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  fold_fixed_order_lanes([&](std::int64_t l, std::int64_t m) { acc[l] += acc[m]; });
   return acc[0] + rest;
 }
 
@@ -69,8 +75,7 @@ double fixed_order_sum_by_runs(const F& term, std::int64_t s, std::int64_t lengt
     for (; k < end; ++k) rest += static_cast<double>(p[(k - i) * step]);
     i = end;
   }
-  for (std::int64_t w = lanes / 2; w > 0; w /= 2)
-    for (std::int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  fold_fixed_order_lanes([&](std::int64_t l, std::int64_t m) { acc[l] += acc[m]; });
   return acc[0] + rest;
 }
 
@@ -105,9 +110,9 @@ void fixed_order_sums_across(const F& term, std::int64_t s0, std::int64_t count,
     const auto* p = f.run(s0, i).p;
     for (std::int64_t b = 0; b < count; ++b) rest[b] += static_cast<double>(p[b]);
   }
-  for (std::int64_t w = lanes / 2; w > 0; w /= 2)
-    for (std::int64_t l = 0; l < w; ++l)
-      for (std::int64_t b = 0; b < count; ++b) acc[l][b] += acc[l + w][b];
+  fold_fixed_order_lanes([&](std::int64_t l, std::int64_t m) {
+    for (std::int64_t b = 0; b < count; ++b) acc[l][b] += acc[m][b];
+  });
   for (std::int64_t b = 0; b < count; ++b) out[s0 + b] = finish(s0 + b, acc[0][b] + rest[b]);
 }
 
