@@ -25,12 +25,9 @@ DISTRIBUTE_HOST_DEVICE inline T select(bool keep, T a, T b) {
     using bits = std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint64_t>;
     const bits mask = bits{0} - static_cast<bits>(keep);
     return std::bit_cast<T>(static_cast<bits>((std::bit_cast<bits>(a) & mask) | (std::bit_cast<bits>(b) & ~mask)));
-  } else {
-    return keep ? a : b;
   }
-#else
-  return keep ? a : b;
 #endif
+  return keep ? a : b;
 }
 
 }  // namespace distribute::detail
