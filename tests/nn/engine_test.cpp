@@ -815,7 +815,8 @@ BOOST_AUTO_TEST_CASE(the_timed_kernel_choice_keeps_the_faster_once_and_its_bits_
     const auto choices = faster_direct.conv_choices();
     BOOST_TEST_REQUIRE(choices.size() == 3u);
     for (const auto& c : choices) {
-      BOOST_TEST(!c.winograd);
+      BOOST_TEST(!c.use_alternative);
+      BOOST_TEST((c.alternative == dist::conv_alternative::winograd));
       BOOST_TEST((c.precision == precision));
       BOOST_TEST(c.direct_seconds == 0.6);
       BOOST_TEST_MESSAGE(c.to_string());
@@ -825,7 +826,7 @@ BOOST_AUTO_TEST_CASE(the_timed_kernel_choice_keeps_the_faster_once_and_its_bits_
     dist::engine<dist::cpu> close{make({})};
     close.set_conv_timer([](const dist::conv_choice_record&, bool winograd) { return winograd ? 1.0 : 0.7; });
     for (const auto& step : steps(close)) BOOST_TEST((step == wino_bits[0]), "half " << half);
-    for (const auto& c : close.conv_choices()) BOOST_TEST(c.winograd);
+    for (const auto& c : close.conv_choices()) BOOST_TEST(c.use_alternative);
 
     // The rule times nothing.
     dist::engine<dist::cpu> ruled{make({.cpu_conv_choice = dist::conv_choice::rule})};
@@ -847,9 +848,9 @@ BOOST_AUTO_TEST_CASE(the_timed_kernel_choice_keeps_the_faster_once_and_its_bits_
   for (const auto& c : real.conv_choices())
     if (c.same_case({.pass = c.pass, .geometry = other_batch, .precision = dist::compute_precision::float32})) {
       ++ours;
-      BOOST_TEST(c.winograd_seconds > 0.0);
+      BOOST_TEST(c.alternative_seconds > 0.0);
       BOOST_TEST(c.direct_seconds > 0.0);
-      BOOST_TEST(c.winograd == !(c.direct_seconds * 1.5 <= c.winograd_seconds));
+      BOOST_TEST(c.use_alternative == !(c.direct_seconds * 1.5 <= c.alternative_seconds));
       BOOST_TEST_MESSAGE("timed here: " << c.to_string());
     }
   BOOST_TEST(ours == 3u);
@@ -869,35 +870,154 @@ BOOST_AUTO_TEST_CASE(kernel_choices_persist_per_machine_in_the_choices_file) {
   int timed = 0;
   const auto time = [&](dist::conv_choice_record& r) {
     ++timed;
-    r.winograd_seconds = 0.004;
+    r.alternative_seconds = 0.004;
     r.direct_seconds = 0.002;
-    r.winograd = false;
+    r.use_alternative = false;
   };
   {
     dist::detail::conv_choice_table first{file, "machine A"};
     BOOST_TEST(first.find(wanted) == nullptr);
-    BOOST_TEST(!first.decide(wanted, time).winograd);
+    BOOST_TEST(!first.decide(wanted, time).use_alternative);
     BOOST_TEST(timed == 1);
   }
   BOOST_TEST_REQUIRE(fs::exists(file));
-  { std::ofstream(file, std::ios::app) << "garbage without a tab\nmachine A\t9 9 9\n"; }
+  // A narrow forward's choice (the swapped form against the direct kernel) is a case of its own.
+  const dist::conv_choice_record narrow{.pass = dist::conv_pass::forward,
+                                        .geometry = conv_geometry::of(1, 64, 38, 38, 3, 7, 1, 0),
+                                        .precision = dist::compute_precision::float32,
+                                        .threads = 2,
+                                        .alternative = dist::conv_alternative::swapped};
+  {
+    dist::detail::conv_choice_table first{file, "machine A"};
+    BOOST_TEST(first.find(narrow) == nullptr);
+    BOOST_TEST(first
+                   .decide(narrow,
+                           [&](dist::conv_choice_record& r) {
+                             ++timed;
+                             r.alternative_seconds = 0.001;
+                             r.direct_seconds = 0.003;
+                             r.use_alternative = true;
+                           })
+                   .use_alternative);
+    BOOST_TEST(timed == 2);
+  }
+  // Lines that do not parse are ignored, those of the older format without the alternative too.
+  const dist::conv_choice_record older{.pass = dist::conv_pass::forward,
+                                       .geometry = conv_geometry::of(1, 64, 34, 34, 64, 3, 1, 0),
+                                       .precision = dist::compute_precision::float32};
+  {
+    std::ofstream(file, std::ios::app) << "garbage without a tab\nmachine A\t9 9 9\n"
+                                       << "machine A\t0 64 34 34 64 3 1 0 32 32 0 direct 4 2\n";
+  }
   dist::conv_choice_record other_batch = wanted;
   other_batch.geometry.batch = 7;  // a choice holds whatever the batch
   dist::detail::conv_choice_table second{file, "machine A"};
   const auto* read = second.find(other_batch);
   BOOST_TEST_REQUIRE(read != nullptr);
   BOOST_TEST(read->from_file);
-  BOOST_TEST(!read->winograd);
+  BOOST_TEST(!read->use_alternative);
+  BOOST_TEST((read->alternative == dist::conv_alternative::winograd));
   BOOST_TEST(read->direct_seconds == 0.002);
-  BOOST_TEST(!second.decide(other_batch, time).winograd);
-  BOOST_TEST(timed == 1);  // not timed again
-  BOOST_TEST(second.all().size() == 1u);
+  BOOST_TEST(!second.decide(other_batch, time).use_alternative);
+  BOOST_TEST(timed == 2);  // not timed again
+  BOOST_TEST(second.find(older) == nullptr);
+  const auto* swapped = second.find(narrow);
+  BOOST_TEST_REQUIRE(swapped != nullptr);
+  BOOST_TEST((swapped->alternative == dist::conv_alternative::swapped));
+  BOOST_TEST(swapped->use_alternative);
+  BOOST_TEST(swapped->alternative_seconds == 0.001);
+  BOOST_TEST(swapped->to_string().find("swapped 1.00 ms, direct 3.00 ms: swapped") != std::string::npos,
+             swapped->to_string());
+  dist::conv_choice_record narrow_winograd = narrow;  // (the same pass and shape, another candidate)
+  narrow_winograd.alternative = dist::conv_alternative::winograd;
+  BOOST_TEST(second.find(narrow_winograd) == nullptr);
+  BOOST_TEST(second.all().size() == 2u);
   BOOST_TEST(read->to_string().find("from an earlier run") != std::string::npos, read->to_string());
   dist::detail::conv_choice_table elsewhere{file, "machine B"};
   BOOST_TEST(elsewhere.find(wanted) == nullptr);
   dist::detail::conv_choice_table unnamed{file, ""};  // no machine named yet: the file is not read
   BOOST_TEST(unnamed.find(wanted) == nullptr);
   fs::remove_all(dir);
+}
+
+// The forward of a convolution with few output channels from many (swaps_sides: a generator's last
+// layer) is timed against its swapped form, the swapped convolution's data gradient: the engine takes
+// that where it takes at most two thirds of the direct kernel's time, with the same bits at every
+// later call, close to the reference's; inside the margin, and by the rule, the direct kernel stays.
+// Timed for real, the record holds both times and the choice they give.
+BOOST_AUTO_TEST_CASE(a_narrow_forward_takes_its_swapped_form_where_timed_faster) {
+  const auto g = conv_geometry::of(2, 16, 20, 20, 3, 7, 1, 3);  // 16 -> 3 channels, 7x7, padding 3
+  const auto x = random_values(g.input_size(), 31), w = random_values(g.weight_size(), 32);
+  const auto b = random_values(g.out_channels, 33);
+  const auto forward = [&](dist::engine<dist::cpu>& e) {
+    std::vector<float> y(static_cast<std::size_t>(g.output_size()), -7.0f);
+    e.conv_forward(g, x.data(), w.data(), b.data(), y.data());
+    return y;
+  };
+  dist::engine<dist::cpu> ref{{.reference = true}};
+  const auto reference = forward(ref);
+  dist::engine<dist::cpu> ruled{{.threads = 2, .cpu_conv_choice = dist::conv_choice::rule}};
+  ruled.set_conv_timer([](const dist::conv_choice_record&, bool) {
+    BOOST_FAIL("the rule timed a pass");
+    return 0.0;
+  });
+  const auto direct = forward(ruled);
+  BOOST_TEST(ruled.conv_choices().empty());
+  BOOST_TEST(relative(direct, reference) < 2e-5);
+  if constexpr (!dist::engine<dist::cpu>::has_dnnl) {
+    BOOST_TEST_MESSAGE("built without oneDNN: the reference computes every pass, nothing is timed");
+    return;
+  }
+#  if defined(DISTRIBUTE_USE_DNNL)
+  BOOST_TEST_REQUIRE(dist::detail::dnnl_conv::swaps_sides(g));
+  BOOST_TEST(!dist::detail::dnnl_conv::swaps_sides(conv_geometry::of(2, 16, 20, 20, 8, 7, 1, 3)));  // 8 out: blocks fit
+#  endif
+
+  // The swapped form at 0.6 of the direct kernel's time: taken, once, with its own bits every time.
+  int timed = 0;
+  dist::engine<dist::cpu> faster_swapped{{.threads = 2}};
+  faster_swapped.set_conv_timer([&](const dist::conv_choice_record& r, bool swapped) {
+    ++timed;
+    BOOST_TEST((r.alternative == dist::conv_alternative::swapped));
+    BOOST_TEST((r.pass == dist::conv_pass::forward));
+    BOOST_TEST((r.geometry == g));
+    return swapped ? 0.6 : 1.0;
+  });
+  const auto first = forward(faster_swapped);
+  BOOST_TEST((forward(faster_swapped) == first));
+  BOOST_TEST(timed == 2);
+  BOOST_TEST(first != direct, "the swapped form sums in another order: other bits");
+  BOOST_TEST(relative(first, reference) < 2e-5);
+  const auto choices = faster_swapped.conv_choices();
+  BOOST_TEST_REQUIRE(choices.size() == 1u);
+  BOOST_TEST(choices[0].use_alternative);
+  BOOST_TEST_MESSAGE(choices[0].to_string());
+  // At 0.7 it is inside the margin: the direct kernel stays, with its bits.
+  dist::engine<dist::cpu> close{{.threads = 2}};
+  close.set_conv_timer([](const dist::conv_choice_record&, bool swapped) { return swapped ? 0.7 : 1.0; });
+  BOOST_TEST((forward(close) == direct));
+  BOOST_TEST_REQUIRE(close.conv_choices().size() == 1u);
+  BOOST_TEST(!close.conv_choices()[0].use_alternative);
+
+  // Timed for real: one record of the process for this case, with both times and their choice, and
+  // the result of the kernel chosen.
+  dist::engine<dist::cpu> real{{.threads = 2}};
+  const auto timed_result = forward(real);
+  std::size_t ours = 0;
+  for (const auto& c : real.conv_choices())
+    if (c.same_case({.pass = dist::conv_pass::forward,
+                     .geometry = g,
+                     .precision = dist::compute_precision::float32,
+                     .alternative = dist::conv_alternative::swapped})) {
+      ++ours;
+      BOOST_TEST(c.alternative_seconds > 0.0);
+      BOOST_TEST(c.direct_seconds > 0.0);
+      BOOST_TEST(c.use_alternative == (c.alternative_seconds * 1.5 <= c.direct_seconds));
+      BOOST_TEST_MESSAGE("timed here: " << c.to_string());
+      if (c.use_alternative) BOOST_TEST((timed_result == first), "the swapped form's bits");
+      else BOOST_TEST((timed_result == direct), "the direct kernel's bits");
+    }
+  BOOST_TEST(ours == 1u);
 }
 
 // The grid of a weight gradient's pieces reads the geometry and the configured count only: as many

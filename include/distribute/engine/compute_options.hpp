@@ -94,7 +94,10 @@ struct compute_options {
   // the pass's first result, so every replica and later step computes alike, and kept in a file of
   // the machine's choices (engine/conv_choices.hpp: $DISTRIBUTE_CONV_CHOICES or
   // ~/.cache/distribute/cpu_conv_choices.txt) that later runs read, so that they compute alike too
-  // (engine<cpu>::conv_choices() reports them; `rule` fixes the choice to Winograd).
+  // (engine<cpu>::conv_choices() reports them; `rule` fixes the choice to Winograd). The forward of a
+  // convolution with few output channels from many (a generator's last layer) is timed the same way
+  // against its swapped form (engine/detail/dnnl_conv.hpp), which is taken only where it takes at most
+  // two thirds of the direct kernel's time; `rule` keeps the direct kernel there.
   conv_choice cpu_conv_choice = conv_choice::timed;
   // GPU engines: whether float convolutions and matrix products may use TF32 tensor cores (a 10-bit
   // mantissa in the products, float accumulation: about 1e-3 relative, several times faster). Off,

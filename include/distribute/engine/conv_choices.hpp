@@ -1,8 +1,10 @@
 #pragma once
 // The kernel choices a CPU engine made by timing (compute_options::cpu_conv_choice): one record per
-// convolution pass, shape (whatever the batch) and precision, with the two times and the winner,
-// for logs and benchmarks (engine<cpu>::conv_choices()); and the table that keeps them, one for the
-// process, so that every replica's engine and every later step use the first choice made.
+// convolution pass, shape (whatever the batch) and precision, naming the candidate weighed against
+// oneDNN's direct kernel (Winograd for a wide 3x3 convolution; the swapped convolution's data gradient
+// for the forward of a convolution with few output channels, dnnl_conv.hpp), with the two times and
+// the winner, for logs and benchmarks (engine<cpu>::conv_choices()); and the table that keeps them,
+// one for the process, so that every replica's engine and every later step use the first choice made.
 //
 // Runs on one machine keep their choices too: the table reads and appends a file of them, one line
 // per choice, under the machine's name (its CPU, oneDNN's ISA and version), so that the second run of
@@ -12,11 +14,12 @@
 // DISTRIBUTE_CONV_CHOICES=off keeps the choices in the process only. Delete the file to time again
 // (after a change of hardware or library the machine's name differs, and its lines are not used).
 // Lines are appended whole (O_APPEND, one write) under an advisory lock, so processes of one job may
-// share it; a line that does not parse is ignored.
+// share it; a line that does not parse (a line of an older format among them) is ignored.
 
 #include <distribute/engine/conv_geometry.hpp>
 #include <distribute/engine/engine.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -34,19 +37,32 @@
 
 namespace distribute {
 
+// The candidate a timed choice weighs against oneDNN's direct kernel.
+enum class conv_alternative : std::uint8_t {
+  winograd,  // Winograd F(4x4, 3x3) (dnnl_conv.hpp; winograd_pays)
+  swapped,   // a narrow convolution's forward as its swapped convolution's data gradient (swaps_sides)
+};
+inline const char* to_string(conv_alternative a) noexcept {
+  return a == conv_alternative::winograd ? "Winograd" : "swapped";
+}
+
 struct conv_choice_record {
   conv_pass pass = conv_pass::forward;
   conv_geometry geometry;  // as timed (the batch of the first call)
   compute_precision precision = compute_precision::float32;
   int threads = 1;  // the count it was timed on
-  double winograd_seconds = 0, direct_seconds = 0;
-  bool winograd = true;    // the choice
-  bool from_file = false;  // made by an earlier run on this machine (the choices file), not timed here
+  conv_alternative alternative = conv_alternative::winograd;
+  double alternative_seconds = 0, direct_seconds = 0;
+  bool use_alternative = true;  // the choice: the alternative, or the direct kernel
+  bool from_file = false;       // made by an earlier run on this machine (the choices file), not timed here
 
-  // The timed choice: Winograd unless the direct kernel takes at most two thirds of its time
-  // (compute_options::cpu_conv_choice).
-  static bool winograd_wins(double winograd_seconds, double direct_seconds) noexcept {
-    return !(direct_seconds * 1.5 <= winograd_seconds);
+  // The timed choice keeps the kernel the pass ran before choices were timed unless the other takes
+  // at most two thirds of its time: Winograd, unless the direct kernel is that much faster; the direct
+  // forward, unless the swapped one is (compute_options::cpu_conv_choice).
+  static bool alternative_wins(conv_alternative alternative, double alternative_seconds,
+                               double direct_seconds) noexcept {
+    return alternative == conv_alternative::winograd ? !(direct_seconds * 1.5 <= alternative_seconds)
+                                                     : alternative_seconds * 1.5 <= direct_seconds;
   }
   // A choice holds for a pass, a geometry and a precision, whatever the batch and the thread count,
   // as the rule it replaces did: an example computes alike however a batch is split between replicas
@@ -54,32 +70,38 @@ struct conv_choice_record {
   bool same_case(const conv_choice_record& o) const noexcept {
     conv_geometry a = geometry, b = o.geometry;
     a.batch = b.batch = 1;
-    return pass == o.pass && a == b && precision == o.precision;
+    return pass == o.pass && a == b && precision == o.precision && alternative == o.alternative;
   }
   // "forward [1x256x66x66 -> 256x64x64, ...] bfloat16, 2 threads: Winograd 8.10 ms, direct 20.50 ms: Winograd"
   std::string to_string() const {
     char times[96];
-    std::snprintf(times, sizeof times, ": Winograd %.2f ms, direct %.2f ms: ", winograd_seconds * 1e3,
-                  direct_seconds * 1e3);
+    std::snprintf(times, sizeof times, ": %s %.2f ms, direct %.2f ms: ", distribute::to_string(alternative),
+                  alternative_seconds * 1e3, direct_seconds * 1e3);
     return std::string(distribute::to_string(pass)) + " " + geometry.to_string() +
            (precision == compute_precision::bfloat16 ? " bfloat16, " : " float32, ") +
            (from_file ? std::string("from an earlier run")
                       : std::to_string(threads) + (threads == 1 ? " thread" : " threads")) +
-           times + (winograd ? "Winograd" : "direct");
+           times + (use_alternative ? distribute::to_string(alternative) : "direct");
   }
 };
 
 namespace detail {
 
-// A choice as one line of the file: "<machine>\t<pass> <geometry less the batch> <precision> <choice>
-// <Winograd ms> <direct ms>"; and back (false where the line is not one, or is another machine's).
+// A choice as one line of the file: "<machine>\t<pass> <geometry less the batch> <precision>
+// <alternative> <choice> <alternative's ms> <direct ms>", the alternative and the choice as words
+// ("winograd", "swapped", "direct"); and back (false where the line is not one, is another machine's
+// or is of an older format).
+inline const char* conv_alternative_word(conv_alternative a) noexcept {
+  return a == conv_alternative::winograd ? "winograd" : "swapped";
+}
 inline std::string conv_choice_line(const std::string& machine, const conv_choice_record& r) {
   const conv_geometry& g = r.geometry;
   std::ostringstream o;
   o << machine << '\t' << static_cast<int>(r.pass) << ' ' << g.in_channels << ' ' << g.in_height << ' ' << g.in_width
     << ' ' << g.out_channels << ' ' << g.kernel << ' ' << g.stride << ' ' << g.pad << ' ' << g.out_height << ' '
-    << g.out_width << ' ' << static_cast<int>(r.precision) << ' ' << (r.winograd ? "winograd" : "direct") << ' '
-    << r.winograd_seconds * 1e3 << ' ' << r.direct_seconds * 1e3 << '\n';
+    << g.out_width << ' ' << static_cast<int>(r.precision) << ' ' << conv_alternative_word(r.alternative) << ' '
+    << (r.use_alternative ? conv_alternative_word(r.alternative) : "direct") << ' ' << r.alternative_seconds * 1e3
+    << ' ' << r.direct_seconds * 1e3 << '\n';
   return o.str();
 }
 inline bool parse_conv_choice_line(const std::string& line, const std::string& machine, conv_choice_record& r) {
@@ -87,25 +109,30 @@ inline bool parse_conv_choice_line(const std::string& line, const std::string& m
   if (tab == std::string::npos || line.compare(0, tab, machine) != 0 || tab != machine.size()) return false;
   std::istringstream in(line.substr(tab + 1));
   int pass = -1, precision = -1;
-  std::string choice;
+  std::string alternative, choice;
   conv_geometry g;
-  double w_ms = 0, d_ms = 0;
+  double a_ms = 0, d_ms = 0;
   if (!(in >> pass >> g.in_channels >> g.in_height >> g.in_width >> g.out_channels >> g.kernel >> g.stride >> g.pad >>
-        g.out_height >> g.out_width >> precision >> choice >> w_ms >> d_ms))
+        g.out_height >> g.out_width >> precision >> alternative >> choice >> a_ms >> d_ms))
     return false;
+  const auto alt = alternative == "winograd"  ? conv_alternative::winograd
+                   : alternative == "swapped" ? conv_alternative::swapped
+                                              : static_cast<conv_alternative>(255);
   if (pass < 0 || pass > 2 ||
       (precision != static_cast<int>(compute_precision::float32) &&
        precision != static_cast<int>(compute_precision::bfloat16)) ||
-      (choice != "winograd" && choice != "direct"))
+      (alt != conv_alternative::winograd && alt != conv_alternative::swapped) ||
+      (choice != alternative && choice != "direct"))
     return false;
   g.batch = 1;
   r = {.pass = static_cast<conv_pass>(pass),
        .geometry = g,
        .precision = static_cast<compute_precision>(precision),
        .threads = 0,
-       .winograd_seconds = w_ms / 1e3,
+       .alternative = alt,
+       .alternative_seconds = a_ms / 1e3,
        .direct_seconds = d_ms / 1e3,
-       .winograd = choice == "winograd",
+       .use_alternative = choice != "direct",
        .from_file = true};
   return true;
 }

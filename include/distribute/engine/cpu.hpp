@@ -75,6 +75,7 @@
 #include <stdexcept>
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -179,7 +180,8 @@ class engine<cpu> {
         convolutions += (detail::dnnl_conv::library_has_winograd() ? " (Winograd" : " (own Winograd F(4x4, 3x3)") +
                         std::string(options_.cpu_conv_choice == conv_choice::rule
                                         ? " for wide 3x3 convolutions)"
-                                        : " for wide 3x3 convolutions where timed faster)");
+                                        : " for wide 3x3 convolutions where timed faster; narrow outputs' forward "
+                                          "swapped where timed faster)");
     }
 #endif
     return convolutions + ", " + std::to_string(threads_) + (threads_ == 1 ? " thread" : " threads") +
@@ -189,15 +191,17 @@ class engine<cpu> {
            " asked for, one used (built without OpenMP)";
 #endif
   }
-  // The choices between Winograd and the direct kernel this process made by timing
-  // (compute_options::cpu_conv_choice), with the times, in the order they were made: those of every
-  // engine of the process (one table), or of this engine alone where set_conv_timer was called.
+  // The choices between oneDNN's direct kernel and an alternative (Winograd, or a narrow forward's
+  // swapped form) this process made by timing (compute_options::cpu_conv_choice), with the times, in
+  // the order they were made: those of every engine of the process (one table), or of this engine
+  // alone where set_conv_timer was called.
   std::vector<conv_choice_record> conv_choices() const {
     return conv_timer_ ? own_choices_.all() : detail::shared_conv_choices().all();
   }
-  // For tests: `timer(record, winograd)` gives the seconds each candidate takes in place of running
-  // it, and this engine keeps its choices apart from the process's.
-  void set_conv_timer(std::function<double(const conv_choice_record&, bool winograd)> timer) {
+  // For tests: `timer(record, alternative)` gives the seconds each candidate (record.alternative, or
+  // the direct kernel) takes in place of running it, and this engine keeps its choices apart from the
+  // process's.
+  void set_conv_timer(std::function<double(const conv_choice_record&, bool alternative)> timer) {
     conv_timer_ = std::move(timer);
   }
 
@@ -216,10 +220,11 @@ class engine<cpu> {
 #if DISTRIBUTE_HAS_DNNL
       if constexpr (std::is_same_v<T, float>)
         if (use_dnnl(e) &&
-            through_dnnl(e, xn, w, detail::dnnl_conv::pass::forward, bias != nullptr,
-                         [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
-                           return d.forward(e, a, b, bias, yn, arena_, h, wino, round);
-                         }))
+            (swapped_forward(e, xn, w, bias, yn) ||
+             through_dnnl(e, xn, w, detail::dnnl_conv::pass::forward, bias != nullptr,
+                          [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+                            return d.forward(e, a, b, bias, yn, arena_, h, wino, round);
+                          })))
           return;
 #endif
       enter_openmp();
@@ -588,66 +593,110 @@ class engine<cpu> {
   // The choice is kept for the process (conv_choices()), shared by every engine and every batch
   // size, so that all replicas of a run, and every later step, compute alike.
   bool winograd_for(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a, const float* b, bool bias) {
+    using pass = detail::dnnl_conv::pass;
     if (!options_.conv_winograd || !detail::dnnl_conv::winograd_pays(e)) return false;
     if (options_.cpu_conv_choice == conv_choice::rule) return true;
-    const conv_choice_record wanted{
-        static_cast<conv_pass>(which), e,
-        precision_ == compute_precision::bfloat16 ? compute_precision::bfloat16 : compute_precision::float32, threads_};
-    if (conv_timer_) {
-      if (const auto* known = own_choices_.find(wanted)) return known->winograd;
-      return own_choices_
-          .decide(wanted,
-                  [&](conv_choice_record& r) {
-                    r.winograd_seconds = conv_timer_(r, true);
-                    r.direct_seconds = conv_timer_(r, false);
-                    r.winograd = conv_choice_record::winograd_wins(r.winograd_seconds, r.direct_seconds);
-                  })
-          .winograd;
+    choice_scratch s;  // (allocated only where the choice is timed)
+    return timed_choice(
+        {static_cast<conv_pass>(which), e, choice_precision(), threads_, conv_alternative::winograd}, [&](bool wino) {
+          float* out = s.out(which == pass::forward         ? e.output_size()
+                             : which == pass::backward_data ? e.input_size()
+                                                            : e.weight_size());
+          float* per_channel = bias ? s.channels(e.out_channels) : nullptr;
+          const bool h = !wino && half(), round = wino && half();
+          enter_openmp();
+          const std::pair<pass, bool> one{which, bias};
+          detail::dnnl_conv& d = dnnl_now({&one, 1}, e, h, wino);
+          return which == pass::forward         ? d.forward(e, a, b, per_channel, out, arena_, h, wino, round)
+                 : which == pass::backward_data ? d.backward_data(e, a, b, out, arena_, h, wino, round)
+                                                : d.backward_weights(e, a, b, out, per_channel, arena_, h, wino, round);
+        });
+  }
+  // Whether the forward of e runs as its swapped convolution's data gradient (dnnl_conv::forward_swapped)
+  // rather than oneDNN's direct kernel: only for a convolution with few output channels (swaps_sides),
+  // and only where timed (compute_options::cpu_conv_choice `timed`) the swapped form took at most two
+  // thirds of the direct kernel's time. Kept for the process like winograd_for's choice.
+  bool swapped_forward_for(const conv_geometry& e, const float* x, const float* w, bool bias) {
+    if (options_.cpu_conv_choice == conv_choice::rule || !detail::dnnl_conv::swaps_sides(e)) return false;
+    choice_scratch s;
+    return timed_choice(
+        {conv_pass::forward, e, choice_precision(), threads_, conv_alternative::swapped}, [&](bool swap) {
+          float* out = s.out(e.output_size());
+          const float* per_channel = bias ? s.channels(e.out_channels) : nullptr;
+          return swap ? run_swapped_forward(e, x, w, per_channel, out)
+                      : through_dnnl_as(
+                            e, x, w, detail::dnnl_conv::pass::forward, bias, false,
+                            [&](detail::dnnl_conv& d, const float* a, const float* b, bool h, bool wino, bool round) {
+                              return d.forward(e, a, b, per_channel, out, arena_, h, wino, round);
+                            });
+        });
+  }
+  // y = conv(x, w) + bias as the swapped convolution's data gradient, where swapped_forward_for chose it;
+  // false (nothing done) otherwise, or where the precision has no kernel for it.
+  bool swapped_forward(const conv_geometry& e, const float* x, const float* w, const float* bias, float* y) {
+    return swapped_forward_for(e, x, w, bias != nullptr) && run_swapped_forward(e, x, w, bias, y);
+  }
+  bool run_swapped_forward(const conv_geometry& e, const float* x, const float* w, const float* bias, float* y) {
+    enter_openmp();
+    const std::pair<detail::dnnl_conv::pass, bool> one{detail::dnnl_conv::pass::backward_data, false};
+    return dnnl_now({&one, 1}, detail::dnnl_conv::swapped(e), half(), false)
+        .forward_swapped(e, x, w, bias, y, arena_, half());
+  }
+  // The scratch outputs (zeros) and zero bias a timed choice runs its candidates on, made at the first run.
+  struct choice_scratch {
+    std::vector<float> values, bias;
+    float* out(std::int64_t n) {
+      if (values.empty()) values.assign(static_cast<std::size_t>(n), 0.0f);
+      return values.data();
     }
-    auto& table = detail::shared_conv_choices();
-    table.name_machine(detail::conv_choices_machine());
-    if (const auto* known = table.find(wanted)) return known->winograd;
+    float* channels(std::int64_t n) {
+      if (bias.empty()) bias.assign(static_cast<std::size_t>(n), 0.0f);
+      return bias.data();
+    }
+  };
+  compute_precision choice_precision() const noexcept {
+    return precision_ == compute_precision::bfloat16 ? compute_precision::bfloat16 : compute_precision::float32;
+  }
+  // The choice for `wanted`'s case: the process's (or, with set_conv_timer, this engine's) where made,
+  // else made now by `run(alternative)`, which runs a candidate on scratch outputs and returns false
+  // where it has no kernel (timed as infinitely slow); with set_conv_timer the timer's seconds instead.
+  template <class Run>
+  bool timed_choice(const conv_choice_record& wanted, Run&& run) {
+    auto& table = conv_timer_ ? own_choices_ : detail::shared_conv_choices();
+    if (!conv_timer_) table.name_machine(detail::conv_choices_machine());
+    if (const auto* known = table.find(wanted)) return known->use_alternative;
     return table
         .decide(wanted,
                 [&](conv_choice_record& r) {
-                  const auto [winograd_s, direct_s] = time_both(which, e, a, b, bias);
-                  r.winograd_seconds = winograd_s;
-                  r.direct_seconds = direct_s;
-                  r.winograd = conv_choice_record::winograd_wins(r.winograd_seconds, r.direct_seconds);
+                  if (conv_timer_) {
+                    r.alternative_seconds = conv_timer_(r, true);
+                    r.direct_seconds = conv_timer_(r, false);
+                  } else {
+                    std::tie(r.alternative_seconds, r.direct_seconds) = time_both(run);
+                  }
+                  r.use_alternative =
+                      conv_choice_record::alternative_wins(r.alternative, r.alternative_seconds, r.direct_seconds);
                 })
-        .winograd;
+        .use_alternative;
   }
-  // The best times, in seconds, of Winograd and of the direct kernel for a pass of e on scratch
-  // outputs: each run twice first (making its plans, touching its scratch, waking the threads), then
-  // three times each, in turns (Winograd, direct, Winograd, ...), so that a change of the machine's
-  // load or clock during the timing falls on both. Infinity for a kernel oneDNN does not have.
-  std::pair<double, double> time_both(detail::dnnl_conv::pass which, const conv_geometry& e, const float* a,
-                                      const float* b, bool bias) {
-    using pass = detail::dnnl_conv::pass;
-    std::vector<float> out(static_cast<std::size_t>(which == pass::forward         ? e.output_size()
-                                                    : which == pass::backward_data ? e.input_size()
-                                                                                   : e.weight_size()),
-                           0.0f);
-    std::vector<float> channels(static_cast<std::size_t>(e.out_channels), 0.0f);
-    float* per_channel = bias ? channels.data() : nullptr;
-    const auto once = [&](bool wino) {  // seconds, or infinity
-      const bool h = !wino && half(), round = wino && half();
-      enter_openmp();
-      const std::pair<pass, bool> one{which, bias};
-      detail::dnnl_conv& d = dnnl_now({&one, 1}, e, h, wino);
+  // The best times, in seconds, of the alternative and of the direct kernel (`run(true)`,
+  // `run(false)`): each run twice first (making its plans, touching its scratch, waking the
+  // threads), then three times each, in turns (alternative, direct, alternative, ...), so that a
+  // change of the machine's load or clock during the timing falls on both. Infinity for a candidate
+  // without a kernel.
+  template <class Run>
+  static std::pair<double, double> time_both(Run& run) {
+    const auto once = [&](bool alternative) {  // seconds, or infinity
       const auto start = std::chrono::steady_clock::now();
-      const bool ran = which == pass::forward ? d.forward(e, a, b, per_channel, out.data(), arena_, h, wino, round)
-                       : which == pass::backward_data
-                           ? d.backward_data(e, a, b, out.data(), arena_, h, wino, round)
-                           : d.backward_weights(e, a, b, out.data(), per_channel, arena_, h, wino, round);
-      return ran ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
-                 : std::numeric_limits<double>::infinity();
+      return run(alternative) ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                              : std::numeric_limits<double>::infinity();
     };
     for (int warm = 0; warm < 2; ++warm)
-      for (const bool wino : {true, false}) (void)once(wino);
+      for (const bool alternative : {true, false}) (void)once(alternative);
     double best[2] = {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
     for (int turn = 0; turn < 3; ++turn)
-      for (const bool wino : {true, false}) best[wino ? 0 : 1] = std::min(best[wino ? 0 : 1], once(wino));
+      for (const bool alternative : {true, false})
+        best[alternative ? 0 : 1] = std::min(best[alternative ? 0 : 1], once(alternative));
     return {best[0], best[1]};
   }
   // One convolution pass through oneDNN on its two inputs `a` and `b`: `pass(plans, a, b, half,
@@ -658,7 +707,11 @@ class engine<cpu> {
   template <class Pass>
   bool through_dnnl(const conv_geometry& e, const float* a, const float* b, detail::dnnl_conv::pass which, bool bias,
                     Pass&& pass) {
-    const bool wino = winograd_for(which, e, a, b, bias);
+    return through_dnnl_as(e, a, b, which, bias, winograd_for(which, e, a, b, bias), pass);
+  }
+  template <class Pass>
+  bool through_dnnl_as(const conv_geometry& e, const float* a, const float* b, detail::dnnl_conv::pass which, bool bias,
+                       bool wino, Pass&& pass) {
     enter_openmp();
     const bool rounded = wino && half(), h = !wino && half();
     const std::pair<detail::dnnl_conv::pass, bool> one{which, bias};
@@ -715,7 +768,7 @@ class engine<cpu> {
     return *static_cast<detail::dnnl_conv*>(d.get());
   }
 #endif
-  std::function<double(const conv_choice_record&, bool)> conv_timer_;
+  std::function<double(const conv_choice_record&, bool alternative)> conv_timer_;
   detail::conv_choice_table own_choices_;
   // The oneDNN plans per thread count (one count unless adapt_threads), made on first use.
   std::vector<std::shared_ptr<void>> dnnl_;

@@ -42,10 +42,12 @@
 // size the layer's passes take 202 ms of oneDNN's time against 393 (docs/benchmarks.md). In bfloat16
 // the swapped weight gradient runs in float32 on copies rounded to bfloat16 (`round`: the same
 // values), since oneDNN's bfloat16 kernel for it is gemm-based and copies the window's columns again
-// for each piece (14.8 ms a piece against 7.6). The forward pass stays direct (its swapped form is no
-// faster with the kernels oneDNN picks), and the bias gradient, which the swapped convolution does
+// for each piece (14.8 ms a piece against 7.6). The bias gradient, which the swapped convolution does
 // not see, is summed from dy (rounded in bfloat16) in a fixed order (fixed_order_sum per
-// example plane, the examples in order), one channel per thread.
+// example plane, the examples in order), one channel per thread. The forward pass has a swapped form
+// too, the swapped convolution's data gradient (`forward_swapped`), which is not always faster: on
+// the Zen 4 in bfloat16 the two tied, on a Zen 3 (AVX2) in float32 it took 14.7 ms against the direct
+// kernel's 43.7; the engine times the two and takes it only where it is clearly faster.
 //
 // Threads: oneDNN is built on OpenMP here (both Debian's and the one scripts/setup.sh fetches) and
 // runs each primitive with the calling thread's OpenMP thread count, which the engine sets to the
@@ -96,6 +98,26 @@ class dnnl_conv : public dnnl_conv_planner {
     run(p, args, a);
     p.c.back(stream(), y);
     check(dnnl_stream_wait(stream()), "dnnl_stream_wait");
+    return true;
+  }
+
+  // y = conv(x, w) + bias as above, computed for a convolution that swaps_sides as the data gradient
+  // of its swapped convolution (the window turned; the bias added after, per plane): where oneDNN's
+  // direct forward pads the few output channels to its block (above), that pass reads them as the
+  // side it takes as it is. Other bits than forward's; the engine takes it where timed faster
+  // (engine<cpu>::swapped_forward_for). False (nothing done) where `half` has no kernel.
+  bool forward_swapped(const conv_geometry& g, const float* x, const float* w, const float* bias, float* y, arena& a,
+                       bool half = false) {
+    if (!backward_data(swapped(g), x, turned_window(g, w, a), y, a, half)) return false;
+    if (bias) {
+      const std::int64_t plane = g.out_height * g.out_width;
+      parallel_items(g.batch * g.out_channels, openmp_threads(), [&](std::int64_t item) {
+        const float b = bias[item % g.out_channels];
+        float* p = y + item * plane;
+        for (std::int64_t i = 0; i < plane; ++i) p[i] += b;
+      });
+    }
+    ++swapped_passes_;
     return true;
   }
 
