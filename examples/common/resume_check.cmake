@@ -1,12 +1,13 @@
 # An example's resume, checked: a run stopped after STOP of STEPS steps and run again from its
 # checkpoint draws the same picture, bit for bit, as the run of STEPS steps without a stop (the
 # networks after the last step, which the optimisers' states and the random engine restored have
-# shaped too). Used by example.conditional_gan_resume. Not by pix2pix: its learning rate decays over
-# --steps, so a run stopped by a smaller --steps trains on another schedule (a preempted run, started
-# again with the same --steps, keeps it).
+# shaped too). Used by example.conditional_gan_resume, whose first run is --steps STOP, and by
+# example.pix2pix_resume, whose learning rate decays over --steps: a run stopped by a smaller --steps
+# would train on another schedule, so its first run keeps --steps STEPS and stops with STOP_FLAG STOP
+# (pix2pix's --stop-at), as a preempted run does.
 #
 #   cmake -DPROGRAM=<example> -DWORK=<dir> -DSTEPS=10 -DSTOP=6 -DPICTURE=samples.png
-#         [-DARGS="<more flags>"] [-DRESUME_ARGS="--resume"] -P resume_check.cmake
+#         [-DARGS="<more flags>"] [-DRESUME_ARGS="--resume"] [-DSTOP_FLAG=--stop-at] -P resume_check.cmake
 #
 # The program takes --steps N, --checkpoint-dir DIR (with a checkpoint at the end of a run) and
 # --out DIR (where it writes PICTURE). A program that exits 77 (no data set) makes the check print
@@ -35,7 +36,12 @@ run("the uninterrupted run" --steps ${STEPS} ${args} --checkpoint-dir "${WORK}/w
 if(skipped)
   return()
 endif()
-run("the first ${STOP} steps" --steps ${STOP} ${args} --checkpoint-dir "${WORK}/parts/ck" --out "${WORK}/parts/out")
+if(DEFINED STOP_FLAG)
+  set(first_steps --steps ${STEPS} ${STOP_FLAG} ${STOP})
+else()
+  set(first_steps --steps ${STOP})
+endif()
+run("the first ${STOP} steps" ${first_steps} ${args} --checkpoint-dir "${WORK}/parts/ck" --out "${WORK}/parts/out")
 file(REMOVE "${WORK}/parts/out/${PICTURE}")
 run("the resumed run" --steps ${STEPS} ${args} ${resume_args} --checkpoint-dir "${WORK}/parts/ck" --out
     "${WORK}/parts/out")

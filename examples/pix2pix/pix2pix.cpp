@@ -11,7 +11,14 @@
 // the generator's outputs and the clean images, a row each.
 //
 //   pix2pix [--steps N] [--minutes M] [--batch B] [--channels C] [--lr LR] [--d-lr LR] [--l1-weight W]
-//           [--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR] [--out DIR]
+//           [--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR [--stop-at S]]
+//           [--out DIR]
+//
+// With --checkpoint-dir a run continues from the latest checkpoint there, and a signal (SIGTERM,
+// SIGINT, SIGUSR1) stops it after the step it lands in, with a checkpoint. --stop-at S stops it the
+// same way after S steps, as a job's time slice would: run again with the same flags (less --stop-at)
+// to continue. The learning rate decays over --steps (and --minutes), so a run to be continued keeps
+// its --steps; with --minutes far off, a continued run computes what one run without the stop would.
 #include "../common/gan_checkpoint.hpp"
 
 #include <distribute/distribute.hpp>
@@ -170,6 +177,7 @@ struct options {
   std::size_t test = 2000;
   std::string data_dir{data::fashion_mnist_default_dir};
   std::string checkpoint_dir;       // with one: resumes from it, and a signal stops the run with a checkpoint
+  int stop_at = 0;                  // with checkpoint_dir: stop after this many steps, as a signal would (0: no)
   std::string out = "pix2pix_out";  // denoised.png goes here
 };
 
@@ -265,6 +273,14 @@ int train(S& strategy, const options& o) {
                   preemption->describe().c_str());
       return preemption->exit_code();
     }
+    if (preemption && step + 1 == o.stop_at && step + 1 < o.steps) {
+      preemption->save(step);
+      std::printf(
+          "stopped after %d steps (--stop-at); run again with the same --steps and --checkpoint-dir to "
+          "continue\n",
+          step + 1);
+      return 0;
+    }
   }
   if (preemption && step > 0) preemption->save(step - 1);
   const double train_seconds = elapsed();
@@ -336,14 +352,19 @@ int main(int argc, char** argv) {
       else if (flag == "--test") o.test = std::stoull(value());
       else if (flag == "--data") o.data_dir = value();
       else if (flag == "--checkpoint-dir") o.checkpoint_dir = value();
+      else if (flag == "--stop-at") o.stop_at = std::stoi(value());
       else if (flag == "--out") o.out = value();
       else {
         std::puts(
             "usage: pix2pix [--steps N] [--minutes M] [--batch B] [--channels C] [--lr LR] [--d-lr LR] [--l1-weight W] "
-            "[--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR] [--out DIR]");
+            "[--replicas R] [--one-device] [--test N] [--data DIR] [--checkpoint-dir DIR [--stop-at S]] [--out DIR]");
         return flag == "--help" ? 0 : 1;
       }
     }
+    if (o.stop_at < 0)
+      throw std::invalid_argument("--stop-at " + std::to_string(o.stop_at) + ": a count of steps, >= 1");
+    if (o.stop_at > 0 && o.checkpoint_dir.empty())
+      throw std::invalid_argument("--stop-at needs --checkpoint-dir: a stopped run continues from its checkpoint");
     const auto images = std::filesystem::path(o.data_dir) / "train-images-idx3-ubyte.gz";
     if (!std::filesystem::exists(images) &&
         !std::filesystem::exists(std::filesystem::path(o.data_dir) / "train-images-idx3-ubyte")) {
