@@ -944,9 +944,12 @@ BOOST_AUTO_TEST_CASE(kernel_choices_persist_per_machine_in_the_choices_file) {
 // layer) is timed against its swapped form, the swapped convolution's data gradient: the engine takes
 // that where it takes at most two thirds of the direct kernel's time, with the same bits at every
 // later call, close to the reference's; inside the margin, and by the rule, the direct kernel stays.
-// Timed for real, the record holds both times and the choice they give.
+// In float32, and in bfloat16 where the CPU has bf16 units. Timed for real, the record holds both
+// times and the choice they give.
 BOOST_AUTO_TEST_CASE(a_narrow_forward_takes_its_swapped_form_where_timed_faster) {
   const auto g = conv_geometry::of(2, 16, 20, 20, 3, 7, 1, 3);  // 16 -> 3 channels, 7x7, padding 3
+  BOOST_TEST_REQUIRE(dist::detail::dnnl_conv::swaps_sides(g));
+  BOOST_TEST(!dist::detail::dnnl_conv::swaps_sides(conv_geometry::of(2, 16, 20, 20, 8, 7, 1, 3)));  // 8 out: blocks fit
   const auto x = random_values(g.input_size(), 31), w = random_values(g.weight_size(), 32);
   const auto b = random_values(g.out_channels, 33);
   const auto forward = [&](dist::engine<dist::cpu>& e) {
@@ -956,51 +959,60 @@ BOOST_AUTO_TEST_CASE(a_narrow_forward_takes_its_swapped_form_where_timed_faster)
   };
   dist::engine<dist::cpu> ref{{.reference = true}};
   const auto reference = forward(ref);
-  dist::engine<dist::cpu> ruled{{.threads = 2, .cpu_conv_choice = dist::conv_choice::rule}};
-  ruled.set_conv_timer([](const dist::conv_choice_record&, bool) {
-    BOOST_FAIL("the rule timed a pass");
-    return 0.0;
-  });
-  const auto direct = forward(ruled);
-  BOOST_TEST(ruled.conv_choices().empty());
-  BOOST_TEST(relative(direct, reference) < 2e-5);
-  if constexpr (!dist::engine<dist::cpu>::has_dnnl) {
-    BOOST_TEST_MESSAGE("built without oneDNN: the reference computes every pass, nothing is timed");
-    return;
+  std::vector<bool> precisions{false};
+  if (dist::detail::cpu_has_bf16_units()) precisions.push_back(true);
+  std::vector<float> first_float32, direct_float32;
+  for (const bool half : precisions) {
+    const auto precision = half ? dist::compute_precision::bfloat16 : dist::compute_precision::float32;
+    const double tolerance = half ? 2e-2 : 2e-5;  // (bfloat16: the inputs rounded to 8 bits)
+    const auto make = [&](dist::compute_options o) {
+      o.threads = 2;
+      o.precision = precision;
+      return o;
+    };
+    dist::engine<dist::cpu> ruled{make({.cpu_conv_choice = dist::conv_choice::rule})};
+    ruled.set_conv_timer([](const dist::conv_choice_record&, bool) {
+      BOOST_FAIL("the rule timed a pass");
+      return 0.0;
+    });
+    const auto direct = forward(ruled);
+    BOOST_TEST(ruled.conv_choices().empty());
+    BOOST_TEST(relative(direct, reference) < tolerance, "half " << half);
+
+    // The swapped form at 0.6 of the direct kernel's time: taken, once, with its own bits every time.
+    int timed = 0;
+    dist::engine<dist::cpu> faster_swapped{make({})};
+    faster_swapped.set_conv_timer([&](const dist::conv_choice_record& r, bool swapped) {
+      ++timed;
+      BOOST_TEST((r.alternative == dist::conv_alternative::swapped));
+      BOOST_TEST((r.pass == dist::conv_pass::forward));
+      BOOST_TEST((r.precision == precision));
+      BOOST_TEST((r.geometry == g));
+      return swapped ? 0.6 : 1.0;
+    });
+    const auto first = forward(faster_swapped);
+    BOOST_TEST((forward(faster_swapped) == first), "half " << half);
+    BOOST_TEST(timed == 2);
+    BOOST_TEST(first != direct, "the swapped form sums in another order: other bits (half " << half << ")");
+    BOOST_TEST(relative(first, reference) < tolerance, "half " << half);
+    const auto choices = faster_swapped.conv_choices();
+    BOOST_TEST_REQUIRE(choices.size() == 1u);
+    BOOST_TEST(choices[0].use_alternative);
+    BOOST_TEST_MESSAGE(choices[0].to_string());
+    // At 0.7 it is inside the margin: the direct kernel stays, with its bits.
+    dist::engine<dist::cpu> close{make({})};
+    close.set_conv_timer([](const dist::conv_choice_record&, bool swapped) { return swapped ? 0.7 : 1.0; });
+    BOOST_TEST((forward(close) == direct), "half " << half);
+    BOOST_TEST_REQUIRE(close.conv_choices().size() == 1u);
+    BOOST_TEST(!close.conv_choices()[0].use_alternative);
+    if (!half) {
+      first_float32 = first;
+      direct_float32 = direct;
+    }
   }
-#  if defined(DISTRIBUTE_USE_DNNL)
-  BOOST_TEST_REQUIRE(dist::detail::dnnl_conv::swaps_sides(g));
-  BOOST_TEST(!dist::detail::dnnl_conv::swaps_sides(conv_geometry::of(2, 16, 20, 20, 8, 7, 1, 3)));  // 8 out: blocks fit
-#  endif
 
-  // The swapped form at 0.6 of the direct kernel's time: taken, once, with its own bits every time.
-  int timed = 0;
-  dist::engine<dist::cpu> faster_swapped{{.threads = 2}};
-  faster_swapped.set_conv_timer([&](const dist::conv_choice_record& r, bool swapped) {
-    ++timed;
-    BOOST_TEST((r.alternative == dist::conv_alternative::swapped));
-    BOOST_TEST((r.pass == dist::conv_pass::forward));
-    BOOST_TEST((r.geometry == g));
-    return swapped ? 0.6 : 1.0;
-  });
-  const auto first = forward(faster_swapped);
-  BOOST_TEST((forward(faster_swapped) == first));
-  BOOST_TEST(timed == 2);
-  BOOST_TEST(first != direct, "the swapped form sums in another order: other bits");
-  BOOST_TEST(relative(first, reference) < 2e-5);
-  const auto choices = faster_swapped.conv_choices();
-  BOOST_TEST_REQUIRE(choices.size() == 1u);
-  BOOST_TEST(choices[0].use_alternative);
-  BOOST_TEST_MESSAGE(choices[0].to_string());
-  // At 0.7 it is inside the margin: the direct kernel stays, with its bits.
-  dist::engine<dist::cpu> close{{.threads = 2}};
-  close.set_conv_timer([](const dist::conv_choice_record&, bool swapped) { return swapped ? 0.7 : 1.0; });
-  BOOST_TEST((forward(close) == direct));
-  BOOST_TEST_REQUIRE(close.conv_choices().size() == 1u);
-  BOOST_TEST(!close.conv_choices()[0].use_alternative);
-
-  // Timed for real: one record of the process for this case, with both times and their choice, and
-  // the result of the kernel chosen.
+  // Timed for real (float32): one record of the process for this case, with both times and their
+  // choice, and the result of the kernel chosen.
   dist::engine<dist::cpu> real{{.threads = 2}};
   const auto timed_result = forward(real);
   std::size_t ours = 0;
@@ -1014,8 +1026,8 @@ BOOST_AUTO_TEST_CASE(a_narrow_forward_takes_its_swapped_form_where_timed_faster)
       BOOST_TEST(c.direct_seconds > 0.0);
       BOOST_TEST(c.use_alternative == (c.alternative_seconds * 1.5 <= c.direct_seconds));
       BOOST_TEST_MESSAGE("timed here: " << c.to_string());
-      if (c.use_alternative) BOOST_TEST((timed_result == first), "the swapped form's bits");
-      else BOOST_TEST((timed_result == direct), "the direct kernel's bits");
+      if (c.use_alternative) BOOST_TEST((timed_result == first_float32), "the swapped form's bits");
+      else BOOST_TEST((timed_result == direct_float32), "the direct kernel's bits");
     }
   BOOST_TEST(ours == 1u);
 }
