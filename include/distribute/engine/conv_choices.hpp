@@ -115,15 +115,12 @@ inline bool parse_conv_choice_line(const std::string& line, const std::string& m
   if (!(in >> pass >> g.in_channels >> g.in_height >> g.in_width >> g.out_channels >> g.kernel >> g.stride >> g.pad >>
         g.out_height >> g.out_width >> precision >> alternative >> choice >> a_ms >> d_ms))
     return false;
-  const auto alt = alternative == "winograd"  ? conv_alternative::winograd
-                   : alternative == "swapped" ? conv_alternative::swapped
-                                              : static_cast<conv_alternative>(255);
   if (pass < 0 || pass > 2 ||
       (precision != static_cast<int>(compute_precision::float32) &&
        precision != static_cast<int>(compute_precision::bfloat16)) ||
-      (alt != conv_alternative::winograd && alt != conv_alternative::swapped) ||
-      (choice != alternative && choice != "direct"))
+      (alternative != "winograd" && alternative != "swapped") || (choice != alternative && choice != "direct"))
     return false;
+  const auto alt = alternative == "winograd" ? conv_alternative::winograd : conv_alternative::swapped;
   g.batch = 1;
   r = {.pass = static_cast<conv_pass>(pass),
        .geometry = g,
