@@ -11,9 +11,12 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -283,6 +286,64 @@ BOOST_AUTO_TEST_CASE(reductions_over_chosen_axes_with_and_without_keepdim) {
   BOOST_TEST((mentions(e, "twice") && mentions(e, "(2, 3, 4, 5)")), e);
   e = error_of([&] { nn::sum_to(r, x, shape{4, 4}); });
   BOOST_TEST((mentions(e, "(2, 3, 4, 5)") && mentions(e, "(4, 4)")), e);
+}
+
+// The maximum keeps the term a walk in index order keeps (the GPU's one pass walks so): the first of
+// equal maxima, -0 and +0 being equal, and the first NaN where there is one. Rows with many ties and
+// a rare largest value, shorter and longer than the host's chunks (256 terms) and blocks (16),
+// contiguous (the last axis) and strided (the first), over one thread's worth and over several.
+BOOST_AUTO_TEST_CASE(max_and_argmax_keep_the_first_maximum_or_the_first_nan) {
+  auto r = nn::local();
+  std::mt19937 gen(5);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto walk = [](const float* p, std::int64_t n, std::int64_t step) {
+    float best = 0;
+    std::int64_t where = -1;
+    for (std::int64_t k = 0; k < n; ++k) {
+      const float v = p[k * step];
+      const bool v_nan = v != v, best_nan = where >= 0 && best != best;
+      if (where < 0 || (!best_nan && (v_nan || v > best))) {
+        best = v;
+        where = k;
+      }
+    }
+    return std::pair{best, where};
+  };
+  std::uniform_int_distribution<int> pick(0, 599);
+  for (const std::int64_t length : {1, 15, 16, 17, 33, 255, 256, 257, 4096, 5000}) {
+    const std::int64_t rows = 48;
+    std::vector<float> v(static_cast<std::size_t>(rows * length));
+    for (std::int64_t row = 0; row < rows; ++row)
+      for (std::int64_t k = 0; k < length; ++k) {
+        const int u = pick(gen);
+        float& e = v[static_cast<std::size_t>(row * length + k)];
+        // Rows 0-7 are zeros of both signs only; rows 8-15 have NaNs; the others ties of 1 and a rare 2.
+        e = row < 8 ? (u % 2 ? 0.0f : -0.0f) : u < 2 ? 2.0f : u < 300 ? 1.0f : u % 2 ? 0.0f : -0.0f;
+        if (row >= 8 && row < 16 && u < 4) e = nan;
+      }
+    const tensor<float> x{shape{rows, length}, v};
+    const auto values = nn::max(r, x, 1);
+    const auto places = nn::argmax(r, x, 1);
+    std::vector<float> t(v.size());  // the transpose: the same rows down axis 0
+    for (std::int64_t row = 0; row < rows; ++row)
+      for (std::int64_t k = 0; k < length; ++k)
+        t[static_cast<std::size_t>(k * rows + row)] = v[static_cast<std::size_t>(row * length + k)];
+    const tensor<float> xt{shape{length, rows}, t};
+    const auto values_t = nn::max(r, xt, 0);
+    const auto places_t = nn::argmax(r, xt, 0);
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const auto [best, where] = walk(v.data() + row * length, length, 1);
+      const auto i = static_cast<std::size_t>(row);
+      BOOST_TEST(places.data()[i] == where, "length " << length << ", row " << row);
+      BOOST_TEST(std::bit_cast<std::uint32_t>(values.data()[i]) == std::bit_cast<std::uint32_t>(best),
+                 "length " << length << ", row " << row << ": " << values.data()[i] << " against " << best);
+      BOOST_TEST(places_t.data()[i] == where, "strided, length " << length << ", row " << row);
+      BOOST_TEST(std::bit_cast<std::uint32_t>(values_t.data()[i]) == std::bit_cast<std::uint32_t>(best),
+                 "strided, length " << length << ", row " << row);
+    }
+    const auto [best, where] = walk(v.data(), static_cast<std::int64_t>(v.size()), 1);
+    BOOST_TEST(nn::argmax(r, x).data()[0] == where, "over all, length " << length);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(reshape_permute_and_transpose) {

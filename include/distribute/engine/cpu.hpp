@@ -334,11 +334,14 @@ class engine<cpu> {
   // f(s, i) for every segment s in [0, segments) and i in [0, length): per-plane work (a plane's
   // statistics, its channel's bias), split over the engine's threads by segment. A functor with a
   // `whole_segment(s)` (the same values as its f(s, i) for every i, in loops that vectorise where a
-  // call per element would not) is called with that instead.
+  // call per element would not) is called with that instead; one with `terms_per_call()` (a call
+  // that reads many terms: the maximum's chunks) is split over the threads by its terms' count.
   template <class F>
   void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) {
     detail::record_pass(pass_kind::for_each_in_segments, segments * length, f);
-    over_segments(segments, length, [&](std::int64_t s) {
+    std::int64_t work = length;
+    if constexpr (requires { f.terms_per_call(); }) work = length * f.terms_per_call();
+    over_segments(segments, work, [&](std::int64_t s) {
       const F g = f;  // as in for_each
       if constexpr (requires { g.whole_segment(s); }) {
         g.whole_segment(s);

@@ -375,10 +375,26 @@ struct max_chunk_pass {
       for (std::int64_t k = 0; k < n; ++k) m = p[k * step] > m ? p[k * step] : m;
       return false;
     });
+    // The first such term: by blocks of 16 where the terms are contiguous (whether a block holds one,
+    // in a loop that vectorises; then that block term by term), else term by term.
+    const auto is_kept = [&](T v) { return nan ? v != v : v == m; };
     for_runs([&](std::int64_t i, const T* p, std::int64_t n) {
-      for (std::int64_t k = 0; k < n; ++k) {
+      std::int64_t k0 = 0;
+      if (step == 1)
+        for (; k0 + 16 <= n; k0 += 16) {
+          int hit = 0;
+          if (nan) {
+            DISTRIBUTE_SIMD_REDUCTION(| : hit)
+            for (std::int64_t k = k0; k < k0 + 16; ++k) hit |= p[k] != p[k];
+          } else {
+            DISTRIBUTE_SIMD_REDUCTION(| : hit)
+            for (std::int64_t k = k0; k < k0 + 16; ++k) hit |= p[k] == m;
+          }
+          if (hit) break;
+        }
+      for (std::int64_t k = k0; k < n; ++k) {
         const T v = p[k * step];
-        if (nan ? v != v : v == m) {
+        if (is_kept(v)) {
           best = v;
           where = x ? i + k : places[base + i + k];
           return true;
@@ -395,6 +411,9 @@ struct max_chunk_pass {
   void whole_segment(index s) const {
     for (index c = 0; c < chunks; ++c) (*this)(s, c);
   }
+  // The terms a call reads: the CPU engine weighs a pass by them, not by its calls, when it decides
+  // whether to split the pass over its threads.
+  std::int64_t terms_per_call() const noexcept { return chunk < length ? chunk : length; }
 };
 // dx[kept(s) + reduced(place[s])] = dy[s]: the maximum's gradient, into a zeroed dx.
 template <class T>
