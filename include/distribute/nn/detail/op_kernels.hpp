@@ -211,6 +211,22 @@ struct row_operand {
   std::int64_t step;  // along the row
   DISTRIBUTE_HOST_DEVICE std::int64_t operator()(std::int64_t s, std::int64_t i) const { return outer(s) + i * step; }
 };
+// Calls body(sa, sb) with two operands' steps along a row as constants where they are 0 or 1 (a
+// broadcast operand, a contiguous one), so that the row's loop in `body` vectorises (a runtime step
+// of 0 keeps GCC's from it); with the steps as they are otherwise. The host's whole_segment forms.
+template <class Body>
+void with_row_steps(index sa, index sb, Body&& body) {
+  struct zero {
+    constexpr operator index() const noexcept { return 0; }
+  };
+  struct one {
+    constexpr operator index() const noexcept { return 1; }
+  };
+  if (sa == 1 && sb == 1) body(one{}, one{});
+  else if (sa == 1 && sb == 0) body(one{}, zero{});
+  else if (sa == 0 && sb == 1) body(zero{}, one{});
+  else body(sa, sb);
+}
 template <class T, class Op>
 struct broadcast_binary_rows {
   const T* a;
@@ -227,8 +243,9 @@ struct broadcast_binary_rows {
     const T* pa = a + ra.outer(s);
     const T* pb = b + rb.outer(s);
     T* po = out + s * length;
-    const index sa = ra.step, sb = rb.step;
-    for (index i = 0; i < length; ++i) po[i] = op.value(pa[i * sa], pb[i * sb]);
+    with_row_steps(ra.step, rb.step, [&](auto sa, auto sb) {
+      for (index i = 0; i < length; ++i) po[i] = op.value(pa[i * sa], pb[i * sb]);
+    });
   }
 };
 template <class T, class Op, bool First>
@@ -250,11 +267,12 @@ struct broadcast_partial_rows {
     const T* pb = b + rb.outer(s);
     const T* pdy = dy + s * length;
     T* pg = g + s * length;
-    const index sa = ra.step, sb = rb.step;
-    for (index i = 0; i < length; ++i) {
-      const T va = pa[i * sa], vb = pb[i * sb];
-      pg[i] = pdy[i] * (First ? op.d_a(va, vb) : op.d_b(va, vb));
-    }
+    with_row_steps(ra.step, rb.step, [&](auto sa, auto sb) {
+      for (index i = 0; i < length; ++i) {
+        const T va = pa[i * sa], vb = pb[i * sb];
+        pg[i] = pdy[i] * (First ? op.d_a(va, vb) : op.d_b(va, vb));
+      }
+    });
   }
 };
 template <class T>
@@ -267,8 +285,9 @@ struct gather_rows {
   void whole_segment(index s) const {
     const T* px = x + rx.outer(s);
     T* po = out + s * length;
-    const index step = rx.step;
-    for (index i = 0; i < length; ++i) po[i] = px[i * step];
+    with_row_steps(rx.step, 0, [&](auto step, auto) {
+      for (index i = 0; i < length; ++i) po[i] = px[i * step];
+    });
   }
 };
 
