@@ -394,26 +394,33 @@ struct max_chunk_pass {
       for (std::int64_t k = 0; k < n; ++k) m = p[k * step] > m ? p[k * step] : m;
       return false;
     });
-    // The first such term: by blocks of 16 where the terms are contiguous (whether a block holds one,
-    // in a loop that vectorises; then that block term by term), else term by term.
-    const auto is_kept = [&](T v) { return nan ? v != v : v == m; };
+    // The first such term: where the terms are contiguous, the least index that holds one, in a loop
+    // that vectorises (a minimum over the run, at most `chunk` terms: an int); else term by term.
     for_runs([&](std::int64_t i, const T* p, std::int64_t n) {
-      std::int64_t k0 = 0;
-      if (step == 1)
-        for (; k0 + 16 <= n; k0 += 16) {
-          int hit = 0;
-          if (nan) {
-            DISTRIBUTE_SIMD_REDUCTION(| : hit)
-            for (std::int64_t k = k0; k < k0 + 16; ++k) hit |= p[k] != p[k];
-          } else {
-            DISTRIBUTE_SIMD_REDUCTION(| : hit)
-            for (std::int64_t k = k0; k < k0 + 16; ++k) hit |= p[k] == m;
+      if (step == 1) {
+        const int count = static_cast<int>(n);
+        int first = count;
+        if (nan) {
+          DISTRIBUTE_SIMD_REDUCTION(min : first)
+          for (int k = 0; k < count; ++k) {
+            const int at = p[k] != p[k] ? k : count;
+            first = at < first ? at : first;
           }
-          if (hit) break;
+        } else {
+          DISTRIBUTE_SIMD_REDUCTION(min : first)
+          for (int k = 0; k < count; ++k) {
+            const int at = p[k] == m ? k : count;
+            first = at < first ? at : first;
+          }
         }
-      for (std::int64_t k = k0; k < n; ++k) {
+        if (first == count) return false;
+        best = p[first];
+        where = x ? i + first : places[base + i + first];
+        return true;
+      }
+      for (std::int64_t k = 0; k < n; ++k) {
         const T v = p[k * step];
-        if (is_kept(v)) {
+        if (nan ? v != v : v == m) {
           best = v;
           where = x ? i + k : places[base + i + k];
           return true;
