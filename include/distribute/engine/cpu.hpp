@@ -85,22 +85,27 @@ namespace distribute {
 #if DISTRIBUTE_HAS_DNNL
 namespace detail {
 // The name under which the choices file keeps this machine's choices: its CPU, and the ISA and
-// version of the oneDNN it runs (another of either times again).
-inline std::string conv_choices_machine() {
-  std::string model = "unknown CPU";
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);)
-    if (line.starts_with("model name")) {
-      if (const auto colon = line.find(':'); colon != std::string::npos)
-        model = line.substr(line.find_first_not_of(' ', colon + 1));
-      break;
-    }
-  std::replace(model.begin(), model.end(), '\t', ' ');
-  // (Where the Winograd candidate is the engine's own, the name says so: choices timed against oneDNN's
-  // kernel, or before the engine had its own, are not this machine's.)
-  return model + ", " + dnnl_conv::isa() + ", " + dnnl_conv::library() +
-         (dnnl_conv::library_has_winograd() ? "" : ", own Winograd F(4x4, 3x3)") + ", " +
-         std::to_string(usable_hardware_threads()) + " threads";
+// version of the oneDNN it runs (another of either times again). Made once for the process: the
+// engine asks at every pass that has a choice, and reading /proc/cpuinfo takes tens of microseconds
+// (more with more cores).
+inline const std::string& conv_choices_machine() {
+  static const std::string name = [] {
+    std::string model = "unknown CPU";
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    for (std::string line; std::getline(cpuinfo, line);)
+      if (line.starts_with("model name")) {
+        if (const auto colon = line.find(':'); colon != std::string::npos)
+          model = line.substr(line.find_first_not_of(' ', colon + 1));
+        break;
+      }
+    std::replace(model.begin(), model.end(), '\t', ' ');
+    // (Where the Winograd candidate is the engine's own, the name says so: choices timed against oneDNN's
+    // kernel, or before the engine had its own, are not this machine's.)
+    return model + ", " + dnnl_conv::isa() + ", " + dnnl_conv::library() +
+           (dnnl_conv::library_has_winograd() ? "" : ", own Winograd F(4x4, 3x3)") + ", " +
+           std::to_string(usable_hardware_threads()) + " threads";
+  }();
+  return name;
 }
 }  // namespace detail
 #endif
