@@ -611,13 +611,14 @@ class engine<cpu> {
                              : which == pass::backward_data ? e.input_size()
                                                             : e.weight_size());
           float* per_channel = bias ? s.channels(e.out_channels) : nullptr;
-          const bool h = !wino && half(), round = wino && half();
-          enter_openmp();
-          const std::pair<pass, bool> one{which, bias};
-          detail::dnnl_conv& d = dnnl_now({&one, 1}, e, h, wino);
-          return which == pass::forward         ? d.forward(e, a, b, per_channel, out, arena_, h, wino, round)
-                 : which == pass::backward_data ? d.backward_data(e, a, b, out, arena_, h, wino, round)
-                                                : d.backward_weights(e, a, b, out, per_channel, arena_, h, wino, round);
+          return through_dnnl_as(e, a, b, which, bias, wino,
+                                 [&](detail::dnnl_conv& d, const float* p, const float* q, bool h, bool w, bool round) {
+                                   return which == pass::forward
+                                              ? d.forward(e, p, q, per_channel, out, arena_, h, w, round)
+                                          : which == pass::backward_data
+                                              ? d.backward_data(e, p, q, out, arena_, h, w, round)
+                                              : d.backward_weights(e, p, q, out, per_channel, arena_, h, w, round);
+                                 });
         });
   }
   // Whether the forward of e runs as its swapped convolution's data gradient (dnnl_conv::forward_swapped)
