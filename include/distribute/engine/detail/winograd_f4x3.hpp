@@ -82,20 +82,20 @@ class winograd_f4x3 {
     const conv_geometry e = one_example(g);
     const tiling t = tiling::of(e);
     const std::int64_t K = g.out_channels, C = g.in_channels;
-    float* U = a.get<float>(arena::weights, static_cast<std::size_t>(36 * K * C));
-    float* V = a.get<float>(arena::src, static_cast<std::size_t>(36 * C * t.all));
-    float* M = a.get<float>(arena::dst, static_cast<std::size_t>(36 * K * t.all));
-    transform_windows(K * C, w, U, round, team);
+    const std::int64_t su = spaced(K * C), sv = spaced(C * t.all), sm = spaced(K * t.all);
+    float* U = a.get<float>(arena::weights, static_cast<std::size_t>(36 * su));
+    float* V = a.get<float>(arena::src, static_cast<std::size_t>(36 * sv));
+    float* M = a.get<float>(arena::dst, static_cast<std::size_t>(36 * sm));
+    transform_windows(K * C, su, w, U, round, team);
     const std::int64_t blocks = (t.all + tile_block - 1) / tile_block;
     for (std::int64_t n = 0; n < g.batch; ++n) {
-      transform_input(e, t, x + n * g.in_channels * g.in_height * g.in_width, V, round, team);
+      transform_input(e, t, x + n * g.in_channels * g.in_height * g.in_width, V, sv, round, team);
       parallel_items(36 * blocks, team, [&](std::int64_t item) {
         const std::int64_t xi = item / blocks, first = item % blocks * tile_block;
         const std::int64_t cols = std::min(tile_block, t.all - first);
-        sgemm('N', 'N', K, cols, C, U + xi * K * C, C, V + xi * C * t.all + first, t.all, 0.0f,
-              M + xi * K * t.all + first, t.all);
+        sgemm('N', 'N', K, cols, C, U + xi * su, C, V + xi * sv + first, t.all, 0.0f, M + xi * sm + first, t.all);
       });
-      transform_output(e, t, M, bias, y + n * K * g.out_height * g.out_width, team);
+      transform_output(e, t, M, sm, bias, y + n * K * g.out_height * g.out_width, team);
     }
   }
 
@@ -107,22 +107,23 @@ class winograd_f4x3 {
     const conv_geometry e = one_example(g);
     const tiling t = tiling::of(e);
     const std::int64_t K = g.out_channels, C = g.in_channels;
-    float* V = a.get<float>(arena::src, static_cast<std::size_t>(36 * C * t.all));
-    float* Z = a.get<float>(arena::dst, static_cast<std::size_t>(36 * K * t.all));
-    float* S = a.get<float>(arena::gradient, static_cast<std::size_t>(36 * K * C));
+    const std::int64_t sv = spaced(C * t.all), sz = spaced(K * t.all), ss = spaced(K * C);
+    float* V = a.get<float>(arena::src, static_cast<std::size_t>(36 * sv));
+    float* Z = a.get<float>(arena::dst, static_cast<std::size_t>(36 * sz));
+    float* S = a.get<float>(arena::gradient, static_cast<std::size_t>(36 * ss));
     const std::int64_t blocks = (K + channel_block - 1) / channel_block;
     for (std::int64_t n = 0; n < g.batch; ++n) {  // S summed over the examples in order
-      transform_input(e, t, x + n * C * g.in_height * g.in_width, V, round, team);
-      transform_gradient(e, t, dy + n * K * g.out_height * g.out_width, Z, round, team);
+      transform_input(e, t, x + n * C * g.in_height * g.in_width, V, sv, round, team);
+      transform_gradient(e, t, dy + n * K * g.out_height * g.out_width, Z, sz, round, team);
       parallel_items(36 * blocks, team, [&](std::int64_t item) {
         const std::int64_t xi = item / blocks, k0 = item % blocks * channel_block;
         const std::int64_t rows = std::min(channel_block, K - k0);
-        sgemm('N', 'T', rows, C, t.all, Z + xi * K * t.all + k0 * t.all, t.all, V + xi * C * t.all, t.all,
-              n == 0 ? 0.0f : 1.0f, S + xi * K * C + k0 * C, C);
+        sgemm('N', 'T', rows, C, t.all, Z + xi * sz + k0 * t.all, t.all, V + xi * sv, t.all, n == 0 ? 0.0f : 1.0f,
+              S + xi * ss + k0 * C, C);
       });
     }
     if (g.batch == 0) return;
-    add_window_gradients(K * C, S, dw, team);
+    add_window_gradients(K * C, ss, S, dw, team);
   }
 
  private:
@@ -158,6 +159,13 @@ class winograd_f4x3 {
     if (dnnl_sgemm(ta, tb, m, n, k, 1.0f, A, lda, B, ldb, beta, Cm, ldc) != dnnl_success)
       throw std::runtime_error("distribute: oneDNN's sgemm failed in a Winograd pass");
   }
+  // The distance between consecutive matrices xi of n values each in the transformed tiles and
+  // windows: n rounded up to 4 KiB, plus 64 bytes. A tile's 36 (or a window's) values go to the 36
+  // matrices, and at a distance that is a multiple of 4 KiB (256 channels of 16x16 tiles: 256 KiB)
+  // all 36 fall in one set of the L1 and L2 caches, which hold 8 to 16 lines a set: a transform then
+  // waits on memory at nearly every store. 64 bytes more puts them in 36 sets. The products and
+  // their bits do not change (each reads and writes its own matrices, 64-byte aligned as before).
+  static constexpr std::int64_t spaced(std::int64_t n) noexcept { return (n + 1023) / 1024 * 1024 + 16; }
   static float maybe_round(float v, bool round) noexcept { return round ? static_cast<float>(bfloat16(v)) : v; }
 
   // The 1-D transforms of F(4, 3) at the points 0, 1, -1, 1/2, -2 and infinity (Toom-Cook: A^T's
@@ -208,7 +216,7 @@ class winograd_f4x3 {
   // U[xi][i] = (G w_i G^T)[xi] for the n windows w_i (3x3 each, in a row). A chunk of windows at a
   // time, element by element across the chunk (loops that vectorise): its 9 values gathered, G times
   // each column, each row of that times G^T.
-  static void transform_windows(std::int64_t n, const float* w, float* U, bool round, int team) {
+  static void transform_windows(std::int64_t n, std::int64_t stride, const float* w, float* U, bool round, int team) {
     parallel_items((n + chunk - 1) / chunk, team, [&](std::int64_t item) {
       const std::int64_t first = item * chunk, count = std::min(n - first, chunk);
       std::vector<float> buffer(static_cast<std::size_t>((9 + 18 + 6) * chunk));
@@ -226,24 +234,25 @@ class winograd_f4x3 {
         const float* c0 = cols + r * 3 * chunk;
         DISTRIBUTE_WINOGRAD_SIMD
         for (std::int64_t i = 0; i < count; ++i) gt3(c0[i], c0[chunk + i], c0[2 * chunk + i], u + i, chunk);
-        for (int c = 0; c < 6; ++c) std::copy_n(u + c * chunk, count, U + (r * 6 + c) * n + first);
+        for (int c = 0; c < 6; ++c) std::copy_n(u + c * chunk, count, U + (r * 6 + c) * stride + first);
       }
     });
   }
 
   // V[xi][c][t] = (B^T d B)[xi] for each input plane (n, c) and output tile t of example n: the 6x6
   // patch at rows 4 ty - pad.., columns 4 tx - pad.., zero outside the plane.
-  static void transform_input(const conv_geometry& g, const tiling& t, const float* x, float* V, bool round, int team) {
-    transform_tiles<6>(g.batch, g.in_channels, g.in_height, g.in_width, g.pad, t, x, V, round, team,
+  static void transform_input(const conv_geometry& g, const tiling& t, const float* x, float* V, std::int64_t stride,
+                              bool round, int team) {
+    transform_tiles<6>(g.batch, g.in_channels, g.in_height, g.in_width, g.pad, t, x, V, stride, round, team,
                        [](const float* d, std::int64_t ds, float* o, std::int64_t s) {
                          bt(d[0], d[ds], d[2 * ds], d[3 * ds], d[4 * ds], d[5 * ds], o, s);
                        });
   }
   // Z[xi][k][t] = (A dy_t A^T)[xi] for each gradient plane (n, k) and its 4x4 tiles, zero past the plane.
-  static void transform_gradient(const conv_geometry& g, const tiling& t, const float* dy, float* Z, bool round,
-                                 int team) {
+  static void transform_gradient(const conv_geometry& g, const tiling& t, const float* dy, float* Z,
+                                 std::int64_t stride, bool round, int team) {
     transform_tiles<4>(
-        g.batch, g.out_channels, g.out_height, g.out_width, 0, t, dy, Z, round, team,
+        g.batch, g.out_channels, g.out_height, g.out_width, 0, t, dy, Z, stride, round, team,
         [](const float* d, std::int64_t ds, float* o, std::int64_t s) { a4(d[0], d[ds], d[2 * ds], d[3 * ds], o, s); });
   }
   // out[xi][plane][t] for each of the batch x planes planes (h x w) of `in` and each tile t (4 rows and
@@ -253,8 +262,9 @@ class winograd_f4x3 {
   // vectorise; then each tile's rows, across the tiles.
   template <int R, class F>
   static void transform_tiles(std::int64_t batch, std::int64_t planes, std::int64_t h, std::int64_t w, std::int64_t pad,
-                              const tiling& t, const float* in, float* out, bool round, int team, F f) {
-    const std::int64_t width = 4 * t.cols + R - 4, stride = planes * t.all;  // out's stride between elements xi
+                              const tiling& t, const float* in, float* out, std::int64_t stride, bool round, int team,
+                              F f) {
+    const std::int64_t width = 4 * t.cols + R - 4;  // stride: out's distance between elements xi
     parallel_items(batch * planes, team, [&](std::int64_t item) {
       const std::int64_t n = item / planes, c = item % planes;
       std::vector<float> rows(static_cast<std::size_t>(R * width)), cols(static_cast<std::size_t>(6 * width));
@@ -283,11 +293,11 @@ class winograd_f4x3 {
     });
   }
 
-  // y's plane (n, k), tile by tile: A^T m A from M[xi][k][t], plus the bias, clipped to the plane.
-  static void transform_output(const conv_geometry& g, const tiling& t, const float* M, const float* bias, float* y,
-                               int team) {
+  // y's plane (n, k), tile by tile: A^T m A from M[xi][k][t] (`plane` apart between elements xi), plus
+  // the bias, clipped to the plane.
+  static void transform_output(const conv_geometry& g, const tiling& t, const float* M, std::int64_t plane,
+                               const float* bias, float* y, int team) {
     const std::int64_t K = g.out_channels, P = g.out_height, Q = g.out_width, width = 4 * t.cols;
-    const std::int64_t plane = K * t.all;
     parallel_items(g.batch * K, team, [&](std::int64_t item) {
       const std::int64_t n = item / K, k = item % K;
       const float b = bias ? bias[k] : 0.0f;
@@ -321,18 +331,19 @@ class winograd_f4x3 {
   }
 
   // dw[i] += G^T S_i G for the n windows, S_i = S[xi][i]: a chunk at a time, as transform_windows.
-  static void add_window_gradients(std::int64_t n, const float* S, float* dw, int team) {
+  static void add_window_gradients(std::int64_t n, std::int64_t stride, const float* S, float* dw, int team) {
     parallel_items((n + chunk - 1) / chunk, team, [&](std::int64_t item) {
       const std::int64_t first = item * chunk, count = std::min(n - first, chunk);
       std::vector<float> buffer(static_cast<std::size_t>((18 + 9) * chunk));
       float* rows = buffer.data();   // [3][6][chunk]: G^T times S's columns
       float* r = rows + 18 * chunk;  // [3][3][chunk]
       for (int c = 0; c < 6; ++c) {
-        const float* s0 = S + c * n + first;  // S[q * 6 + c] for q = 0..5, 6 n apart
+        const float* s0 = S + c * stride + first;  // S[q * 6 + c] for q = 0..5, 6 strides apart
+        const std::int64_t s6 = 6 * stride;
         DISTRIBUTE_WINOGRAD_SIMD
         for (std::int64_t i = 0; i < count; ++i)
-          gtt(s0[i], s0[6 * n + i], s0[12 * n + i], s0[18 * n + i], s0[24 * n + i], s0[30 * n + i],
-              rows + c * chunk + i, 6 * chunk);
+          gtt(s0[i], s0[s6 + i], s0[2 * s6 + i], s0[3 * s6 + i], s0[4 * s6 + i], s0[5 * s6 + i], rows + c * chunk + i,
+              6 * chunk);
       }
       for (int a = 0; a < 3; ++a) {
         const float* q = rows + a * 6 * chunk;
