@@ -80,6 +80,10 @@ void check_unary(const std::function<var(tape_d&, var)>& f, const tensor<double>
   check_tape_gradients([&](tape_d& t, const std::vector<var>& v) { return f(t, v[0]); }, {x}, what);
 }
 
+// An element-wise pass the CPU engine runs a block at a time.
+template <class F>
+concept runs_blocks = requires(const F& f) { f.run_block(0, 0); };
+
 // Values in [lo, hi] kept `gap` away from each of `avoid` (kinks, bounds).
 tensor<double> away_from(shape s, std::uint32_t seed, double lo, double hi, std::vector<double> avoid,
                          double gap = 0.05) {
@@ -143,6 +147,142 @@ BOOST_AUTO_TEST_CASE(functions_match_their_formulas_and_differences) {
   t.backward(nn::sigmoid(t, v), dy);
   BOOST_TEST(dist::test::relative_error_of<double>({by_hand.data(), by_hand.size()},
                                                    {t.gradient(v).data(), t.gradient(v).size()}) < 1e-15);
+}
+
+// Float exp, log, sigmoid and softplus on the CPU run through nn/detail/float_lanes.hpp's vector
+// code: within a few ulp of the exact value (double's) over the whole float range, and libm's
+// special values. Every 4099th bit pattern (about a million values: normal, subnormal, huge, both
+// signs) plus the special ones.
+BOOST_AUTO_TEST_CASE(float_functions_are_within_a_few_ulp_of_the_exact_value) {
+  auto r = nn::local();
+  constexpr float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> values{0.0f,
+                            -0.0f,
+                            inf,
+                            -inf,
+                            nan,
+                            std::numeric_limits<float>::min(),
+                            std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(),
+                            88.72f,
+                            88.73f,
+                            -87.4f,
+                            -103.9f,
+                            -104.0f,
+                            20.0f,
+                            20.000002f,
+                            1e-30f,
+                            -1e-30f};
+  for (std::uint64_t b = 0; b < (std::uint64_t{1} << 32); b += 4099)
+    values.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(b)));
+  const tensor<float> x{shape{static_cast<std::int64_t>(values.size())}, values};
+  // The distance to the exact value in units of the float spacing there (2^-149 below the normals).
+  auto ulps = [](float got, double exact) {
+    const float rounded = static_cast<float>(exact);
+    const double spacing = std::max(static_cast<double>(std::nextafter(std::abs(rounded), inf) - std::abs(rounded)),
+                                    std::ldexp(1.0, -149));
+    return std::abs(static_cast<double>(got) - exact) / spacing;
+  };
+  auto check = [&](const char* name, const tensor<float>& y, double (*exact)(double), double bound) {
+    double worst = 0;
+    float worst_at = 0;
+    std::size_t specials = 0, wrong_specials = 0;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const double e = exact(static_cast<double>(values[i]));
+      const float got = y.data()[i];
+      if (std::isnan(e) || std::abs(e) > std::numeric_limits<float>::max()) {  // NaN, or beyond float: exactly so
+        ++specials;
+        const bool same = std::isnan(e) ? std::isnan(got) : got == static_cast<float>(e);
+        if (!same) {
+          ++wrong_specials;
+          BOOST_TEST_MESSAGE(name << " at " << values[i] << ": " << got << ", exact " << e);
+        }
+        continue;
+      }
+      const double u = ulps(got, e);
+      if (!(u <= worst)) worst = u, worst_at = values[i];
+    }
+    BOOST_TEST(wrong_specials == 0u, name << ": " << wrong_specials << " of " << specials << " special values wrong");
+    BOOST_TEST(worst <= bound, name << ": worst " << worst << " ulp at x = " << worst_at);
+    BOOST_TEST_MESSAGE(name << ": worst " << worst << " ulp over " << values.size() << " values");
+  };
+  check("exp", nn::exp(r, x), [](double v) { return std::exp(v); }, 1.5);
+  check("log", nn::log(r, x), [](double v) { return std::log(v); }, 1.5);
+  check("sigmoid", nn::sigmoid(r, x), [](double v) { return 1 / (1 + std::exp(-v)); }, 3.0);
+  check("softplus", nn::softplus(r, x), [](double v) { return v > 20 ? v : std::log1p(std::exp(v)); }, 3.0);
+  // Of beta x as float rounds it (as PyTorch's does): e^(beta x) is exact to that product.
+  check(
+      "softplus, beta 2.5, threshold 4", nn::softplus(r, x, 2.5f, 4.0f),
+      [](double v) {
+        const double z = static_cast<double>(2.5f * static_cast<float>(v));
+        return z > 4 ? v : std::log1p(std::exp(z)) / 2.5;
+      },
+      3.5);
+  tensor<float> ones{x.shape()};
+  std::fill(ones.begin(), ones.end(), 1.0f);
+  check(
+      "softplus' (its backward)", nn::softplus_backward(r, x, nn::softplus(r, x), ones),
+      [](double v) { return v > 20 ? 1.0 : (std::isnan(v) ? v : 1 / (1 + std::exp(-v))); }, 3.0);
+}
+
+// A value's bits do not depend on where it lies: one by one (the functions' value(x), as a
+// recorded gradient recomputes it) = in bulk on 1 or 2 threads = in a tensor that starts 5 values
+// later = the serial engine's; forward, backward by hand and on a tape.
+BOOST_AUTO_TEST_CASE(float_functions_have_the_same_bits_wherever_a_value_lies) {
+  namespace k = nn::detail::kernels;
+  const std::int64_t n = 50'007;  // past the engine's parallel grain (2^15), not a multiple of a block
+  auto x = random_tensor<float>(shape{n}, 11, -30.0, 30.0);
+  const auto dy = random_tensor<float>(shape{n}, 12);
+  x.data()[3] = std::numeric_limits<float>::infinity();
+  x.data()[n - 2] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> positive(x.begin(), x.end());
+  for (auto& v : positive) v = std::abs(v) + 1e-3f;
+  auto bits_equal = [](const float* a, const float* b, std::int64_t count) {
+    for (std::int64_t i = 0; i < count; ++i)
+      if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
+    return true;
+  };
+  dist::engine<dist::cpu> one{{.threads = 1}}, two{{.threads = 2}};
+  auto check = [&](const std::string& name, auto op, const std::vector<float>& in) {
+    using Op = decltype(op);
+    static_assert(runs_blocks<k::unary_forward<float, Op>>, "float functions run a block at a time on the CPU");
+    static_assert(!runs_blocks<k::unary_forward<double, k::exp_op<double>>>,
+                  "double ones one value at a time, through <cmath>");
+    std::vector<float> alone(in.size()), bulk(in.size()), derivative(in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) alone[i] = op.value(in[i]);
+    for (auto* e : {&one, &two}) {
+      e->for_each(n, k::unary_forward<float, Op>{in.data(), bulk.data(), op});
+      BOOST_TEST(bits_equal(bulk.data(), alone.data(), n), name << " on " << e->threads() << " thread(s)");
+      e->for_each(n - 5, k::unary_forward<float, Op>{in.data() + 5, bulk.data(), op});
+      BOOST_TEST(bits_equal(bulk.data(), alone.data() + 5, n - 5), name << ", 5 values later");
+    }
+    dist::serial_engine{}.for_each(n, k::unary_forward<float, Op>{in.data(), bulk.data(), op});
+    BOOST_TEST(bits_equal(bulk.data(), alone.data(), n), name << " on the serial engine");
+    // dL/dx = dy f'(x): from x and y by hand, from x alone on a tape.
+    for (std::int64_t i = 0; i < n; ++i) derivative[i] = dy.data()[i] * op.derivative(in[i], alone[i]);
+    two.for_each(n, k::unary_backward<float, Op>{in.data(), alone.data(), dy.data(), bulk.data(), op});
+    BOOST_TEST(bits_equal(bulk.data(), derivative.data(), n), name << "'s backward");
+    two.for_each(n, nn::detail::unary_backward_from_x<float, Op>{in.data(), dy.data(), bulk.data(), op});
+    BOOST_TEST(bits_equal(bulk.data(), derivative.data(), n), name << "'s backward from x alone (a tape's)");
+  };
+  const std::vector<float> xs(x.begin(), x.end());
+  check("exp", k::exp_op<float>{}, xs);
+  check("log", k::log_op<float>{}, positive);
+  check("sigmoid", k::sigmoid_op<float>{}, xs);
+  check("softplus", k::softplus_op<float>{1.0f, 20.0f}, xs);
+  check("softplus, beta 2.5, threshold 4", k::softplus_op<float>{2.5f, 4.0f}, xs);
+  // Through the public functions and a tape on a replica: the same values.
+  auto r = nn::local();
+  const auto y = nn::softplus(r, x);
+  std::vector<float> alone(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) alone[i] = k::softplus_op<float>{1.0f, 20.0f}.value(x.data()[i]);
+  BOOST_TEST(bits_equal(y.data(), alone.data(), n));
+  nn::tape<replica, float> t{r};
+  const auto v = t.watch(x);
+  t.backward(nn::softplus(t, v), dy);
+  const auto by_hand = nn::softplus_backward(r, x, y, dy);
+  BOOST_TEST(bits_equal(t.gradient(v).data(), by_hand.data(), n), "the tape's gradient is the one by hand");
 }
 
 BOOST_AUTO_TEST_CASE(broadcasting_follows_numpy_and_sums_the_gradients_back) {

@@ -117,9 +117,17 @@ void fixed_order_sums_across(const F& term, std::int64_t s0, std::int64_t count,
 }
 
 struct serial_engine {
+  // A functor with run_block a block at a time, as engine<cpu>'s for_each.
   template <class F>
   void for_each(std::int64_t n, F f) const {
-    for (std::int64_t i = 0; i < n; ++i) f(i);
+    if constexpr (requires(const F& g) {
+                    g.run_block(std::int64_t{}, std::int64_t{});
+                    F::block_size;
+                  }) {
+      for (std::int64_t i = 0; i < n; i += F::block_size) f.run_block(i, std::min<std::int64_t>(F::block_size, n - i));
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) f(i);
+    }
   }
   template <class F>
   void for_each_in_segments(std::int64_t segments, std::int64_t length, F f) const {

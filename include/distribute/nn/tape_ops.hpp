@@ -36,7 +36,23 @@ struct unary_backward_from_x {
   const T* dy;
   T* dx;
   Op op;
+  static constexpr std::int64_t block_size = lanes::width;
   DISTRIBUTE_HOST_DEVICE void operator()(std::int64_t i) const { dx[i] = dy[i] * op.derivative(x[i], op.value(x[i])); }
+  // The same values a block at a time (kernels::unary_forward's run_block): f'(x) from its own block
+  // where the operation has one, else from f(x)'s.
+  void run_block(std::int64_t i, std::int64_t count) const
+    requires kernels::derivative_in_blocks<Op, T> || kernels::value_in_blocks<Op, T>
+  {
+    float d[lanes::width];
+    if constexpr (kernels::derivative_in_blocks<Op, T>) {
+      kernels::through_block(x + i, d, count, [this](const float* a, float* b) { op.derivative_block(a, b); });
+    } else {
+      float v[lanes::width];
+      kernels::through_block(x + i, v, count, [this](const float* a, float* b) { op.value_block(a, b); });
+      for (std::int64_t l = 0; l < count; ++l) d[l] = op.derivative(x[i + l], v[l]);
+    }
+    for (std::int64_t l = 0; l < count; ++l) dx[i + l] = dy[i + l] * d[l];
+  }
 };
 
 // y = f(x); its recorded backward (create_graph) is dy * f'(x), with f' an operation of its own

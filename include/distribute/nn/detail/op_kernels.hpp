@@ -10,9 +10,11 @@
 // so that no work item walks a whole row.
 
 #include <distribute/config.hpp>
+#include <distribute/nn/detail/float_lanes.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 // A loop whose iterations combine into one value by `op` (OpenMP's simd reduction clause), on the
 // host where OpenMP is on; elsewhere (a GPU's device code, a build without OpenMP) a plain loop.
@@ -58,7 +60,10 @@ struct term_run {
 };
 
 // The unary operations: value(x), dy/dx from x and y = value(x), and d2y/dx2 from x (`second`, for
-// gradients taken with create_graph).
+// gradients taken with create_graph). Those with exp or log in float on the host also have
+// `value_block` (and softplus `derivative_block`: f'(x) from x alone): lanes::width values at once
+// through float_lanes.hpp, and value(x) there is the same block with one value in it, so a value's
+// bits do not depend on which of the two computed it. In double, and on a GPU, <cmath>'s.
 template <class T>
 struct square_op {
   static constexpr const char* name = "square";
@@ -77,14 +82,28 @@ struct sqrt_op {
 template <class T>
 struct exp_op {
   static constexpr const char* name = "exp";
-  DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::exp(x); }
+  DISTRIBUTE_HOST_DEVICE T value(T x) const {
+#if !defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<T, float>)
+      return lanes::one(x, [this](const float* a, float* b) { value_block(a, b); });
+#endif
+    return std::exp(x);
+  }
   DISTRIBUTE_HOST_DEVICE T derivative(T, T y) const { return y; }
-  DISTRIBUTE_HOST_DEVICE T second(T x) const { return std::exp(x); }
+  DISTRIBUTE_HOST_DEVICE T second(T x) const { return value(x); }
+  void value_block(const float* x, float* y) const { lanes::exp(x, y); }
 };
 template <class T>
 struct log_op {
   static constexpr const char* name = "log";
-  DISTRIBUTE_HOST_DEVICE T value(T x) const { return std::log(x); }
+  DISTRIBUTE_HOST_DEVICE T value(T x) const {
+#if !defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<T, float>)
+      return lanes::one(x, [this](const float* a, float* b) { value_block(a, b); });
+#endif
+    return std::log(x);
+  }
+  void value_block(const float* x, float* y) const { lanes::log(x, y); }
   DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const { return T(1) / x; }
   DISTRIBUTE_HOST_DEVICE T second(T x) const { return T(-1) / (x * x); }
 };
@@ -119,7 +138,14 @@ struct clamp_op {
 template <class T>
 struct sigmoid_op {
   static constexpr const char* name = "sigmoid";
-  DISTRIBUTE_HOST_DEVICE T value(T x) const { return T(1) / (T(1) + std::exp(-x)); }
+  DISTRIBUTE_HOST_DEVICE T value(T x) const {
+#if !defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<T, float>)
+      return lanes::one(x, [this](const float* a, float* b) { value_block(a, b); });
+#endif
+    return T(1) / (T(1) + std::exp(-x));
+  }
+  void value_block(const float* x, float* y) const { lanes::logistic(x, y); }
   DISTRIBUTE_HOST_DEVICE T derivative(T, T y) const { return y * (T(1) - y); }
   DISTRIBUTE_HOST_DEVICE T second(T x) const {
     const T y = value(x);
@@ -131,15 +157,27 @@ template <class T>
 struct softplus_op {
   static constexpr const char* name = "softplus";
   T beta, threshold;
-  DISTRIBUTE_HOST_DEVICE T value(T x) const { return beta * x > threshold ? x : std::log1p(std::exp(beta * x)) / beta; }
+  DISTRIBUTE_HOST_DEVICE T value(T x) const {
+#if !defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<T, float>)
+      return lanes::one(x, [this](const float* a, float* b) { value_block(a, b); });
+#endif
+    return beta * x > threshold ? x : std::log1p(std::exp(beta * x)) / beta;
+  }
   DISTRIBUTE_HOST_DEVICE T derivative(T x, T) const {
+#if !defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<T, float>)
+      return lanes::one(x, [this](const float* a, float* b) { derivative_block(a, b); });
+#endif
     return beta * x > threshold ? T(1) : T(1) / (T(1) + std::exp(-beta * x));
   }
   DISTRIBUTE_HOST_DEVICE T second(T x) const {
     if (beta * x > threshold) return T(0);
-    const T s = T(1) / (T(1) + std::exp(-beta * x));
+    const T s = derivative(x, x);
     return beta * s * (T(1) - s);
   }
+  void value_block(const float* x, float* y) const { lanes::softplus(x, y, beta, threshold); }
+  void derivative_block(const float* x, float* d) const { lanes::softplus_derivative(x, d, beta, threshold); }
 };
 
 // The derivative of a unary operation as an operation of its own (what a gradient taken with
@@ -159,12 +197,35 @@ struct derivative_of {
   }
 };
 
+// Whether Op has a block form of its value or of its derivative for T (float, on the host).
+template <class Op, class T>
+concept value_in_blocks = requires(const Op& op, const T* x, T* y) { op.value_block(x, y); };
+template <class Op, class T>
+concept derivative_in_blocks = requires(const Op& op, const T* x, T* y) { op.derivative_block(x, y); };
+
+// count <= lanes::width values at x through block(x, y), into y: the block itself where it is
+// whole, else through a padded copy.
+template <class Block>
+void through_block(const float* x, float* y, index count, const Block& block) {
+  if (count == lanes::width) block(x, y);
+  else lanes::part(x, y, static_cast<int>(count), block);
+}
+
+// The element-wise passes. Where the operation has block forms, `run_block(i, count)` computes
+// elements i to i + count - 1 (count <= block_size) the same as operator() would one by one; the
+// host engines call it (engine/cpu.hpp's for_each), GPUs call operator().
 template <class T, class Op>
 struct unary_forward {
   const T* x;
   T* y;
   Op op;
+  static constexpr index block_size = lanes::width;
   DISTRIBUTE_HOST_DEVICE void operator()(index i) const { y[i] = op.value(x[i]); }
+  void run_block(index i, index count) const
+    requires value_in_blocks<Op, T>
+  {
+    through_block(x + i, y + i, count, [this](const float* a, float* b) { op.value_block(a, b); });
+  }
 };
 template <class T, class Op>
 struct unary_backward {
@@ -173,7 +234,15 @@ struct unary_backward {
   const T* dy;
   T* dx;
   Op op;
+  static constexpr index block_size = lanes::width;
   DISTRIBUTE_HOST_DEVICE void operator()(index i) const { dx[i] = dy[i] * op.derivative(x[i], y[i]); }
+  void run_block(index i, index count) const
+    requires derivative_in_blocks<Op, T>
+  {
+    float d[lanes::width];
+    through_block(x + i, d, count, [this](const float* a, float* b) { op.derivative_block(a, b); });
+    for (index l = 0; l < count; ++l) dx[i + l] = dy[i + l] * d[l];
+  }
 };
 
 // The binary operations: value(a, b) and its partial derivatives.
