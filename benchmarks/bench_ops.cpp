@@ -164,6 +164,8 @@ int main(int argc, char** argv) {
         {"add_c11", true, [&] { (void)nn::add(r, x, per_channel); }},
         {"mul_n1hw", true, [&] { (void)nn::mul(r, x, mask); }},
         {"softplus", true, [&] { (void)nn::softplus(r, x); }},
+        {"sigmoid", true, [&] { (void)nn::sigmoid(r, x); }},
+        {"exp", true, [&] { (void)nn::exp(r, x); }},
         {"permute_nhwc", true, [&] { (void)nn::permute(r, x, {0, 2, 3, 1}); }},
         {"instance_norm_relu_fwd_bwd", true,
          [&] {

@@ -46,6 +46,8 @@ cases = {
     "add_c11": lambda: x + per_channel,
     "mul_n1hw": lambda: x * mask,
     "softplus": lambda: torch.nn.functional.softplus(x),
+    "sigmoid": lambda: torch.sigmoid(x),
+    "exp": lambda: torch.exp(x),
     "permute_nhwc": lambda: x.permute(0, 2, 3, 1).contiguous(),
 }
 with torch.no_grad():
