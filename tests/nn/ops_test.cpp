@@ -80,10 +80,6 @@ void check_unary(const std::function<var(tape_d&, var)>& f, const tensor<double>
   check_tape_gradients([&](tape_d& t, const std::vector<var>& v) { return f(t, v[0]); }, {x}, what);
 }
 
-// An element-wise pass the CPU engine runs a block at a time.
-template <class F>
-concept runs_blocks = requires(const F& f) { f.run_block(0, 0); };
-
 // Values in [lo, hi] kept `gap` away from each of `avoid` (kinks, bounds).
 tensor<double> away_from(shape s, std::uint32_t seed, double lo, double hi, std::vector<double> avoid,
                          double gap = 0.05) {
@@ -246,8 +242,8 @@ BOOST_AUTO_TEST_CASE(float_functions_have_the_same_bits_wherever_a_value_lies) {
   dist::engine<dist::cpu> one{{.threads = 1}}, two{{.threads = 2}};
   auto check = [&](const std::string& name, auto op, const std::vector<float>& in) {
     using Op = decltype(op);
-    static_assert(runs_blocks<k::unary_forward<float, Op>>, "float functions run a block at a time on the CPU");
-    static_assert(!runs_blocks<k::unary_forward<double, k::exp_op<double>>>,
+    static_assert(dist::block_functor<k::unary_forward<float, Op>>, "float functions run a block at a time on the CPU");
+    static_assert(!dist::block_functor<k::unary_forward<double, k::exp_op<double>>>,
                   "double ones one value at a time, through <cmath>");
     std::vector<float> alone(in.size()), bulk(in.size()), derivative(in.size());
     for (std::size_t i = 0; i < in.size(); ++i) alone[i] = op.value(in[i]);

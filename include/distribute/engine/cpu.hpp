@@ -314,17 +314,12 @@ class engine<cpu> {
 
   // --- element-wise work and sums ----------------------------------------------------------------
 
-  // f(i) for every i in [0, n), split statically over the engine's threads. A functor with
-  // `run_block(i, count)` and `block_size` (the same values as f(i) to f(i + count - 1), in one call:
-  // nn/detail/op_kernels.hpp's functions through vector code) is called a block at a time, every
-  // block whole but the last.
+  // f(i) for every i in [0, n), split statically over the engine's threads; a block_functor
+  // (engine/serial.hpp) a block at a time, every block whole but the last.
   template <class F>
   void for_each(std::int64_t n, F f) {
-    if constexpr (requires(const F& g) {
-                    g.run_block(std::int64_t{}, std::int64_t{});
-                    F::block_size;
-                  }) {
-      detail::record_pass(pass_kind::for_each, n, f);
+    detail::record_pass(pass_kind::for_each, n, f);
+    if constexpr (block_functor<F>) {
       constexpr std::int64_t block = F::block_size;
       const std::int64_t blocks = (n + block - 1) / block;
       auto run = [n](const F& g, std::int64_t b) {
@@ -346,7 +341,6 @@ class engine<cpu> {
       for (std::int64_t b = 0; b < blocks; ++b) run(f, b);
       return;
     }
-    detail::record_pass(pass_kind::for_each, n, f);
 #if defined(_OPENMP)
     pace();
     if (active_ > 1 && n >= parallel_grain) {

@@ -116,14 +116,20 @@ void fixed_order_sums_across(const F& term, std::int64_t s0, std::int64_t count,
   for (std::int64_t b = 0; b < count; ++b) out[s0 + b] = finish(s0 + b, acc[0][b] + rest[b]);
 }
 
+// A functor of for_each that also computes a block of its calls at once: run_block(i, count) gives
+// the values of f(i) to f(i + count - 1), count <= F::block_size (nn/detail/op_kernels.hpp's
+// functions through vector code). The host engines call it a block at a time, blocks at multiples
+// of block_size whatever the thread count.
+template <class F>
+concept block_functor = requires(const F& f) {
+  f.run_block(std::int64_t{}, std::int64_t{});
+  F::block_size;
+};
+
 struct serial_engine {
-  // A functor with run_block a block at a time, as engine<cpu>'s for_each.
   template <class F>
   void for_each(std::int64_t n, F f) const {
-    if constexpr (requires(const F& g) {
-                    g.run_block(std::int64_t{}, std::int64_t{});
-                    F::block_size;
-                  }) {
+    if constexpr (block_functor<F>) {
       for (std::int64_t i = 0; i < n; i += F::block_size) f.run_block(i, std::min<std::int64_t>(F::block_size, n - i));
     } else {
       for (std::int64_t i = 0; i < n; ++i) f(i);
